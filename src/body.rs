@@ -1,0 +1,57 @@
+//! The response body type: a streamed upstream body or bytes we made.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// One body type for every response, without boxing: upstream bodies stream
+/// through, gateway-made bodies are a single chunk.
+#[derive(Debug)]
+pub enum Body {
+    Full(Option<Bytes>),
+    Streamed(Incoming),
+}
+
+impl Body {
+    pub fn empty() -> Self {
+        Body::Full(None)
+    }
+
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            Body::Full(None)
+        } else {
+            Body::Full(Some(bytes))
+        }
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Body::Streamed(incoming) => Pin::new(incoming).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(bytes) => bytes.is_none(),
+            Body::Streamed(incoming) => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::Streamed(incoming) => incoming.size_hint(),
+        }
+    }
+}

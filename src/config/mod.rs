@@ -1,0 +1,281 @@
+//! `gateway.toml`: raw → validated → compiled.
+//!
+//! [`load`] reads a file, parses it into the serde mirror ([`raw`]), and
+//! compiles it into an immutable [`Config`]: routes resolved to upstreams,
+//! limits resolved by name, rates parsed, TLS material loaded. `leasegate
+//! check` and `leasegate run` run exactly this pipeline. A config either
+//! compiles whole or not at all.
+
+mod compile;
+pub mod error;
+pub mod raw;
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+pub use error::{ConfigError, Problem};
+
+use crate::quota::Rate;
+use crate::route::RouteTable;
+use crate::upstream::Upstream;
+
+/// A validated, compiled config. Immutable once built; a reload builds a new one.
+#[derive(Debug)]
+pub struct Config {
+    pub source: Source,
+    pub gateway: Gateway,
+    pub listeners: Listeners,
+    pub tls: Option<Tls>,
+    pub store: Store,
+    pub leasing: Leasing,
+    pub identity: Identity,
+    pub upstreams: Vec<Arc<Upstream>>,
+    pub routes: RouteTable,
+    pub limits: Vec<Arc<Limit>>,
+}
+
+/// Where a config came from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    /// SHA-256 of the file's bytes.
+    pub sha256: [u8; 32],
+    pub loaded_at: SystemTime,
+}
+
+impl Source {
+    pub fn sha256_hex(&self) -> String {
+        self.sha256.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pub instance_id: String,
+    /// Worker threads, each a single-threaded runtime with its own listeners.
+    pub workers: usize,
+    /// How long a shutdown waits for in-flight requests.
+    pub grace_period: Duration,
+    /// Open client connections across all listeners and workers.
+    pub max_connections: usize,
+    /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list).
+    pub max_header_bytes: usize,
+    /// A client must finish sending its request head within this time.
+    pub header_read_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Listeners {
+    pub http: Option<SocketAddr>,
+    pub https: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Clone)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub server_config: Arc<rustls::ServerConfig>,
+    /// A client must deliver its whole ClientHello within this time.
+    pub client_hello_timeout: Duration,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("client_hello_timeout", &self.client_hello_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    Memory,
+    Redis { url: String },
+    RedisCluster { seeds: Vec<String> },
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub backend: StoreBackend,
+    /// Deadline of every store call.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Leasing {
+    pub min: u64,
+    pub max: u64,
+    pub lookahead: Duration,
+    pub ttl: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    pub jwt: Option<Jwt>,
+    pub api_keys: Vec<ApiKey>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Jwt {
+    pub algorithms: Vec<String>,
+    pub secret: Option<String>,
+    pub secret_env: Option<String>,
+    pub public_key: Option<PathBuf>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub tenant_claim: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ApiKey {
+    /// SHA-256 of the key; the key itself is never kept.
+    pub sha256: [u8; 32],
+    pub id: Option<String>,
+    pub tenant: Option<String>,
+    pub plan: Option<String>,
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey")
+            .field("id", &self.id)
+            .field("tenant", &self.tenant)
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    TokenBucket,
+    SlidingWindow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Shadow,
+    Soft,
+    Canary,
+    Enforce,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Identity,
+    Tenant,
+    Route,
+    Ip,
+    Header(http::HeaderName),
+}
+
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub rate: Rate,
+    /// Token bucket capacity; for a sliding window, equal to the rate's count.
+    pub burst: u64,
+    pub by: Vec<KeyPart>,
+    pub mode: Mode,
+    pub canary_percent: u8,
+    /// `YYYY-MM-DD`, announced by `soft` warnings.
+    pub enforce_after: Option<String>,
+    /// Plan name → rate override.
+    pub plans: Vec<(String, Rate)>,
+}
+
+/// Reads, parses and compiles a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        ConfigError::Invalid(vec![Problem {
+            file: path.display().to_string(),
+            line: None,
+            key: "(document)".into(),
+            reason: format!("not UTF-8 text: {e}"),
+        }])
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and compiles config text as if read from `path` (relative paths in
+/// it resolve against `path`'s directory).
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let raw: raw::File = toml::from_str(text)
+        .map_err(|e| ConfigError::Invalid(vec![error::from_toml(&file, text, &e)]))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let source = Source {
+        path: path.to_path_buf(),
+        sha256: Sha256::digest(text.as_bytes()).into(),
+        loaded_at: SystemTime::now(),
+    };
+    compile::compile(raw, source, &file, text, &base)
+}
+
+impl Config {
+    /// The one-screen summary printed by `leasegate check`.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{}: OK (sha256 {})", self.source.path.display(), self.source.sha256_hex());
+        let _ = writeln!(s, "instance  {} ({} workers)", self.gateway.instance_id, self.gateway.workers);
+        let l = &self.listeners;
+        for (name, addr) in [("http", l.http), ("https", l.https), ("admin", l.admin)] {
+            if let Some(addr) = addr {
+                let _ = writeln!(s, "listener  {name:<6} {addr}");
+            }
+        }
+        if let Some(tls) = &self.tls {
+            let _ = writeln!(s, "tls       cert {}", tls.cert.display());
+        }
+        let store = match &self.store.backend {
+            StoreBackend::Memory => "memory".to_string(),
+            StoreBackend::Redis { url } => format!("redis {url}"),
+            StoreBackend::RedisCluster { seeds } => format!("redis cluster ({} seeds)", seeds.len()),
+        };
+        let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
+        for u in &self.upstreams {
+            let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();
+            let _ = writeln!(s, "upstream  {} -> {}", u.name, targets.join(", "));
+        }
+        for r in self.routes.iter() {
+            let target = match &r.action {
+                crate::route::Action::Forward(u) => format!("upstream {}", u.name),
+                crate::route::Action::Respond(d) => format!("responds {}", d.status.as_u16()),
+            };
+            let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
+            let limits = if r.limits.is_empty() {
+                String::new()
+            } else {
+                format!(", limits {}", r.limits.join(", "))
+            };
+            let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
+        }
+        for lim in &self.limits {
+            let _ = writeln!(
+                s,
+                "limit     {} {:?} {} burst {} ({:?})",
+                lim.name, lim.algorithm, lim.rate, lim.burst, lim.mode
+            );
+        }
+        s
+    }
+}

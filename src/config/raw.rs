@@ -1,0 +1,160 @@
+//! The serde mirror of `gateway.toml`: exactly the keys a user may write.
+//!
+//! Every struct denies unknown fields, so a typo is an error rather than a
+//! silence. Values that need checking after parsing are `Spanned` so the
+//! compile step can point at their line.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    #[serde(default)]
+    pub gateway: Gateway,
+    pub listeners: Spanned<Listeners>,
+    pub tls: Option<Spanned<Tls>>,
+    #[serde(default)]
+    pub store: Store,
+    #[serde(default)]
+    pub leasing: Leasing,
+    #[serde(default)]
+    pub identity: Identity,
+    #[serde(default)]
+    pub upstreams: Vec<Spanned<Upstream>>,
+    #[serde(default)]
+    pub routes: Vec<Spanned<Route>>,
+    #[serde(default)]
+    pub limits: Vec<Spanned<Limit>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gateway {
+    pub instance_id: Option<String>,
+    pub workers: Option<Spanned<usize>>,
+    pub grace_period_ms: Option<u64>,
+    pub max_connections: Option<Spanned<usize>>,
+    pub max_header_bytes: Option<Spanned<usize>>,
+    pub header_read_timeout_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listeners {
+    pub http: Option<Spanned<String>>,
+    pub https: Option<Spanned<String>>,
+    pub admin: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
+    pub client_hello_timeout_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    pub backend: Option<Spanned<String>>,
+    pub url: Option<Spanned<String>>,
+    pub cluster: Option<Spanned<Vec<String>>>,
+    pub timeout_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Leasing {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub lookahead_ms: Option<u64>,
+    pub ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    #[serde(default)]
+    pub trusted_proxies: Vec<Spanned<String>>,
+    pub ipv4_prefix: Option<Spanned<u8>>,
+    pub ipv6_prefix: Option<Spanned<u8>>,
+    pub jwt: Option<Spanned<Jwt>>,
+    #[serde(default)]
+    pub api_keys: Vec<Spanned<ApiKey>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    pub algorithms: Spanned<Vec<String>>,
+    pub secret: Option<String>,
+    pub secret_env: Option<String>,
+    pub public_key: Option<String>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub tenant_claim: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub key: Option<String>,
+    pub sha256: Option<Spanned<String>>,
+    pub tenant: Option<String>,
+    pub plan: Option<String>,
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub name: Spanned<String>,
+    pub targets: Spanned<Vec<Spanned<String>>>,
+    pub connect_timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
+    pub pool_idle_timeout_ms: Option<u64>,
+    pub pool_max_idle_per_host: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: Spanned<String>,
+    pub path_prefix: Spanned<String>,
+    pub host: Option<Spanned<String>>,
+    pub methods: Option<Spanned<Vec<String>>>,
+    pub upstream: Option<Spanned<String>>,
+    pub response: Option<Spanned<DirectResponse>>,
+    #[serde(default)]
+    pub limits: Vec<Spanned<String>>,
+    pub on_store_failure: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirectResponse {
+    pub status: u16,
+    #[serde(default)]
+    pub body: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub name: Spanned<String>,
+    pub algorithm: Option<Spanned<String>>,
+    pub rate: Spanned<String>,
+    pub burst: Option<Spanned<u64>>,
+    pub by: Option<Spanned<Vec<String>>>,
+    pub mode: Option<Spanned<String>>,
+    pub canary_percent: Option<Spanned<u8>>,
+    pub enforce_after: Option<Spanned<String>>,
+    #[serde(default)]
+    pub plans: BTreeMap<String, Spanned<String>>,
+}

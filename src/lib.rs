@@ -1,0 +1,18 @@
+//! leasegate: an edge API gateway whose heart is distributed rate limiting.
+//!
+//! The pure rooms (`quota`, `route`, `upstream`, `fingerprint`, `config`
+//! validation) do no network I/O and take time as an argument; the I/O shells
+//! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
+
+pub mod body;
+pub mod config;
+pub mod connection;
+pub mod fingerprint;
+pub mod gateway;
+pub mod metrics;
+pub mod problem;
+pub mod proxy;
+pub mod quota;
+pub mod route;
+pub mod server;
+pub mod upstream;

@@ -1,0 +1,73 @@
+//! The `leasegate` command line. Nothing but argument parsing and exit codes.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "leasegate", version, about = "Edge API gateway with distributed, leased rate limiting")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve until SIGINT/SIGTERM, then drain in-flight requests and exit.
+    Run {
+        #[arg(long, default_value = "gateway.toml")]
+        config: PathBuf,
+    },
+    /// Validate a config file and print a summary; exit 1 if it is invalid.
+    Check {
+        #[arg(long, default_value = "gateway.toml")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => match leasegate::config::load(&config) {
+            Ok(c) => {
+                print!("{}", c.summary());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                eprintln!("{}: invalid, nothing applied", config.display());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run { config } => {
+            init_logging();
+            let loaded = match leasegate::config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match leasegate::server::run(loaded) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("leasegate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

@@ -1,0 +1,72 @@
+//! The Prometheus registry and the names of every metric.
+//!
+//! Labels are bounded: listener kinds, reasons and configured names only,
+//! never a client key or identity.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamErrorLabels {
+    pub upstream: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub connections_open: Gauge,
+    pub connections_accepted: Family<ListenerLabels, Counter>,
+    pub tls_handshake_failures: Family<ReasonLabels, Counter>,
+    pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let build = Family::<BuildLabels, Gauge>::default();
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        registry.register("leasegate_build_info", "Build of the running binary", build);
+        let connections_open = Gauge::default();
+        registry.register("leasegate_connections_open", "Client connections open now", connections_open.clone());
+        let connections_accepted = Family::default();
+        registry.register("leasegate_connections_accepted", "Client connections accepted, by listener", connections_accepted.clone());
+        let tls_handshake_failures = Family::default();
+        registry.register("leasegate_tls_handshake_failures", "TLS connections dropped before a request, by reason", tls_handshake_failures.clone());
+        let upstream_errors = Family::default();
+        registry.register("leasegate_upstream_errors", "Requests that got no upstream response, by upstream and kind", upstream_errors.clone());
+        Metrics { registry, connections_open, connections_accepted, tls_handshake_failures, upstream_errors }
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,97 @@
+//! Every refusal the gateway makes, and the one place that maps it to an
+//! HTTP status and an `application/problem+json` body (RFC 9457).
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::body::Body;
+
+/// Where the fault lies; decides the status family and the log level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("no route matches this request")]
+    NoRoute,
+    #[error("upstream {upstream:?} is unreachable: {reason}")]
+    UpstreamUnreachable { upstream: String, reason: String },
+    #[error("upstream {upstream:?} did not answer within {timeout_ms} ms")]
+    UpstreamTimeout { upstream: String, timeout_ms: u128 },
+    #[error("upstream {upstream:?} failed: {reason}")]
+    UpstreamFailed { upstream: String, reason: String },
+    #[error("the request could not be forwarded: {0}")]
+    BadRequest(String),
+}
+
+impl RequestError {
+    pub fn source(&self) -> Source {
+        match self {
+            RequestError::NoRoute | RequestError::BadRequest(_) => Source::Client,
+            RequestError::UpstreamUnreachable { .. }
+            | RequestError::UpstreamTimeout { .. }
+            | RequestError::UpstreamFailed { .. } => Source::Upstream,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            RequestError::NoRoute => "No route",
+            RequestError::BadRequest(_) => "Bad request",
+            RequestError::UpstreamUnreachable { .. } => "Upstream unreachable",
+            RequestError::UpstreamTimeout { .. } => "Upstream timeout",
+            RequestError::UpstreamFailed { .. } => "Upstream failed",
+        }
+    }
+
+    /// The response the client gets.
+    pub fn to_response(&self) -> Response<Body> {
+        problem(self.status(), self.title(), &self.to_string())
+    }
+}
+
+/// A problem+json response. Never cached: it describes this moment.
+pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut resp = Response::new(Body::full(body.to_string()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_source() {
+        assert_eq!(RequestError::NoRoute.status(), StatusCode::NOT_FOUND);
+        let u = || "backend".to_string();
+        assert_eq!(RequestError::UpstreamUnreachable { upstream: u(), reason: "refused".into() }.status(), StatusCode::BAD_GATEWAY);
+        let t = RequestError::UpstreamTimeout { upstream: u(), timeout_ms: 5 };
+        assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(t.source(), Source::Upstream);
+        let r = t.to_response();
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+    }
+}

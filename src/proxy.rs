@@ -1,0 +1,259 @@
+//! Forwarding a request to an upstream and its response back.
+//!
+//! Bodies stream both ways and are never buffered whole. Hop-by-hop headers
+//! are dropped; `x-forwarded-*` and `x-request-id` are set; client-sent
+//! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
+//! tunnelled. Each worker thread keeps its own connection pool per upstream.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::body::Body;
+use crate::connection::ConnInfo;
+use crate::problem::RequestError;
+use crate::upstream::Upstream;
+
+type UpstreamClient = Client<HttpConnector, Incoming>;
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+thread_local! {
+    /// Pools are per worker thread (each runs its own single-threaded
+    /// runtime), keyed by the upstream's unique id so a reloaded upstream
+    /// with new timeouts gets a new pool.
+    static CLIENTS: RefCell<HashMap<u64, UpstreamClient>> = RefCell::new(HashMap::new());
+}
+
+fn client_for(upstream: &Upstream) -> UpstreamClient {
+    CLIENTS.with(|c| {
+        c.borrow_mut()
+            .entry(upstream.id())
+            .or_insert_with(|| {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(upstream.connect_timeout));
+                connector.set_keepalive(Some(Duration::from_secs(60)));
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(upstream.pool_idle_timeout)
+                    .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .build(connector)
+            })
+            .clone()
+    })
+}
+
+/// Forwards `req` to `upstream` and returns its response, or the reason it
+/// could not.
+pub async fn forward(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    request_id: &HeaderValue,
+) -> Result<Response<Body>, RequestError> {
+    let target = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
+        upstream: upstream.name.clone(),
+        reason: "no targets".into(),
+    })?;
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(target.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| RequestError::BadRequest(e.to_string()))?;
+    // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
+    if !req.headers().contains_key(header::HOST) {
+        if let Some(value) = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+            req.headers_mut().insert(header::HOST, value);
+        }
+    }
+    let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+
+    let headers = req.headers_mut();
+    remove_hop_by_hop(headers, upgrade);
+    remove_internal(headers);
+    append_forwarded_for(headers, conn);
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
+    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+
+    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let client = client_for(upstream);
+    let mut resp = match tokio::time::timeout(upstream.request_timeout, client.request(req)).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => return Err(classify(upstream, &e)),
+        Err(_) => {
+            return Err(RequestError::UpstreamTimeout {
+                upstream: upstream.name.clone(),
+                timeout_ms: upstream.request_timeout.as_millis(),
+            })
+        }
+    };
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_side) = client_side {
+            let upstream_side = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
+                    let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
+                }
+            });
+            return Ok(resp.map(|_| Body::empty()));
+        }
+    }
+    remove_hop_by_hop(resp.headers_mut(), false);
+    Ok(resp.map(Body::Streamed))
+}
+
+fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> RequestError {
+    let mut timed_out = false;
+    let mut cause = e.source();
+    let mut reason = e.to_string();
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        reason = c.to_string();
+        cause = c.source();
+    }
+    if timed_out {
+        RequestError::UpstreamTimeout {
+            upstream: upstream.name.clone(),
+            timeout_ms: upstream.connect_timeout.as_millis(),
+        }
+    } else if e.is_connect() {
+        RequestError::UpstreamUnreachable { upstream: upstream.name.clone(), reason }
+    } else {
+        RequestError::UpstreamFailed { upstream: upstream.name.clone(), reason }
+    }
+}
+
+/// `Connection: upgrade` plus an `Upgrade` header.
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade"))))
+}
+
+/// Removes the headers that describe one connection (RFC 9110 §7.6.1), and
+/// any header the `Connection` header names. An upgrade keeps `Connection:
+/// upgrade` and `Upgrade`, which the next hop needs.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .filter(|n| !(keep_upgrade && *n == header::UPGRADE))
+            .collect();
+        for n in named {
+            headers.remove(n);
+        }
+        if keep_upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        } else {
+            headers.remove(header::CONNECTION);
+        }
+    }
+    for h in [&KEEP_ALIVE, &PROXY_CONNECTION, &header::TE, &header::TRAILER, &header::TRANSFER_ENCODING, &header::PROXY_AUTHENTICATE, &header::PROXY_AUTHORIZATION] {
+        headers.remove(h);
+    }
+    if !keep_upgrade {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// `x-leasegate-*` headers are ours to set; a client may not forge them.
+pub fn remove_internal(headers: &mut HeaderMap) {
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-leasegate-"))
+        .cloned()
+        .collect();
+    for k in internal {
+        headers.remove(k);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, conn: &ConnInfo) {
+    let peer = conn.peer.ip().to_canonical().to_string();
+    let prior: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
+    let value = if prior.is_empty() {
+        peer
+    } else {
+        format!("{}, {peer}", prior.join(", "))
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-secret"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("accept", "*/*"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["accept"]);
+    }
+
+    #[test]
+    fn an_upgrade_keeps_what_the_next_hop_needs() {
+        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket"), ("sec-websocket-key", "k")]);
+        assert!(is_upgrade(&h));
+        remove_hop_by_hop(&mut h, true);
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["sec-websocket-key"], "k");
+        assert!(!is_upgrade(&map(&[("upgrade", "websocket")])));
+    }
+
+    #[test]
+    fn internal_headers_are_stripped_and_forwarded_for_appended() {
+        let mut h = map(&[("x-leasegate-identity", "user:forged"), ("x-forwarded-for", "203.0.113.9"), ("x-leasegate-ja4", "x")]);
+        remove_internal(&mut h);
+        assert!(h.keys().all(|k| !k.as_str().starts_with("x-leasegate-")));
+        let conn = ConnInfo { peer: "[::ffff:192.0.2.1]:5000".parse().unwrap(), tls: None };
+        append_forwarded_for(&mut h, &conn);
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 192.0.2.1");
+    }
+}

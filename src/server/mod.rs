@@ -1,0 +1,293 @@
+//! Listeners and connection serving.
+//!
+//! Thread per core: `gateway.workers` threads, each with a single-threaded
+//! tokio runtime and its own clone of every listening socket, so a request
+//! stays on one thread from accept to response. The main thread runs the
+//! admin listener and waits for SIGINT/SIGTERM, then asks every worker to
+//! stop accepting and drain its connections within the grace period.
+
+pub mod admin;
+pub mod prefixed;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::connection::ConnInfo;
+use crate::gateway::Gateway;
+use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr} ({listener}): {source}")]
+    Bind {
+        listener: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] io::Error),
+    #[error("listeners.https is set but [tls] is missing")]
+    NoTls,
+}
+
+/// What every worker shares.
+struct Shared {
+    gateway: Arc<Gateway>,
+    connections: Arc<Semaphore>,
+    tls: Option<(crate::config::Tls, TlsAcceptor)>,
+}
+
+struct Listeners {
+    http: Option<std::net::TcpListener>,
+    https: Option<std::net::TcpListener>,
+}
+
+fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
+    let err = |source| ServeError::Bind { listener, addr, source };
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).map_err(err)?;
+    socket.set_reuse_address(true).map_err(err)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true).map_err(err)?;
+    }
+    socket.bind(&addr.into()).map_err(err)?;
+    socket.listen(4096).map_err(err)?;
+    socket.set_nonblocking(true).map_err(err)?;
+    Ok(socket.into())
+}
+
+/// Serves `config` until SIGINT or SIGTERM, then drains and returns.
+pub fn run(config: Config) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::new());
+    let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
+    let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
+    let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;
+    let tls = match (&config.tls, &https) {
+        (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
+        (None, Some(_)) => return Err(ServeError::NoTls),
+        _ => None,
+    };
+    let workers = config.gateway.workers;
+    let grace = config.gateway.grace_period;
+    let shared = Arc::new(Shared {
+        connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
+        gateway: Arc::new(Gateway::new(config, metrics)),
+        tls,
+    });
+
+    let control = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::Runtime)?;
+    control.block_on(async move {
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ServeError::Runtime)?;
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+
+        let mut threads = Vec::with_capacity(workers);
+        for index in 0..workers {
+            let listeners = Listeners {
+                http: http.as_ref().map(std::net::TcpListener::try_clone).transpose().map_err(ServeError::Runtime)?,
+                https: https.as_ref().map(std::net::TcpListener::try_clone).transpose().map_err(ServeError::Runtime)?,
+            };
+            let shared = shared.clone();
+            let stop = stop_rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("leasegate-worker-{index}"))
+                .spawn(move || worker(listeners, shared, stop, grace))
+                .map_err(ServeError::Runtime)?;
+            threads.push(thread);
+        }
+        if let Some(admin) = admin {
+            let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;
+            announce("admin", &listener);
+            tokio::spawn(admin::serve(listener, shared.gateway.clone()));
+        }
+        for (kind, l) in [("http", &http), ("https", &https)] {
+            if let Some(addr) = l.as_ref().and_then(|l| l.local_addr().ok()) {
+                tracing::info!(kind, %addr, "listening");
+            }
+        }
+        drop((http, https));
+        let limits = shared.gateway.config().limits.len();
+        if limits > 0 {
+            tracing::warn!(limits, "[[limits]] are validated but not enforced by this build yet");
+        }
+        tracing::info!(workers, "leasegate ready");
+
+        let signal = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "SIGINT",
+        };
+        tracing::info!(signal, grace_ms = grace.as_millis() as u64, "shutting down: draining connections");
+        shared.gateway.begin_drain();
+        let _ = stop_tx.send(true);
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+fn announce(kind: &str, listener: &TcpListener) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(kind, %addr, "listening");
+    }
+}
+
+fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>, grace: Duration) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "worker runtime failed to start");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        if let Err(e) = accept_loop(listeners, shared, stop, grace).await {
+            tracing::error!(error = %e, "worker stopped");
+        }
+    });
+}
+
+/// Resolves once shutdown has been asked for (at once if it already was).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn accept(listener: &Option<TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn accept_loop(listeners: Listeners, shared: Arc<Shared>, mut stop: watch::Receiver<bool>, grace: Duration) -> io::Result<()> {
+    let http = listeners.http.map(TcpListener::from_std).transpose()?;
+    let https = listeners.https.map(TcpListener::from_std).transpose()?;
+    let builder = Arc::new(connection_builder(&shared.gateway.config()));
+    // Every connection task holds a sender; when all are dropped, drained.
+    let (drain_tx, mut drained) = mpsc::channel::<()>(1);
+
+    loop {
+        let permit = tokio::select! {
+            p = shared.connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let (accepted, tls) = tokio::select! {
+            a = accept(&http) => (a, false),
+            a = accept(&https) => (a, true),
+            _ = stopped(&mut stop) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let listener = if tls { "https" } else { "http" };
+        shared.gateway.metrics.connections_accepted.get_or_create(&ListenerLabels { listener }).inc();
+        let task = Connection { shared: shared.clone(), builder: builder.clone(), stop: stop.clone(), _permit: permit, _drain: drain_tx.clone() };
+        tokio::spawn(task.serve(stream, peer, tls));
+    }
+    drop((http, https, drain_tx));
+    if tokio::time::timeout(grace, drained.recv()).await.is_err() {
+        tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over: closing connections still open");
+    }
+    Ok(())
+}
+
+fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let g = &config.gateway;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(g.header_read_timeout)
+        .max_buf_size(g.max_header_bytes)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(g.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(256);
+    builder
+}
+
+/// One accepted client connection and what keeps the worker informed of it.
+struct Connection {
+    shared: Arc<Shared>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    stop: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+    _drain: mpsc::Sender<()>,
+}
+
+impl Connection {
+    async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: bool) {
+        let metrics = self.shared.gateway.metrics.clone();
+        metrics.connections_open.inc();
+        if !tls {
+            let conn = ConnInfo { peer, tls: None };
+            self.http(TokioIo::new(stream), conn).await;
+        } else if let Some((settings, acceptor)) = &self.shared.tls {
+            match tls::accept(stream, settings, acceptor).await {
+                Ok((stream, info)) => {
+                    let conn = ConnInfo { peer, tls: Some(info) };
+                    self.http(TokioIo::new(stream), conn).await;
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS connection dropped");
+                    metrics.tls_handshake_failures.get_or_create(&ReasonLabels { reason: e.reason() }).inc();
+                }
+            }
+        }
+        metrics.connections_open.dec();
+    }
+
+    async fn http<I>(mut self, io: I, conn: ConnInfo)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let gateway = self.shared.gateway.clone();
+        let conn = Arc::new(conn);
+        let service = service_fn(move |req| {
+            let gateway = gateway.clone();
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(gateway.handle(req, &conn).await) }
+        });
+        let served = self.builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(served);
+        tokio::select! {
+            result = served.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            }
+            _ = stopped(&mut self.stop) => {
+                served.as_mut().graceful_shutdown();
+                let _ = served.await;
+            }
+        }
+    }
+}
