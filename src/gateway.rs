@@ -25,7 +25,11 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(config: Config, metrics: Arc<Metrics>) -> Self {
-        Gateway { config: ArcSwap::from_pointee(config), metrics, draining: AtomicBool::new(false) }
+        Gateway {
+            config: ArcSwap::from_pointee(config),
+            metrics,
+            draining: AtomicBool::new(false),
+        }
     }
 
     /// The config in force now.
@@ -46,12 +50,15 @@ impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let config = self.config.load_full();
         let request_id = request_id(req.headers());
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
-        let route = config.routes.find(host, req.method(), req.uri().path()).cloned();
+        let host = req.uri().authority().map(|a| a.as_str()).or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+        });
+        let route = config
+            .routes
+            .find(host, req.method(), req.uri().path())
+            .cloned();
 
         let result = match &route {
             None => Err(RequestError::NoRoute),
@@ -84,7 +91,10 @@ impl Gateway {
         };
         self.metrics
             .upstream_errors
-            .get_or_create(&UpstreamErrorLabels { upstream: upstream.clone(), kind })
+            .get_or_create(&UpstreamErrorLabels {
+                upstream: upstream.clone(),
+                kind,
+            })
             .inc();
     }
 }

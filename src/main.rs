@@ -7,7 +7,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "leasegate", version, about = "Edge API gateway with distributed, leased rate limiting")]
+#[command(
+    name = "leasegate",
+    version,
+    about = "Edge API gateway with distributed, leased rate limiting"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

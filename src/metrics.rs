@@ -48,17 +48,43 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let build = Family::<BuildLabels, Gauge>::default();
-        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         registry.register("leasegate_build_info", "Build of the running binary", build);
         let connections_open = Gauge::default();
-        registry.register("leasegate_connections_open", "Client connections open now", connections_open.clone());
+        registry.register(
+            "leasegate_connections_open",
+            "Client connections open now",
+            connections_open.clone(),
+        );
         let connections_accepted = Family::default();
-        registry.register("leasegate_connections_accepted", "Client connections accepted, by listener", connections_accepted.clone());
+        registry.register(
+            "leasegate_connections_accepted",
+            "Client connections accepted, by listener",
+            connections_accepted.clone(),
+        );
         let tls_handshake_failures = Family::default();
-        registry.register("leasegate_tls_handshake_failures", "TLS connections dropped before a request, by reason", tls_handshake_failures.clone());
+        registry.register(
+            "leasegate_tls_handshake_failures",
+            "TLS connections dropped before a request, by reason",
+            tls_handshake_failures.clone(),
+        );
         let upstream_errors = Family::default();
-        registry.register("leasegate_upstream_errors", "Requests that got no upstream response, by upstream and kind", upstream_errors.clone());
-        Metrics { registry, connections_open, connections_accepted, tls_handshake_failures, upstream_errors }
+        registry.register(
+            "leasegate_upstream_errors",
+            "Requests that got no upstream response, by upstream and kind",
+            upstream_errors.clone(),
+        );
+        Metrics {
+            registry,
+            connections_open,
+            connections_accepted,
+            tls_handshake_failures,
+            upstream_errors,
+        }
     }
 
     /// Prometheus text exposition.

@@ -42,7 +42,9 @@ impl RequestError {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             RequestError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -74,7 +76,10 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
     let mut resp = Response::new(Body::full(body.to_string()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
@@ -87,8 +92,18 @@ mod tests {
     fn statuses_follow_the_source() {
         assert_eq!(RequestError::NoRoute.status(), StatusCode::NOT_FOUND);
         let u = || "backend".to_string();
-        assert_eq!(RequestError::UpstreamUnreachable { upstream: u(), reason: "refused".into() }.status(), StatusCode::BAD_GATEWAY);
-        let t = RequestError::UpstreamTimeout { upstream: u(), timeout_ms: 5 };
+        assert_eq!(
+            RequestError::UpstreamUnreachable {
+                upstream: u(),
+                reason: "refused".into()
+            }
+            .status(),
+            StatusCode::BAD_GATEWAY
+        );
+        let t = RequestError::UpstreamTimeout {
+            upstream: u(),
+            timeout_ms: 5,
+        };
         assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(t.source(), Source::Upstream);
         let r = t.to_response();

@@ -65,10 +65,12 @@ pub async fn forward(
     upstream: &Upstream,
     request_id: &HeaderValue,
 ) -> Result<Response<Body>, RequestError> {
-    let target = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
-        upstream: upstream.name.clone(),
-        reason: "no targets".into(),
-    })?;
+    let target = upstream
+        .pick()
+        .ok_or_else(|| RequestError::UpstreamUnreachable {
+            upstream: upstream.name.clone(),
+            reason: "no targets".into(),
+        })?;
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let uri = Uri::builder()
         .scheme("http")
@@ -78,7 +80,11 @@ pub async fn forward(
         .map_err(|e| RequestError::BadRequest(e.to_string()))?;
     // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
     if !req.headers().contains_key(header::HOST) {
-        if let Some(value) = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+        if let Some(value) = req
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
             req.headers_mut().insert(header::HOST, value);
         }
     }
@@ -90,7 +96,10 @@ pub async fn forward(
     remove_hop_by_hop(headers, upgrade);
     remove_internal(headers);
     append_forwarded_for(headers, conn);
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(conn.scheme()),
+    );
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -111,7 +120,9 @@ pub async fn forward(
             let upstream_side = hyper::upgrade::on(&mut resp);
             tokio::spawn(async move {
                 if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
-                    let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
+                    let _ =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
+                            .await;
                 }
             });
             return Ok(resp.map(|_| Body::empty()));
@@ -138,19 +149,27 @@ fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> Reque
             timeout_ms: upstream.connect_timeout.as_millis(),
         }
     } else if e.is_connect() {
-        RequestError::UpstreamUnreachable { upstream: upstream.name.clone(), reason }
+        RequestError::UpstreamUnreachable {
+            upstream: upstream.name.clone(),
+            reason,
+        }
     } else {
-        RequestError::UpstreamFailed { upstream: upstream.name.clone(), reason }
+        RequestError::UpstreamFailed {
+            upstream: upstream.name.clone(),
+            reason,
+        }
     }
 }
 
 /// `Connection: upgrade` plus an `Upgrade` header.
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade"))))
+        && headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
 }
 
 /// Removes the headers that describe one connection (RFC 9110 §7.6.1), and
@@ -175,7 +194,15 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             headers.remove(header::CONNECTION);
         }
     }
-    for h in [&KEEP_ALIVE, &PROXY_CONNECTION, &header::TE, &header::TRAILER, &header::TRANSFER_ENCODING, &header::PROXY_AUTHENTICATE, &header::PROXY_AUTHORIZATION] {
+    for h in [
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::PROXY_AUTHENTICATE,
+        &header::PROXY_AUTHORIZATION,
+    ] {
         headers.remove(h);
     }
     if !keep_upgrade {
@@ -197,7 +224,11 @@ pub fn remove_internal(headers: &mut HeaderMap) {
 
 fn append_forwarded_for(headers: &mut HeaderMap, conn: &ConnInfo) {
     let peer = conn.peer.ip().to_canonical().to_string();
-    let prior: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
+    let prior: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
     let value = if prior.is_empty() {
         peer
     } else {
@@ -215,7 +246,10 @@ mod tests {
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -238,7 +272,11 @@ mod tests {
 
     #[test]
     fn an_upgrade_keeps_what_the_next_hop_needs() {
-        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket"), ("sec-websocket-key", "k")]);
+        let mut h = map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "k"),
+        ]);
         assert!(is_upgrade(&h));
         remove_hop_by_hop(&mut h, true);
         assert_eq!(h["connection"], "upgrade");
@@ -249,10 +287,17 @@ mod tests {
 
     #[test]
     fn internal_headers_are_stripped_and_forwarded_for_appended() {
-        let mut h = map(&[("x-leasegate-identity", "user:forged"), ("x-forwarded-for", "203.0.113.9"), ("x-leasegate-ja4", "x")]);
+        let mut h = map(&[
+            ("x-leasegate-identity", "user:forged"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-leasegate-ja4", "x"),
+        ]);
         remove_internal(&mut h);
         assert!(h.keys().all(|k| !k.as_str().starts_with("x-leasegate-")));
-        let conn = ConnInfo { peer: "[::ffff:192.0.2.1]:5000".parse().unwrap(), tls: None };
+        let conn = ConnInfo {
+            peer: "[::ffff:192.0.2.1]:5000".parse().unwrap(),
+            tls: None,
+        };
         append_forwarded_for(&mut h, &conn);
         assert_eq!(h["x-forwarded-for"], "203.0.113.9, 192.0.2.1");
     }

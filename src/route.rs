@@ -106,7 +106,12 @@ fn strip_port(host: &str) -> &str {
 mod tests {
     use super::*;
 
-    fn route(name: &str, prefix: &str, host: Option<&str>, methods: Option<&[Method]>) -> Arc<Route> {
+    fn route(
+        name: &str,
+        prefix: &str,
+        host: Option<&str>,
+        methods: Option<&[Method]>,
+    ) -> Arc<Route> {
         Arc::new(Route {
             name: name.into(),
             path_prefix: prefix.into(),
@@ -144,7 +149,9 @@ mod tests {
         let t = RouteTable::new(vec![route("v1", "/v1/", None, None)]);
         assert_eq!(find(&t, None, Method::GET, "/v2/x"), None);
         assert_eq!(find(&t, None, Method::GET, ""), None);
-        assert!(RouteTable::default().find(None, &Method::GET, "/").is_none());
+        assert!(RouteTable::default()
+            .find(None, &Method::GET, "/")
+            .is_none());
     }
 
     #[test]
@@ -154,10 +161,19 @@ mod tests {
             route("api", "/", Some("api.example.com"), None),
             route("v6", "/", Some("[::1]"), None),
         ]);
-        assert_eq!(find(&t, Some("API.example.com:8443"), Method::GET, "/x"), Some("api"));
-        assert_eq!(find(&t, Some("api.example.com"), Method::GET, "/x"), Some("api"));
+        assert_eq!(
+            find(&t, Some("API.example.com:8443"), Method::GET, "/x"),
+            Some("api")
+        );
+        assert_eq!(
+            find(&t, Some("api.example.com"), Method::GET, "/x"),
+            Some("api")
+        );
         assert_eq!(find(&t, Some("[::1]:8080"), Method::GET, "/"), Some("v6"));
-        assert_eq!(find(&t, Some("other.example.com"), Method::GET, "/x"), Some("any"));
+        assert_eq!(
+            find(&t, Some("other.example.com"), Method::GET, "/x"),
+            Some("any")
+        );
         assert_eq!(find(&t, None, Method::GET, "/x"), Some("any"));
     }
 

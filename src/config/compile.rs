@@ -55,15 +55,28 @@ pub(super) fn compile(
     text: &str,
     base: &Path,
 ) -> Result<Config, ConfigError> {
-    let mut c = Check { file, text, problems: Vec::new() };
+    let mut c = Check {
+        file,
+        text,
+        problems: Vec::new(),
+    };
 
     let gateway = gateway(&mut c, raw.gateway);
     let listeners = listeners(&mut c, &raw.listeners);
     let tls = match (&raw.tls, listeners.https) {
         (Some(t), _) => tls(&mut c, t, base),
         (None, Some(_)) => {
-            let span = raw.listeners.get_ref().https.as_ref().map_or(0..0, Spanned::span);
-            c.at(span, "listeners.https", "an https listener needs a [tls] section with cert and key");
+            let span = raw
+                .listeners
+                .get_ref()
+                .https
+                .as_ref()
+                .map_or(0..0, Spanned::span);
+            c.at(
+                span,
+                "listeners.https",
+                "an https listener needs a [tls] section with cert and key",
+            );
             None
         }
         (None, None) => None,
@@ -113,7 +126,11 @@ fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
         None => default,
         Some(s) if *s.get_ref() >= lo && *s.get_ref() <= hi => *s.get_ref(),
         Some(s) => {
-            c.at(s.span(), key, format!("{} is out of range: use {lo} to {hi}", s.get_ref()));
+            c.at(
+                s.span(),
+                key,
+                format!("{} is out of range: use {lo} to {hi}", s.get_ref()),
+            );
             default
         }
     }
@@ -122,12 +139,29 @@ fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
 fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     Gateway {
-        instance_id: g.instance_id.filter(|s| !s.is_empty()).unwrap_or_else(host_name),
+        instance_id: g
+            .instance_id
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(host_name),
         workers: in_range(c, &g.workers, "gateway.workers", 1, 1024, cpus),
         grace_period: Duration::from_millis(g.grace_period_ms.unwrap_or(10_000)),
-        max_connections: in_range(c, &g.max_connections, "gateway.max_connections", 1, 10_000_000, 10_000),
+        max_connections: in_range(
+            c,
+            &g.max_connections,
+            "gateway.max_connections",
+            1,
+            10_000_000,
+            10_000,
+        ),
         // hyper's HTTP/1.1 reader needs at least 8 KiB of buffer.
-        max_header_bytes: in_range(c, &g.max_header_bytes, "gateway.max_header_bytes", 8_192, 1 << 20, 65_536),
+        max_header_bytes: in_range(
+            c,
+            &g.max_header_bytes,
+            "gateway.max_header_bytes",
+            8_192,
+            1 << 20,
+            65_536,
+        ),
         header_read_timeout: Duration::from_millis(in_range(
             c,
             &g.header_read_timeout_ms,
@@ -144,7 +178,14 @@ fn socket_addr(c: &mut Check, v: &Option<Spanned<String>>, key: &str) -> Option<
     match v.get_ref().parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
-            c.at(v.span(), key, format!("{:?} is not a socket address such as \"127.0.0.1:8080\" or \"[::1]:8080\"", v.get_ref()));
+            c.at(
+                v.span(),
+                key,
+                format!(
+                    "{:?} is not a socket address such as \"127.0.0.1:8080\" or \"[::1]:8080\"",
+                    v.get_ref()
+                ),
+            );
             None
         }
     }
@@ -169,7 +210,11 @@ fn listeners(c: &mut Check, l: &Spanned<raw::Listeners>) -> Listeners {
         if let (Some(addr), Some(v)) = (addr, v) {
             if addr.port() != 0 {
                 if let Some(other) = seen.insert(addr, name) {
-                    c.at(v.span(), format!("listeners.{name}"), format!("{addr} is already used by listeners.{other}"));
+                    c.at(
+                        v.span(),
+                        format!("listeners.{name}"),
+                        format!("{addr} is already used by listeners.{other}"),
+                    );
                 }
             }
         }
@@ -190,20 +235,36 @@ fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {
     let raw = t.get_ref();
     let cert = resolve(base, raw.cert.get_ref());
     let key = resolve(base, raw.key.get_ref());
-    let timeout = in_range(c, &raw.client_hello_timeout_ms, "tls.client_hello_timeout_ms", 1, 600_000, 5_000);
+    let timeout = in_range(
+        c,
+        &raw.client_hello_timeout_ms,
+        "tls.client_hello_timeout_ms",
+        1,
+        600_000,
+        5_000,
+    );
 
-    let chain: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&cert) {
+    let chain: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&cert)
+    {
         Ok(it) => it.collect(),
         Err(e) => Err(e),
     };
     let chain = match chain {
         Ok(chain) if !chain.is_empty() => Some(chain),
         Ok(_) => {
-            c.at(raw.cert.span(), "tls.cert", format!("{}: no PEM certificate in the file", cert.display()));
+            c.at(
+                raw.cert.span(),
+                "tls.cert",
+                format!("{}: no PEM certificate in the file", cert.display()),
+            );
             None
         }
         Err(e) => {
-            c.at(raw.cert.span(), "tls.cert", format!("{}: {e}", cert.display()));
+            c.at(
+                raw.cert.span(),
+                "tls.cert",
+                format!("{}: {e}", cert.display()),
+            );
             None
         }
     };
@@ -230,17 +291,28 @@ fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {
             })
         }
         Err(e) => {
-            c.at(raw.key.span(), "tls.key", format!("the certificate and key do not make a TLS identity: {e}"));
+            c.at(
+                raw.key.span(),
+                "tls.key",
+                format!("the certificate and key do not make a TLS identity: {e}"),
+            );
             None
         }
     }
 }
 
 fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str) -> bool {
-    if url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("redis+unix://") {
+    if url.starts_with("redis://")
+        || url.starts_with("rediss://")
+        || url.starts_with("redis+unix://")
+    {
         true
     } else {
-        c.at(span, key, format!("{url:?} is not a redis:// or rediss:// URL"));
+        c.at(
+            span,
+            key,
+            format!("{url:?} is not a redis:// or rediss:// URL"),
+        );
         false
     }
 }
@@ -251,12 +323,18 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
         None | Some(("memory", _)) => StoreBackend::Memory,
         Some(("redis", span)) => match (s.url, s.cluster) {
             (Some(_), Some(cl)) => {
-                c.at(cl.span(), "store.cluster", "set either url (one node) or cluster (seeds), not both");
+                c.at(
+                    cl.span(),
+                    "store.cluster",
+                    "set either url (one node) or cluster (seeds), not both",
+                );
                 StoreBackend::Memory
             }
             (Some(url), None) => {
                 redis_url(c, url.span(), "store.url", url.get_ref());
-                StoreBackend::Redis { url: url.into_inner() }
+                StoreBackend::Redis {
+                    url: url.into_inner(),
+                }
             }
             (None, Some(cl)) => {
                 let span = cl.span();
@@ -270,16 +348,27 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
                 StoreBackend::RedisCluster { seeds }
             }
             (None, None) => {
-                c.at(span, "store.backend", "backend \"redis\" needs url or cluster");
+                c.at(
+                    span,
+                    "store.backend",
+                    "backend \"redis\" needs url or cluster",
+                );
                 StoreBackend::Memory
             }
         },
         Some((other, span)) => {
-            c.at(span, "store.backend", format!("unknown backend {other:?}: use \"memory\" or \"redis\""));
+            c.at(
+                span,
+                "store.backend",
+                format!("unknown backend {other:?}: use \"memory\" or \"redis\""),
+            );
             StoreBackend::Memory
         }
     };
-    Store { backend, timeout: Duration::from_millis(timeout) }
+    Store {
+        backend,
+        timeout: Duration::from_millis(timeout),
+    }
 }
 
 fn leasing(c: &mut Check, l: raw::Leasing) -> Leasing {
@@ -316,16 +405,25 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-const JWT_ALGORITHMS: &[&str] = &["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
+const JWT_ALGORITHMS: &[&str] = &[
+    "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
+    "ES384", "EdDSA",
+];
 
 fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
     let mut trusted = Vec::new();
     for (n, p) in i.trusted_proxies.iter().enumerate() {
         let s = p.get_ref().trim();
-        let parsed = s.parse::<IpNet>().or_else(|_| s.parse::<IpAddr>().map(IpNet::from));
+        let parsed = s
+            .parse::<IpNet>()
+            .or_else(|_| s.parse::<IpAddr>().map(IpNet::from));
         match parsed {
             Ok(net) => trusted.push(net.trunc()),
-            Err(_) => c.at(p.span(), format!("identity.trusted_proxies[{n}]"), format!("{s:?} is not a CIDR such as \"10.0.0.0/8\" or an IP address")),
+            Err(_) => c.at(
+                p.span(),
+                format!("identity.trusted_proxies[{n}]"),
+                format!("{s:?} is not a CIDR such as \"10.0.0.0/8\" or an IP address"),
+            ),
         }
     }
     let ipv4_prefix = in_range(c, &i.ipv4_prefix, "identity.ipv4_prefix", 0, 32, 24);
@@ -336,19 +434,35 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
         let j = j.into_inner();
         for a in j.algorithms.get_ref() {
             if !JWT_ALGORITHMS.contains(&a.as_str()) {
-                c.at(j.algorithms.span(), "identity.jwt.algorithms", format!("unknown algorithm {a:?}: use {}", JWT_ALGORITHMS.join(", ")));
+                c.at(
+                    j.algorithms.span(),
+                    "identity.jwt.algorithms",
+                    format!("unknown algorithm {a:?}: use {}", JWT_ALGORITHMS.join(", ")),
+                );
             }
         }
         if j.algorithms.get_ref().is_empty() {
-            c.at(j.algorithms.span(), "identity.jwt.algorithms", "list at least one algorithm");
+            c.at(
+                j.algorithms.span(),
+                "identity.jwt.algorithms",
+                "list at least one algorithm",
+            );
         }
         let symmetric = j.algorithms.get_ref().iter().any(|a| a.starts_with("HS"));
         let asymmetric = j.algorithms.get_ref().iter().any(|a| !a.starts_with("HS"));
         if symmetric && j.secret.is_none() && j.secret_env.is_none() {
-            c.at(span.clone(), "identity.jwt.secret", "HS* algorithms need secret or secret_env");
+            c.at(
+                span.clone(),
+                "identity.jwt.secret",
+                "HS* algorithms need secret or secret_env",
+            );
         }
         if asymmetric && j.public_key.is_none() {
-            c.at(span, "identity.jwt.public_key", "RS/PS/ES/EdDSA algorithms need public_key = \"PATH.pem\"");
+            c.at(
+                span,
+                "identity.jwt.public_key",
+                "RS/PS/ES/EdDSA algorithms need public_key = \"PATH.pem\"",
+            );
         }
         Jwt {
             algorithms: j.algorithms.into_inner(),
@@ -367,11 +481,17 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
         let k = k.into_inner();
         let key = format!("identity.api_keys[{n}]");
         let sha256 = match (&k.key, &k.sha256) {
-            (Some(plain), None) if !plain.is_empty() => Some(Sha256::digest(plain.as_bytes()).into()),
+            (Some(plain), None) if !plain.is_empty() => {
+                Some(Sha256::digest(plain.as_bytes()).into())
+            }
             (None, Some(h)) => {
                 let parsed = hex32(&h.get_ref().to_ascii_lowercase());
                 if parsed.is_none() {
-                    c.at(h.span(), format!("{key}.sha256"), "must be 64 hex digits (the SHA-256 of the key)");
+                    c.at(
+                        h.span(),
+                        format!("{key}.sha256"),
+                        "must be 64 hex digits (the SHA-256 of the key)",
+                    );
                 }
                 parsed
             }
@@ -385,10 +505,21 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
             }
         };
         if let Some(sha256) = sha256 {
-            api_keys.push(ApiKey { sha256, id: k.id, tenant: k.tenant, plan: k.plan });
+            api_keys.push(ApiKey {
+                sha256,
+                id: k.id,
+                tenant: k.tenant,
+                plan: k.plan,
+            });
         }
     }
-    Identity { trusted_proxies: trusted, ipv4_prefix, ipv6_prefix, jwt, api_keys }
+    Identity {
+        trusted_proxies: trusted,
+        ipv4_prefix,
+        ipv6_prefix,
+        jwt,
+        api_keys,
+    }
 }
 
 fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> HashMap<String, Arc<Upstream>> {
@@ -401,13 +532,21 @@ fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> HashMap<String
             c.at(u.name.span(), format!("{key}.name"), "must not be empty");
         }
         if u.targets.get_ref().is_empty() {
-            c.at(u.targets.span(), format!("{key}.targets"), format!("upstream {name:?} has no targets"));
+            c.at(
+                u.targets.span(),
+                format!("{key}.targets"),
+                format!("upstream {name:?} has no targets"),
+            );
         }
         let mut targets = Vec::new();
         for t in u.targets.get_ref() {
             match target(t.get_ref()) {
                 Ok(a) => targets.push(a),
-                Err(why) => c.at(t.span(), format!("{key}.targets"), format!("{:?}: {why}", t.get_ref())),
+                Err(why) => c.at(
+                    t.span(),
+                    format!("{key}.targets"),
+                    format!("{:?}: {why}", t.get_ref()),
+                ),
             }
         }
         let ms = |v: Option<u64>, d: u64| Duration::from_millis(v.unwrap_or(d).max(1));
@@ -420,7 +559,11 @@ fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> HashMap<String
             u.pool_max_idle_per_host.unwrap_or(1_024),
         );
         if out.insert(name.clone(), Arc::new(upstream)).is_some() {
-            c.at(u.name.span(), format!("{key}.name"), format!("duplicate upstream name {name:?}"));
+            c.at(
+                u.name.span(),
+                format!("{key}.name"),
+                format!("duplicate upstream name {name:?}"),
+            );
         }
     }
     out
@@ -431,7 +574,9 @@ fn target(s: &str) -> Result<Authority, String> {
     let uri: Uri = s.parse().map_err(|e| format!("not a URL ({e})"))?;
     match uri.scheme() {
         Some(s) if *s == Scheme::HTTP => {}
-        Some(s) if *s == Scheme::HTTPS => return Err("https upstreams are not supported yet; use http://".into()),
+        Some(s) if *s == Scheme::HTTPS => {
+            return Err("https upstreams are not supported yet; use http://".into())
+        }
         _ => return Err("expected http://host:port".into()),
     }
     if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
@@ -443,7 +588,9 @@ fn target(s: &str) -> Result<Authority, String> {
     }
     if authority.port_u16().is_none() {
         // Make the port explicit so pooling and logs never guess.
-        return format!("{}:80", authority.host()).parse().map_err(|e| format!("{e}"));
+        return format!("{}:80", authority.host())
+            .parse()
+            .map_err(|e| format!("{e}"));
     }
     Ok(authority)
 }
@@ -455,31 +602,56 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
         let key = format!("limits[{n}]");
         let name = l.name.get_ref().clone();
         if name.is_empty() || name.contains(['{', '}', '"']) {
-            c.at(l.name.span(), format!("{key}.name"), "must be non-empty and free of '{', '}' and '\"'");
+            c.at(
+                l.name.span(),
+                format!("{key}.name"),
+                "must be non-empty and free of '{', '}' and '\"'",
+            );
         }
         if out.iter().any(|o| o.name == name) {
-            c.at(l.name.span(), format!("{key}.name"), format!("duplicate limit name {name:?}"));
+            c.at(
+                l.name.span(),
+                format!("{key}.name"),
+                format!("duplicate limit name {name:?}"),
+            );
         }
         let algorithm = match l.algorithm.as_ref().map(|a| a.get_ref().as_str()) {
             None | Some("token_bucket") => Algorithm::TokenBucket,
             Some("sliding_window") => Algorithm::SlidingWindow,
             Some(other) => {
                 let span = l.algorithm.as_ref().map_or(0..0, Spanned::span);
-                c.at(span, format!("{key}.algorithm"), format!("unknown algorithm {other:?}: use \"token_bucket\" or \"sliding_window\""));
+                c.at(
+                    span,
+                    format!("{key}.algorithm"),
+                    format!(
+                        "unknown algorithm {other:?}: use \"token_bucket\" or \"sliding_window\""
+                    ),
+                );
                 Algorithm::TokenBucket
             }
         };
         let rate = match l.rate.get_ref().parse::<Rate>() {
             Ok(r) => r,
             Err(e) => {
-                c.at(l.rate.span(), format!("{key}.rate"), format!("{:?}: {e}", l.rate.get_ref()));
-                Rate { count: 1, period: Duration::from_secs(1) }
+                c.at(
+                    l.rate.span(),
+                    format!("{key}.rate"),
+                    format!("{:?}: {e}", l.rate.get_ref()),
+                );
+                Rate {
+                    count: 1,
+                    period: Duration::from_secs(1),
+                }
             }
         };
         let burst = match &l.burst {
             None => rate.count,
             Some(b) if algorithm == Algorithm::SlidingWindow => {
-                c.at(b.span(), format!("{key}.burst"), "burst applies to token_bucket only; a sliding window allows the rate's count");
+                c.at(
+                    b.span(),
+                    format!("{key}.burst"),
+                    "burst applies to token_bucket only; a sliding window allows the rate's count",
+                );
                 rate.count
             }
             Some(b) if *b.get_ref() == 0 => {
@@ -494,7 +666,11 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
             None => by.push(KeyPart::Identity),
             Some((parts, span)) => {
                 if parts.is_empty() {
-                    c.at(span.clone(), format!("{key}.by"), "list at least one key part");
+                    c.at(
+                        span.clone(),
+                        format!("{key}.by"),
+                        "list at least one key part",
+                    );
                 }
                 for p in parts {
                     match key_part(&p) {
@@ -511,21 +687,40 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
             Some("canary") => Mode::Canary,
             Some(other) => {
                 let span = l.mode.as_ref().map_or(0..0, Spanned::span);
-                c.at(span, format!("{key}.mode"), format!("unknown mode {other:?}: use shadow, soft, canary or enforce"));
+                c.at(
+                    span,
+                    format!("{key}.mode"),
+                    format!("unknown mode {other:?}: use shadow, soft, canary or enforce"),
+                );
                 Mode::Enforce
             }
         };
-        let canary_percent = in_range(c, &l.canary_percent, &format!("{key}.canary_percent"), 0, 100, 5);
+        let canary_percent = in_range(
+            c,
+            &l.canary_percent,
+            &format!("{key}.canary_percent"),
+            0,
+            100,
+            5,
+        );
         if let Some(d) = &l.enforce_after {
             if !is_date(d.get_ref()) {
-                c.at(d.span(), format!("{key}.enforce_after"), format!("{:?} is not a date such as \"2027-01-31\"", d.get_ref()));
+                c.at(
+                    d.span(),
+                    format!("{key}.enforce_after"),
+                    format!("{:?} is not a date such as \"2027-01-31\"", d.get_ref()),
+                );
             }
         }
         let mut plans = Vec::new();
         for (plan, r) in &l.plans {
             match r.get_ref().parse::<Rate>() {
                 Ok(rate) => plans.push((plan.clone(), rate)),
-                Err(e) => c.at(r.span(), format!("{key}.plans.{plan}"), format!("{:?}: {e}", r.get_ref())),
+                Err(e) => c.at(
+                    r.span(),
+                    format!("{key}.plans.{plan}"),
+                    format!("{:?}: {e}", r.get_ref()),
+                ),
             }
         }
         out.push(Limit {
@@ -551,17 +746,31 @@ fn key_part(p: &str) -> Result<KeyPart, String> {
         "ip" => KeyPart::Ip,
         _ => match p.strip_prefix("header:") {
             Some(h) => KeyPart::Header(
-                HeaderName::from_bytes(h.trim().as_bytes()).map_err(|_| format!("{p:?}: {h:?} is not a header name"))?,
+                HeaderName::from_bytes(h.trim().as_bytes())
+                    .map_err(|_| format!("{p:?}: {h:?} is not a header name"))?,
             ),
-            None => return Err(format!("unknown key part {p:?}: use identity, tenant, route, ip or header:NAME")),
+            None => {
+                return Err(format!(
+                    "unknown key part {p:?}: use identity, tenant, route, ip or header:NAME"
+                ))
+            }
         },
     })
 }
 
 fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
-    let digits = |r: Range<usize>| b.get(r.clone()).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !digits(0..4) || !digits(5..7) || !digits(8..10) {
+    let digits = |r: Range<usize>| {
+        b.get(r.clone())
+            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+    };
+    if b.len() != 10
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !digits(0..4)
+        || !digits(5..7)
+        || !digits(8..10)
+    {
         return false;
     }
     let month: u32 = s[5..7].parse().unwrap_or(0);
@@ -586,16 +795,34 @@ fn routes(
             c.at(r.name.span(), format!("{key}.name"), "must not be empty");
         }
         if !names.insert(name.clone()) {
-            c.at(r.name.span(), format!("{key}.name"), format!("duplicate route name {name:?}"));
+            c.at(
+                r.name.span(),
+                format!("{key}.name"),
+                format!("duplicate route name {name:?}"),
+            );
         }
         let prefix = r.path_prefix.get_ref().clone();
         if !prefix.starts_with('/') {
-            c.at(r.path_prefix.span(), format!("{key}.path_prefix"), format!("{prefix:?} must start with '/'"));
+            c.at(
+                r.path_prefix.span(),
+                format!("{key}.path_prefix"),
+                format!("{prefix:?} must start with '/'"),
+            );
         }
-        let host = r.host.as_ref().map(|h| h.get_ref().trim().to_ascii_lowercase());
+        let host = r
+            .host
+            .as_ref()
+            .map(|h| h.get_ref().trim().to_ascii_lowercase());
         if let (Some(h), Some(raw)) = (&host, &r.host) {
-            if h.is_empty() || h.parse::<Authority>().is_err() || h.contains(':') && !h.starts_with('[') {
-                c.at(raw.span(), format!("{key}.host"), format!("{h:?} is not a host name (without port)"));
+            if h.is_empty()
+                || h.parse::<Authority>().is_err()
+                || h.contains(':') && !h.starts_with('[')
+            {
+                c.at(
+                    raw.span(),
+                    format!("{key}.host"),
+                    format!("{h:?} is not a host name (without port)"),
+                );
             }
         }
         let methods = r.methods.as_ref().map(|m| {
@@ -603,11 +830,19 @@ fn routes(
             for name in m.get_ref() {
                 match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
                     Ok(method) => out.push(method),
-                    Err(_) => c.at(m.span(), format!("{key}.methods"), format!("{name:?} is not an HTTP method")),
+                    Err(_) => c.at(
+                        m.span(),
+                        format!("{key}.methods"),
+                        format!("{name:?} is not an HTTP method"),
+                    ),
                 }
             }
             if out.is_empty() {
-                c.at(m.span(), format!("{key}.methods"), "list at least one method, or leave methods out");
+                c.at(
+                    m.span(),
+                    format!("{key}.methods"),
+                    "list at least one method, or leave methods out",
+                );
             }
             out
         });
@@ -617,17 +852,37 @@ fn routes(
                 None => {
                     let mut known: Vec<_> = upstreams.keys().map(String::as_str).collect();
                     known.sort_unstable();
-                    c.at(u.span(), format!("{key}.upstream"), format!("unknown upstream {:?} (known: {})", u.get_ref(), if known.is_empty() { "none".to_string() } else { known.join(", ") }));
+                    c.at(
+                        u.span(),
+                        format!("{key}.upstream"),
+                        format!(
+                            "unknown upstream {:?} (known: {})",
+                            u.get_ref(),
+                            if known.is_empty() {
+                                "none".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
                     None
                 }
             },
             (None, Some(resp)) => direct_response(c, resp, &key).map(Action::Respond),
             (Some(_), Some(_)) => {
-                c.at(span.clone(), key.clone(), "set either upstream or response, not both");
+                c.at(
+                    span.clone(),
+                    key.clone(),
+                    "set either upstream or response, not both",
+                );
                 None
             }
             (None, None) => {
-                c.at(span.clone(), key.clone(), "set upstream = \"NAME\" or response = { status = 200, body = \"...\" }");
+                c.at(
+                    span.clone(),
+                    key.clone(),
+                    "set upstream = \"NAME\" or response = { status = 200, body = \"...\" }",
+                );
                 None
             }
         };
@@ -635,50 +890,104 @@ fn routes(
         for l in &r.limits {
             if limits.iter().any(|lim| lim.name == *l.get_ref()) {
                 if route_limits.contains(l.get_ref()) {
-                    c.at(l.span(), format!("{key}.limits"), format!("limit {:?} is listed twice", l.get_ref()));
+                    c.at(
+                        l.span(),
+                        format!("{key}.limits"),
+                        format!("limit {:?} is listed twice", l.get_ref()),
+                    );
                 }
                 route_limits.push(l.get_ref().clone());
             } else {
                 let known: Vec<_> = limits.iter().map(|l| l.name.as_str()).collect();
-                c.at(l.span(), format!("{key}.limits"), format!("unknown limit {:?} (known: {})", l.get_ref(), if known.is_empty() { "none".to_string() } else { known.join(", ") }));
+                c.at(
+                    l.span(),
+                    format!("{key}.limits"),
+                    format!(
+                        "unknown limit {:?} (known: {})",
+                        l.get_ref(),
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
             }
         }
-        let on_store_failure = match r.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+        let on_store_failure = match r
+            .on_store_failure
+            .as_ref()
+            .map(|s| (s.get_ref().as_str(), s.span()))
+        {
             None | Some(("allow", _)) => StoreFailure::Allow,
             Some(("deny", _)) => StoreFailure::Deny,
             Some((other, span)) => {
-                c.at(span, format!("{key}.on_store_failure"), format!("{other:?}: use \"allow\" or \"deny\""));
+                c.at(
+                    span,
+                    format!("{key}.on_store_failure"),
+                    format!("{other:?}: use \"allow\" or \"deny\""),
+                );
                 StoreFailure::Allow
             }
         };
-        if let Some(other) = out.iter().find(|o| o.path_prefix == prefix && o.host == host && o.methods == methods) {
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.path_prefix == prefix && o.host == host && o.methods == methods)
+        {
             c.at(r.path_prefix.span(), format!("{key}.path_prefix"), format!("route {name:?} matches exactly what route {:?} matches, so it can never be chosen", other.name));
         }
         if let Some(action) = action {
-            out.push(Arc::new(Route { name, path_prefix: prefix, host, methods, action, limits: route_limits, on_store_failure }));
+            out.push(Arc::new(Route {
+                name,
+                path_prefix: prefix,
+                host,
+                methods,
+                action,
+                limits: route_limits,
+                on_store_failure,
+            }));
         }
     }
     out
 }
 
-fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) -> Option<DirectResponse> {
+fn direct_response(
+    c: &mut Check,
+    r: Spanned<raw::DirectResponse>,
+    key: &str,
+) -> Option<DirectResponse> {
     let span = r.span();
     let r = r.into_inner();
     let status = match StatusCode::from_u16(r.status) {
         Ok(s) if s.as_u16() >= 200 => Some(s),
         _ => {
-            c.at(span.clone(), format!("{key}.response.status"), format!("{} is not a final HTTP status (200 to 599)", r.status));
+            c.at(
+                span.clone(),
+                format!("{key}.response.status"),
+                format!("{} is not a final HTTP status (200 to 599)", r.status),
+            );
             None
         }
     };
     let mut headers = HeaderMap::new();
     for (name, value) in &r.headers {
-        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);
             }
-            _ => c.at(span.clone(), format!("{key}.response.headers.{name}"), "not a valid header name and value"),
+            _ => c.at(
+                span.clone(),
+                format!("{key}.response.headers.{name}"),
+                "not a valid header name and value",
+            ),
         }
     }
-    Some(DirectResponse { status: status?, headers, body: Bytes::from(r.body) })
+    Some(DirectResponse {
+        status: status?,
+        headers,
+        body: Bytes::from(r.body),
+    })
 }

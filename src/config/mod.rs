@@ -51,10 +51,12 @@ pub struct Source {
 
 impl Source {
     pub fn sha256_hex(&self) -> String {
-        self.sha256.iter().fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+        self.sha256
+            .iter()
+            .fold(String::with_capacity(64), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
     }
 }
 
@@ -235,8 +237,17 @@ impl Config {
     /// The one-screen summary printed by `leasegate check`.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "{}: OK (sha256 {})", self.source.path.display(), self.source.sha256_hex());
-        let _ = writeln!(s, "instance  {} ({} workers)", self.gateway.instance_id, self.gateway.workers);
+        let _ = writeln!(
+            s,
+            "{}: OK (sha256 {})",
+            self.source.path.display(),
+            self.source.sha256_hex()
+        );
+        let _ = writeln!(
+            s,
+            "instance  {} ({} workers)",
+            self.gateway.instance_id, self.gateway.workers
+        );
         let l = &self.listeners;
         for (name, addr) in [("http", l.http), ("https", l.https), ("admin", l.admin)] {
             if let Some(addr) = addr {
@@ -249,9 +260,15 @@ impl Config {
         let store = match &self.store.backend {
             StoreBackend::Memory => "memory".to_string(),
             StoreBackend::Redis { url } => format!("redis {url}"),
-            StoreBackend::RedisCluster { seeds } => format!("redis cluster ({} seeds)", seeds.len()),
+            StoreBackend::RedisCluster { seeds } => {
+                format!("redis cluster ({} seeds)", seeds.len())
+            }
         };
-        let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
+        let _ = writeln!(
+            s,
+            "store     {store}, timeout {} ms",
+            self.store.timeout.as_millis()
+        );
         for u in &self.upstreams {
             let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();
             let _ = writeln!(s, "upstream  {} -> {}", u.name, targets.join(", "));
@@ -261,13 +278,21 @@ impl Config {
                 crate::route::Action::Forward(u) => format!("upstream {}", u.name),
                 crate::route::Action::Respond(d) => format!("responds {}", d.status.as_u16()),
             };
-            let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
+            let host = r
+                .host
+                .as_deref()
+                .map(|h| format!(" host {h}"))
+                .unwrap_or_default();
             let limits = if r.limits.is_empty() {
                 String::new()
             } else {
                 format!(", limits {}", r.limits.join(", "))
             };
-            let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
+            let _ = writeln!(
+                s,
+                "route     {} {}{host} -> {target}{limits}",
+                r.name, r.path_prefix
+            );
         }
         for lim in &self.limits {
             let _ = writeln!(

@@ -76,7 +76,9 @@ pub fn client_hello_extent(buf: &[u8], max: usize) -> Result<Extent, FramingErro
             }
             seen += 1;
             if seen == 4 {
-                let n = (usize::from(head[1]) << 16) | (usize::from(head[2]) << 8) | usize::from(head[3]);
+                let n = (usize::from(head[1]) << 16)
+                    | (usize::from(head[2]) << 8)
+                    | usize::from(head[3]);
                 if n > max {
                     return Err(FramingError::TooLarge(n, max));
                 }
@@ -117,37 +119,72 @@ mod tests {
     #[test]
     fn one_record_completes_exactly_at_its_end() {
         let r = records(&hello(200), MAX_RECORD);
-        assert_eq!(client_hello_extent(&r, 16_384), Ok(Extent::Complete(r.len())));
+        assert_eq!(
+            client_hello_extent(&r, 16_384),
+            Ok(Extent::Complete(r.len()))
+        );
         let mut more = r.clone();
         more.extend([0x14, 3, 3, 0, 1, 1]);
-        assert_eq!(client_hello_extent(&more, 16_384), Ok(Extent::Complete(r.len())));
+        assert_eq!(
+            client_hello_extent(&more, 16_384),
+            Ok(Extent::Complete(r.len()))
+        );
     }
 
     #[test]
     fn split_records_and_every_prefix_is_incomplete() {
         for chunk in [1, 2, 3, 4, 5, 7, 100, 1000] {
             let r = records(&hello(300), chunk);
-            assert_eq!(client_hello_extent(&r, 16_384), Ok(Extent::Complete(r.len())), "chunk {chunk}");
+            assert_eq!(
+                client_hello_extent(&r, 16_384),
+                Ok(Extent::Complete(r.len())),
+                "chunk {chunk}"
+            );
             for cut in 0..r.len() {
-                assert_eq!(client_hello_extent(&r[..cut], 16_384), Ok(Extent::Incomplete), "chunk {chunk} cut {cut}");
+                assert_eq!(
+                    client_hello_extent(&r[..cut], 16_384),
+                    Ok(Extent::Incomplete),
+                    "chunk {chunk} cut {cut}"
+                );
             }
         }
     }
 
     #[test]
     fn garbage_is_refused_at_the_first_byte() {
-        assert_eq!(client_hello_extent(b"G", 16_384), Err(FramingError::NotHandshake(b'G')));
-        assert_eq!(client_hello_extent(b"GET / HTTP/1.1\r\n", 16_384), Err(FramingError::NotHandshake(b'G')));
-        assert_eq!(client_hello_extent(&[0x16, 9], 16_384), Err(FramingError::Version(9)));
-        assert_eq!(client_hello_extent(&[0x16, 3, 1, 0, 0], 16_384), Err(FramingError::EmptyRecord));
-        assert_eq!(client_hello_extent(&[0x16, 3, 1, 0x40, 1], 16_384), Err(FramingError::RecordTooLong(16_385)));
-        assert_eq!(client_hello_extent(&[0x16, 3, 1, 0, 4, 2], 16_384), Err(FramingError::NotClientHello(2)));
+        assert_eq!(
+            client_hello_extent(b"G", 16_384),
+            Err(FramingError::NotHandshake(b'G'))
+        );
+        assert_eq!(
+            client_hello_extent(b"GET / HTTP/1.1\r\n", 16_384),
+            Err(FramingError::NotHandshake(b'G'))
+        );
+        assert_eq!(
+            client_hello_extent(&[0x16, 9], 16_384),
+            Err(FramingError::Version(9))
+        );
+        assert_eq!(
+            client_hello_extent(&[0x16, 3, 1, 0, 0], 16_384),
+            Err(FramingError::EmptyRecord)
+        );
+        assert_eq!(
+            client_hello_extent(&[0x16, 3, 1, 0x40, 1], 16_384),
+            Err(FramingError::RecordTooLong(16_385))
+        );
+        assert_eq!(
+            client_hello_extent(&[0x16, 3, 1, 0, 4, 2], 16_384),
+            Err(FramingError::NotClientHello(2))
+        );
     }
 
     #[test]
     fn oversized_hello_is_refused_as_soon_as_its_length_is_known() {
         let r = records(&hello(20_000), MAX_RECORD);
-        assert_eq!(client_hello_extent(&r[..9], 16_384), Err(FramingError::TooLarge(20_000, 16_384)));
+        assert_eq!(
+            client_hello_extent(&r[..9], 16_384),
+            Err(FramingError::TooLarge(20_000, 16_384))
+        );
     }
 
     #[test]
@@ -155,7 +192,10 @@ mod tests {
         let hs = hello(10);
         let mut r = records(&hs[..6], 100);
         r.extend([0x17, 3, 3, 0, 1, 0]);
-        assert_eq!(client_hello_extent(&r, 16_384), Err(FramingError::NotHandshake(0x17)));
+        assert_eq!(
+            client_hello_extent(&r, 16_384),
+            Err(FramingError::NotHandshake(0x17))
+        );
     }
 
     #[test]
@@ -169,7 +209,11 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    if x % 3 == 0 { 0x16 } else { x as u8 }
+                    if x % 3 == 0 {
+                        0x16
+                    } else {
+                        x as u8
+                    }
                 })
                 .collect();
             let _ = client_hello_extent(&bytes, 16_384);

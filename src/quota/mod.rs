@@ -116,16 +116,31 @@ mod tests {
 
     #[test]
     fn parses_named_units() {
-        assert_eq!(rate("100/min").unwrap(), Rate { count: 100, period: Duration::from_secs(60) });
+        assert_eq!(
+            rate("100/min").unwrap(),
+            Rate {
+                count: 100,
+                period: Duration::from_secs(60)
+            }
+        );
         assert_eq!(rate("5/h").unwrap().period, Duration::from_secs(3600));
-        assert_eq!(rate("1000/day").unwrap().period, Duration::from_secs(86_400));
+        assert_eq!(
+            rate("1000/day").unwrap().period,
+            Duration::from_secs(86_400)
+        );
         assert_eq!(rate("7/s").unwrap().period, Duration::from_secs(1));
         assert_eq!(rate(" 7 / second ").unwrap().count, 7);
     }
 
     #[test]
     fn parses_durations_with_multipliers() {
-        assert_eq!(rate("10/30s").unwrap(), Rate { count: 10, period: Duration::from_secs(30) });
+        assert_eq!(
+            rate("10/30s").unwrap(),
+            Rate {
+                count: 10,
+                period: Duration::from_secs(30)
+            }
+        );
         assert_eq!(rate("3/5m").unwrap().period, Duration::from_secs(300));
         assert_eq!(rate("1/500ms").unwrap().period, Duration::from_millis(500));
         assert_eq!(rate("1_000/2h").unwrap().count, 1000);
@@ -137,10 +152,16 @@ mod tests {
         assert_eq!(rate("0/min"), Err(RateError::ZeroCount));
         assert_eq!(rate("x/min"), Err(RateError::Count("x".into())));
         assert_eq!(rate("-1/min"), Err(RateError::Count("-1".into())));
-        assert_eq!(rate("5/fortnight"), Err(RateError::Period("fortnight".into())));
+        assert_eq!(
+            rate("5/fortnight"),
+            Err(RateError::Period("fortnight".into()))
+        );
         assert_eq!(rate("5/0s"), Err(RateError::ZeroPeriod));
         assert_eq!(rate("5/"), Err(RateError::Period("".into())));
-        assert!(matches!(rate("5/99999999999999999999s"), Err(RateError::Period(_))));
+        assert!(matches!(
+            rate("5/99999999999999999999s"),
+            Err(RateError::Period(_))
+        ));
     }
 
     #[test]

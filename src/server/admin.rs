@@ -42,19 +42,32 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut resp = Response::new(Body::full(body));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
 fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "use GET\n".into(),
+        );
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if gateway.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
+        "/readyz" if gateway.is_draining() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "draining\n".into(),
+        ),
         "/readyz" => text(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/metrics" => text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", gateway.metrics.encode()),
+        "/metrics" => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            gateway.metrics.encode(),
+        ),
         "/config" => {
             let config = gateway.config();
             let body = serde_json::json!({
@@ -68,6 +81,10 @@ fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
             });
             text(StatusCode::OK, "application/json", format!("{body}\n"))
         }
-        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found: try /healthz /readyz /metrics /config\n".into()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /healthz /readyz /metrics /config\n".into(),
+        ),
     }
 }

@@ -56,8 +56,17 @@ struct Listeners {
 }
 
 fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
-    let err = |source| ServeError::Bind { listener, addr, source };
-    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).map_err(err)?;
+    let err = |source| ServeError::Bind {
+        listener,
+        addr,
+        source,
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(err)?;
     socket.set_reuse_address(true).map_err(err)?;
     if addr.is_ipv6() {
         socket.set_only_v6(true).map_err(err)?;
@@ -72,8 +81,16 @@ fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListene
 pub fn run(config: Config) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new());
     let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
-    let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
-    let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;
+    let https = config
+        .listeners
+        .https
+        .map(|a| bind("https", a))
+        .transpose()?;
+    let admin = config
+        .listeners
+        .admin
+        .map(|a| bind("admin", a))
+        .transpose()?;
     let tls = match (&config.tls, &https) {
         (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
         (None, Some(_)) => return Err(ServeError::NoTls),
@@ -87,17 +104,30 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         tls,
     });
 
-    let control = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::Runtime)?;
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
     control.block_on(async move {
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ServeError::Runtime)?;
-        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(ServeError::Runtime)?;
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(ServeError::Runtime)?;
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {
             let listeners = Listeners {
-                http: http.as_ref().map(std::net::TcpListener::try_clone).transpose().map_err(ServeError::Runtime)?,
-                https: https.as_ref().map(std::net::TcpListener::try_clone).transpose().map_err(ServeError::Runtime)?,
+                http: http
+                    .as_ref()
+                    .map(std::net::TcpListener::try_clone)
+                    .transpose()
+                    .map_err(ServeError::Runtime)?,
+                https: https
+                    .as_ref()
+                    .map(std::net::TcpListener::try_clone)
+                    .transpose()
+                    .map_err(ServeError::Runtime)?,
             };
             let shared = shared.clone();
             let stop = stop_rx.clone();
@@ -120,7 +150,10 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         drop((http, https));
         let limits = shared.gateway.config().limits.len();
         if limits > 0 {
-            tracing::warn!(limits, "[[limits]] are validated but not enforced by this build yet");
+            tracing::warn!(
+                limits,
+                "[[limits]] are validated but not enforced by this build yet"
+            );
         }
         tracing::info!(workers, "leasegate ready");
 
@@ -128,7 +161,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             _ = sigterm.recv() => "SIGTERM",
             _ = sigint.recv() => "SIGINT",
         };
-        tracing::info!(signal, grace_ms = grace.as_millis() as u64, "shutting down: draining connections");
+        tracing::info!(
+            signal,
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: draining connections"
+        );
         shared.gateway.begin_drain();
         let _ = stop_tx.send(true);
         let _ = tokio::task::spawn_blocking(move || {
@@ -149,7 +186,10 @@ fn announce(kind: &str, listener: &TcpListener) {
 }
 
 fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>, grace: Duration) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "worker runtime failed to start");
@@ -175,7 +215,12 @@ async fn accept(listener: &Option<TcpListener>) -> io::Result<(TcpStream, Socket
     }
 }
 
-async fn accept_loop(listeners: Listeners, shared: Arc<Shared>, mut stop: watch::Receiver<bool>, grace: Duration) -> io::Result<()> {
+async fn accept_loop(
+    listeners: Listeners,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    grace: Duration,
+) -> io::Result<()> {
     let http = listeners.http.map(TcpListener::from_std).transpose()?;
     let https = listeners.https.map(TcpListener::from_std).transpose()?;
     let builder = Arc::new(connection_builder(&shared.gateway.config()));
@@ -206,13 +251,27 @@ async fn accept_loop(listeners: Listeners, shared: Arc<Shared>, mut stop: watch:
         };
         let _ = stream.set_nodelay(true);
         let listener = if tls { "https" } else { "http" };
-        shared.gateway.metrics.connections_accepted.get_or_create(&ListenerLabels { listener }).inc();
-        let task = Connection { shared: shared.clone(), builder: builder.clone(), stop: stop.clone(), _permit: permit, _drain: drain_tx.clone() };
+        shared
+            .gateway
+            .metrics
+            .connections_accepted
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        let task = Connection {
+            shared: shared.clone(),
+            builder: builder.clone(),
+            stop: stop.clone(),
+            _permit: permit,
+            _drain: drain_tx.clone(),
+        };
         tokio::spawn(task.serve(stream, peer, tls));
     }
     drop((http, https, drain_tx));
     if tokio::time::timeout(grace, drained.recv()).await.is_err() {
-        tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over: closing connections still open");
+        tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "grace period over: closing connections still open"
+        );
     }
     Ok(())
 }
@@ -253,12 +312,18 @@ impl Connection {
         } else if let Some((settings, acceptor)) = &self.shared.tls {
             match tls::accept(stream, settings, acceptor).await {
                 Ok((stream, info)) => {
-                    let conn = ConnInfo { peer, tls: Some(info) };
+                    let conn = ConnInfo {
+                        peer,
+                        tls: Some(info),
+                    };
                     self.http(TokioIo::new(stream), conn).await;
                 }
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "TLS connection dropped");
-                    metrics.tls_handshake_failures.get_or_create(&ReasonLabels { reason: e.reason() }).inc();
+                    metrics
+                        .tls_handshake_failures
+                        .get_or_create(&ReasonLabels { reason: e.reason() })
+                        .inc();
                 }
             }
         }

@@ -58,7 +58,11 @@ pub type ServerStream = TlsStream<Prefixed<TcpStream>>;
 /// Reads the ClientHello, completes the TLS handshake, and reports what the
 /// connection told us. The whole exchange must finish within the configured
 /// `client_hello_timeout`.
-pub async fn accept(mut tcp: TcpStream, tls: &Tls, acceptor: &TlsAcceptor) -> Result<(ServerStream, TlsInfo), HandshakeError> {
+pub async fn accept(
+    mut tcp: TcpStream,
+    tls: &Tls,
+    acceptor: &TlsAcceptor,
+) -> Result<(ServerStream, TlsInfo), HandshakeError> {
     let deadline = Instant::now() + tls.client_hello_timeout;
     let (buffered, hello_len) = timeout_at(deadline, read_client_hello(&mut tcp))
         .await
@@ -79,7 +83,9 @@ pub async fn accept(mut tcp: TcpStream, tls: &Tls, acceptor: &TlsAcceptor) -> Re
 
 /// Reads until the ClientHello is complete. Returns every byte read (to be
 /// replayed) and how many of them are the ClientHello's records.
-pub async fn read_client_hello<R: AsyncRead + Unpin>(io: &mut R) -> Result<(Bytes, usize), HandshakeError> {
+pub async fn read_client_hello<R: AsyncRead + Unpin>(
+    io: &mut R,
+) -> Result<(Bytes, usize), HandshakeError> {
     let mut buf = BytesMut::with_capacity(2048);
     loop {
         if let Extent::Complete(n) = client_hello_extent(&buf, MAX_CLIENT_HELLO)? {
@@ -132,10 +138,16 @@ mod tests {
     async fn garbage_and_early_close_are_errors() {
         let (mut client, mut server) = tokio::io::duplex(64);
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        assert!(matches!(read_client_hello(&mut server).await, Err(HandshakeError::Framing(FramingError::NotHandshake(b'G')))));
+        assert!(matches!(
+            read_client_hello(&mut server).await,
+            Err(HandshakeError::Framing(FramingError::NotHandshake(b'G')))
+        ));
         let (mut client, mut server) = tokio::io::duplex(64);
         client.write_all(&[0x16, 3, 1]).await.unwrap();
         drop(client);
-        assert!(matches!(read_client_hello(&mut server).await, Err(HandshakeError::Closed)));
+        assert!(matches!(
+            read_client_hello(&mut server).await,
+            Err(HandshakeError::Closed)
+        ));
     }
 }

@@ -1,0 +1,275 @@
+//! `leasegate check` on good and broken configs: every error names the file,
+//! the line, the key and what is wrong, and exits 1.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+const BASE: &str = r#"[listeners]
+http = "127.0.0.1:0"
+
+[[upstreams]]
+name = "backend"
+targets = ["http://127.0.0.1:9000"]
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstream = "backend"
+limits = ["per_client"]
+
+[[limits]]
+name = "per_client"
+rate = "100/min"
+"#;
+
+/// Runs check on `text` and asserts it fails on `line` naming `key`, with
+/// `reason` in the message.
+fn refused(text: &str, line: usize, key: &str, reason: &str) {
+    let (code, stdout, stderr, _dir) = support::check(text);
+    assert_eq!(
+        code, 1,
+        "expected exit 1\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    let want = format!("gateway.toml:{line}: {key}: ");
+    let hit = stderr.lines().find(|l| l.contains(&want));
+    let hit = hit.unwrap_or_else(|| panic!("no line with {want:?} in:\n{stderr}"));
+    assert!(hit.contains(reason), "{hit:?} should say {reason:?}");
+    assert!(stderr.contains("invalid, nothing applied"), "{stderr}");
+}
+
+#[test]
+fn the_base_config_is_valid_and_summarised() {
+    let (code, stdout, stderr, _dir) = support::check(BASE);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("OK (sha256 "), "{stdout}");
+    assert!(
+        stdout.contains("route     api / -> upstream backend, limits per_client"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("limit     per_client TokenBucket 100/min burst 100"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_shipped_configs_are_valid() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for file in ["gateway.toml", "docker/gateway.toml"] {
+        let path = format!("{root}/{file}");
+        if file.starts_with("docker/") && !std::path::Path::new(&path).exists() {
+            continue;
+        }
+        let out = std::process::Command::new(support::binary())
+            .args(["check", "--config", &path])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn unknown_key() {
+    refused(
+        &BASE.replace(
+            "path_prefix = \"/\"",
+            "path_prefix = \"/\"\npath_prefx = \"/v1\"",
+        ),
+        11,
+        "routes.path_prefx",
+        "unknown field",
+    );
+}
+
+#[test]
+fn syntax_error() {
+    refused(
+        &BASE.replace("name = \"backend\"", "name = \"backend"),
+        5,
+        "upstreams.name",
+        "",
+    );
+}
+
+#[test]
+fn wrong_type() {
+    refused(
+        &format!("{BASE}burst = \"ten\"\n"),
+        17,
+        "limits.burst",
+        "invalid type",
+    );
+}
+
+#[test]
+fn unknown_upstream() {
+    refused(
+        &BASE.replace("upstream = \"backend\"", "upstream = \"nope\""),
+        11,
+        "routes[0].upstream",
+        "unknown upstream \"nope\" (known: backend)",
+    );
+}
+
+#[test]
+fn unknown_limit() {
+    refused(
+        &BASE.replace("limits = [\"per_client\"]", "limits = [\"per_clent\"]"),
+        12,
+        "routes[0].limits",
+        "unknown limit \"per_clent\"",
+    );
+}
+
+#[test]
+fn empty_targets() {
+    refused(
+        &BASE.replace("targets = [\"http://127.0.0.1:9000\"]", "targets = []"),
+        6,
+        "upstreams[0].targets",
+        "has no targets",
+    );
+}
+
+#[test]
+fn bad_target() {
+    refused(
+        &BASE.replace("http://127.0.0.1:9000", "http://127.0.0.1:9000/base"),
+        6,
+        "upstreams[0].targets",
+        "no path",
+    );
+}
+
+#[test]
+fn zero_rate() {
+    refused(
+        &BASE.replace("100/min", "0/min"),
+        16,
+        "limits[0].rate",
+        "at least 1",
+    );
+}
+
+#[test]
+fn bad_rate_unit() {
+    refused(
+        &BASE.replace("100/min", "100/fortnight"),
+        16,
+        "limits[0].rate",
+        "unknown period",
+    );
+}
+
+#[test]
+fn duplicate_route_name() {
+    let text = format!(
+        "{BASE}\n[[routes]]\nname = \"api\"\npath_prefix = \"/x\"\nresponse = {{ status = 200 }}\n"
+    );
+    refused(&text, 19, "routes[1].name", "duplicate route name \"api\"");
+}
+
+#[test]
+fn duplicate_limit_name() {
+    refused(
+        &format!("{BASE}\n[[limits]]\nname = \"per_client\"\nrate = \"1/s\"\n"),
+        19,
+        "limits[1].name",
+        "duplicate limit name",
+    );
+}
+
+#[test]
+fn invalid_cidr() {
+    refused(
+        &format!("{BASE}\n[identity]\ntrusted_proxies = [\"10.0.0.0/33\"]\n"),
+        19,
+        "identity.trusted_proxies[0]",
+        "not a CIDR",
+    );
+}
+
+#[test]
+fn invalid_socket_address() {
+    refused(
+        &BASE.replace("127.0.0.1:0", "localhost:http"),
+        2,
+        "listeners.http",
+        "not a socket address",
+    );
+}
+
+#[test]
+fn https_without_tls() {
+    refused(
+        &BASE.replace("http = \"127.0.0.1:0\"", "https = \"127.0.0.1:0\""),
+        2,
+        "listeners.https",
+        "needs a [tls] section",
+    );
+}
+
+#[test]
+fn missing_certificate_file() {
+    let text = BASE.replace(
+        "http = \"127.0.0.1:0\"",
+        "https = \"127.0.0.1:0\"\n\n[tls]\ncert = \"nope.crt\"\nkey = \"nope.key\"",
+    );
+    refused(&text, 5, "tls.cert", "nope.crt");
+}
+
+#[test]
+fn bad_mode_and_by_part_are_both_reported() {
+    let text = format!("{BASE}mode = \"strict\"\nby = [\"identity\", \"cookie\"]\n");
+    refused(&text, 17, "limits[0].mode", "unknown mode \"strict\"");
+    refused(&text, 18, "limits[0].by", "unknown key part \"cookie\"");
+}
+
+#[test]
+fn route_needs_exactly_one_action() {
+    let text = BASE.replace(
+        "upstream = \"backend\"\n",
+        "upstream = \"backend\"\nresponse = { status = 200 }\n",
+    );
+    refused(&text, 8, "routes[0]", "not both");
+}
+
+#[test]
+fn missing_listeners_section() {
+    let (code, _, stderr, _dir) = support::check(
+        "[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nresponse = { status = 200 }\n",
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("listeners") && stderr.contains("missing field"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unreadable_file() {
+    let out = std::process::Command::new(support::binary())
+        .args(["check", "--config", "/nonexistent/gateway.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("/nonexistent/gateway.toml: cannot read the file"));
+}
+
+#[test]
+fn run_refuses_an_invalid_config_before_listening() {
+    let dir = support::TempDir::new();
+    let path = dir.write("gateway.toml", &BASE.replace("100/min", "100"));
+    let out = std::process::Command::new(support::binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("limits[0].rate"));
+}

@@ -1,0 +1,560 @@
+//! The gateway as a reverse proxy, driven through the real binary with real
+//! upstreams and clients.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use hyper::body::Frame;
+use sha2::{Digest, Sha256};
+use support::{client, upstream, Gateway};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn config(targets: &[String], extra_routes: &str) -> String {
+    let targets: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
+    format!(
+        r#"
+[gateway]
+workers = 2
+grace_period_ms = 5000
+
+[listeners]
+http = "127.0.0.1:0"
+https = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[tls]
+cert = "{{cert}}"
+key = "{{key}}"
+client_hello_timeout_ms = 1000
+
+[[upstreams]]
+name = "backend"
+targets = [{}]
+request_timeout_ms = 5000
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstream = "backend"
+
+[[routes]]
+name = "direct"
+path_prefix = "/direct"
+response = {{ status = 201, body = "made here", headers = {{ "x-demo" = "yes" }} }}
+
+[[routes]]
+name = "only-post"
+path_prefix = "/post-only"
+methods = ["POST"]
+response = {{ status = 200, body = "posted" }}
+{extra_routes}
+"#,
+        targets.join(", ")
+    )
+}
+
+async fn json(resp: http::Response<hyper::body::Incoming>) -> serde_json::Value {
+    let (status, _, body) = client::text(resp).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_keep_alive_forwards_with_proxy_headers() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let mut c = client::http1(gw.http()).await;
+
+    for i in 0..3 {
+        let req = Request::get("/headers?n=1")
+            .header("host", "api.example.com")
+            .header("x-forwarded-for", "203.0.113.7")
+            .header("x-leasegate-identity", "user:forged")
+            .header("connection", "keep-alive, x-hop")
+            .header("x-hop", "must not pass")
+            .header("x-request-id", format!("req-{i}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = client::send(&mut c, req).await;
+        assert_eq!(resp.headers()["x-request-id"], format!("req-{i}").as_str());
+        let v = json(resp).await;
+        let h = &v["headers"];
+        assert_eq!(v["path"], "/headers?n=1");
+        assert_eq!(h["host"][0], "api.example.com");
+        assert_eq!(h["x-forwarded-for"][0], "203.0.113.7, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"][0], "http");
+        assert_eq!(h["x-request-id"][0], format!("req-{i}").as_str());
+        assert!(
+            h.get("x-leasegate-identity").is_none(),
+            "client-sent x-leasegate-* must be stripped: {v}"
+        );
+        assert!(
+            h.get("x-hop").is_none(),
+            "headers named by Connection are hop-by-hop: {v}"
+        );
+    }
+    // One client connection carried all three, and the gateway reused its
+    // upstream connection.
+    assert_eq!(up.requests.load(Ordering::SeqCst), 3);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+
+    // A request without an id gets one, both upstream and in the response.
+    let resp = client::send(&mut c, client::get("/headers")).await;
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    let v = json(resp).await;
+    assert_eq!(v["headers"]["x-request-id"][0], id.as_str());
+
+    // Hop-by-hop response headers from the upstream are dropped.
+    let resp = client::send(&mut c, client::get("/plain")).await;
+    assert!(resp.headers().get("keep-alive").is_none());
+    assert_eq!(resp.headers()["x-upstream"], "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_responses_no_route_and_methods() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let mut c = client::http1(gw.http()).await;
+
+    let (status, headers, body) =
+        client::text(client::send(&mut c, client::get("/direct/x")).await).await;
+    assert_eq!((status.as_u16(), body.as_str()), (201, "made here"));
+    assert_eq!(headers["x-demo"], "yes");
+    assert_eq!(up.requests.load(Ordering::SeqCst), 0);
+
+    // GET on a POST-only route falls back to the catch-all upstream route.
+    let (_, _, body) = client::text(client::send(&mut c, client::get("/post-only")).await).await;
+    assert_eq!(body, "upstream a ok");
+    let post = Request::post("/post-only")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, _, body) = client::text(client::send(&mut c, post).await).await;
+    assert_eq!(body, "posted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_route_is_a_404_problem() {
+    let gw = Gateway::start(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+
+[[routes]]
+name = "v1"
+path_prefix = "/v1/"
+response = { status = 200, body = "v1" }
+"#,
+    );
+    let mut c = client::http1(gw.http()).await;
+    let (status, headers, body) =
+        client::text(client::send(&mut c, client::get("/v2/x")).await).await;
+    assert_eq!(status, 404);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], 404);
+    assert_eq!(v["title"], "No route");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_across_targets() {
+    let a = upstream::start("a").await;
+    let b = upstream::start("b").await;
+    let gw = Gateway::start(&config(&[a.target(), b.target()], ""));
+    let mut c = client::http1(gw.http()).await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let (_, _, body) = client::text(client::send(&mut c, client::get("/rr")).await).await;
+        seen.push(body);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "upstream a ok",
+            "upstream a ok",
+            "upstream b ok",
+            "upstream b ok"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_over_tls_by_alpn() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
+
+    let (mut h2, alpn) = client::h2_tls(gw.https(), &cert).await;
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    let uri = format!("https://localhost:{}/headers", gw.https().port());
+    let req = Request::get(&uri).body(Full::new(Bytes::new())).unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let v = json(resp).await;
+    assert_eq!(v["headers"]["x-forwarded-proto"][0], "https");
+    assert_eq!(
+        v["headers"]["host"][0],
+        format!("localhost:{}", gw.https().port()).as_str()
+    );
+    assert_eq!(v["version"], "HTTP/1.1");
+
+    // An HTTP/1.1-only client gets HTTP/1.1 on the same listener.
+    let stream = client::tls(gw.https(), &cert, &[b"http/1.1"]).await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut h1, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let (status, _, body) =
+        client::text(h1.send_request(client::get("/direct")).await.unwrap()).await;
+    assert_eq!((status.as_u16(), body.as_str()), (201, "made here"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_http2_over_tls() {
+    support::require_tool("curl", "apt-get install -y curl");
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let cert = gw.dir.path().join("cert.pem");
+    let url = format!("https://localhost:{}/direct", gw.https().port());
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--http2", "--max-time", "10", "--cacert"])
+        .arg(&cert)
+        .args(["-w", "\n%{http_version} %{http_code}", &url])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "made here\n2 201");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_by_prior_knowledge() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let mut h2 = client::h2c(gw.http()).await;
+    let uri = format!("http://127.0.0.1:{}/headers", gw.http().port());
+    let resp = h2
+        .send_request(Request::get(&uri).body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let v = json(resp).await;
+    assert_eq!(v["headers"]["x-forwarded-proto"][0], "http");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_mib_post_streams_and_round_trips_its_hash() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    let chunks = 80; // 80 × 64 KiB = 5 MiB
+    let mut expected = Sha256::new();
+    for _ in 0..chunks {
+        expected.update(&chunk);
+    }
+    let expected: String = expected
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+
+    // The body is produced chunk by chunk while the request is in flight.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+    let data = Bytes::from(chunk);
+    tokio::spawn(async move {
+        for _ in 0..chunks {
+            if tx.send(data.clone()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = ChannelBody(rx);
+    let stream = TcpStream::connect(gw.http()).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("/sha256")
+        .header("host", "x")
+        .body(body)
+        .unwrap();
+    let resp = c.send_request(req).await.unwrap();
+    let (status, _, text) = client::text(resp).await;
+    assert_eq!(status, 200);
+    assert_eq!(text, format!("{expected} {}", 5 * 1024 * 1024));
+
+    // And over HTTP/2 with TLS, as one buffer.
+    let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
+    let (mut h2, _) = client::h2_tls(gw.https(), &cert).await;
+    let big = Bytes::from(vec![42u8; 5 * 1024 * 1024]);
+    let want: String = Sha256::digest(&big)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let uri = format!("https://localhost:{}/sha256", gw.https().port());
+    let resp = h2
+        .send_request(Request::post(&uri).body(Full::new(big)).unwrap())
+        .await
+        .unwrap();
+    let (_, _, text) = client::text(resp).await;
+    assert_eq!(text, format!("{want} {}", 5 * 1024 * 1024));
+}
+
+/// A request body fed chunk by chunk from a channel while in flight.
+struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.get_mut()
+            .0
+            .poll_recv(cx)
+            .map(|c| c.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrade_is_tunnelled() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let mut s = TcpStream::connect(gw.http()).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    for msg in [&b"ping-1"[..], b"second message"] {
+        s.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, msg);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_upstream_port_is_a_502_problem() {
+    let target = format!("http://127.0.0.1:{}", support::closed_port());
+    let gw = Gateway::start(&config(&[target], ""));
+    let mut c = client::http1(gw.http()).await;
+    let (status, headers, body) = client::text(client::send(&mut c, client::get("/x")).await).await;
+    assert_eq!(status, 502);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(body.contains("unreachable"), "{body}");
+    let metrics = admin_get(&gw, "/metrics").await;
+    assert!(
+        metrics.contains(
+            r#"leasegate_upstream_errors_total{upstream="backend",kind="unreachable"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upstream_is_a_504_problem() {
+    let up = upstream::start("a").await;
+    let extra = format!(
+        r#"
+[[upstreams]]
+name = "impatient"
+targets = ["{}"]
+request_timeout_ms = 300
+
+[[routes]]
+name = "slow"
+path_prefix = "/slow"
+upstream = "impatient"
+"#,
+        up.target()
+    );
+    let gw = Gateway::start(&config(&[up.target()], &extra));
+    let mut c = client::http1(gw.http()).await;
+    let started = Instant::now();
+    let (status, headers, body) =
+        client::text(client::send(&mut c, client::get("/slow?ms=3000")).await).await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(
+        started.elapsed() < Duration::from_millis(2000),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_head_is_refused() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(
+        &config(&[up.target()], "").replace("[gateway]\n", "[gateway]\nmax_header_bytes = 8192\n"),
+    );
+    let mut s = TcpStream::connect(gw.http()).await.unwrap();
+    let big = "a".repeat(20_000);
+    let req = format!("GET / HTTP/1.1\r\nHost: x\r\nx-big: {big}\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    assert_eq!(up.requests.load(Ordering::SeqCst), 0);
+}
+
+async fn admin_get(gw: &Gateway, path: &str) -> String {
+    let mut c = client::http1(gw.admin()).await;
+    let (status, _, body) = client::text(client::send(&mut c, client::get(path)).await).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
+
+    // A stalled client: connects, sends half a record header, then nothing.
+    let mut stalled = TcpStream::connect(gw.https()).await.unwrap();
+    stalled.write_all(&[0x16, 0x03]).await.unwrap();
+
+    // Plain HTTP on the TLS port is dropped at once.
+    let mut plain = TcpStream::connect(gw.https()).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_millis(900), plain.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "garbage must be dropped before the hello deadline"
+    );
+
+    // Random bytes that look like a handshake record header, then junk.
+    let mut junk = TcpStream::connect(gw.https()).await.unwrap();
+    junk.write_all(&[0x16, 0x03, 0x01, 0x00, 0x08, 0x02, 0, 0, 4, 1, 2, 3, 4])
+        .await
+        .unwrap();
+
+    // Meanwhile a real client is served.
+    let (mut h2, _) = client::h2_tls(gw.https(), &cert).await;
+    let uri = format!("https://localhost:{}/direct", gw.https().port());
+    let (status, _, _) = client::text(
+        h2.send_request(Request::get(&uri).body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 201);
+
+    // The stalled one is cut at the deadline (1 s in this config).
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), stalled.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "stalled client must be dropped: {read:?}"
+    );
+
+    let metrics = admin_get(&gw, "/metrics").await;
+    assert!(
+        metrics.contains(r#"leasegate_tls_handshake_failures_total{reason="not_client_hello"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"leasegate_tls_handshake_failures_total{reason="timeout"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_tell_the_truth() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&[up.target()], ""));
+    assert_eq!(admin_get(&gw, "/healthz").await, "ok\n");
+    assert_eq!(admin_get(&gw, "/readyz").await, "ready\n");
+    let v: serde_json::Value = serde_json::from_str(&admin_get(&gw, "/config").await).unwrap();
+    let file = std::fs::read(&gw.config).unwrap();
+    let sha: String = Sha256::digest(&file)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(v["sha256"], sha.as_str());
+    assert_eq!(v["routes"].as_array().unwrap().len(), 3);
+    assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
+    let metrics = admin_get(&gw, "/metrics").await;
+    assert!(metrics.contains("leasegate_connections_open"), "{metrics}");
+    assert!(metrics.ends_with("# EOF\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
+    let up = upstream::start("a").await;
+    let mut gw = Gateway::start(&config(&[up.target()], ""));
+    let mut c = client::http1(gw.http()).await;
+    let in_flight = tokio::spawn(async move {
+        let resp = client::send(&mut c, client::get("/slow?ms=1500")).await;
+        client::text(resp).await
+    });
+    // Wait until the upstream has the request, then ask the gateway to stop.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while up.requests.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gw.signal("TERM");
+    assert!(
+        gw.wait_for_log("shutting down", Duration::from_secs(5)),
+        "{}",
+        gw.log()
+    );
+
+    // New connections are no longer accepted.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        TcpStream::connect(gw.http()).await.is_err(),
+        "listener must be closed while draining"
+    );
+
+    let (status, _, body) = tokio::time::timeout(Duration::from_secs(5), in_flight)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((status.as_u16(), body.as_str()), (200, "slow done"));
+    let status = tokio::task::spawn_blocking(move || {
+        let s = gw.wait_exit(Duration::from_secs(10));
+        (s, gw.log())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.0.and_then(|s| s.code()), Some(0), "{}", status.1);
+}

@@ -1,0 +1,276 @@
+//! Test harness: the real `leasegate` binary, real upstreams, real clients,
+//! all on 127.0.0.1 ephemeral ports, bounded in time and cleaned up on drop.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod client;
+pub mod upstream;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "leasegate-test-{}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, contents).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_leasegate")
+}
+
+/// A development certificate for localhost/127.0.0.1 made at test time.
+pub struct TestCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCert {
+    pub fn new() -> TestCert {
+        let ck = rcgen::generate_simple_self_signed(vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ])
+        .unwrap();
+        TestCert {
+            cert_pem: ck.cert.pem(),
+            key_pem: ck.signing_key.serialize_pem(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct LogState {
+    text: String,
+    listeners: Vec<(String, SocketAddr)>,
+    ready: bool,
+    closed: bool,
+}
+
+/// A running `leasegate run` process.
+pub struct Gateway {
+    child: Child,
+    log: Arc<(Mutex<LogState>, Condvar)>,
+    pub dir: TempDir,
+    pub config: PathBuf,
+    pub cert: Option<TestCert>,
+}
+
+impl Gateway {
+    /// Starts the gateway on `config` (TOML text). `{cert}` and `{key}` in
+    /// the text are replaced by paths of a test certificate.
+    pub fn start(config: &str) -> Gateway {
+        let dir = TempDir::new();
+        let mut cert = None;
+        let mut text = config.to_string();
+        if text.contains("{cert}") {
+            let c = TestCert::new();
+            dir.write("cert.pem", &c.cert_pem);
+            dir.write("key.pem", &c.key_pem);
+            text = text
+                .replace("{cert}", "cert.pem")
+                .replace("{key}", "key.pem");
+            cert = Some(c);
+        }
+        let path = dir.write("gateway.toml", &text);
+        let mut child = Command::new(binary())
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("LEASEGATE_LOG", "info,leasegate=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start leasegate");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new((Mutex::new(LogState::default()), Condvar::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let (state, cv) = &*sink;
+                let mut s = state.lock().unwrap();
+                if line.contains(" listening") {
+                    let field = |name: &str| {
+                        line.split_whitespace()
+                            .find_map(|t| t.strip_prefix(name))
+                            .map(|v| v.trim_matches('"').to_string())
+                    };
+                    if let (Some(kind), Some(addr)) = (field("kind="), field("addr=")) {
+                        s.listeners.push((kind, addr.parse().unwrap()));
+                    }
+                }
+                if line.contains("leasegate ready") {
+                    s.ready = true;
+                }
+                s.text.push_str(&line);
+                s.text.push('\n');
+                cv.notify_all();
+            }
+            let (state, cv) = &*sink;
+            state.lock().unwrap().closed = true;
+            cv.notify_all();
+        });
+        let gw = Gateway {
+            child,
+            log,
+            dir,
+            config: path,
+            cert,
+        };
+        gw.wait_until(Duration::from_secs(15), |s| s.ready || s.closed);
+        assert!(
+            gw.state(|s| s.ready),
+            "leasegate did not become ready:\n{}",
+            gw.log()
+        );
+        gw
+    }
+
+    fn state<T>(&self, f: impl FnOnce(&LogState) -> T) -> T {
+        f(&self.log.0.lock().unwrap())
+    }
+
+    fn wait_until(&self, timeout: Duration, done: impl Fn(&LogState) -> bool) -> bool {
+        let (state, cv) = &*self.log;
+        let deadline = Instant::now() + timeout;
+        let mut s = state.lock().unwrap();
+        while !done(&s) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = cv.wait_timeout(s, left).unwrap().0;
+        }
+        true
+    }
+
+    /// Waits up to `timeout` for a log line containing `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        self.wait_until(timeout, |s| s.text.contains(needle))
+    }
+
+    pub fn addr(&self, kind: &str) -> SocketAddr {
+        self.state(|s| s.listeners.iter().find(|(k, _)| k == kind).map(|(_, a)| *a))
+            .unwrap_or_else(|| panic!("no {kind} listener announced:\n{}", self.log()))
+    }
+
+    pub fn http(&self) -> SocketAddr {
+        self.addr("http")
+    }
+
+    pub fn https(&self) -> SocketAddr {
+        self.addr("https")
+    }
+
+    pub fn admin(&self) -> SocketAddr {
+        self.addr("admin")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http())
+    }
+
+    pub fn log(&self) -> String {
+        self.state(|s| s.text.clone())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `HUP`, `KILL`).
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args(["-s", name, &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -s {name} failed");
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `leasegate check` on config text; returns (exit code, stdout, stderr).
+pub fn check(config: &str) -> (i32, String, String, TempDir) {
+    let dir = TempDir::new();
+    let path = dir.write("gateway.toml", config);
+    let out = Command::new(binary())
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        dir,
+    )
+}
+
+/// A port that nothing listens on (bound, then released).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Fails clearly when a tool the test needs is missing, never skips.
+pub fn require_tool(tool: &str, install: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "this test needs `{tool}`: install it with `{install}` (scripts/test.sh checks this too)"
+    );
+}
