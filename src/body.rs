@@ -3,16 +3,16 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::proxy::pool::UpstreamBody;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
 
 /// One body type for every response, without boxing: upstream bodies stream
 /// through, gateway-made bodies are a single chunk.
 #[derive(Debug)]
 pub enum Body {
     Full(Option<Bytes>),
-    Streamed(Incoming),
+    Streamed(UpstreamBody),
 }
 
 impl Body {

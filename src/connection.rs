@@ -1,9 +1,16 @@
 //! What the gateway knows about a client connection, shared by every
 //! request on it.
 
+use std::any::Any;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
+
+/// Holds a client connection's place (its share of `max_connections`, the
+/// worker's drain count) while anything serving it lives, including an
+/// upgraded tunnel that outlives the HTTP exchange. Opaque on purpose.
+pub type Guard = Arc<dyn Any + Send + Sync>;
 
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
@@ -11,6 +18,8 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// Set on connections accepted by the https listener.
     pub tls: Option<TlsInfo>,
+    /// Dropped when the last user of the connection is done.
+    pub guard: Option<Guard>,
 }
 
 #[derive(Debug, Clone)]

@@ -51,15 +51,13 @@ impl Upstream {
 
     /// The next target in round-robin order. `targets` is never empty (the
     /// config refuses an upstream without targets); `None` is only a guard.
-    pub fn pick(&self) -> Option<&Authority> {
-        match self.targets.len() {
-            0 => None,
-            1 => self.targets.first(),
-            n => {
-                let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
-                self.targets.get(i)
-            }
-        }
+    pub fn pick(&self) -> Option<(usize, &Authority)> {
+        let i = match self.targets.len() {
+            0 => return None,
+            1 => 0,
+            n => self.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        self.targets.get(i).map(|t| (i, t))
     }
 }
 
@@ -77,10 +75,13 @@ mod tests {
     fn round_robin_visits_every_target_in_turn() {
         let u = upstream(&["a:1", "b:2", "c:3"]);
         let seen: Vec<_> = (0..6)
-            .map(|_| u.pick().unwrap().as_str().to_string())
+            .map(|_| u.pick().unwrap().1.as_str().to_string())
             .collect();
         assert_eq!(seen, ["a:1", "b:2", "c:3", "a:1", "b:2", "c:3"]);
-        assert_eq!(upstream(&["x:1"]).pick().unwrap().as_str(), "x:1");
+        assert_eq!(
+            upstream(&["x:1"]).pick().unwrap(),
+            (0, &"x:1".parse().unwrap())
+        );
         assert!(upstream(&[]).pick().is_none());
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
-use crate::connection::ConnInfo;
+use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
 
@@ -113,6 +113,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             .map_err(ServeError::Runtime)?;
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(ServeError::Runtime)?;
+        let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(ServeError::Runtime)?;
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let mut threads = Vec::with_capacity(workers);
@@ -157,9 +158,14 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         tracing::info!(workers, "leasegate ready");
 
-        let signal = tokio::select! {
-            _ = sigterm.recv() => "SIGTERM",
-            _ = sigint.recv() => "SIGINT",
+        let signal = loop {
+            tokio::select! {
+                _ = sigterm.recv() => break "SIGTERM",
+                _ = sigint.recv() => break "SIGINT",
+                // Reload comes with the hot-reload work; until then SIGHUP
+                // must not kill the process as its default action would.
+                _ = sighup.recv() => tracing::warn!("SIGHUP received: config reload is not implemented yet; restart to apply changes"),
+            }
         };
         tracing::info!(
             signal,
@@ -223,7 +229,7 @@ async fn accept_loop(
 ) -> io::Result<()> {
     let http = listeners.http.map(TcpListener::from_std).transpose()?;
     let https = listeners.https.map(TcpListener::from_std).transpose()?;
-    let builder = Arc::new(connection_builder(&shared.gateway.config()));
+    let builders = Arc::new(Builders::new(&shared.gateway.config()));
     // Every connection task holds a sender; when all are dropped, drained.
     let (drain_tx, mut drained) = mpsc::channel::<()>(1);
 
@@ -257,12 +263,17 @@ async fn accept_loop(
             .connections_accepted
             .get_or_create(&ListenerLabels { listener })
             .inc();
-        let task = Connection {
-            shared: shared.clone(),
-            builder: builder.clone(),
-            stop: stop.clone(),
+        shared.gateway.metrics.connections_open.inc();
+        let held: Guard = Arc::new(Held {
+            metrics: shared.gateway.metrics.clone(),
             _permit: permit,
             _drain: drain_tx.clone(),
+        });
+        let task = Connection {
+            shared: shared.clone(),
+            builders: builders.clone(),
+            stop: stop.clone(),
+            held,
         };
         tokio::spawn(task.serve(stream, peer, tls));
     }
@@ -289,34 +300,89 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(g.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(256)
+        // Pings find dead peers; an idle but live HTTP/2 client may stay.
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
     builder
 }
 
-/// One accepted client connection and what keeps the worker informed of it.
-struct Connection {
-    shared: Arc<Shared>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    stop: watch::Receiver<bool>,
+/// The connection builders of one worker: the plain listener sniffs the
+/// protocol (HTTP/1.1 or h2c prior knowledge); TLS connections have already
+/// agreed one by ALPN, and a client without ALPN speaks HTTP/1.1.
+struct Builders {
+    sniff: auto::Builder<TokioExecutor>,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
+    /// A plain-text client must send its first byte within this time.
+    first_byte: Duration,
+}
+
+impl Builders {
+    fn new(config: &Config) -> Builders {
+        let base = connection_builder(config);
+        Builders {
+            http1: base.clone().http1_only(),
+            http2: base.clone().http2_only(),
+            sniff: base,
+            first_byte: config.gateway.header_read_timeout,
+        }
+    }
+}
+
+/// Keeps a connection counted (limit, drain, open gauge) until dropped.
+struct Held {
+    metrics: Arc<Metrics>,
     _permit: OwnedSemaphorePermit,
     _drain: mpsc::Sender<()>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.metrics.connections_open.dec();
+    }
+}
+
+/// One accepted client connection.
+struct Connection {
+    shared: Arc<Shared>,
+    builders: Arc<Builders>,
+    stop: watch::Receiver<bool>,
+    held: Guard,
 }
 
 impl Connection {
     async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: bool) {
         let metrics = self.shared.gateway.metrics.clone();
-        metrics.connections_open.inc();
         if !tls {
-            let conn = ConnInfo { peer, tls: None };
-            self.http(TokioIo::new(stream), conn).await;
+            // The protocol sniffer waits for bytes without a deadline of its
+            // own: a silent client must not keep its slot.
+            match tokio::time::timeout(self.builders.first_byte, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+            let conn = ConnInfo {
+                peer,
+                tls: None,
+                guard: Some(self.held.clone()),
+            };
+            let builder = &self.builders.clone();
+            self.http(&builder.sniff, TokioIo::new(stream), conn).await;
         } else if let Some((settings, acceptor)) = &self.shared.tls {
             match tls::accept(stream, settings, acceptor).await {
                 Ok((stream, info)) => {
+                    let builders = self.builders.clone();
+                    let builder = if info.alpn.as_deref() == Some(b"h2") {
+                        &builders.http2
+                    } else {
+                        &builders.http1
+                    };
                     let conn = ConnInfo {
                         peer,
                         tls: Some(info),
+                        guard: Some(self.held.clone()),
                     };
-                    self.http(TokioIo::new(stream), conn).await;
+                    self.http(builder, TokioIo::new(stream), conn).await;
                 }
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "TLS connection dropped");
@@ -327,10 +393,9 @@ impl Connection {
                 }
             }
         }
-        metrics.connections_open.dec();
     }
 
-    async fn http<I>(mut self, io: I, conn: ConnInfo)
+    async fn http<I>(mut self, builder: &auto::Builder<TokioExecutor>, io: I, conn: ConnInfo)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
@@ -341,7 +406,7 @@ impl Connection {
             let conn = conn.clone();
             async move { Ok::<_, Infallible>(gateway.handle(req, &conn).await) }
         });
-        let served = self.builder.serve_connection_with_upgrades(io, service);
+        let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
         tokio::select! {
             result = served.as_mut() => {

@@ -5,57 +5,24 @@
 //! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
 //! tunnelled. Each worker thread keeps its own connection pool per upstream.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::error::Error as _;
-use std::time::Duration;
+pub mod pool;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::body::Body;
 use crate::connection::ConnInfo;
 use crate::problem::RequestError;
 use crate::upstream::Upstream;
-
-type UpstreamClient = Client<HttpConnector, Incoming>;
+use pool::{ConnectError, Slot, UpstreamBody};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-
-thread_local! {
-    /// Pools are per worker thread (each runs its own single-threaded
-    /// runtime), keyed by the upstream's unique id so a reloaded upstream
-    /// with new timeouts gets a new pool.
-    static CLIENTS: RefCell<HashMap<u64, UpstreamClient>> = RefCell::new(HashMap::new());
-}
-
-fn client_for(upstream: &Upstream) -> UpstreamClient {
-    CLIENTS.with(|c| {
-        c.borrow_mut()
-            .entry(upstream.id())
-            .or_insert_with(|| {
-                let mut connector = HttpConnector::new();
-                connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(upstream.connect_timeout));
-                connector.set_keepalive(Some(Duration::from_secs(60)));
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(upstream.pool_idle_timeout)
-                    .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .build(connector)
-            })
-            .clone()
-    })
-}
 
 /// Forwards `req` to `upstream` and returns its response, or the reason it
 /// could not.
@@ -65,19 +32,12 @@ pub async fn forward(
     upstream: &Upstream,
     request_id: &HeaderValue,
 ) -> Result<Response<Body>, RequestError> {
-    let target = upstream
+    let (index, target) = upstream
         .pick()
         .ok_or_else(|| RequestError::UpstreamUnreachable {
             upstream: upstream.name.clone(),
             reason: "no targets".into(),
         })?;
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(target.clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|e| RequestError::BadRequest(e.to_string()))?;
     // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
     if !req.headers().contains_key(header::HOST) {
         if let Some(value) = req
@@ -89,7 +49,11 @@ pub async fn forward(
         }
     }
     let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
-    *req.uri_mut() = uri;
+    // The upstream gets origin-form: the path, unchanged.
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let path = req.uri().path_and_query().cloned();
+        *req.uri_mut() = path.map_or_else(|| Uri::from_static("/"), Uri::from);
+    }
     *req.version_mut() = Version::HTTP_11;
 
     let headers = req.headers_mut();
@@ -103,10 +67,42 @@ pub async fn forward(
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let client = client_for(upstream);
-    let mut resp = match tokio::time::timeout(upstream.request_timeout, client.request(req)).await {
-        Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => return Err(classify(upstream, &e)),
+    let slot = Slot::new(upstream, index);
+    let exchange = async {
+        // A pooled connection that turns out closed before the request was
+        // written hands the request back: send it once more, on a new one.
+        let mut req = req;
+        let mut fresh = false;
+        loop {
+            let reused = if fresh { None } else { slot.reuse().await };
+            let mut sender = match reused {
+                Some(s) => s,
+                None => {
+                    fresh = true;
+                    slot.connect(target, upstream.connect_timeout)
+                        .await
+                        .map_err(|e| connect_error(upstream, e))?
+                }
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, sender)),
+                Err(mut e) => match e.take_message() {
+                    Some(back) if !fresh => {
+                        fresh = true;
+                        req = back;
+                    }
+                    _ => {
+                        return Err(RequestError::UpstreamFailed {
+                            upstream: upstream.name.clone(),
+                            reason: e.into_error().to_string(),
+                        })
+                    }
+                },
+            }
+        }
+    };
+    let (mut resp, sender) = match tokio::time::timeout(upstream.request_timeout, exchange).await {
+        Ok(result) => result?,
         Err(_) => {
             return Err(RequestError::UpstreamTimeout {
                 upstream: upstream.name.clone(),
@@ -118,7 +114,11 @@ pub async fn forward(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_side) = client_side {
             let upstream_side = hyper::upgrade::on(&mut resp);
+            // The tunnel keeps the client connection's slot (connection
+            // limit, drain) until it closes.
+            let held = conn.guard.clone();
             tokio::spawn(async move {
+                let _held = held;
                 if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
                     let _ =
                         tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
@@ -129,35 +129,19 @@ pub async fn forward(
         }
     }
     remove_hop_by_hop(resp.headers_mut(), false);
-    Ok(resp.map(Body::Streamed))
+    Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender))))
 }
 
-fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> RequestError {
-    let mut timed_out = false;
-    let mut cause = e.source();
-    let mut reason = e.to_string();
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
-        }
-        reason = c.to_string();
-        cause = c.source();
-    }
-    if timed_out {
-        RequestError::UpstreamTimeout {
+fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
+    match e {
+        ConnectError::Timeout(ms) => RequestError::UpstreamTimeout {
             upstream: upstream.name.clone(),
-            timeout_ms: upstream.connect_timeout.as_millis(),
-        }
-    } else if e.is_connect() {
-        RequestError::UpstreamUnreachable {
+            timeout_ms: ms,
+        },
+        e => RequestError::UpstreamUnreachable {
             upstream: upstream.name.clone(),
-            reason,
-        }
-    } else {
-        RequestError::UpstreamFailed {
-            upstream: upstream.name.clone(),
-            reason,
-        }
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -176,6 +160,11 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 /// any header the `Connection` header names. An upgrade keeps `Connection:
 /// upgrade` and `Upgrade`, which the next hop needs.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages carry none of these: one pass over the names beats a
+    // hash lookup per candidate.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -208,6 +197,21 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     if !keep_upgrade {
         headers.remove(header::UPGRADE);
     }
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    [
+        &header::CONNECTION,
+        &header::UPGRADE,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::PROXY_AUTHENTICATE,
+        &header::PROXY_AUTHORIZATION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+    ]
+    .contains(&name)
 }
 
 /// `x-leasegate-*` headers are ours to set; a client may not forge them.
@@ -297,6 +301,7 @@ mod tests {
         let conn = ConnInfo {
             peer: "[::ffff:192.0.2.1]:5000".parse().unwrap(),
             tls: None,
+            guard: None,
         };
         append_forwarded_for(&mut h, &conn);
         assert_eq!(h["x-forwarded-for"], "203.0.113.9, 192.0.2.1");
