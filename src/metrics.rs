@@ -87,7 +87,7 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition.
+    /// OpenMetrics text exposition (Prometheus reads it).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

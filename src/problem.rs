@@ -24,14 +24,12 @@ pub enum RequestError {
     UpstreamTimeout { upstream: String, timeout_ms: u128 },
     #[error("upstream {upstream:?} failed: {reason}")]
     UpstreamFailed { upstream: String, reason: String },
-    #[error("the request could not be forwarded: {0}")]
-    BadRequest(String),
 }
 
 impl RequestError {
     pub fn source(&self) -> Source {
         match self {
-            RequestError::NoRoute | RequestError::BadRequest(_) => Source::Client,
+            RequestError::NoRoute => Source::Client,
             RequestError::UpstreamUnreachable { .. }
             | RequestError::UpstreamTimeout { .. }
             | RequestError::UpstreamFailed { .. } => Source::Upstream,
@@ -41,7 +39,6 @@ impl RequestError {
     pub fn status(&self) -> StatusCode {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
-            RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -52,16 +49,32 @@ impl RequestError {
     fn title(&self) -> &'static str {
         match self {
             RequestError::NoRoute => "No route",
-            RequestError::BadRequest(_) => "Bad request",
             RequestError::UpstreamUnreachable { .. } => "Upstream unreachable",
             RequestError::UpstreamTimeout { .. } => "Upstream timeout",
             RequestError::UpstreamFailed { .. } => "Upstream failed",
         }
     }
 
+    /// What the client is told. Upstream failures name no upstream, address
+    /// or OS error: those are for the log, not for whoever sent the request.
+    fn public_detail(&self) -> String {
+        match self {
+            RequestError::NoRoute => self.to_string(),
+            RequestError::UpstreamUnreachable { .. } => {
+                "the service behind this route could not be reached".into()
+            }
+            RequestError::UpstreamTimeout { .. } => {
+                "the service behind this route did not answer in time".into()
+            }
+            RequestError::UpstreamFailed { .. } => {
+                "the service behind this route failed to answer".into()
+            }
+        }
+    }
+
     /// The response the client gets.
     pub fn to_response(&self) -> Response<Body> {
-        problem(self.status(), self.title(), &self.to_string())
+        problem(self.status(), self.title(), &self.public_detail())
     }
 }
 

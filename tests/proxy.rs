@@ -558,3 +558,48 @@ async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
     .unwrap();
     assert_eq!(status.0.and_then(|s| s.code()), Some(0), "{}", status.1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_half_preface_clients_lose_their_slot() {
+    let up = upstream::start("a").await;
+    let cfg = config(&[up.target()], "").replace(
+        "[gateway]\n",
+        "[gateway]\nheader_read_timeout_ms = 400\nmax_connections = 3\n",
+    );
+    let gw = Gateway::start(&cfg);
+    let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
+    // Three connections that never send a request: silence, one byte of an
+    // HTTP/2 preface, and a TLS client that agrees h2 and then says nothing.
+    let mut silent = TcpStream::connect(gw.http()).await.unwrap();
+    let mut half = TcpStream::connect(gw.http()).await.unwrap();
+    half.write_all(b"P").await.unwrap();
+    let mut tls_quiet = client::tls(gw.https(), &cert, &[b"h2"]).await;
+    for (name, read) in [
+        (
+            "silent",
+            tokio::time::timeout(Duration::from_secs(5), silent.read(&mut [0u8; 8])).await,
+        ),
+        (
+            "half preface",
+            tokio::time::timeout(Duration::from_secs(5), half.read(&mut [0u8; 8])).await,
+        ),
+        (
+            "quiet tls",
+            tokio::time::timeout(Duration::from_secs(5), tls_quiet.read(&mut [0u8; 8])).await,
+        ),
+    ] {
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "{name} client must be dropped: {read:?}"
+        );
+    }
+    // All three slots are free again: three new clients are served at once.
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client::http1(gw.http()).await);
+    }
+    for c in &mut clients {
+        let (status, _, _) = client::text(client::send(c, client::get("/direct")).await).await;
+        assert_eq!(status, 201);
+    }
+}

@@ -37,15 +37,6 @@ impl Check<'_> {
             reason: reason.into(),
         });
     }
-
-    fn nowhere(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.problems.push(Problem {
-            file: self.file.to_string(),
-            line: None,
-            key: key.into(),
-            reason: reason.into(),
-        });
-    }
 }
 
 pub(super) fn compile(
@@ -99,7 +90,7 @@ pub(super) fn compile(
         store,
         leasing,
         identity,
-        upstreams: upstreams.into_values().collect(),
+        upstreams,
         routes: RouteTable::new(routes),
         limits: limits.into_iter().map(Arc::new).collect(),
     })
@@ -144,7 +135,14 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(host_name),
         workers: in_range(c, &g.workers, "gateway.workers", 1, 1024, cpus),
-        grace_period: Duration::from_millis(g.grace_period_ms.unwrap_or(10_000)),
+        grace_period: Duration::from_millis(in_range(
+            c,
+            &g.grace_period_ms,
+            "gateway.grace_period_ms",
+            0,
+            3_600_000,
+            10_000,
+        )),
         max_connections: in_range(
             c,
             &g.max_connections,
@@ -311,7 +309,7 @@ fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str) -> bool {
         c.at(
             span,
             key,
-            format!("{url:?} is not a redis:// or rediss:// URL"),
+            format!("{url:?} is not a redis://, rediss:// or redis+unix:// URL"),
         );
         false
     }
@@ -320,7 +318,24 @@ fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str) -> bool {
 fn store(c: &mut Check, s: raw::Store) -> Store {
     let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
     let backend = match s.backend.as_ref().map(|b| (b.get_ref().as_str(), b.span())) {
-        None | Some(("memory", _)) => StoreBackend::Memory,
+        None | Some(("memory", _)) => {
+            // A Redis address with the memory backend is a half-done edit.
+            if let Some(url) = &s.url {
+                c.at(
+                    url.span(),
+                    "store.url",
+                    "is set but backend is not \"redis\"",
+                );
+            }
+            if let Some(cl) = &s.cluster {
+                c.at(
+                    cl.span(),
+                    "store.cluster",
+                    "is set but backend is not \"redis\"",
+                );
+            }
+            StoreBackend::Memory
+        }
         Some(("redis", span)) => match (s.url, s.cluster) {
             (Some(_), Some(cl)) => {
                 c.at(
@@ -372,22 +387,26 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
 }
 
 fn leasing(c: &mut Check, l: raw::Leasing) -> Leasing {
-    let min = l.min.unwrap_or(5);
-    let max = l.max.unwrap_or(500);
-    if min == 0 {
-        c.nowhere("leasing.min", "must be at least 1");
-    }
+    let min = in_range(c, &l.min, "leasing.min", 1, 1_000_000, 5);
+    let max = in_range(c, &l.max, "leasing.max", 1, 1_000_000, 500);
     if max < min {
-        c.nowhere("leasing.max", format!("{max} is below leasing.min ({min})"));
+        let span = l
+            .max
+            .as_ref()
+            .or(l.min.as_ref())
+            .map_or(0..0, Spanned::span);
+        c.at(
+            span,
+            "leasing.max",
+            format!("{max} is below leasing.min ({min})"),
+        );
     }
-    let ttl = l.ttl_ms.unwrap_or(1_000);
-    if ttl == 0 {
-        c.nowhere("leasing.ttl_ms", "must be longer than zero");
-    }
+    let lookahead = in_range(c, &l.lookahead_ms, "leasing.lookahead_ms", 1, 60_000, 250);
+    let ttl = in_range(c, &l.ttl_ms, "leasing.ttl_ms", 1, 600_000, 1_000);
     Leasing {
         min,
         max,
-        lookahead: Duration::from_millis(l.lookahead_ms.unwrap_or(250)),
+        lookahead: Duration::from_millis(lookahead),
         ttl: Duration::from_millis(ttl),
     }
 }
@@ -522,8 +541,9 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
     }
 }
 
-fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> HashMap<String, Arc<Upstream>> {
-    let mut out: HashMap<String, Arc<Upstream>> = HashMap::new();
+/// Upstreams in file order.
+fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec<Arc<Upstream>> {
+    let mut out: Vec<Arc<Upstream>> = Vec::new();
     for (n, u) in list.into_iter().enumerate() {
         let u = u.into_inner();
         let key = format!("upstreams[{n}]");
@@ -549,22 +569,37 @@ fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> HashMap<String
                 ),
             }
         }
-        let ms = |v: Option<u64>, d: u64| Duration::from_millis(v.unwrap_or(d).max(1));
-        let upstream = Upstream::new(
-            name.clone(),
-            targets,
-            ms(u.connect_timeout_ms, 1_000),
-            ms(u.request_timeout_ms, 30_000),
-            ms(u.pool_idle_timeout_ms, 90_000),
-            u.pool_max_idle_per_host.unwrap_or(1_024),
+        let mut ms = |v: &Option<Spanned<u64>>, field: &str, default: u64| {
+            Duration::from_millis(in_range(
+                c,
+                v,
+                &format!("{key}.{field}"),
+                1,
+                3_600_000,
+                default,
+            ))
+        };
+        let connect = ms(&u.connect_timeout_ms, "connect_timeout_ms", 1_000);
+        let request = ms(&u.request_timeout_ms, "request_timeout_ms", 30_000);
+        let idle = ms(&u.pool_idle_timeout_ms, "pool_idle_timeout_ms", 90_000);
+        let max_idle = in_range(
+            c,
+            &u.pool_max_idle_per_host,
+            &format!("{key}.pool_max_idle_per_host"),
+            0,
+            100_000,
+            1_024,
         );
-        if out.insert(name.clone(), Arc::new(upstream)).is_some() {
+        if out.iter().any(|o| o.name == name) {
             c.at(
                 u.name.span(),
                 format!("{key}.name"),
                 format!("duplicate upstream name {name:?}"),
             );
         }
+        out.push(Arc::new(Upstream::new(
+            name, targets, connect, request, idle, max_idle,
+        )));
     }
     out
 }
@@ -758,6 +793,14 @@ fn key_part(p: &str) -> Result<KeyPart, String> {
     })
 }
 
+fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.iter().all(|m| b.contains(m)) && b.iter().all(|m| a.contains(m)),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
     let digits = |r: Range<usize>| {
@@ -773,15 +816,24 @@ fn is_date(s: &str) -> bool {
     {
         return false;
     }
+    let year: u32 = s[0..4].parse().unwrap_or(0);
     let month: u32 = s[5..7].parse().unwrap_or(0);
     let day: u32 = s[8..10].parse().unwrap_or(0);
-    (1..=12).contains(&month) && (1..=31).contains(&day)
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&day)
 }
 
 fn routes(
     c: &mut Check,
     list: Vec<Spanned<raw::Route>>,
-    upstreams: &HashMap<String, Arc<Upstream>>,
+    upstreams: &[Arc<Upstream>],
     limits: &[Limit],
 ) -> Vec<Arc<Route>> {
     let mut out: Vec<Arc<Route>> = Vec::new();
@@ -816,7 +868,8 @@ fn routes(
         if let (Some(h), Some(raw)) = (&host, &r.host) {
             if h.is_empty()
                 || h.parse::<Authority>().is_err()
-                || h.contains(':') && !h.starts_with('[')
+                || h.contains('@')
+                || (h.contains(':') && !(h.starts_with('[') && h.ends_with(']')))
             {
                 c.at(
                     raw.span(),
@@ -847,10 +900,10 @@ fn routes(
             out
         });
         let action = match (&r.upstream, r.response) {
-            (Some(u), None) => match upstreams.get(u.get_ref()) {
+            (Some(u), None) => match upstreams.iter().find(|up| up.name == *u.get_ref()) {
                 Some(up) => Some(Action::Forward(up.clone())),
                 None => {
-                    let mut known: Vec<_> = upstreams.keys().map(String::as_str).collect();
+                    let mut known: Vec<_> = upstreams.iter().map(|up| up.name.as_str()).collect();
                     known.sort_unstable();
                     c.at(
                         u.span(),
@@ -930,10 +983,9 @@ fn routes(
                 StoreFailure::Allow
             }
         };
-        if let Some(other) = out
-            .iter()
-            .find(|o| o.path_prefix == prefix && o.host == host && o.methods == methods)
-        {
+        if let Some(other) = out.iter().find(|o| {
+            o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods)
+        }) {
             c.at(r.path_prefix.span(), format!("{key}.path_prefix"), format!("route {name:?} matches exactly what route {:?} matches, so it can never be chosen", other.name));
         }
         if let Some(action) = action {
@@ -959,7 +1011,7 @@ fn direct_response(
     let span = r.span();
     let r = r.into_inner();
     let status = match StatusCode::from_u16(r.status) {
-        Ok(s) if s.as_u16() >= 200 => Some(s),
+        Ok(s) if (200..=599).contains(&s.as_u16()) => Some(s),
         _ => {
             c.at(
                 span.clone(),
@@ -990,4 +1042,69 @@ fn direct_response(
         headers,
         body: Bytes::from(r.body),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_know_their_calendar() {
+        for ok in ["2027-01-31", "2028-02-29", "2000-02-29", "2026-12-01"] {
+            assert!(is_date(ok), "{ok}");
+        }
+        for bad in [
+            "2027-02-29",
+            "1900-02-29",
+            "2027-04-31",
+            "2027-13-01",
+            "2027-00-10",
+            "2027-1-01",
+            "27-01-01x",
+            "2027/01/01",
+        ] {
+            assert!(!is_date(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn targets_are_plain_http_authorities() {
+        assert_eq!(
+            target("http://127.0.0.1:9000").unwrap().as_str(),
+            "127.0.0.1:9000"
+        );
+        assert_eq!(target("http://backend").unwrap().as_str(), "backend:80");
+        assert_eq!(target("http://backend/").unwrap().as_str(), "backend:80");
+        assert!(target("https://backend:443")
+            .unwrap_err()
+            .contains("not supported"));
+        assert!(target("http://backend:80/api")
+            .unwrap_err()
+            .contains("no path"));
+        assert!(target("http://user:pw@backend:80")
+            .unwrap_err()
+            .contains("credentials"));
+        assert!(target("backend:80").is_err());
+    }
+
+    #[test]
+    fn method_sets_compare_without_order() {
+        let a = Some(vec![Method::GET, Method::POST]);
+        let b = Some(vec![Method::POST, Method::GET]);
+        assert!(same_methods(&a, &b));
+        assert!(!same_methods(&a, &Some(vec![Method::GET])));
+        assert!(!same_methods(&a, &None));
+        assert!(same_methods(&None, &None));
+    }
+
+    #[test]
+    fn key_parts_parse() {
+        assert_eq!(key_part("identity"), Ok(KeyPart::Identity));
+        assert_eq!(
+            key_part("header:X-Tenant"),
+            Ok(KeyPart::Header(HeaderName::from_static("x-tenant")))
+        );
+        assert!(key_part("header:bad header").is_err());
+        assert!(key_part("cookie").is_err());
+    }
 }

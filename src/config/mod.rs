@@ -201,6 +201,21 @@ pub struct Limit {
     pub plans: Vec<(String, Rate)>,
 }
 
+/// `redis://user:secret@host` → `redis://user:***@host`: summaries and logs
+/// never show a password.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
 /// Reads, parses and compiles a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
@@ -259,7 +274,7 @@ impl Config {
         }
         let store = match &self.store.backend {
             StoreBackend::Memory => "memory".to_string(),
-            StoreBackend::Redis { url } => format!("redis {url}"),
+            StoreBackend::Redis { url } => format!("redis {}", redact(url)),
             StoreBackend::RedisCluster { seeds } => {
                 format!("redis cluster ({} seeds)", seeds.len())
             }
@@ -302,5 +317,23 @@ impl Config {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_summary() {
+        assert_eq!(
+            redact("redis://:hunter2@10.0.0.1:6379/0"),
+            "redis://:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("rediss://app:pw@r.example:6380"),
+            "rediss://app:***@r.example:6380"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }

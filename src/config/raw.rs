@@ -35,7 +35,7 @@ pub struct File {
 pub struct Gateway {
     pub instance_id: Option<String>,
     pub workers: Option<Spanned<usize>>,
-    pub grace_period_ms: Option<u64>,
+    pub grace_period_ms: Option<Spanned<u64>>,
     pub max_connections: Option<Spanned<usize>>,
     pub max_header_bytes: Option<Spanned<usize>>,
     pub header_read_timeout_ms: Option<Spanned<u64>>,
@@ -69,10 +69,10 @@ pub struct Store {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Leasing {
-    pub min: Option<u64>,
-    pub max: Option<u64>,
-    pub lookahead_ms: Option<u64>,
-    pub ttl_ms: Option<u64>,
+    pub min: Option<Spanned<u64>>,
+    pub max: Option<Spanned<u64>>,
+    pub lookahead_ms: Option<Spanned<u64>>,
+    pub ttl_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,10 +114,10 @@ pub struct ApiKey {
 pub struct Upstream {
     pub name: Spanned<String>,
     pub targets: Spanned<Vec<Spanned<String>>>,
-    pub connect_timeout_ms: Option<u64>,
-    pub request_timeout_ms: Option<u64>,
-    pub pool_idle_timeout_ms: Option<u64>,
-    pub pool_max_idle_per_host: Option<usize>,
+    pub connect_timeout_ms: Option<Spanned<u64>>,
+    pub request_timeout_ms: Option<Spanned<u64>>,
+    pub pool_idle_timeout_ms: Option<Spanned<u64>>,
+    pub pool_max_idle_per_host: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -65,7 +65,7 @@ fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
         "/readyz" => text(StatusCode::OK, "text/plain", "ready\n".into()),
         "/metrics" => text(
             StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             gateway.metrics.encode(),
         ),
         "/config" => {

@@ -7,6 +7,7 @@
 //! stop accepting and drain its connections within the grace period.
 
 pub mod admin;
+pub mod opening;
 pub mod prefixed;
 pub mod tls;
 
@@ -27,6 +28,7 @@ use crate::config::Config;
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
+use opening::Opening;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -314,8 +316,8 @@ struct Builders {
     sniff: auto::Builder<TokioExecutor>,
     http1: auto::Builder<TokioExecutor>,
     http2: auto::Builder<TokioExecutor>,
-    /// A plain-text client must send its first byte within this time.
-    first_byte: Duration,
+    /// A client must send its opening bytes within this time.
+    opening: Duration,
 }
 
 impl Builders {
@@ -325,7 +327,7 @@ impl Builders {
             http1: base.clone().http1_only(),
             http2: base.clone().http2_only(),
             sniff: base,
-            first_byte: config.gateway.header_read_timeout,
+            opening: config.gateway.header_read_timeout,
         }
     }
 }
@@ -354,24 +356,25 @@ struct Connection {
 impl Connection {
     async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: bool) {
         let metrics = self.shared.gateway.metrics.clone();
+        let builders = self.builders.clone();
         if !tls {
-            // The protocol sniffer waits for bytes without a deadline of its
-            // own: a silent client must not keep its slot.
-            match tokio::time::timeout(self.builders.first_byte, stream.readable()).await {
-                Ok(Ok(())) => {}
-                _ => return,
-            }
             let conn = ConnInfo {
                 peer,
                 tls: None,
                 guard: Some(self.held.clone()),
             };
-            let builder = &self.builders.clone();
-            self.http(&builder.sniff, TokioIo::new(stream), conn).await;
+            let io = Opening::new(stream, builders.opening);
+            self.http(&builders.sniff, TokioIo::new(io), conn).await;
         } else if let Some((settings, acceptor)) = &self.shared.tls {
-            match tls::accept(stream, settings, acceptor).await {
+            let mut stop = self.stop.clone();
+            let accepted = tokio::select! {
+                accepted = tls::accept(stream, settings, acceptor) => accepted,
+                _ = stopped(&mut stop) => return,
+            };
+            match accepted {
                 Ok((stream, info)) => {
-                    let builders = self.builders.clone();
+                    // ALPN has chosen the protocol: no sniffing over TLS, and
+                    // a client without ALPN speaks HTTP/1.1.
                     let builder = if info.alpn.as_deref() == Some(b"h2") {
                         &builders.http2
                     } else {
@@ -382,7 +385,8 @@ impl Connection {
                         tls: Some(info),
                         guard: Some(self.held.clone()),
                     };
-                    self.http(builder, TokioIo::new(stream), conn).await;
+                    let io = Opening::new(stream, builders.opening);
+                    self.http(builder, TokioIo::new(io), conn).await;
                 }
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "TLS connection dropped");
