@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::HeaderValue;
 
 /// Holds a client connection's place (its share of `max_connections`, the
 /// worker's drain count) while anything serving it lives, including an
@@ -20,6 +21,9 @@ pub struct ConnInfo {
     pub tls: Option<TlsInfo>,
     /// Dropped when the last user of the connection is done.
     pub guard: Option<Guard>,
+    /// The peer's address as a header value (IPv4-mapped addresses as
+    /// IPv4), made once per connection for `x-forwarded-for`.
+    pub peer_ip: HeaderValue,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +37,18 @@ pub struct TlsInfo {
 }
 
 impl ConnInfo {
+    pub fn new(peer: SocketAddr, tls: Option<TlsInfo>, guard: Option<Guard>) -> ConnInfo {
+        let ip = peer.ip().to_canonical().to_string();
+        let peer_ip =
+            HeaderValue::from_str(&ip).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        ConnInfo {
+            peer,
+            tls,
+            guard,
+            peer_ip,
+        }
+    }
+
     pub fn scheme(&self) -> &'static str {
         if self.tls.is_some() {
             "https"

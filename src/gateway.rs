@@ -114,8 +114,14 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
             return v.clone();
         }
     }
-    let id = format!("{:032x}", fastrand::u128(..));
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    let mut n = fastrand::u128(..);
+    for b in id.iter_mut().rev() {
+        *b = HEX[(n & 0xf) as usize];
+        n >>= 4;
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 #[cfg(test)]

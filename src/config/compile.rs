@@ -695,6 +695,18 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
             }
             Some(b) => *b.get_ref(),
         };
+        // Bucket levels are kept in units of capacity × period; they must
+        // stay exact in a double for the Redis scripts.
+        let too_big = |cap: u64, r: &Rate| {
+            u128::from(cap) * r.period.as_millis().max(1) >= u128::from(crate::quota::MAX_UNITS)
+        };
+        if too_big(burst, &rate) {
+            c.at(
+                l.rate.span(),
+                format!("{key}.rate"),
+                "burst × period is too large (keep it below 2^53 token-milliseconds)",
+            );
+        }
         let mut by = Vec::new();
         let parts = l.by.as_ref().map(|b| (b.get_ref().clone(), b.span()));
         match parts {
@@ -750,6 +762,11 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
         let mut plans = Vec::new();
         for (plan, r) in &l.plans {
             match r.get_ref().parse::<Rate>() {
+                Ok(rate) if too_big(rate.count, &rate) => c.at(
+                    r.span(),
+                    format!("{key}.plans.{plan}"),
+                    "count × period is too large (keep it below 2^53 token-milliseconds)",
+                ),
                 Ok(rate) => plans.push((plan.clone(), rate)),
                 Err(e) => c.at(
                     r.span(),

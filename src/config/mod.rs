@@ -162,11 +162,7 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    TokenBucket,
-    SlidingWindow,
-}
+pub use crate::quota::Algorithm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -199,6 +195,22 @@ pub struct Limit {
     pub enforce_after: Option<String>,
     /// Plan name → rate override.
     pub plans: Vec<(String, Rate)>,
+}
+
+impl Limit {
+    /// The quota for callers without a plan override.
+    pub fn spec(&self) -> crate::quota::Spec {
+        crate::quota::Spec::new(self.algorithm, self.rate, self.burst)
+    }
+
+    /// The quota for a caller on `plan`: the plan's rate, with a capacity of
+    /// its count, or the limit's own quota when the plan has no override.
+    pub fn spec_for(&self, plan: Option<&str>) -> crate::quota::Spec {
+        match plan.and_then(|p| self.plans.iter().find(|(name, _)| name == p)) {
+            Some((_, rate)) => crate::quota::Spec::new(self.algorithm, *rate, rate.count),
+            None => self.spec(),
+        }
+    }
 }
 
 /// `redis://user:secret@host` → `redis://user:***@host`: summaries and logs

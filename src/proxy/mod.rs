@@ -160,28 +160,34 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 /// any header the `Connection` header names. An upgrade keeps `Connection:
 /// upgrade` and `Upgrade`, which the next hop needs.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none of these: one pass over the names beats a
-    // hash lookup per candidate.
+    // Most messages carry none of these, or only `Connection: keep-alive`:
+    // one pass over the names, and no allocation unless `Connection` names
+    // a header that is actually present.
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .filter(|n| !(keep_upgrade && *n == header::UPGRADE))
-            .collect();
-        for n in named {
-            headers.remove(n);
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for token in value.split(',').map(str::trim) {
+            if token.is_empty() || (keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
+                continue;
+            }
+            if headers.contains_key(token) {
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    named.push(name);
+                }
+            }
         }
-        if keep_upgrade {
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        } else {
-            headers.remove(header::CONNECTION);
-        }
+    }
+    for n in named {
+        headers.remove(n);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
     }
     for h in [
         &KEEP_ALIVE,
@@ -193,9 +199,6 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         &header::PROXY_AUTHORIZATION,
     ] {
         headers.remove(h);
-    }
-    if !keep_upgrade {
-        headers.remove(header::UPGRADE);
     }
 }
 
@@ -227,18 +230,18 @@ pub fn remove_internal(headers: &mut HeaderMap) {
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, conn: &ConnInfo) {
-    let peer = conn.peer.ip().to_canonical().to_string();
-    let prior: Vec<&str> = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let value = if prior.is_empty() {
-        peer
-    } else {
-        format!("{}, {peer}", prior.join(", "))
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    let peer = &conn.peer_ip;
+    if !headers.contains_key(&X_FORWARDED_FOR) {
+        headers.insert(X_FORWARDED_FOR.clone(), peer.clone());
+        return;
+    }
+    let mut value = Vec::with_capacity(64);
+    for prior in headers.get_all(&X_FORWARDED_FOR) {
+        value.extend_from_slice(prior.as_bytes());
+        value.extend_from_slice(b", ");
+    }
+    value.extend_from_slice(peer.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&value) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }
@@ -298,11 +301,7 @@ mod tests {
         ]);
         remove_internal(&mut h);
         assert!(h.keys().all(|k| !k.as_str().starts_with("x-leasegate-")));
-        let conn = ConnInfo {
-            peer: "[::ffff:192.0.2.1]:5000".parse().unwrap(),
-            tls: None,
-            guard: None,
-        };
+        let conn = ConnInfo::new("[::ffff:192.0.2.1]:5000".parse().unwrap(), None, None);
         append_forwarded_for(&mut h, &conn);
         assert_eq!(h["x-forwarded-for"], "203.0.113.9, 192.0.2.1");
     }

@@ -1,12 +1,133 @@
 //! The vocabulary of quotas, on the ground floor of the crate.
 //!
-//! This room holds pure values and math only: no clock reads, no I/O. The
-//! config layer parses rates into [`Rate`]; the limiter and the stores (later)
-//! share the same types so that both run the same arithmetic.
+//! This room holds pure values and math only: no clock reads, no I/O. Time
+//! comes in as `now_ms` arguments. The config layer parses rates into
+//! [`Rate`]; the lease core and every store share [`Spec`], [`Grant`] and the
+//! algorithms, so an embedded store and Redis compute the same answers.
+
+pub mod sliding_window;
+pub mod token_bucket;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
+
+/// Which algorithm a limit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Bursts up to a capacity, refilled at a steady rate.
+    TokenBucket,
+    /// At most N per period, over a weighted sliding window.
+    SlidingWindow,
+}
+
+/// Everything a store needs to decide for one key: the algorithm and its
+/// parameters. One store serves many limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Spec {
+    pub algorithm: Algorithm,
+    /// Tokens (or requests) added per `period`.
+    pub count: u64,
+    period_ms: u64,
+    /// Token bucket: the burst. Sliding window: the limit (= count).
+    pub capacity: u64,
+}
+
+/// Largest `capacity × period_ms`: values stay exact in a double, as they
+/// must for the Redis scripts.
+pub const MAX_UNITS: u64 = 1 << 53;
+
+impl Spec {
+    pub fn new(algorithm: Algorithm, rate: Rate, capacity: u64) -> Spec {
+        let period_ms = u64::try_from(rate.period.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Spec {
+            algorithm,
+            count: rate.count.max(1),
+            period_ms,
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// The window advertised in `RateLimit-Policy`, in whole seconds (≥ 1).
+    pub fn window_secs(&self) -> u64 {
+        self.period_ms.div_ceil(1000).max(1)
+    }
+}
+
+/// A store's answer to an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Tokens granted, `0..=want`.
+    pub granted: u64,
+    /// Tokens left in the shared bucket after this grant.
+    pub remaining: u64,
+    /// Milliseconds until the quota is whole again.
+    pub reset_ms: u64,
+    /// When nothing was granted: milliseconds until one token will be.
+    pub retry_after_ms: u64,
+}
+
+/// The stored state of one key, whichever the algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Bucket(token_bucket::State),
+    Window(sliding_window::State),
+}
+
+/// Acquire for any algorithm. A state of the other algorithm (a limit whose
+/// algorithm was changed) is treated as absent.
+pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
+    match spec.algorithm {
+        Algorithm::TokenBucket => {
+            let prior = match state {
+                Some(State::Bucket(b)) => Some(b),
+                _ => None,
+            };
+            let (s, g) = token_bucket::acquire(prior, spec, now_ms, want);
+            (State::Bucket(s), g)
+        }
+        Algorithm::SlidingWindow => {
+            let prior = match state {
+                Some(State::Window(w)) => Some(w),
+                _ => None,
+            };
+            let (s, g) = sliding_window::acquire(prior, spec, now_ms, want);
+            (State::Window(s), g)
+        }
+    }
+}
+
+/// Release for any algorithm.
+pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64) -> State {
+    match (spec.algorithm, state) {
+        (Algorithm::TokenBucket, Some(State::Bucket(b))) => {
+            State::Bucket(token_bucket::release(Some(b), spec, now_ms, unused))
+        }
+        (Algorithm::TokenBucket, _) => {
+            State::Bucket(token_bucket::release(None, spec, now_ms, unused))
+        }
+        (Algorithm::SlidingWindow, Some(State::Window(w))) => {
+            State::Window(sliding_window::release(Some(w), spec, now_ms, unused))
+        }
+        (Algorithm::SlidingWindow, _) => {
+            State::Window(sliding_window::release(None, spec, now_ms, unused))
+        }
+    }
+}
+
+/// True when forgetting the state changes no future decision.
+pub fn is_idle(state: &State, spec: &Spec, now_ms: u64) -> bool {
+    match state {
+        State::Bucket(b) => token_bucket::is_idle(*b, spec, now_ms),
+        State::Window(w) => sliding_window::is_idle(*w, spec, now_ms),
+    }
+}
 
 /// "N requests per period", as written in `gateway.toml` (`"100/min"`, `"10/30s"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -358,11 +358,7 @@ impl Connection {
         let metrics = self.shared.gateway.metrics.clone();
         let builders = self.builders.clone();
         if !tls {
-            let conn = ConnInfo {
-                peer,
-                tls: None,
-                guard: Some(self.held.clone()),
-            };
+            let conn = ConnInfo::new(peer, None, Some(self.held.clone()));
             let io = Opening::new(stream, builders.opening);
             self.http(&builders.sniff, TokioIo::new(io), conn).await;
         } else if let Some((settings, acceptor)) = &self.shared.tls {
@@ -380,11 +376,7 @@ impl Connection {
                     } else {
                         &builders.http1
                     };
-                    let conn = ConnInfo {
-                        peer,
-                        tls: Some(info),
-                        guard: Some(self.held.clone()),
-                    };
+                    let conn = ConnInfo::new(peer, Some(info), Some(self.held.clone()));
                     let io = Opening::new(stream, builders.opening);
                     self.http(builder, TokioIo::new(io), conn).await;
                 }

@@ -1,0 +1,193 @@
+//! Token bucket: `capacity` tokens, refilled at `count` per `period`.
+//!
+//! Integer arithmetic only, so the memory store and the Redis script agree
+//! to the token: the level is kept in "units" where one token is
+//! `period_ms` units and each elapsed millisecond adds `count` units.
+//! Every value stays below 2^53 for any valid config (capacity ≤ 10^9,
+//! period ≤ a day), so the Lua port on doubles computes the same results.
+
+use super::{Grant, Spec};
+
+/// A bucket's state: its level in units, and when that level was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    pub units: u64,
+    pub at_ms: u64,
+}
+
+/// Takes up to `want` tokens at `now_ms`. A missing state is a full bucket.
+/// Grants `min(want, whole tokens available)`: a partial grant beats a
+/// refusal at the end of a window.
+pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
+    let per_token = spec.period_ms();
+    let cap = spec.capacity.saturating_mul(per_token);
+    let mut units = level(state, spec, now_ms);
+    let granted = want.min(units / per_token);
+    units -= granted * per_token;
+    let grant = Grant {
+        granted,
+        remaining: units / per_token,
+        reset_ms: ceil_div(cap - units, spec.count),
+        // Only when nothing was granted: the time until one whole token exists.
+        retry_after_ms: if granted == 0 && units < per_token {
+            ceil_div(per_token - units, spec.count)
+        } else {
+            0
+        },
+    };
+    (
+        State {
+            units,
+            at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
+        },
+        grant,
+    )
+}
+
+/// Gives back `tokens` (unspent lease), clamped to the capacity.
+pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {
+    let cap = spec.capacity.saturating_mul(spec.period_ms());
+    let units = level(state, spec, now_ms)
+        .saturating_add(tokens.saturating_mul(spec.period_ms()))
+        .min(cap);
+    State {
+        units,
+        at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
+    }
+}
+
+/// The level at `now_ms`, refilled for the time elapsed. A clock that went
+/// backwards refills nothing.
+pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
+    let cap = spec.capacity.saturating_mul(spec.period_ms());
+    match state {
+        None => cap,
+        Some(s) => {
+            let elapsed = now_ms.saturating_sub(s.at_ms);
+            s.units
+                .saturating_add(elapsed.saturating_mul(spec.count))
+                .min(cap)
+        }
+    }
+}
+
+/// True when the bucket is full at `now_ms`: its state can be forgotten.
+pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
+    level(Some(state), spec, now_ms) >= spec.capacity.saturating_mul(spec.period_ms())
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::{Algorithm, Rate};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn spec(count: u64, period_ms: u64, capacity: u64) -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count,
+                period: Duration::from_millis(period_ms),
+            },
+            capacity,
+        )
+    }
+
+    #[test]
+    fn a_new_bucket_is_full_and_drains() {
+        let s = spec(10, 60_000, 10);
+        let (st, g) = acquire(None, &s, 1_000, 4);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (4, 6, 0));
+        assert_eq!(g.reset_ms, 24_000); // 4 tokens at one per 6 s
+        let (st, g) = acquire(Some(st), &s, 1_000, 100);
+        assert_eq!((g.granted, g.remaining), (6, 0)); // partial grant
+        let (_, g) = acquire(Some(st), &s, 1_000, 1);
+        assert_eq!((g.granted, g.retry_after_ms), (0, 6_000));
+    }
+
+    #[test]
+    fn refills_by_elapsed_time_and_clamps_at_capacity() {
+        let s = spec(1, 1_000, 5);
+        let (st, _) = acquire(None, &s, 0, 5);
+        assert_eq!(level(Some(st), &s, 2_500) / 1_000, 2);
+        assert_eq!(level(Some(st), &s, 100_000), 5_000);
+        assert!(is_idle(st, &s, 5_000));
+        assert!(!is_idle(st, &s, 4_999));
+    }
+
+    #[test]
+    fn release_clamps_to_capacity() {
+        let s = spec(1, 1_000, 5);
+        let (st, _) = acquire(None, &s, 0, 3);
+        let st = release(Some(st), &s, 0, 2);
+        assert_eq!(st.units, 4_000);
+        let st = release(Some(st), &s, 0, 100);
+        assert_eq!(st.units, 5_000);
+    }
+
+    #[test]
+    fn a_clock_going_backwards_refills_nothing() {
+        let s = spec(1, 1_000, 5);
+        let (st, _) = acquire(None, &s, 10_000, 5);
+        let (st2, g) = acquire(Some(st), &s, 5_000, 1);
+        assert_eq!(g.granted, 0);
+        assert_eq!(st2.at_ms, 10_000);
+    }
+
+    proptest! {
+        /// Over any run of requests, granted ≤ capacity + refill over the span.
+        #[test]
+        fn never_grants_more_than_capacity_plus_refill(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..1_000,
+            steps in prop::collection::vec((0u64..5_000, 0u64..50), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now, mut total) = (None, 0u64, 0u64);
+            for (dt, want) in steps {
+                now += dt;
+                let (st, g) = acquire(state, &s, now, want);
+                prop_assert!(g.granted <= want);
+                total += g.granted;
+                state = Some(st);
+            }
+            // refill over [0, now] is now*count/period tokens
+            prop_assert!(total <= capacity + now * count / period_ms);
+        }
+
+        /// A refused request retried after exactly retry_after succeeds, and
+        /// one millisecond earlier it would not have.
+        #[test]
+        fn retry_after_is_exact(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            drain_at in 0u64..10_000,
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (st, _) = acquire(None, &s, drain_at, capacity);
+            let (st, g) = acquire(Some(st), &s, drain_at, 1);
+            prop_assert_eq!(g.granted, 0);
+            prop_assert!(g.retry_after_ms >= 1);
+            let (_, later) = acquire(Some(st), &s, drain_at + g.retry_after_ms, 1);
+            prop_assert_eq!(later.granted, 1);
+            let (_, early) = acquire(Some(st), &s, drain_at + g.retry_after_ms - 1, 1);
+            prop_assert_eq!(early.granted, 0);
+        }
+
+        /// Remaining never exceeds capacity, reset is the time to full.
+        #[test]
+        fn remaining_and_reset_are_consistent(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..1_000,
+            want in 0u64..2_000, now in 0u64..1_000_000,
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (st, g) = acquire(None, &s, now, want);
+            prop_assert!(g.remaining <= capacity);
+            prop_assert_eq!(g.granted + g.remaining, capacity);
+            prop_assert!(is_idle(st, &s, now + g.reset_ms));
+        }
+    }
+}
