@@ -39,8 +39,7 @@ pub struct TlsInfo {
 impl ConnInfo {
     pub fn new(peer: SocketAddr, tls: Option<TlsInfo>, guard: Option<Guard>) -> ConnInfo {
         let ip = peer.ip().to_canonical().to_string();
-        let peer_ip =
-            HeaderValue::from_str(&ip).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        let peer_ip = HeaderValue::from_str(&ip).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
         ConnInfo {
             peer,
             tls,

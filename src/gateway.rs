@@ -1,40 +1,71 @@
-//! The request path, top to bottom: match a route, then answer directly or
-//! forward. Later rooms (identity, limits) slot in between as further steps.
+//! The request path, top to bottom: match a route, decide its limits, then
+//! answer directly or forward. Each step is a call into its own room.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::Body;
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::connection::ConnInfo;
-use crate::metrics::{Metrics, UpstreamErrorLabels};
-use crate::problem::{RequestError, Source};
+use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
+use crate::limit::key::Facts;
+use crate::limit::stage::{self, Outcome};
+use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
+use crate::metrics::{Metrics, ReasonLabels, UpstreamErrorLabels};
+use crate::problem::{self, RequestError, Source};
 use crate::proxy::{self, X_REQUEST_ID};
-use crate::route::{Action, DirectResponse};
+use crate::route::{Action, DirectResponse, Route, StoreFailure};
+use crate::store::{QuotaStore, StoreError};
+
+/// One config, compiled for serving: the config and its limits ready for
+/// decisions. Swapped whole on reload; a request keeps the one it started
+/// with.
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub limits: Vec<Arc<LimitRuntime>>,
+}
+
+impl Snapshot {
+    pub fn new(config: Config, metrics: &Metrics) -> Snapshot {
+        let limits = config
+            .limits
+            .iter()
+            .map(|l| Arc::new(LimitRuntime::new(l.clone(), &config.gateway.instance_id, metrics)))
+            .collect();
+        Snapshot {
+            config: Arc::new(config),
+            limits,
+        }
+    }
+}
 
 pub struct Gateway {
-    config: ArcSwap<Config>,
+    snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
+    pub limiter: Arc<Limiter>,
     draining: AtomicBool,
 }
 
 impl Gateway {
-    pub fn new(config: Config, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
+        let limiter = Limiter::new(store, Settings::from_config(&config), crate::limit::monotonic_clock());
+        let snapshot = Snapshot::new(config, &metrics);
         Gateway {
-            config: ArcSwap::from_pointee(config),
+            snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
+            limiter,
             draining: AtomicBool::new(false),
         }
     }
 
     /// The config in force now.
     pub fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+        self.snapshot.load().config.clone()
     }
 
     /// Marks the gateway as shutting down (readiness turns false).
@@ -48,17 +79,30 @@ impl Gateway {
 
     /// One request, start to finish. Never fails: every error becomes a response.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
-        let config = self.config.load_full();
+        let snapshot = self.snapshot.load_full();
         let request_id = request_id(req.headers());
-        let host = req.uri().authority().map(|a| a.as_str()).or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-        });
-        let route = config
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
+        let route = snapshot
+            .config
             .routes
             .find(host, req.method(), req.uri().path())
             .cloned();
+
+        let verdict = match &route {
+            Some(route) if !route.limits.is_empty() => {
+                let verdict = self.decide(&snapshot, route, &req, conn).await;
+                if let Some(mut refusal) = self.refusal(&snapshot, route, &verdict) {
+                    refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+                    return refusal;
+                }
+                Some(verdict)
+            }
+            _ => None,
+        };
 
         let result = match &route {
             None => Err(RequestError::NoRoute),
@@ -78,8 +122,53 @@ impl Gateway {
                 e.to_response()
             }
         };
+        if let (Some(verdict), Some(route)) = (&verdict, &route) {
+            add_limit_headers(resp.headers_mut(), &snapshot, route, verdict, None);
+        }
         resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
         resp
+    }
+
+    /// The limiter's verdict on a request.
+    async fn decide(&self, snapshot: &Snapshot, route: &Route, req: &Request<Incoming>, conn: &ConnInfo) -> Verdict {
+        let ip = conn.peer.ip();
+        let id = &snapshot.config.identity;
+        let mut identity = String::with_capacity(48);
+        crate::identity::subnet_identity(&mut identity, ip, id.ipv4_prefix, id.ipv6_prefix);
+        let facts = Facts {
+            identity: &identity,
+            tenant: None,
+            plan: None,
+            route: &route.name,
+            ip,
+            headers: req.headers(),
+        };
+        self.limiter.check(&snapshot.limits, &route.limits, &facts).await
+    }
+
+    /// The response for a request the verdict does not let through, if any.
+    fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
+        if let Some(e) = &verdict.store_error {
+            let reason = match e {
+                StoreError::Timeout(_) => "store_timeout",
+                StoreError::Unavailable(_) => "store_circuit_open",
+                StoreError::Failed(_) => "store_error",
+            };
+            tracing::warn!(route = %route.name, error = %e, "quota store failed");
+            return match route.on_store_failure {
+                StoreFailure::Allow => {
+                    self.metrics.bypassed.get_or_create(&ReasonLabels { reason }).inc();
+                    None
+                }
+                StoreFailure::Deny => Some(problem::store_unavailable(1)),
+            };
+        }
+        let i = verdict.refused?;
+        let refused = verdict.limits.get(i)?;
+        let limit = snapshot.limits.get(*route.limits.get(i)?)?;
+        let mut resp = problem::too_many_requests(&limit.config.name, refused.retry_after_ms);
+        add_limit_headers(resp.headers_mut(), snapshot, route, verdict, Some(i));
+        Some(resp)
     }
 
     fn record_upstream_error(&self, e: &RequestError) {
@@ -99,6 +188,44 @@ impl Gateway {
     }
 }
 
+/// `RateLimit-*` headers for every limit the client may see (shadow limits
+/// stay invisible), and a `RateLimit-Warning` per soft-limited one.
+fn add_limit_headers(
+    headers: &mut HeaderMap,
+    snapshot: &Snapshot,
+    route: &Route,
+    verdict: &Verdict,
+    focus: Option<usize>,
+) {
+    let mut statuses = Vec::with_capacity(verdict.limits.len());
+    let mut focus_at = None;
+    for lv in &verdict.limits {
+        let Some(limit) = route.limits.get(lv.limit).and_then(|&i| snapshot.limits.get(i)) else {
+            continue;
+        };
+        if limit.config.mode == Mode::Shadow {
+            continue;
+        }
+        if lv.outcome == Outcome::SoftLimited {
+            let text = stage::warning(lv.over_percent, limit.config.enforce_after.as_deref());
+            if let Ok(v) = HeaderValue::from_str(&text) {
+                headers.append(RATELIMIT_WARNING.clone(), v);
+            }
+        }
+        if focus == Some(lv.limit) {
+            focus_at = Some(statuses.len());
+        }
+        statuses.push(Status {
+            name: &limit.config.name,
+            quota: lv.quota,
+            window_secs: lv.window_secs,
+            remaining: lv.remaining,
+            reset_secs: rl_headers::secs(lv.reset_ms),
+        });
+    }
+    rl_headers::render(headers, snapshot.config.gateway.rate_limit_headers, &statuses, focus_at);
+}
+
 fn respond(direct: &DirectResponse) -> Response<Body> {
     let mut resp = Response::new(Body::full(direct.body.clone()));
     *resp.status_mut() = direct.status;
@@ -107,7 +234,7 @@ fn respond(direct: &DirectResponse) -> Response<Body> {
 }
 
 /// Keeps a client's `x-request-id` when it is sane, else makes a new one.
-fn request_id(headers: &http::HeaderMap) -> HeaderValue {
+fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
         let b = v.as_bytes();
         if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
@@ -130,7 +257,7 @@ mod tests {
 
     #[test]
     fn request_ids_are_kept_when_sane_and_made_otherwise() {
-        let mut h = http::HeaderMap::new();
+        let mut h = HeaderMap::new();
         let made = request_id(&h);
         assert_eq!(made.len(), 32);
         assert_ne!(made, request_id(&h));

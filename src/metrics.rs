@@ -26,6 +26,12 @@ pub struct UpstreamErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub limit: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
 }
@@ -36,6 +42,9 @@ pub struct Metrics {
     pub connections_accepted: Family<ListenerLabels, Counter>,
     pub tls_handshake_failures: Family<ReasonLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub bypassed: Family<ReasonLabels, Counter>,
+    pub lease_keys: Gauge,
 }
 
 impl Default for Metrics {
@@ -78,12 +87,33 @@ impl Metrics {
             "Requests that got no upstream response, by upstream and kind",
             upstream_errors.clone(),
         );
+        let decisions = Family::default();
+        registry.register(
+            "leasegate_decisions",
+            "Rate-limit decisions, by limit and outcome",
+            decisions.clone(),
+        );
+        let bypassed = Family::default();
+        registry.register(
+            "rate_limit_bypassed",
+            "Requests admitted without a limit decision because the store failed, by reason",
+            bypassed.clone(),
+        );
+        let lease_keys = Gauge::default();
+        registry.register(
+            "leasegate_lease_keys",
+            "Keys with a local lease now",
+            lease_keys.clone(),
+        );
         Metrics {
             registry,
             connections_open,
             connections_accepted,
             tls_handshake_failures,
             upstream_errors,
+            decisions,
+            bypassed,
+            lease_keys,
         }
     }
 

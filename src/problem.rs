@@ -1,7 +1,7 @@
 //! Every refusal the gateway makes, and the one place that maps it to an
 //! HTTP status and an `application/problem+json` body (RFC 9457).
 
-use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::Body;
@@ -39,9 +39,7 @@ impl RequestError {
     pub fn status(&self) -> StatusCode {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
-            RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -60,15 +58,9 @@ impl RequestError {
     fn public_detail(&self) -> String {
         match self {
             RequestError::NoRoute => self.to_string(),
-            RequestError::UpstreamUnreachable { .. } => {
-                "the service behind this route could not be reached".into()
-            }
-            RequestError::UpstreamTimeout { .. } => {
-                "the service behind this route did not answer in time".into()
-            }
-            RequestError::UpstreamFailed { .. } => {
-                "the service behind this route failed to answer".into()
-            }
+            RequestError::UpstreamUnreachable { .. } => "the service behind this route could not be reached".into(),
+            RequestError::UpstreamTimeout { .. } => "the service behind this route did not answer in time".into(),
+            RequestError::UpstreamFailed { .. } => "the service behind this route failed to answer".into(),
         }
     }
 
@@ -76,6 +68,43 @@ impl RequestError {
     pub fn to_response(&self) -> Response<Body> {
         problem(self.status(), self.title(), &self.public_detail())
     }
+}
+
+/// The 429 for a refused request: names the limit, says when to retry.
+/// `Retry-After` is whole seconds, at least 1, rounded up.
+pub fn too_many_requests(limit: &str, retry_after_ms: u64) -> Response<Body> {
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": format!("rate limit \"{limit}\" exceeded; retry in {secs} s"),
+        "limit": limit,
+        "retry_after": secs,
+    });
+    with_retry_after(StatusCode::TOO_MANY_REQUESTS, body, secs)
+}
+
+/// The 503 of a fail-closed route whose quota store is unreachable: the
+/// client did nothing wrong, so not a 429.
+pub fn store_unavailable(retry_after_secs: u64) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "rate limiting is unavailable and this route fails closed; retry shortly",
+    });
+    with_retry_after(StatusCode::SERVICE_UNAVAILABLE, body, retry_after_secs.max(1))
+}
+
+fn with_retry_after(status: StatusCode, body: serde_json::Value, secs: u64) -> Response<Body> {
+    let mut resp = Response::new(Body::full(body.to_string()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(RETRY_AFTER, HeaderValue::from(secs));
+    resp
 }
 
 /// A problem+json response. Never cached: it describes this moment.
@@ -89,10 +118,7 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
     let mut resp = Response::new(Body::full(body.to_string()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }

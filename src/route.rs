@@ -20,8 +20,8 @@ pub struct Route {
     /// `None` matches any method.
     pub methods: Option<Vec<Method>>,
     pub action: Action,
-    /// Names of the limits that apply, in order.
-    pub limits: Vec<String>,
+    /// The limits that apply, in order: indices into the config's limits.
+    pub limits: Vec<usize>,
     pub on_store_failure: StoreFailure,
 }
 
@@ -106,12 +106,7 @@ fn strip_port(host: &str) -> &str {
 mod tests {
     use super::*;
 
-    fn route(
-        name: &str,
-        prefix: &str,
-        host: Option<&str>,
-        methods: Option<&[Method]>,
-    ) -> Arc<Route> {
+    fn route(name: &str, prefix: &str, host: Option<&str>, methods: Option<&[Method]>) -> Arc<Route> {
         Arc::new(Route {
             name: name.into(),
             path_prefix: prefix.into(),
@@ -149,9 +144,7 @@ mod tests {
         let t = RouteTable::new(vec![route("v1", "/v1/", None, None)]);
         assert_eq!(find(&t, None, Method::GET, "/v2/x"), None);
         assert_eq!(find(&t, None, Method::GET, ""), None);
-        assert!(RouteTable::default()
-            .find(None, &Method::GET, "/")
-            .is_none());
+        assert!(RouteTable::default().find(None, &Method::GET, "/").is_none());
     }
 
     #[test]
@@ -161,19 +154,10 @@ mod tests {
             route("api", "/", Some("api.example.com"), None),
             route("v6", "/", Some("[::1]"), None),
         ]);
-        assert_eq!(
-            find(&t, Some("API.example.com:8443"), Method::GET, "/x"),
-            Some("api")
-        );
-        assert_eq!(
-            find(&t, Some("api.example.com"), Method::GET, "/x"),
-            Some("api")
-        );
+        assert_eq!(find(&t, Some("API.example.com:8443"), Method::GET, "/x"), Some("api"));
+        assert_eq!(find(&t, Some("api.example.com"), Method::GET, "/x"), Some("api"));
         assert_eq!(find(&t, Some("[::1]:8080"), Method::GET, "/"), Some("v6"));
-        assert_eq!(
-            find(&t, Some("other.example.com"), Method::GET, "/x"),
-            Some("any")
-        );
+        assert_eq!(find(&t, Some("other.example.com"), Method::GET, "/x"), Some("any"));
         assert_eq!(find(&t, None, Method::GET, "/x"), Some("any"));
     }
 

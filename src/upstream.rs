@@ -74,14 +74,9 @@ mod tests {
     #[test]
     fn round_robin_visits_every_target_in_turn() {
         let u = upstream(&["a:1", "b:2", "c:3"]);
-        let seen: Vec<_> = (0..6)
-            .map(|_| u.pick().unwrap().1.as_str().to_string())
-            .collect();
+        let seen: Vec<_> = (0..6).map(|_| u.pick().unwrap().1.as_str().to_string()).collect();
         assert_eq!(seen, ["a:1", "b:2", "c:3", "a:1", "b:2", "c:3"]);
-        assert_eq!(
-            upstream(&["x:1"]).pick().unwrap(),
-            (0, &"x:1".parse().unwrap())
-        );
+        assert_eq!(upstream(&["x:1"]).pick().unwrap(), (0, &"x:1".parse().unwrap()));
         assert!(upstream(&[]).pick().is_none());
     }
 }

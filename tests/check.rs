@@ -26,10 +26,7 @@ rate = "100/min"
 /// `reason` in the message.
 fn refused(text: &str, line: usize, key: &str, reason: &str) {
     let (code, stdout, stderr, _dir) = support::check(text);
-    assert_eq!(
-        code, 1,
-        "expected exit 1\nstdout: {stdout}\nstderr: {stderr}"
-    );
+    assert_eq!(code, 1, "expected exit 1\nstdout: {stdout}\nstderr: {stderr}");
     let want = format!("gateway.toml:{line}: {key}: ");
     let hit = stderr.lines().find(|l| l.contains(&want));
     let hit = hit.unwrap_or_else(|| panic!("no line with {want:?} in:\n{stderr}"));
@@ -83,10 +80,7 @@ fn the_shipped_configs_are_valid() {
 #[test]
 fn unknown_key() {
     refused(
-        &BASE.replace(
-            "path_prefix = \"/\"",
-            "path_prefix = \"/\"\npath_prefx = \"/v1\"",
-        ),
+        &BASE.replace("path_prefix = \"/\"", "path_prefix = \"/\"\npath_prefx = \"/v1\""),
         11,
         "routes.path_prefx",
         "unknown field",
@@ -105,12 +99,7 @@ fn syntax_error() {
 
 #[test]
 fn wrong_type() {
-    refused(
-        &format!("{BASE}burst = \"ten\"\n"),
-        17,
-        "limits.burst",
-        "invalid type",
-    );
+    refused(&format!("{BASE}burst = \"ten\"\n"), 17, "limits.burst", "invalid type");
 }
 
 #[test]
@@ -155,12 +144,7 @@ fn bad_target() {
 
 #[test]
 fn zero_rate() {
-    refused(
-        &BASE.replace("100/min", "0/min"),
-        16,
-        "limits[0].rate",
-        "at least 1",
-    );
+    refused(&BASE.replace("100/min", "0/min"), 16, "limits[0].rate", "at least 1");
 }
 
 #[test]
@@ -175,9 +159,7 @@ fn bad_rate_unit() {
 
 #[test]
 fn duplicate_route_name() {
-    let text = format!(
-        "{BASE}\n[[routes]]\nname = \"api\"\npath_prefix = \"/x\"\nresponse = {{ status = 200 }}\n"
-    );
+    let text = format!("{BASE}\n[[routes]]\nname = \"api\"\npath_prefix = \"/x\"\nresponse = {{ status = 200 }}\n");
     refused(&text, 19, "routes[1].name", "duplicate route name \"api\"");
 }
 
@@ -248,9 +230,8 @@ fn route_needs_exactly_one_action() {
 
 #[test]
 fn missing_listeners_section() {
-    let (code, _, stderr, _dir) = support::check(
-        "[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nresponse = { status = 200 }\n",
-    );
+    let (code, _, stderr, _dir) =
+        support::check("[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nresponse = { status = 200 }\n");
     assert_eq!(code, 1);
     assert!(
         stderr.contains("listeners") && stderr.contains("missing field"),
@@ -265,8 +246,7 @@ fn unreadable_file() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("/nonexistent/gateway.toml: cannot read the file"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gateway.toml: cannot read the file"));
 }
 
 #[test]

@@ -124,8 +124,7 @@ async fn direct_responses_no_route_and_methods() {
     let gw = Gateway::start(&config(&[up.target()], ""));
     let mut c = client::http1(gw.http()).await;
 
-    let (status, headers, body) =
-        client::text(client::send(&mut c, client::get("/direct/x")).await).await;
+    let (status, headers, body) = client::text(client::send(&mut c, client::get("/direct/x")).await).await;
     assert_eq!((status.as_u16(), body.as_str()), (201, "made here"));
     assert_eq!(headers["x-demo"], "yes");
     assert_eq!(up.requests.load(Ordering::SeqCst), 0);
@@ -155,8 +154,7 @@ response = { status = 200, body = "v1" }
 "#,
     );
     let mut c = client::http1(gw.http()).await;
-    let (status, headers, body) =
-        client::text(client::send(&mut c, client::get("/v2/x")).await).await;
+    let (status, headers, body) = client::text(client::send(&mut c, client::get("/v2/x")).await).await;
     assert_eq!(status, 404);
     assert_eq!(headers["content-type"], "application/problem+json");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -178,12 +176,7 @@ async fn round_robin_across_targets() {
     seen.sort();
     assert_eq!(
         seen,
-        [
-            "upstream a ok",
-            "upstream a ok",
-            "upstream b ok",
-            "upstream b ok"
-        ]
+        ["upstream a ok", "upstream a ok", "upstream b ok", "upstream b ok"]
     );
 }
 
@@ -210,13 +203,11 @@ async fn http2_over_tls_by_alpn() {
     // An HTTP/1.1-only client gets HTTP/1.1 on the same listener.
     let stream = client::tls(gw.https(), &cert, &[b"http/1.1"]).await;
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let (mut h1, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
     tokio::spawn(conn);
-    let (status, _, body) =
-        client::text(h1.send_request(client::get("/direct")).await.unwrap()).await;
+    let (status, _, body) = client::text(h1.send_request(client::get("/direct")).await.unwrap()).await;
     assert_eq!((status.as_u16(), body.as_str()), (201, "made here"));
 }
 
@@ -268,11 +259,7 @@ async fn five_mib_post_streams_and_round_trips_its_hash() {
     for _ in 0..chunks {
         expected.update(&chunk);
     }
-    let expected: String = expected
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let expected: String = expected.finalize().iter().map(|b| format!("{b:02x}")).collect();
 
     // The body is produced chunk by chunk while the request is in flight.
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
@@ -290,10 +277,7 @@ async fn five_mib_post_streams_and_round_trips_its_hash() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    let req = Request::post("/sha256")
-        .header("host", "x")
-        .body(body)
-        .unwrap();
+    let req = Request::post("/sha256").header("host", "x").body(body).unwrap();
     let resp = c.send_request(req).await.unwrap();
     let (status, _, text) = client::text(resp).await;
     assert_eq!(status, 200);
@@ -303,10 +287,7 @@ async fn five_mib_post_streams_and_round_trips_its_hash() {
     let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
     let (mut h2, _) = client::h2_tls(gw.https(), &cert).await;
     let big = Bytes::from(vec![42u8; 5 * 1024 * 1024]);
-    let want: String = Sha256::digest(&big)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let want: String = Sha256::digest(&big).iter().map(|b| format!("{b:02x}")).collect();
     let uri = format!("https://localhost:{}/sha256", gw.https().port());
     let resp = h2
         .send_request(Request::post(&uri).body(Full::new(big)).unwrap())
@@ -327,10 +308,7 @@ impl hyper::body::Body for ChannelBody {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.get_mut()
-            .0
-            .poll_recv(cx)
-            .map(|c| c.map(|b| Ok(Frame::data(b))))
+        self.get_mut().0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
     }
 }
 
@@ -376,9 +354,7 @@ async fn closed_upstream_port_is_a_502_problem() {
     assert!(body.contains("unreachable"), "{body}");
     let metrics = admin_get(&gw, "/metrics").await;
     assert!(
-        metrics.contains(
-            r#"leasegate_upstream_errors_total{upstream="backend",kind="unreachable"} 1"#
-        ),
+        metrics.contains(r#"leasegate_upstream_errors_total{upstream="backend",kind="unreachable"} 1"#),
         "{metrics}"
     );
 }
@@ -403,8 +379,7 @@ upstream = "impatient"
     let gw = Gateway::start(&config(&[up.target()], &extra));
     let mut c = client::http1(gw.http()).await;
     let started = Instant::now();
-    let (status, headers, body) =
-        client::text(client::send(&mut c, client::get("/slow?ms=3000")).await).await;
+    let (status, headers, body) = client::text(client::send(&mut c, client::get("/slow?ms=3000")).await).await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(headers["content-type"], "application/problem+json");
     assert!(
@@ -417,9 +392,7 @@ upstream = "impatient"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_request_head_is_refused() {
     let up = upstream::start("a").await;
-    let gw = Gateway::start(
-        &config(&[up.target()], "").replace("[gateway]\n", "[gateway]\nmax_header_bytes = 8192\n"),
-    );
+    let gw = Gateway::start(&config(&[up.target()], "").replace("[gateway]\n", "[gateway]\nmax_header_bytes = 8192\n"));
     let mut s = TcpStream::connect(gw.http()).await.unwrap();
     let big = "a".repeat(20_000);
     let req = format!("GET / HTTP/1.1\r\nHost: x\r\nx-big: {big}\r\n\r\n");
@@ -450,10 +423,7 @@ async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
 
     // Plain HTTP on the TLS port is dropped at once.
     let mut plain = TcpStream::connect(gw.https()).await.unwrap();
-    plain
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut buf = Vec::new();
     let read = tokio::time::timeout(Duration::from_millis(900), plain.read_to_end(&mut buf)).await;
     assert!(
@@ -505,10 +475,7 @@ async fn admin_endpoints_tell_the_truth() {
     assert_eq!(admin_get(&gw, "/readyz").await, "ready\n");
     let v: serde_json::Value = serde_json::from_str(&admin_get(&gw, "/config").await).unwrap();
     let file = std::fs::read(&gw.config).unwrap();
-    let sha: String = Sha256::digest(&file)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha: String = Sha256::digest(&file).iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(v["sha256"], sha.as_str());
     assert_eq!(v["routes"].as_array().unwrap().len(), 3);
     assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
@@ -532,11 +499,7 @@ async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     gw.signal("TERM");
-    assert!(
-        gw.wait_for_log("shutting down", Duration::from_secs(5)),
-        "{}",
-        gw.log()
-    );
+    assert!(gw.wait_for_log("shutting down", Duration::from_secs(5)), "{}", gw.log());
 
     // New connections are no longer accepted.
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -57,12 +57,7 @@ pub(super) fn compile(
     let tls = match (&raw.tls, listeners.https) {
         (Some(t), _) => tls(&mut c, t, base),
         (None, Some(_)) => {
-            let span = raw
-                .listeners
-                .get_ref()
-                .https
-                .as_ref()
-                .map_or(0..0, Spanned::span);
+            let span = raw.listeners.get_ref().https.as_ref().map_or(0..0, Spanned::span);
             c.at(
                 span,
                 "listeners.https",
@@ -130,10 +125,7 @@ fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
 fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     Gateway {
-        instance_id: g
-            .instance_id
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(host_name),
+        instance_id: g.instance_id.filter(|s| !s.is_empty()).unwrap_or_else(host_name),
         workers: in_range(c, &g.workers, "gateway.workers", 1, 1024, cpus),
         grace_period: Duration::from_millis(in_range(
             c,
@@ -143,14 +135,7 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             3_600_000,
             10_000,
         )),
-        max_connections: in_range(
-            c,
-            &g.max_connections,
-            "gateway.max_connections",
-            1,
-            10_000_000,
-            10_000,
-        ),
+        max_connections: in_range(c, &g.max_connections, "gateway.max_connections", 1, 10_000_000, 10_000),
         // hyper's HTTP/1.1 reader needs at least 8 KiB of buffer.
         max_header_bytes: in_range(
             c,
@@ -160,6 +145,20 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             1 << 20,
             65_536,
         ),
+        rate_limit_headers: match g.rate_limit_headers.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
+            None | Some(("all", _)) => HeaderStyle::All,
+            Some(("ietf", _)) => HeaderStyle::Ietf,
+            Some(("legacy", _)) => HeaderStyle::Legacy,
+            Some(("none", _)) => HeaderStyle::None,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    "gateway.rate_limit_headers",
+                    format!("{other:?}: use \"all\", \"ietf\", \"legacy\" or \"none\""),
+                );
+                HeaderStyle::All
+            }
+        },
         header_read_timeout: Duration::from_millis(in_range(
             c,
             &g.header_read_timeout_ms,
@@ -242,8 +241,7 @@ fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {
         5_000,
     );
 
-    let chain: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&cert)
-    {
+    let chain: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&cert) {
         Ok(it) => it.collect(),
         Err(e) => Err(e),
     };
@@ -258,11 +256,7 @@ fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {
             None
         }
         Err(e) => {
-            c.at(
-                raw.cert.span(),
-                "tls.cert",
-                format!("{}: {e}", cert.display()),
-            );
+            c.at(raw.cert.span(), "tls.cert", format!("{}: {e}", cert.display()));
             None
         }
     };
@@ -300,10 +294,7 @@ fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {
 }
 
 fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str) -> bool {
-    if url.starts_with("redis://")
-        || url.starts_with("rediss://")
-        || url.starts_with("redis+unix://")
-    {
+    if url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("redis+unix://") {
         true
     } else {
         c.at(
@@ -321,18 +312,10 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
         None | Some(("memory", _)) => {
             // A Redis address with the memory backend is a half-done edit.
             if let Some(url) = &s.url {
-                c.at(
-                    url.span(),
-                    "store.url",
-                    "is set but backend is not \"redis\"",
-                );
+                c.at(url.span(), "store.url", "is set but backend is not \"redis\"");
             }
             if let Some(cl) = &s.cluster {
-                c.at(
-                    cl.span(),
-                    "store.cluster",
-                    "is set but backend is not \"redis\"",
-                );
+                c.at(cl.span(), "store.cluster", "is set but backend is not \"redis\"");
             }
             StoreBackend::Memory
         }
@@ -347,9 +330,7 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
             }
             (Some(url), None) => {
                 redis_url(c, url.span(), "store.url", url.get_ref());
-                StoreBackend::Redis {
-                    url: url.into_inner(),
-                }
+                StoreBackend::Redis { url: url.into_inner() }
             }
             (None, Some(cl)) => {
                 let span = cl.span();
@@ -363,11 +344,7 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
                 StoreBackend::RedisCluster { seeds }
             }
             (None, None) => {
-                c.at(
-                    span,
-                    "store.backend",
-                    "backend \"redis\" needs url or cluster",
-                );
+                c.at(span, "store.backend", "backend \"redis\" needs url or cluster");
                 StoreBackend::Memory
             }
         },
@@ -380,9 +357,11 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
             StoreBackend::Memory
         }
     };
+    let max_keys = in_range(c, &s.max_keys, "store.max_keys", 1_000, 100_000_000, 1_000_000);
     Store {
         backend,
         timeout: Duration::from_millis(timeout),
+        max_keys,
     }
 }
 
@@ -390,24 +369,20 @@ fn leasing(c: &mut Check, l: raw::Leasing) -> Leasing {
     let min = in_range(c, &l.min, "leasing.min", 1, 1_000_000, 5);
     let max = in_range(c, &l.max, "leasing.max", 1, 1_000_000, 500);
     if max < min {
-        let span = l
-            .max
-            .as_ref()
-            .or(l.min.as_ref())
-            .map_or(0..0, Spanned::span);
-        c.at(
-            span,
-            "leasing.max",
-            format!("{max} is below leasing.min ({min})"),
-        );
+        let span = l.max.as_ref().or(l.min.as_ref()).map_or(0..0, Spanned::span);
+        c.at(span, "leasing.max", format!("{max} is below leasing.min ({min})"));
     }
     let lookahead = in_range(c, &l.lookahead_ms, "leasing.lookahead_ms", 1, 60_000, 250);
     let ttl = in_range(c, &l.ttl_ms, "leasing.ttl_ms", 1, 600_000, 1_000);
+    let max_fraction = in_range(c, &l.max_fraction, "leasing.max_fraction", 0.0001, 1.0, 0.1);
+    let max_block = in_range(c, &l.max_block_ms, "leasing.max_block_ms", 1, 3_600_000, 5_000);
     Leasing {
         min,
         max,
         lookahead: Duration::from_millis(lookahead),
         ttl: Duration::from_millis(ttl),
+        max_fraction,
+        max_block: Duration::from_millis(max_block),
     }
 }
 
@@ -425,17 +400,14 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 const JWT_ALGORITHMS: &[&str] = &[
-    "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
-    "ES384", "EdDSA",
+    "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
 ];
 
 fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
     let mut trusted = Vec::new();
     for (n, p) in i.trusted_proxies.iter().enumerate() {
         let s = p.get_ref().trim();
-        let parsed = s
-            .parse::<IpNet>()
-            .or_else(|_| s.parse::<IpAddr>().map(IpNet::from));
+        let parsed = s.parse::<IpNet>().or_else(|_| s.parse::<IpAddr>().map(IpNet::from));
         match parsed {
             Ok(net) => trusted.push(net.trunc()),
             Err(_) => c.at(
@@ -500,9 +472,7 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
         let k = k.into_inner();
         let key = format!("identity.api_keys[{n}]");
         let sha256 = match (&k.key, &k.sha256) {
-            (Some(plain), None) if !plain.is_empty() => {
-                Some(Sha256::digest(plain.as_bytes()).into())
-            }
+            (Some(plain), None) if !plain.is_empty() => Some(Sha256::digest(plain.as_bytes()).into()),
             (None, Some(h)) => {
                 let parsed = hex32(&h.get_ref().to_ascii_lowercase());
                 if parsed.is_none() {
@@ -562,22 +532,11 @@ fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec<Arc<Upstre
         for t in u.targets.get_ref() {
             match target(t.get_ref()) {
                 Ok(a) => targets.push(a),
-                Err(why) => c.at(
-                    t.span(),
-                    format!("{key}.targets"),
-                    format!("{:?}: {why}", t.get_ref()),
-                ),
+                Err(why) => c.at(t.span(), format!("{key}.targets"), format!("{:?}: {why}", t.get_ref())),
             }
         }
         let mut ms = |v: &Option<Spanned<u64>>, field: &str, default: u64| {
-            Duration::from_millis(in_range(
-                c,
-                v,
-                &format!("{key}.{field}"),
-                1,
-                3_600_000,
-                default,
-            ))
+            Duration::from_millis(in_range(c, v, &format!("{key}.{field}"), 1, 3_600_000, default))
         };
         let connect = ms(&u.connect_timeout_ms, "connect_timeout_ms", 1_000);
         let request = ms(&u.request_timeout_ms, "request_timeout_ms", 30_000);
@@ -597,9 +556,7 @@ fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec<Arc<Upstre
                 format!("duplicate upstream name {name:?}"),
             );
         }
-        out.push(Arc::new(Upstream::new(
-            name, targets, connect, request, idle, max_idle,
-        )));
+        out.push(Arc::new(Upstream::new(name, targets, connect, request, idle, max_idle)));
     }
     out
 }
@@ -609,9 +566,7 @@ fn target(s: &str) -> Result<Authority, String> {
     let uri: Uri = s.parse().map_err(|e| format!("not a URL ({e})"))?;
     match uri.scheme() {
         Some(s) if *s == Scheme::HTTP => {}
-        Some(s) if *s == Scheme::HTTPS => {
-            return Err("https upstreams are not supported yet; use http://".into())
-        }
+        Some(s) if *s == Scheme::HTTPS => return Err("https upstreams are not supported yet; use http://".into()),
         _ => return Err("expected http://host:port".into()),
     }
     if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
@@ -623,9 +578,7 @@ fn target(s: &str) -> Result<Authority, String> {
     }
     if authority.port_u16().is_none() {
         // Make the port explicit so pooling and logs never guess.
-        return format!("{}:80", authority.host())
-            .parse()
-            .map_err(|e| format!("{e}"));
+        return format!("{}:80", authority.host()).parse().map_err(|e| format!("{e}"));
     }
     Ok(authority)
 }
@@ -636,11 +589,12 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
         let l = l.into_inner();
         let key = format!("limits[{n}]");
         let name = l.name.get_ref().clone();
-        if name.is_empty() || name.contains(['{', '}', '"']) {
+        // Names appear in store keys, metric labels and structured headers.
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
             c.at(
                 l.name.span(),
                 format!("{key}.name"),
-                "must be non-empty and free of '{', '}' and '\"'",
+                format!("{name:?}: use letters, digits, '_', '-' and '.' only"),
             );
         }
         if out.iter().any(|o| o.name == name) {
@@ -658,9 +612,7 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
                 c.at(
                     span,
                     format!("{key}.algorithm"),
-                    format!(
-                        "unknown algorithm {other:?}: use \"token_bucket\" or \"sliding_window\""
-                    ),
+                    format!("unknown algorithm {other:?}: use \"token_bucket\" or \"sliding_window\""),
                 );
                 Algorithm::TokenBucket
             }
@@ -697,9 +649,8 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
         };
         // Bucket levels are kept in units of capacity × period; they must
         // stay exact in a double for the Redis scripts.
-        let too_big = |cap: u64, r: &Rate| {
-            u128::from(cap) * r.period.as_millis().max(1) >= u128::from(crate::quota::MAX_UNITS)
-        };
+        let too_big =
+            |cap: u64, r: &Rate| u128::from(cap) * r.period.as_millis().max(1) >= u128::from(crate::quota::MAX_UNITS);
         if too_big(burst, &rate) {
             c.at(
                 l.rate.span(),
@@ -713,11 +664,7 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
             None => by.push(KeyPart::Identity),
             Some((parts, span)) => {
                 if parts.is_empty() {
-                    c.at(
-                        span.clone(),
-                        format!("{key}.by"),
-                        "list at least one key part",
-                    );
+                    c.at(span.clone(), format!("{key}.by"), "list at least one key part");
                 }
                 for p in parts {
                     match key_part(&p) {
@@ -742,14 +689,7 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
                 Mode::Enforce
             }
         };
-        let canary_percent = in_range(
-            c,
-            &l.canary_percent,
-            &format!("{key}.canary_percent"),
-            0,
-            100,
-            5,
-        );
+        let canary_percent = in_range(c, &l.canary_percent, &format!("{key}.canary_percent"), 0, 100, 5);
         if let Some(d) = &l.enforce_after {
             if !is_date(d.get_ref()) {
                 c.at(
@@ -820,17 +760,8 @@ fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {
 
 fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
-    let digits = |r: Range<usize>| {
-        b.get(r.clone())
-            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
-    };
-    if b.len() != 10
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !digits(0..4)
-        || !digits(5..7)
-        || !digits(8..10)
-    {
+    let digits = |r: Range<usize>| b.get(r.clone()).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !digits(0..4) || !digits(5..7) || !digits(8..10) {
         return false;
     }
     let year: u32 = s[0..4].parse().unwrap_or(0);
@@ -878,10 +809,7 @@ fn routes(
                 format!("{prefix:?} must start with '/'"),
             );
         }
-        let host = r
-            .host
-            .as_ref()
-            .map(|h| h.get_ref().trim().to_ascii_lowercase());
+        let host = r.host.as_ref().map(|h| h.get_ref().trim().to_ascii_lowercase());
         if let (Some(h), Some(raw)) = (&host, &r.host) {
             if h.is_empty()
                 || h.parse::<Authority>().is_err()
@@ -940,11 +868,7 @@ fn routes(
             },
             (None, Some(resp)) => direct_response(c, resp, &key).map(Action::Respond),
             (Some(_), Some(_)) => {
-                c.at(
-                    span.clone(),
-                    key.clone(),
-                    "set either upstream or response, not both",
-                );
+                c.at(span.clone(), key.clone(), "set either upstream or response, not both");
                 None
             }
             (None, None) => {
@@ -956,17 +880,17 @@ fn routes(
                 None
             }
         };
-        let mut route_limits = Vec::new();
+        let mut route_limits: Vec<usize> = Vec::new();
         for l in &r.limits {
-            if limits.iter().any(|lim| lim.name == *l.get_ref()) {
-                if route_limits.contains(l.get_ref()) {
+            if let Some(index) = limits.iter().position(|lim| lim.name == *l.get_ref()) {
+                if route_limits.contains(&index) {
                     c.at(
                         l.span(),
                         format!("{key}.limits"),
                         format!("limit {:?} is listed twice", l.get_ref()),
                     );
                 }
-                route_limits.push(l.get_ref().clone());
+                route_limits.push(index);
             } else {
                 let known: Vec<_> = limits.iter().map(|l| l.name.as_str()).collect();
                 c.at(
@@ -984,11 +908,7 @@ fn routes(
                 );
             }
         }
-        let on_store_failure = match r
-            .on_store_failure
-            .as_ref()
-            .map(|s| (s.get_ref().as_str(), s.span()))
-        {
+        let on_store_failure = match r.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
             None | Some(("allow", _)) => StoreFailure::Allow,
             Some(("deny", _)) => StoreFailure::Deny,
             Some((other, span)) => {
@@ -1000,10 +920,18 @@ fn routes(
                 StoreFailure::Allow
             }
         };
-        if let Some(other) = out.iter().find(|o| {
-            o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods)
-        }) {
-            c.at(r.path_prefix.span(), format!("{key}.path_prefix"), format!("route {name:?} matches exactly what route {:?} matches, so it can never be chosen", other.name));
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods))
+        {
+            c.at(
+                r.path_prefix.span(),
+                format!("{key}.path_prefix"),
+                format!(
+                    "route {name:?} matches exactly what route {:?} matches, so it can never be chosen",
+                    other.name
+                ),
+            );
         }
         if let Some(action) = action {
             out.push(Arc::new(Route {
@@ -1020,11 +948,7 @@ fn routes(
     out
 }
 
-fn direct_response(
-    c: &mut Check,
-    r: Spanned<raw::DirectResponse>,
-    key: &str,
-) -> Option<DirectResponse> {
+fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) -> Option<DirectResponse> {
     let span = r.span();
     let r = r.into_inner();
     let status = match StatusCode::from_u16(r.status) {
@@ -1040,10 +964,7 @@ fn direct_response(
     };
     let mut headers = HeaderMap::new();
     for (name, value) in &r.headers {
-        match (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
+        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);
             }
@@ -1086,21 +1007,12 @@ mod tests {
 
     #[test]
     fn targets_are_plain_http_authorities() {
-        assert_eq!(
-            target("http://127.0.0.1:9000").unwrap().as_str(),
-            "127.0.0.1:9000"
-        );
+        assert_eq!(target("http://127.0.0.1:9000").unwrap().as_str(), "127.0.0.1:9000");
         assert_eq!(target("http://backend").unwrap().as_str(), "backend:80");
         assert_eq!(target("http://backend/").unwrap().as_str(), "backend:80");
-        assert!(target("https://backend:443")
-            .unwrap_err()
-            .contains("not supported"));
-        assert!(target("http://backend:80/api")
-            .unwrap_err()
-            .contains("no path"));
-        assert!(target("http://user:pw@backend:80")
-            .unwrap_err()
-            .contains("credentials"));
+        assert!(target("https://backend:443").unwrap_err().contains("not supported"));
+        assert!(target("http://backend:80/api").unwrap_err().contains("no path"));
+        assert!(target("http://user:pw@backend:80").unwrap_err().contains("credentials"));
         assert!(target("backend:80").is_err());
     }
 

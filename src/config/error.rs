@@ -61,11 +61,7 @@ impl ConfigError {
 /// 1-based line of a byte offset.
 pub fn line_of(source: &str, offset: usize) -> usize {
     let end = offset.min(source.len());
-    source.as_bytes()[..end]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+    source.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
 /// Turns a TOML parse or schema error into a located problem. The TOML crate
@@ -101,9 +97,7 @@ fn field_in_message(message: &str) -> Option<&str> {
 fn key_at(source: &str, span: &Range<usize>, named: Option<&str>) -> String {
     let start = span.start.min(source.len());
     let line_start = source[..start].rfind('\n').map_or(0, |i| i + 1);
-    let line_end = source[start..]
-        .find('\n')
-        .map_or(source.len(), |i| start + i);
+    let line_end = source[start..].find('\n').map_or(source.len(), |i| start + i);
     let line = source[line_start..line_end].trim();
     let header = |l: &str| -> Option<String> {
         let l = l.trim();

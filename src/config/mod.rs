@@ -51,12 +51,10 @@ pub struct Source {
 
 impl Source {
     pub fn sha256_hex(&self) -> String {
-        self.sha256
-            .iter()
-            .fold(String::with_capacity(64), |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            })
+        self.sha256.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
     }
 }
 
@@ -73,6 +71,19 @@ pub struct Gateway {
     pub max_header_bytes: usize,
     /// A client must finish sending its request head within this time.
     pub header_read_timeout: Duration,
+    /// Which rate-limit headers responses carry.
+    pub rate_limit_headers: HeaderStyle,
+}
+
+/// `[gateway] rate_limit_headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// The IETF `RateLimit`/`RateLimit-Policy` pair and the legacy trio.
+    #[default]
+    All,
+    Ietf,
+    Legacy,
+    None,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -113,6 +124,8 @@ pub struct Store {
     pub backend: StoreBackend,
     /// Deadline of every store call.
     pub timeout: Duration,
+    /// Most keys the memory store tracks.
+    pub max_keys: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +134,10 @@ pub struct Leasing {
     pub max: u64,
     pub lookahead: Duration,
     pub ttl: Duration,
+    /// Largest share of a bucket one lease may take.
+    pub max_fraction: f64,
+    /// Longest local block after a refusal.
+    pub max_block: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -249,8 +266,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// it resolve against `path`'s directory).
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let raw: raw::File = toml::from_str(text)
-        .map_err(|e| ConfigError::Invalid(vec![error::from_toml(&file, text, &e)]))?;
+    let raw: raw::File =
+        toml::from_str(text).map_err(|e| ConfigError::Invalid(vec![error::from_toml(&file, text, &e)]))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let source = Source {
         path: path.to_path_buf(),
@@ -291,11 +308,7 @@ impl Config {
                 format!("redis cluster ({} seeds)", seeds.len())
             }
         };
-        let _ = writeln!(
-            s,
-            "store     {store}, timeout {} ms",
-            self.store.timeout.as_millis()
-        );
+        let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
         for u in &self.upstreams {
             let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();
             let _ = writeln!(s, "upstream  {} -> {}", u.name, targets.join(", "));
@@ -305,21 +318,19 @@ impl Config {
                 crate::route::Action::Forward(u) => format!("upstream {}", u.name),
                 crate::route::Action::Respond(d) => format!("responds {}", d.status.as_u16()),
             };
-            let host = r
-                .host
-                .as_deref()
-                .map(|h| format!(" host {h}"))
-                .unwrap_or_default();
+            let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
             let limits = if r.limits.is_empty() {
                 String::new()
             } else {
-                format!(", limits {}", r.limits.join(", "))
+                let names: Vec<&str> = r
+                    .limits
+                    .iter()
+                    .filter_map(|&i| self.limits.get(i))
+                    .map(|l| l.name.as_str())
+                    .collect();
+                format!(", limits {}", names.join(", "))
             };
-            let _ = writeln!(
-                s,
-                "route     {} {}{host} -> {target}{limits}",
-                r.name, r.path_prefix
-            );
+            let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
         }
         for lim in &self.limits {
             let _ = writeln!(

@@ -39,6 +39,7 @@ pub struct Gateway {
     pub max_connections: Option<Spanned<usize>>,
     pub max_header_bytes: Option<Spanned<usize>>,
     pub header_read_timeout_ms: Option<Spanned<u64>>,
+    pub rate_limit_headers: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +65,7 @@ pub struct Store {
     pub url: Option<Spanned<String>>,
     pub cluster: Option<Spanned<Vec<String>>>,
     pub timeout_ms: Option<Spanned<u64>>,
+    pub max_keys: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -73,6 +75,8 @@ pub struct Leasing {
     pub max: Option<Spanned<u64>>,
     pub lookahead_ms: Option<Spanned<u64>>,
     pub ttl_ms: Option<Spanned<u64>>,
+    pub max_fraction: Option<Spanned<f64>>,
+    pub max_block_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -76,9 +76,7 @@ pub fn client_hello_extent(buf: &[u8], max: usize) -> Result<Extent, FramingErro
             }
             seen += 1;
             if seen == 4 {
-                let n = (usize::from(head[1]) << 16)
-                    | (usize::from(head[2]) << 8)
-                    | usize::from(head[3]);
+                let n = (usize::from(head[1]) << 16) | (usize::from(head[2]) << 8) | usize::from(head[3]);
                 if n > max {
                     return Err(FramingError::TooLarge(n, max));
                 }
@@ -119,16 +117,10 @@ mod tests {
     #[test]
     fn one_record_completes_exactly_at_its_end() {
         let r = records(&hello(200), MAX_RECORD);
-        assert_eq!(
-            client_hello_extent(&r, 16_384),
-            Ok(Extent::Complete(r.len()))
-        );
+        assert_eq!(client_hello_extent(&r, 16_384), Ok(Extent::Complete(r.len())));
         let mut more = r.clone();
         more.extend([0x14, 3, 3, 0, 1, 1]);
-        assert_eq!(
-            client_hello_extent(&more, 16_384),
-            Ok(Extent::Complete(r.len()))
-        );
+        assert_eq!(client_hello_extent(&more, 16_384), Ok(Extent::Complete(r.len())));
     }
 
     #[test]
@@ -152,18 +144,12 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_at_the_first_byte() {
-        assert_eq!(
-            client_hello_extent(b"G", 16_384),
-            Err(FramingError::NotHandshake(b'G'))
-        );
+        assert_eq!(client_hello_extent(b"G", 16_384), Err(FramingError::NotHandshake(b'G')));
         assert_eq!(
             client_hello_extent(b"GET / HTTP/1.1\r\n", 16_384),
             Err(FramingError::NotHandshake(b'G'))
         );
-        assert_eq!(
-            client_hello_extent(&[0x16, 9], 16_384),
-            Err(FramingError::Version(9))
-        );
+        assert_eq!(client_hello_extent(&[0x16, 9], 16_384), Err(FramingError::Version(9)));
         assert_eq!(
             client_hello_extent(&[0x16, 3, 1, 0, 0], 16_384),
             Err(FramingError::EmptyRecord)
@@ -192,10 +178,7 @@ mod tests {
         let hs = hello(10);
         let mut r = records(&hs[..6], 100);
         r.extend([0x17, 3, 3, 0, 1, 0]);
-        assert_eq!(
-            client_hello_extent(&r, 16_384),
-            Err(FramingError::NotHandshake(0x17))
-        );
+        assert_eq!(client_hello_extent(&r, 16_384), Err(FramingError::NotHandshake(0x17)));
     }
 
     #[test]

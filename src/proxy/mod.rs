@@ -32,12 +32,10 @@ pub async fn forward(
     upstream: &Upstream,
     request_id: &HeaderValue,
 ) -> Result<Response<Body>, RequestError> {
-    let (index, target) = upstream
-        .pick()
-        .ok_or_else(|| RequestError::UpstreamUnreachable {
-            upstream: upstream.name.clone(),
-            reason: "no targets".into(),
-        })?;
+    let (index, target) = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
+        upstream: upstream.name.clone(),
+        reason: "no targets".into(),
+    })?;
     // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
     if !req.headers().contains_key(header::HOST) {
         if let Some(value) = req
@@ -60,10 +58,7 @@ pub async fn forward(
     remove_hop_by_hop(headers, upgrade);
     remove_internal(headers);
     append_forwarded_for(headers, conn);
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(conn.scheme()),
-    );
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -120,9 +115,7 @@ pub async fn forward(
             tokio::spawn(async move {
                 let _held = held;
                 if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
-                    let _ =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
-                            .await;
+                    let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
                 }
             });
             return Ok(resp.map(|_| Body::empty()));
@@ -149,10 +142,8 @@ fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str().is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
         })
 }
 

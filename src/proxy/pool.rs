@@ -92,9 +92,7 @@ impl Slot {
                 let list = m.get_mut(&self.key)?;
                 let now = Instant::now();
                 while let Some(idle) = list.pop_back() {
-                    if !idle.sender.is_closed()
-                        && now.duration_since(idle.since) < self.idle_timeout
-                    {
+                    if !idle.sender.is_closed() && now.duration_since(idle.since) < self.idle_timeout {
                         return Some(idle.sender);
                     }
                 }
@@ -109,23 +107,14 @@ impl Slot {
     }
 
     /// A new connection to `authority`.
-    pub async fn connect(
-        &self,
-        authority: &Authority,
-        timeout: Duration,
-    ) -> Result<Sender, ConnectError> {
+    pub async fn connect(&self, authority: &Authority, timeout: Duration) -> Result<Sender, ConnectError> {
         let port = authority.port_u16().unwrap_or(80);
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
         let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
             .await
             .map_err(|_| ConnectError::Timeout(timeout.as_millis()))??;
         stream.set_nodelay(true)?;
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await?;
+        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
@@ -192,10 +181,7 @@ impl http_body::Body for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {

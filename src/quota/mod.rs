@@ -39,9 +39,7 @@ pub const MAX_UNITS: u64 = 1 << 53;
 
 impl Spec {
     pub fn new(algorithm: Algorithm, rate: Rate, capacity: u64) -> Spec {
-        let period_ms = u64::try_from(rate.period.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX).max(1);
         Spec {
             algorithm,
             count: rate.count.max(1),
@@ -109,15 +107,11 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64) -> S
         (Algorithm::TokenBucket, Some(State::Bucket(b))) => {
             State::Bucket(token_bucket::release(Some(b), spec, now_ms, unused))
         }
-        (Algorithm::TokenBucket, _) => {
-            State::Bucket(token_bucket::release(None, spec, now_ms, unused))
-        }
+        (Algorithm::TokenBucket, _) => State::Bucket(token_bucket::release(None, spec, now_ms, unused)),
         (Algorithm::SlidingWindow, Some(State::Window(w))) => {
             State::Window(sliding_window::release(Some(w), spec, now_ms, unused))
         }
-        (Algorithm::SlidingWindow, _) => {
-            State::Window(sliding_window::release(None, spec, now_ms, unused))
-        }
+        (Algorithm::SlidingWindow, _) => State::Window(sliding_window::release(None, spec, now_ms, unused)),
     }
 }
 
@@ -245,10 +239,7 @@ mod tests {
             }
         );
         assert_eq!(rate("5/h").unwrap().period, Duration::from_secs(3600));
-        assert_eq!(
-            rate("1000/day").unwrap().period,
-            Duration::from_secs(86_400)
-        );
+        assert_eq!(rate("1000/day").unwrap().period, Duration::from_secs(86_400));
         assert_eq!(rate("7/s").unwrap().period, Duration::from_secs(1));
         assert_eq!(rate(" 7 / second ").unwrap().count, 7);
     }
@@ -273,16 +264,10 @@ mod tests {
         assert_eq!(rate("0/min"), Err(RateError::ZeroCount));
         assert_eq!(rate("x/min"), Err(RateError::Count("x".into())));
         assert_eq!(rate("-1/min"), Err(RateError::Count("-1".into())));
-        assert_eq!(
-            rate("5/fortnight"),
-            Err(RateError::Period("fortnight".into()))
-        );
+        assert_eq!(rate("5/fortnight"), Err(RateError::Period("fortnight".into())));
         assert_eq!(rate("5/0s"), Err(RateError::ZeroPeriod));
         assert_eq!(rate("5/"), Err(RateError::Period("".into())));
-        assert!(matches!(
-            rate("5/99999999999999999999s"),
-            Err(RateError::Period(_))
-        ));
+        assert!(matches!(rate("5/99999999999999999999s"), Err(RateError::Period(_))));
     }
 
     #[test]

@@ -64,9 +64,7 @@ pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
         None => cap,
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.at_ms);
-            s.units
-                .saturating_add(elapsed.saturating_mul(spec.count))
-                .min(cap)
+            s.units.saturating_add(elapsed.saturating_mul(spec.count)).min(cap)
         }
     }
 }

@@ -49,19 +49,11 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
 
 fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "use GET\n".into(),
-        );
+        return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if gateway.is_draining() => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "draining\n".into(),
-        ),
+        "/readyz" if gateway.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
         "/readyz" => text(StatusCode::OK, "text/plain", "ready\n".into()),
         "/metrics" => text(
             StatusCode::OK,

@@ -24,10 +24,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
+use crate::store::memory::MemoryStore;
+use crate::store::QuotaStore;
 use opening::Opening;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +45,29 @@ pub enum ServeError {
     Runtime(#[source] io::Error),
     #[error("listeners.https is set but [tls] is missing")]
     NoTls,
+    #[error("store backend {0:?} is not available in this build; use backend = \"memory\"")]
+    StoreUnavailable(&'static str),
+}
+
+/// The quota store the config asks for.
+fn store(config: &Config) -> Result<Arc<dyn QuotaStore>, ServeError> {
+    match &config.store.backend {
+        StoreBackend::Memory => Ok(Arc::new(MemoryStore::new(config.store.max_keys))),
+        StoreBackend::Redis { .. } | StoreBackend::RedisCluster { .. } => Err(ServeError::StoreUnavailable("redis")),
+    }
+}
+
+/// Returns expired leases to the store and forgets idle keys, for as long
+/// as the process runs.
+async fn sweep_leases(gateway: Arc<Gateway>) {
+    loop {
+        let settings = gateway.limiter.settings();
+        let every = Duration::from_millis((settings.sizing.ttl_ms / 2).clamp(100, 1_000));
+        tokio::time::sleep(every).await;
+        let idle_ms = settings.sizing.ttl_ms.max(settings.max_block_ms) + 1_000;
+        gateway.limiter.sweep(idle_ms).await;
+        gateway.metrics.lease_keys.set(gateway.limiter.tracked_keys() as i64);
+    }
 }
 
 /// What every worker shares.
@@ -58,17 +83,8 @@ struct Listeners {
 }
 
 fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
-    let err = |source| ServeError::Bind {
-        listener,
-        addr,
-        source,
-    };
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )
-    .map_err(err)?;
+    let err = |source| ServeError::Bind { listener, addr, source };
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).map_err(err)?;
     socket.set_reuse_address(true).map_err(err)?;
     if addr.is_ipv6() {
         socket.set_only_v6(true).map_err(err)?;
@@ -83,16 +99,8 @@ fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListene
 pub fn run(config: Config) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new());
     let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
-    let https = config
-        .listeners
-        .https
-        .map(|a| bind("https", a))
-        .transpose()?;
-    let admin = config
-        .listeners
-        .admin
-        .map(|a| bind("admin", a))
-        .transpose()?;
+    let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
+    let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;
     let tls = match (&config.tls, &https) {
         (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
         (None, Some(_)) => return Err(ServeError::NoTls),
@@ -100,9 +108,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     };
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
+    let store = store(&config)?;
+    let store_name = store.name();
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
-        gateway: Arc::new(Gateway::new(config, metrics)),
+        gateway: Arc::new(Gateway::new(config, metrics, store)),
         tls,
     });
 
@@ -151,14 +161,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             }
         }
         drop((http, https));
-        let limits = shared.gateway.config().limits.len();
-        if limits > 0 {
-            tracing::warn!(
-                limits,
-                "[[limits]] are validated but not enforced by this build yet"
-            );
-        }
-        tracing::info!(workers, "leasegate ready");
+        tokio::spawn(sweep_leases(shared.gateway.clone()));
+        tracing::info!(workers, store = store_name, "leasegate ready");
 
         let signal = loop {
             tokio::select! {
@@ -182,7 +186,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             }
         })
         .await;
-        tracing::info!("stopped");
+        let released = shared.gateway.limiter.release_all().await;
+        tracing::info!(released_tokens = released, "stopped");
         Ok(())
     })
 }
@@ -194,10 +199,7 @@ fn announce(kind: &str, listener: &TcpListener) {
 }
 
 fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>, grace: Duration) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "worker runtime failed to start");

@@ -37,11 +37,7 @@ impl<S> Opening<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Opening<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let Some(deadline) = this.deadline.as_mut() else {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -65,11 +61,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Opening<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Opening<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }
 
@@ -109,10 +101,7 @@ mod tests {
 
         let (mut client, server) = tokio::io::duplex(64);
         let mut o = Opening::new(server, Duration::from_secs(5));
-        client
-            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            .await
-            .unwrap();
+        client.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
         let mut preface = [0u8; PREFACE_LEN];
         o.read_exact(&mut preface).await.unwrap();
         tokio::time::advance(Duration::from_secs(60)).await;
@@ -129,9 +118,6 @@ mod tests {
         client.write_all(b"P").await.unwrap();
         let mut buf = [0u8; 24];
         assert_eq!(o.read(&mut buf).await.unwrap(), 1);
-        assert_eq!(
-            o.read(&mut buf).await.unwrap_err().kind(),
-            io::ErrorKind::TimedOut
-        );
+        assert_eq!(o.read(&mut buf).await.unwrap_err().kind(), io::ErrorKind::TimedOut);
     }
 }

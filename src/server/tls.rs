@@ -83,9 +83,7 @@ pub async fn accept(
 
 /// Reads until the ClientHello is complete. Returns every byte read (to be
 /// replayed) and how many of them are the ClientHello's records.
-pub async fn read_client_hello<R: AsyncRead + Unpin>(
-    io: &mut R,
-) -> Result<(Bytes, usize), HandshakeError> {
+pub async fn read_client_hello<R: AsyncRead + Unpin>(io: &mut R) -> Result<(Bytes, usize), HandshakeError> {
     let mut buf = BytesMut::with_capacity(2048);
     loop {
         if let Extent::Complete(n) = client_hello_extent(&buf, MAX_CLIENT_HELLO)? {

@@ -17,11 +17,7 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new() -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "leasegate-test-{}-{:x}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
+        let dir = std::env::temp_dir().join(format!("leasegate-test-{}-{:x}", std::process::id(), fastrand::u64(..)));
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
     }
@@ -55,11 +51,7 @@ pub struct TestCert {
 
 impl TestCert {
     pub fn new() -> TestCert {
-        let ck = rcgen::generate_simple_self_signed(vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ])
-        .unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         TestCert {
             cert_pem: ck.cert.pem(),
             key_pem: ck.signing_key.serialize_pem(),
@@ -95,9 +87,7 @@ impl Gateway {
             let c = TestCert::new();
             dir.write("cert.pem", &c.cert_pem);
             dir.write("key.pem", &c.key_pem);
-            text = text
-                .replace("{cert}", "cert.pem")
-                .replace("{key}", "key.pem");
+            text = text.replace("{cert}", "cert.pem").replace("{key}", "key.pem");
             cert = Some(c);
         }
         let path = dir.write("gateway.toml", &text);
@@ -147,11 +137,7 @@ impl Gateway {
             cert,
         };
         gw.wait_until(Duration::from_secs(15), |s| s.ready || s.closed);
-        assert!(
-            gw.state(|s| s.ready),
-            "leasegate did not become ready:\n{}",
-            gw.log()
-        );
+        assert!(gw.state(|s| s.ready), "leasegate did not become ready:\n{}", gw.log());
         gw
     }
 

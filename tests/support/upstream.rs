@@ -71,10 +71,7 @@ pub async fn start(name: &'static str) -> Upstream {
     }
 }
 
-async fn handle(
-    mut req: Request<Incoming>,
-    name: &'static str,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(mut req: Request<Incoming>, name: &'static str) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let resp = match path.as_str() {
@@ -106,18 +103,11 @@ async fn handle(
                     hasher.update(data);
                 }
             }
-            let hex: String = hasher
-                .finalize()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
             Response::new(Full::new(Bytes::from(format!("{hex} {total}"))))
         }
         "/slow" => {
-            let ms: u64 = query
-                .strip_prefix("ms=")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1000);
+            let ms: u64 = query.strip_prefix("ms=").and_then(|v| v.parse().ok()).unwrap_or(1000);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Response::new(Full::new(Bytes::from("slow done")))
         }

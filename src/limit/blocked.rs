@@ -1,0 +1,56 @@
+//! The local short-circuit after a refusal.
+//!
+//! When the store refuses a key, the key is blocked here until the store's
+//! retry time, capped so a long window cannot silence a key for long if the
+//! store's view changes (tokens released by other instances). While blocked,
+//! refusals cost no store call: a client hammering after its 429 is answered
+//! from memory.
+
+use std::sync::atomic::Ordering;
+
+use super::lease::Lease;
+
+/// Until when a key refused with `retry_after_ms` stays blocked locally.
+pub fn until(now_ms: u64, retry_after_ms: u64, cap_ms: u64) -> u64 {
+    now_ms + retry_after_ms.min(cap_ms).max(1)
+}
+
+/// Blocks `lease` after a refusal.
+pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
+    lease.retry_at.store(now_ms + retry_after_ms.max(1), Ordering::Relaxed);
+    lease
+        .blocked_until
+        .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);
+}
+
+/// Milliseconds until the store expects a token for a refused key (at
+/// least 1): what `Retry-After` says.
+pub fn retry_after(lease: &Lease, now_ms: u64) -> u64 {
+    lease.retry_at.load(Ordering::Relaxed).saturating_sub(now_ms).max(1)
+}
+
+/// If the lease is blocked at `now_ms`, the milliseconds left.
+pub fn remaining(lease: &Lease, now_ms: u64) -> Option<u64> {
+    let until = lease.blocked_until.load(Ordering::Relaxed);
+    (until > now_ms).then(|| until - now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_until_the_retry_time_capped() {
+        let lease = Lease::default();
+        assert_eq!(remaining(&lease, 1_000), None);
+        block(&lease, 1_000, 700, 5_000);
+        assert_eq!(remaining(&lease, 1_000), Some(700));
+        assert_eq!(remaining(&lease, 1_699), Some(1));
+        assert_eq!(remaining(&lease, 1_700), None);
+        block(&lease, 1_000, 60_000, 5_000);
+        assert_eq!(remaining(&lease, 1_000), Some(5_000));
+        assert_eq!(retry_after(&lease, 1_000), 60_000);
+        assert_eq!(retry_after(&lease, 70_000), 1);
+        assert_eq!(until(0, 0, 5_000), 1);
+    }
+}

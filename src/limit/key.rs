@@ -1,0 +1,140 @@
+//! Store keys, derived from a limit's `by` parts: `rl:{<limit>:<parts>}`.
+//!
+//! The braces are a Redis Cluster hash tag around the whole key, so one
+//! bucket lives on one slot and different keys spread over the cluster. Part
+//! values never contain braces (replaced) and long values are hashed with a
+//! stable hash, so every instance of a fleet derives the same key.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use http::HeaderMap;
+
+use crate::config::KeyPart;
+
+/// What a request offers for key derivation.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// `tier:value`, e.g. `subnet:198.51.100.0/24`.
+    pub identity: &'a str,
+    pub tenant: Option<&'a str>,
+    pub plan: Option<&'a str>,
+    pub route: &'a str,
+    pub ip: IpAddr,
+    pub headers: &'a HeaderMap,
+}
+
+/// Longest part value kept verbatim; longer ones are hashed.
+const MAX_PART: usize = 64;
+
+/// Writes the key of `limit` for `facts` into `out` (cleared first).
+pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) {
+    out.clear();
+    out.push_str("rl:{");
+    out.push_str(limit);
+    for part in by {
+        out.push(':');
+        match part {
+            KeyPart::Identity => push_value(out, facts.identity.as_bytes()),
+            KeyPart::Tenant => push_value(out, facts.tenant.unwrap_or("-").as_bytes()),
+            KeyPart::Route => push_value(out, facts.route.as_bytes()),
+            KeyPart::Ip => {
+                let _ = write!(out, "{}", facts.ip.to_canonical());
+            }
+            KeyPart::Header(name) => match facts.headers.get(name) {
+                Some(v) => push_value(out, v.as_bytes()),
+                None => out.push('-'),
+            },
+        }
+    }
+    out.push('}');
+}
+
+fn push_value(out: &mut String, v: &[u8]) {
+    if v.is_empty() {
+        out.push('-');
+    } else if v.len() <= MAX_PART && v.iter().all(|b| b.is_ascii_graphic() && *b != b'{' && *b != b'}') {
+        // Checked: ASCII graphic bytes are valid UTF-8.
+        out.extend(v.iter().map(|&b| b as char));
+    } else {
+        let _ = write!(out, "#{:016x}", fnv1a(v));
+    }
+}
+
+/// FNV-1a, 64 bit: stable across processes and versions, unlike the
+/// std hashers.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderName, HeaderValue};
+
+    fn facts<'a>(headers: &'a HeaderMap) -> Facts<'a> {
+        Facts {
+            identity: "subnet:198.51.100.0/24",
+            tenant: None,
+            plan: None,
+            route: "api",
+            ip: "::ffff:198.51.100.7".parse().unwrap(),
+            headers,
+        }
+    }
+
+    #[test]
+    fn keys_have_the_cluster_tag_and_every_part() {
+        let mut h = HeaderMap::new();
+        h.insert("x-tenant", HeaderValue::from_static("acme"));
+        let mut k = String::new();
+        let by = [
+            KeyPart::Identity,
+            KeyPart::Tenant,
+            KeyPart::Route,
+            KeyPart::Ip,
+            KeyPart::Header(HeaderName::from_static("x-tenant")),
+        ];
+        derive(&mut k, "per_client", &by, &facts(&h));
+        assert_eq!(k, "rl:{per_client:subnet:198.51.100.0/24:-:api:198.51.100.7:acme}");
+        derive(
+            &mut k,
+            "x",
+            &[KeyPart::Header(HeaderName::from_static("x-missing"))],
+            &facts(&h),
+        );
+        assert_eq!(k, "rl:{x:-}");
+    }
+
+    #[test]
+    fn hostile_values_cannot_break_the_tag() {
+        let mut h = HeaderMap::new();
+        h.insert("x-k", HeaderValue::from_static("a}{b"));
+        let mut k = String::new();
+        derive(
+            &mut k,
+            "l",
+            &[KeyPart::Header(HeaderName::from_static("x-k"))],
+            &facts(&h),
+        );
+        assert_eq!(k.matches('{').count(), 1);
+        assert_eq!(k.matches('}').count(), 1);
+        assert!(k.starts_with("rl:{l:#"));
+        h.insert("x-k", HeaderValue::from_str(&"z".repeat(500)).unwrap());
+        derive(
+            &mut k,
+            "l",
+            &[KeyPart::Header(HeaderName::from_static("x-k"))],
+            &facts(&h),
+        );
+        assert_eq!(k.len(), "rl:{l:#}".len() + 16);
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

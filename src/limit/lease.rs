@@ -1,0 +1,290 @@
+//! Local leases: tokens taken from the shared store in batches and spent
+//! here with one atomic operation each.
+//!
+//! The sizing rule is pure: `clamp(min, qps_ewma × lookahead, max)`, and
+//! never more than `fraction` of the bucket's capacity (at least 1), so a
+//! 10-per-minute limit is leased one token at a time and a 50,000-per-minute
+//! one in hundreds. The [`Lease`] itself is a handful of atomics: spending
+//! never takes a lock and never waits for the store.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The parameters of lease sizing, from `[leasing]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sizing {
+    pub min: u64,
+    pub max: u64,
+    pub lookahead_ms: u64,
+    /// Largest share of a bucket's capacity one lease may hold.
+    pub fraction: f64,
+    /// Leased tokens unspent after this long go back to the store.
+    pub ttl_ms: u64,
+}
+
+impl Default for Sizing {
+    fn default() -> Self {
+        Sizing {
+            min: 5,
+            max: 500,
+            lookahead_ms: 250,
+            fraction: 0.1,
+            ttl_ms: 1_000,
+        }
+    }
+}
+
+impl Sizing {
+    /// Tokens to ask for, given the observed rate and the bucket's capacity.
+    pub fn lease_size(&self, qps: f64, capacity: u64) -> u64 {
+        let wanted = (qps * self.lookahead_ms as f64 / 1_000.0).ceil();
+        let wanted = if wanted.is_finite() && wanted > 0.0 {
+            wanted as u64
+        } else {
+            0
+        };
+        let sized = wanted.clamp(self.min, self.max.max(self.min));
+        let cap = ((capacity as f64 * self.fraction).floor() as u64).max(1);
+        sized.min(cap)
+    }
+
+    /// Refill in the background once the local balance falls below this.
+    pub fn low_watermark(size: u64) -> u64 {
+        size / 4
+    }
+}
+
+/// Exponentially weighted rate: each new sample counts for half.
+pub fn ewma(previous: f64, sample: f64) -> f64 {
+    if previous <= 0.0 {
+        sample
+    } else {
+        0.5 * previous + 0.5 * sample
+    }
+}
+
+/// The local state of one (limit, key).
+#[derive(Debug, Default)]
+pub struct Lease {
+    /// Tokens at hand.
+    tokens: AtomicU64,
+    /// Requests seen since the last store call (for the rate estimate).
+    hits: AtomicU64,
+    /// When the last store call was made, ms.
+    sampled_at: AtomicU64,
+    /// Smoothed requests per second, as f64 bits.
+    qps: AtomicU64,
+    /// When the tokens at hand must go back to the store, ms.
+    expires_at: AtomicU64,
+    /// Refused locally until this time, ms (after a store refusal).
+    pub(crate) blocked_until: AtomicU64,
+    /// When the store said a token will be available, ms: what a refused
+    /// client is told (the local block may end sooner, to re-ask the store).
+    pub(crate) retry_at: AtomicU64,
+    /// One background refill at a time.
+    refilling: AtomicBool,
+    /// Remaining in the shared bucket at the last grant, for headers.
+    store_remaining: AtomicU64,
+    /// When the shared bucket is whole again, ms, for headers.
+    reset_at: AtomicU64,
+    /// Requests refused since the last grant: how far over the quota.
+    pub(crate) over: AtomicU64,
+    /// Last time anything touched this lease, ms.
+    pub(crate) touched: AtomicU64,
+    /// The size of the last lease asked for (for the low watermark).
+    pub(crate) size_hint: AtomicU64,
+    /// The quota the tokens at hand were taken under, for giving them back.
+    spec: std::sync::Mutex<Option<crate::quota::Spec>>,
+}
+
+/// What a refill brings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub tokens: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+}
+
+impl Lease {
+    /// Spends one token if one is at hand and the lease has not expired.
+    pub fn try_take(&self, now_ms: u64) -> bool {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        self.touched.store(now_ms, Ordering::Relaxed);
+        if self.expires_at.load(Ordering::Relaxed) <= now_ms {
+            return false;
+        }
+        self.tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Tokens at hand now.
+    pub fn available(&self) -> u64 {
+        self.tokens.load(Ordering::Acquire)
+    }
+
+    /// Puts back a token taken for a request that was then refused.
+    pub fn give_back(&self, tokens: u64) {
+        self.tokens.fetch_add(tokens, Ordering::AcqRel);
+    }
+
+    /// Takes every token at hand if the lease has expired: they belong to
+    /// the store again.
+    pub fn take_expired(&self, now_ms: u64) -> u64 {
+        if self.expires_at.load(Ordering::Relaxed) > now_ms {
+            return 0;
+        }
+        self.tokens.swap(0, Ordering::AcqRel)
+    }
+
+    /// Takes every token at hand (shutdown, changed limit).
+    pub fn take_all(&self) -> u64 {
+        self.tokens.swap(0, Ordering::AcqRel)
+    }
+
+    /// The size of the next lease, updating the rate estimate.
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64) -> u64 {
+        let hits = self.hits.swap(0, Ordering::Relaxed);
+        let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
+        let elapsed_ms = now_ms.saturating_sub(since).max(1);
+        let previous = f64::from_bits(self.qps.load(Ordering::Relaxed));
+        // A first sample, or one after a long silence, says little: damp it.
+        let sample = if since == 0 {
+            0.0
+        } else {
+            hits as f64 * 1_000.0 / elapsed_ms as f64
+        };
+        let qps = ewma(previous, sample);
+        self.qps.store(qps.to_bits(), Ordering::Relaxed);
+        sizing.lease_size(qps, capacity)
+    }
+
+    /// Remembers the quota tokens are taken under.
+    pub fn set_spec(&self, spec: crate::quota::Spec) {
+        if let Ok(mut s) = self.spec.lock() {
+            *s = Some(spec);
+        }
+    }
+
+    pub fn spec(&self) -> Option<crate::quota::Spec> {
+        self.spec.lock().ok().and_then(|s| *s)
+    }
+
+    /// Smoothed requests per second.
+    pub fn qps(&self) -> f64 {
+        f64::from_bits(self.qps.load(Ordering::Relaxed))
+    }
+
+    /// Adds granted tokens; the lease then lives `ttl_ms` from now.
+    pub fn add(&self, g: Granted, now_ms: u64, ttl_ms: u64) {
+        self.tokens.fetch_add(g.tokens, Ordering::AcqRel);
+        self.expires_at.store(now_ms + ttl_ms, Ordering::Relaxed);
+        self.store_remaining.store(g.remaining, Ordering::Relaxed);
+        self.reset_at.store(now_ms + g.reset_ms, Ordering::Relaxed);
+        self.over.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a store answer that granted nothing.
+    pub fn refused(&self, reset_ms: u64, now_ms: u64) {
+        self.store_remaining.store(0, Ordering::Relaxed);
+        self.reset_at.store(now_ms + reset_ms, Ordering::Relaxed);
+    }
+
+    /// Remaining as the client should see it: what the store had left, plus
+    /// what is at hand here.
+    pub fn remaining(&self) -> u64 {
+        self.store_remaining
+            .load(Ordering::Relaxed)
+            .saturating_add(self.available())
+    }
+
+    pub fn reset_ms(&self, now_ms: u64) -> u64 {
+        self.reset_at.load(Ordering::Relaxed).saturating_sub(now_ms)
+    }
+
+    /// Claims the single background refill slot.
+    pub fn start_refill(&self) -> bool {
+        self.refilling
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    pub fn end_refill(&self) {
+        self.refilling.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_traffic_within_min_max_and_fraction() {
+        let s = Sizing::default();
+        assert_eq!(s.lease_size(0.0, 1_000_000), 5); // cold: min
+        assert_eq!(s.lease_size(100.0, 1_000_000), 25); // 100 qps × 0.25 s
+        assert_eq!(s.lease_size(1_000.0, 1_000_000), 250);
+        assert_eq!(s.lease_size(1e9, 1_000_000), 500); // max
+        assert_eq!(s.lease_size(1_000.0, 100), 10); // 10% of capacity
+        assert_eq!(s.lease_size(1_000.0, 10), 1); // low limits: one at a time
+        assert_eq!(s.lease_size(f64::NAN, 10), 1);
+        assert_eq!(s.lease_size(f64::INFINITY, 1_000_000), 5);
+    }
+
+    #[test]
+    fn sizes_grow_with_traffic_and_decay_when_it_falls() {
+        let s = Sizing::default();
+        let lease = Lease::default();
+        let mut now = 1_000;
+        lease.next_size(&s, 1_000_000, now);
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            for _ in 0..400 {
+                lease.try_take(now);
+            }
+            now += 100; // 4,000 qps
+            sizes.push(lease.next_size(&s, 1_000_000, now));
+        }
+        assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+        assert_eq!(*sizes.last().unwrap(), 500);
+        let mut decaying = Vec::new();
+        for _ in 0..8 {
+            lease.try_take(now);
+            now += 1_000; // 1 qps
+            decaying.push(lease.next_size(&s, 1_000_000, now));
+        }
+        assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
+        assert_eq!(*decaying.last().unwrap(), 5);
+    }
+
+    #[test]
+    fn tokens_are_spent_once_and_expire() {
+        let lease = Lease::default();
+        assert!(!lease.try_take(0));
+        lease.add(
+            Granted {
+                tokens: 2,
+                remaining: 8,
+                reset_ms: 100,
+            },
+            1_000,
+            500,
+        );
+        assert_eq!(lease.remaining(), 10);
+        assert!(lease.try_take(1_100));
+        assert_eq!(lease.take_expired(1_200), 0);
+        assert!(lease.try_take(1_200));
+        assert!(!lease.try_take(1_200));
+        lease.give_back(1);
+        assert!(!lease.try_take(1_500), "expired tokens are not spent");
+        assert_eq!(lease.take_expired(1_500), 1);
+    }
+
+    #[test]
+    fn one_refill_at_a_time() {
+        let lease = Lease::default();
+        assert!(lease.start_refill());
+        assert!(!lease.start_refill());
+        lease.end_refill();
+        assert!(lease.start_refill());
+    }
+}

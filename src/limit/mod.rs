@@ -1,0 +1,693 @@
+//! The decision core: every request on a route with limits gets a verdict
+//! here before it reaches the upstream.
+//!
+//! A verdict with leased tokens at hand is a map lookup and one atomic
+//! operation, with no lock held across an await and no store call. The
+//! store is asked only when a key has no token at hand (the request then
+//! waits for that one call), and in the background when a busy key's lease
+//! runs low. After a refusal the key is blocked locally until its retry
+//! time, so repeated 429s cost no store call. The embedded memory store goes
+//! through exactly this path too: single instance and fleet are one code
+//! path.
+
+pub mod blocked;
+pub mod headers;
+pub mod key;
+pub mod lease;
+pub mod stage;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config::{self, Limit};
+use crate::metrics::{DecisionLabels, Metrics};
+use crate::quota::Spec;
+use crate::store::{QuotaStore, StoreError};
+use key::Facts;
+use lease::{Granted, Lease, Sizing};
+use stage::Outcome;
+
+/// One configured limit, ready for decisions: its quota, its stage on this
+/// instance and its counters. Rebuilt with each config.
+pub struct LimitRuntime {
+    pub config: Arc<Limit>,
+    pub spec: Spec,
+    /// Whether a canary limit enforces on this instance.
+    pub enforcing: bool,
+    counters: [Counter; 4],
+}
+
+impl LimitRuntime {
+    pub fn new(config: Arc<Limit>, instance_id: &str, metrics: &Metrics) -> LimitRuntime {
+        let counter = |outcome: Outcome| {
+            metrics
+                .decisions
+                .get_or_create(&DecisionLabels {
+                    limit: config.name.clone(),
+                    outcome: outcome.label(),
+                })
+                .clone()
+        };
+        LimitRuntime {
+            spec: config.spec(),
+            enforcing: stage::canary_enforces(instance_id, config.canary_percent),
+            counters: [
+                counter(Outcome::Admitted),
+                counter(Outcome::Limited),
+                counter(Outcome::ShadowLimited),
+                counter(Outcome::SoftLimited),
+            ],
+            config,
+        }
+    }
+
+    fn count(&self, outcome: Outcome) {
+        let i = match outcome {
+            Outcome::Admitted => 0,
+            Outcome::Limited => 1,
+            Outcome::ShadowLimited => 2,
+            Outcome::SoftLimited => 3,
+        };
+        self.counters[i].inc();
+    }
+
+    fn spec_for(&self, plan: Option<&str>) -> Spec {
+        if plan.is_none() || self.config.plans.is_empty() {
+            self.spec
+        } else {
+            self.config.spec_for(plan)
+        }
+    }
+}
+
+/// One limit's part of a verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitVerdict {
+    pub limit: usize,
+    pub outcome: Outcome,
+    pub quota: u64,
+    pub window_secs: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    /// When refused: milliseconds until a token will be available.
+    pub retry_after_ms: u64,
+    /// How far over the quota this key is, in percent (when refused).
+    pub over_percent: u64,
+}
+
+/// The decision for one request.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// One entry per limit checked, in route order.
+    pub limits: Vec<LimitVerdict>,
+    /// Index into `limits` of the limit that refused (enforced), if any.
+    pub refused: Option<usize>,
+    /// The store failed: the route's `on_store_failure` decides.
+    pub store_error: Option<StoreError>,
+}
+
+/// `[leasing]` and friends, as the limiter uses them.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub sizing: Sizing,
+    /// Longest local block after a refusal.
+    pub max_block_ms: u64,
+}
+
+impl Settings {
+    pub fn from_config(c: &config::Config) -> Settings {
+        Settings {
+            sizing: Sizing {
+                min: c.leasing.min,
+                max: c.leasing.max,
+                lookahead_ms: c.leasing.lookahead.as_millis() as u64,
+                fraction: c.leasing.max_fraction,
+                ttl_ms: c.leasing.ttl.as_millis() as u64,
+            },
+            max_block_ms: c.leasing.max_block.as_millis() as u64,
+        }
+    }
+}
+
+const SHARDS: usize = 64;
+
+type Shard = RwLock<HashMap<Box<str>, Arc<Lease>, foldhash::fast::RandomState>>;
+
+/// Leases by key, sharded so unrelated keys rarely share a lock; the lock is
+/// held only for the lookup and the atomic spend, never across an await.
+struct LeaseMap {
+    shards: Box<[Shard]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl LeaseMap {
+    fn new() -> LeaseMap {
+        LeaseMap {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// Runs `f` on the lease of `key`, if there is one, under a read lock.
+    fn with<T>(&self, key: &str, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+        let shard = self.shard(key).read().ok()?;
+        shard.get(key).map(|l| f(l))
+    }
+
+    fn get_or_insert(&self, key: &str) -> Option<Arc<Lease>> {
+        if let Some(l) = self.shard(key).read().ok()?.get(key) {
+            return Some(l.clone());
+        }
+        let mut shard = self.shard(key).write().ok()?;
+        Some(shard.entry(Box::from(key)).or_default().clone())
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().map_or(0, |s| s.len())).sum()
+    }
+}
+
+thread_local! {
+    /// Key derivation reuses one buffer per thread: no allocation per check.
+    static KEY: RefCell<String> = RefCell::new(String::with_capacity(128));
+}
+
+pub type Clock = crate::store::memory::Clock;
+
+/// Milliseconds on a monotonic clock (never 0), for leases and blocks:
+/// wall-clock jumps must not expire or extend them.
+pub fn monotonic_clock() -> Clock {
+    let start = std::time::Instant::now();
+    Arc::new(move || start.elapsed().as_millis() as u64 + 1)
+}
+
+/// The decision engine shared by every worker.
+pub struct Limiter {
+    store: Arc<dyn QuotaStore>,
+    leases: LeaseMap,
+    settings: RwLock<Settings>,
+    clock: Clock,
+}
+
+impl Limiter {
+    pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
+        Arc::new(Limiter {
+            store,
+            leases: LeaseMap::new(),
+            settings: RwLock::new(settings),
+            clock,
+        })
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings.read().map_or(
+            Settings {
+                sizing: Sizing::default(),
+                max_block_ms: 5_000,
+            },
+            |s| *s,
+        )
+    }
+
+    pub fn set_settings(&self, settings: Settings) {
+        if let Ok(mut s) = self.settings.write() {
+            *s = settings;
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// Keys with a lease now.
+    pub fn tracked_keys(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Decides a request against `limits` (in order). All must admit; a
+    /// request refused by one limit gives back what earlier ones granted.
+    pub async fn check(self: &Arc<Self>, all: &[Arc<LimitRuntime>], which: &[usize], facts: &Facts<'_>) -> Verdict {
+        let settings = self.settings();
+        let mut verdict = Verdict {
+            limits: Vec::with_capacity(which.len()),
+            ..Verdict::default()
+        };
+        let mut taken: Vec<Arc<str>> = Vec::new();
+        let many = which.len() > 1;
+        for (i, limit) in which.iter().filter_map(|&w| all.get(w)).enumerate() {
+            let spec = limit.spec_for(facts.plan);
+            let now = self.now_ms();
+            // Fast path: a token at hand, spent under a read lock.
+            let (fast, owned) = KEY.with(|k| {
+                let mut k = k.borrow_mut();
+                key::derive(&mut k, &limit.config.name, &limit.config.by, facts);
+                let fast = self
+                    .leases
+                    .with(&k, |lease| {
+                        if !lease.try_take(now) {
+                            return None;
+                        }
+                        let low =
+                            lease.available() <= Sizing::low_watermark(lease_size_hint(lease, &settings.sizing, &spec));
+                        Some((lease.remaining(), lease.reset_ms(now), low))
+                    })
+                    .flatten();
+                // An owned key only when the slow path, a refill or a
+                // give-back may need it.
+                let need = fast.is_none_or(|(_, _, low)| low || many);
+                (fast, need.then(|| Arc::<str>::from(k.as_str())))
+            });
+            let lv = match (fast, owned) {
+                (Some((remaining, reset_ms, low)), key) => {
+                    if let Some(key) = key {
+                        if low {
+                            self.refill_in_background(key.clone(), spec, settings);
+                        }
+                        taken.push(key);
+                    }
+                    admitted(i, &spec, remaining, reset_ms)
+                }
+                (None, None) => admitted(i, &spec, 0, 0), // unreachable: the slow path always has its key
+                (None, Some(key)) => match self.slow_path(&key, &spec, now, &settings).await {
+                    Ok(Some((remaining, reset_ms))) => {
+                        taken.push(key);
+                        admitted(i, &spec, remaining, reset_ms)
+                    }
+                    Ok(None) => {
+                        let (retry_after_ms, over, remaining, reset_ms) = self
+                            .leases
+                            .with(&key, |l| {
+                                let over = l.over.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                                (blocked::retry_after(l, now), over, l.remaining(), l.reset_ms(now))
+                            })
+                            .unwrap_or((1, 1, 0, 0));
+                        let outcome = stage::on_refusal(limit.config.mode, limit.enforcing);
+                        if outcome == Outcome::ShadowLimited {
+                            tracing::info!(
+                                target: "rate_limit_shadow_block",
+                                limit = %limit.config.name,
+                                key = %key,
+                                over_by = over,
+                                over_percent = stage::over_percent(over, spec.capacity),
+                                "rate_limit_shadow_block"
+                            );
+                        }
+                        LimitVerdict {
+                            limit: i,
+                            outcome,
+                            quota: spec.capacity,
+                            window_secs: spec.window_secs(),
+                            remaining,
+                            // A refused client is told the time it may retry.
+                            reset_ms: if outcome == Outcome::Limited {
+                                retry_after_ms
+                            } else {
+                                reset_ms
+                            },
+                            retry_after_ms,
+                            over_percent: stage::over_percent(over, spec.capacity),
+                        }
+                    }
+                    Err(e) => {
+                        verdict.store_error = Some(e);
+                        admitted(i, &spec, 0, 0)
+                    }
+                },
+            };
+            limit.count(lv.outcome);
+            let refused = lv.outcome == Outcome::Limited;
+            verdict.limits.push(lv);
+            if refused {
+                verdict.refused = Some(i);
+                // Nothing was admitted: earlier limits get their token back.
+                for key in &taken {
+                    self.leases.with(key, |l| l.give_back(1));
+                }
+                break;
+            }
+            if verdict.store_error.is_some() {
+                break;
+            }
+        }
+        verdict
+    }
+
+    /// No token at hand: blocked, or one store call.
+    async fn slow_path(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        spec: &Spec,
+        now: u64,
+        settings: &Settings,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let Some(lease) = self.leases.get_or_insert(key) else {
+            return Err(StoreError::Failed("lease map lock poisoned".into()));
+        };
+        if lease.try_take(now) {
+            return Ok(Some((lease.remaining(), lease.reset_ms(now))));
+        }
+        let expired = lease.take_expired(now);
+        if expired > 0 {
+            self.release_in_background(key.clone(), *spec, expired);
+        }
+        if blocked::remaining(&lease, now).is_some() {
+            return Ok(None);
+        }
+        let size = lease.next_size(&settings.sizing, spec.capacity, now);
+        lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
+        lease.set_spec(*spec);
+        let grant = self.store.acquire(key, spec, size).await?;
+        let now = self.now_ms();
+        if grant.granted == 0 {
+            lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
+            blocked::block(&lease, now, grant.retry_after_ms, settings.max_block_ms);
+            return Ok(None);
+        }
+        lease.add(
+            Granted {
+                tokens: grant.granted - 1,
+                remaining: grant.remaining,
+                reset_ms: grant.reset_ms,
+            },
+            now,
+            settings.sizing.ttl_ms,
+        );
+        Ok(Some((lease.remaining(), lease.reset_ms(now))))
+    }
+
+    /// Tops up a busy key's lease before it runs dry; one refill per key.
+    fn refill_in_background(self: &Arc<Self>, key: Arc<str>, spec: Spec, settings: Settings) {
+        let Some(lease) = self.leases.get_or_insert(&key) else {
+            return;
+        };
+        if !lease.start_refill() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let now = this.now_ms();
+            let size = lease.next_size(&settings.sizing, spec.capacity, now);
+            lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
+            lease.set_spec(spec);
+            match this.store.acquire(&key, &spec, size).await {
+                Ok(g) if g.granted > 0 => lease.add(
+                    Granted {
+                        tokens: g.granted,
+                        remaining: g.remaining,
+                        reset_ms: g.reset_ms,
+                    },
+                    this.now_ms(),
+                    settings.sizing.ttl_ms,
+                ),
+                Ok(g) => lease.refused(g.reset_ms.max(g.retry_after_ms), this.now_ms()),
+                Err(e) => tracing::debug!(%key, error = %e, "background lease refill failed"),
+            }
+            lease.end_refill();
+        });
+    }
+
+    fn release_in_background(self: &Arc<Self>, key: Arc<str>, spec: Spec, tokens: u64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.store.release(&key, &spec, tokens).await {
+                tracing::debug!(%key, error = %e, "releasing expired lease failed");
+            }
+        });
+    }
+
+    /// Returns expired leases' tokens to the store and forgets keys idle for
+    /// longer than `idle_ms`. Run periodically; bounds memory per key.
+    pub async fn sweep(&self, idle_ms: u64) {
+        let now = self.now_ms();
+        let mut to_release = Vec::new();
+        for shard in self.leases.shards.iter() {
+            let Ok(mut map) = shard.write() else { continue };
+            map.retain(|key, lease| {
+                let expired = lease.take_expired(now);
+                if let (true, Some(spec)) = (expired > 0, lease.spec()) {
+                    to_release.push((key.clone(), spec, expired));
+                }
+                let touched = lease.touched.load(std::sync::atomic::Ordering::Relaxed);
+                let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
+                // A lease someone holds (a refill in flight) stays.
+                !(idle && lease.available() == 0 && Arc::strong_count(lease) == 1)
+            });
+        }
+        for (key, spec, tokens) in to_release {
+            if let Err(e) = self.store.release(&key, &spec, tokens).await {
+                tracing::debug!(%key, error = %e, "releasing an expired lease failed");
+            }
+        }
+    }
+
+    /// Gives every unspent token back to the store (shutdown). Returns how
+    /// many tokens went back.
+    pub async fn release_all(&self) -> u64 {
+        let mut to_release = Vec::new();
+        for shard in self.leases.shards.iter() {
+            let Ok(map) = shard.read() else { continue };
+            for (key, lease) in map.iter() {
+                let n = lease.take_all();
+                if let (true, Some(spec)) = (n > 0, lease.spec()) {
+                    to_release.push((key.clone(), spec, n));
+                }
+            }
+        }
+        let mut released = 0;
+        for (key, spec, tokens) in to_release {
+            if self.store.release(&key, &spec, tokens).await.is_ok() {
+                released += tokens;
+            }
+        }
+        released
+    }
+}
+
+fn lease_size_hint(lease: &Lease, sizing: &Sizing, spec: &Spec) -> u64 {
+    let hint = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
+    if hint > 0 {
+        hint
+    } else {
+        sizing.lease_size(lease.qps(), spec.capacity)
+    }
+}
+
+fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdict {
+    LimitVerdict {
+        limit: i,
+        outcome: Outcome::Admitted,
+        quota: spec.capacity,
+        window_secs: spec.window_secs(),
+        remaining,
+        reset_ms,
+        retry_after_ms: 0,
+        over_percent: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{KeyPart, Mode};
+    use crate::quota::{Algorithm, Grant, Rate};
+    use crate::store::memory::MemoryStore;
+    use crate::store::BoxFuture;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A memory store that counts its calls.
+    struct Counting {
+        inner: MemoryStore,
+        acquires: AtomicU64,
+        releases: AtomicU64,
+    }
+
+    impl QuotaStore for Counting {
+        fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            self.acquires.fetch_add(1, Ordering::SeqCst);
+            self.inner.acquire(key, spec, want)
+        }
+        fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            self.inner.release(key, spec, unused)
+        }
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+    }
+
+    fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRuntime> {
+        let rate: Rate = rate.parse().unwrap();
+        let config = Arc::new(Limit {
+            name: name.into(),
+            algorithm: Algorithm::TokenBucket,
+            rate,
+            burst: burst.unwrap_or(rate.count),
+            by: vec![KeyPart::Identity],
+            mode,
+            canary_percent: 5,
+            enforce_after: None,
+            plans: vec![],
+        });
+        Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+    }
+
+    fn setup() -> (Arc<Counting>, Arc<Limiter>) {
+        let store = Arc::new(Counting {
+            inner: MemoryStore::new(10_000),
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+        });
+        let settings = Settings {
+            sizing: Sizing::default(),
+            max_block_ms: 5_000,
+        };
+        (store.clone(), Limiter::new(store, settings, monotonic_clock()))
+    }
+
+    fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
+        Facts {
+            identity,
+            tenant: None,
+            plan: None,
+            route: "r",
+            ip: "127.0.0.1".parse().unwrap(),
+            headers,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_low_limit_admits_exactly_its_quota_then_refuses_from_memory() {
+        let (store, limiter) = setup();
+        let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        for i in 0..5 {
+            let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+            assert_eq!(v.refused, None, "request {i}");
+            assert_eq!(v.limits[0].remaining, 4 - i);
+        }
+        let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+        assert_eq!(v.refused, Some(0));
+        assert_eq!(v.limits[0].retry_after_ms.div_ceil(1000), 12);
+        let calls = store.acquires.load(Ordering::SeqCst);
+        // A burst of refusals on the blocked key costs no store call.
+        for _ in 0..1_000 {
+            let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+            assert_eq!(v.refused, Some(0));
+        }
+        assert_eq!(store.acquires.load(Ordering::SeqCst), calls);
+        // Another identity is independent.
+        let v = limiter.check(&limits, &[0], &facts("b", &h)).await;
+        assert_eq!(v.refused, None);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_by_the_second_limit_gives_back_the_first() {
+        let (_, limiter) = setup();
+        let limits = vec![
+            limit("wide", "10/min", None, Mode::Enforce),
+            limit("narrow", "2/min", None, Mode::Enforce),
+        ];
+        let h = http::HeaderMap::new();
+        for _ in 0..2 {
+            assert_eq!(limiter.check(&limits, &[0, 1], &facts("a", &h)).await.refused, None);
+        }
+        for _ in 0..5 {
+            let v = limiter.check(&limits, &[0, 1], &facts("a", &h)).await;
+            assert_eq!(v.refused, Some(1));
+        }
+        // "wide" spent only on the 2 admitted requests: 8 left for its own route.
+        let mut admitted = 0;
+        for _ in 0..20 {
+            if limiter.check(&limits, &[0], &facts("a", &h)).await.refused.is_none() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 8);
+    }
+
+    #[tokio::test]
+    async fn shadow_and_soft_spend_like_enforce_but_admit() {
+        let (_, limiter) = setup();
+        let limits = vec![
+            limit("shadow", "3/min", None, Mode::Shadow),
+            limit("soft", "3/min", None, Mode::Soft),
+        ];
+        let h = http::HeaderMap::new();
+        let mut outcomes = Vec::new();
+        for _ in 0..5 {
+            let v = limiter.check(&limits, &[0, 1], &facts("a", &h)).await;
+            assert_eq!(v.refused, None);
+            outcomes.push((v.limits[0].outcome, v.limits[1].outcome));
+        }
+        let over = |o: Outcome| outcomes.iter().filter(|(a, b)| *a == o || *b == o).count();
+        assert_eq!(over(Outcome::ShadowLimited), 2);
+        assert_eq!(over(Outcome::SoftLimited), 2);
+    }
+
+    #[tokio::test]
+    async fn leases_grow_for_a_busy_key_and_cut_store_calls() {
+        let (store, limiter) = setup();
+        let limits = vec![limit("big", "1000000/min", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        for _ in 0..20_000 {
+            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h)).await.refused, None);
+            tokio::task::yield_now().await; // let background refills run
+        }
+        let calls = store.acquires.load(Ordering::SeqCst);
+        assert!(calls < 20_000 / 50, "{calls} store calls for 20,000 decisions");
+    }
+
+    #[tokio::test]
+    async fn expired_leases_go_back_to_the_store() {
+        let (store, limiter) = setup();
+        limiter.set_settings(Settings {
+            sizing: Sizing {
+                ttl_ms: 1,
+                ..Sizing::default()
+            },
+            max_block_ms: 5_000,
+        });
+        let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h)).await.refused, None);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        limiter.sweep(60_000).await;
+        assert_eq!(store.releases.load(Ordering::SeqCst), 1);
+        // All 1000 are back in the shared bucket.
+        let g = store.inner.acquire_now("rl:{l:a}", &limits[0].spec, 2_000).unwrap();
+        assert_eq!(g.granted, 1_000 - 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+    async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
+        let (_, limiter) = setup();
+        let limits = Arc::new(vec![limit("day", "1000/day", None, Mode::Enforce)]);
+        let admitted = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (limiter, limits, admitted) = (limiter.clone(), limits.clone(), admitted.clone());
+                tokio::spawn(async move {
+                    let h = http::HeaderMap::new();
+                    for _ in 0..100_000 {
+                        if limiter.check(&limits, &[0], &facts("hot", &h)).await.refused.is_none() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), 1000);
+    }
+}

@@ -1,0 +1,328 @@
+//! The embedded store: one instance, exact, the same math as Redis, with
+//! bounded memory.
+//!
+//! Keys live in shards, each a mutex over a slot vector and its index, so
+//! unrelated keys rarely meet on a lock (and a lock is held for a few hundred
+//! nanoseconds, never across an await). Memory is bounded two ways:
+//!
+//! - **Idle eviction**: a bucket that would have refilled completely (a
+//!   sliding window two periods old) changes no future decision, so it is
+//!   dropped. Each call inspects two random slots of its shard, so idle
+//!   state disappears at the rate new state arrives.
+//! - **A hard cap** (`[store] max_keys`, default 1,000,000, enforced per
+//!   shard as `max_keys / 64`): when a shard is full, the least recently used
+//!   of 16 randomly sampled keys is evicted (Redis's approximated LRU). Evicting a key forgets its usage: that
+//!   client starts again with a full bucket.
+//!
+//! Memory per key: about 150 bytes plus the key's length (a 40-byte key
+//! costs ~190 bytes), so the default cap is about 200 MB at worst.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{BoxFuture, QuotaStore, StoreError};
+use crate::quota::{self, Grant, Spec, State};
+
+const SHARDS: usize = 64;
+const SAMPLE: usize = 16;
+
+/// Milliseconds since the Unix epoch; windows align to wall-clock minutes
+/// and hours, as they do in Redis (which uses its own `TIME`).
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    })
+}
+
+struct Slot {
+    key: Arc<str>,
+    spec: Spec,
+    state: State,
+    used_ms: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    index: HashMap<Arc<str>, usize>,
+    slots: Vec<Slot>,
+    rng: u64,
+}
+
+impl Shard {
+    fn random(&mut self) -> usize {
+        // xorshift: cheap, and only used to pick eviction candidates.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % self.slots.len().max(1) as u64) as usize
+    }
+
+    fn remove(&mut self, i: usize) {
+        let gone = self.slots.swap_remove(i);
+        self.index.remove(&gone.key);
+        if let Some(moved) = self.slots.get(i) {
+            self.index.insert(moved.key.clone(), i);
+        }
+    }
+
+    /// Drops up to two idle slots, found at random.
+    fn sweep(&mut self, now_ms: u64) {
+        for _ in 0..2 {
+            if self.slots.is_empty() {
+                return;
+            }
+            let i = self.random();
+            if quota::is_idle(&self.slots[i].state, &self.slots[i].spec, now_ms) {
+                self.remove(i);
+            }
+        }
+    }
+
+    /// Makes room for one more key when at `cap`.
+    fn make_room(&mut self, cap: usize) {
+        while self.slots.len() >= cap && !self.slots.is_empty() {
+            let mut victim = self.random();
+            for _ in 1..SAMPLE {
+                let i = self.random();
+                if self.slots[i].used_ms < self.slots[victim].used_ms {
+                    victim = i;
+                }
+            }
+            self.remove(victim);
+        }
+    }
+
+    fn update(&mut self, key: &str, spec: &Spec, now_ms: u64, cap: usize, f: impl FnOnce(Option<State>) -> State) {
+        self.sweep(now_ms);
+        match self.index.get(key) {
+            Some(&i) => {
+                let slot = &mut self.slots[i];
+                // quota:: treats a state of another algorithm as absent.
+                slot.state = f(Some(slot.state));
+                slot.spec = *spec;
+                slot.used_ms = now_ms;
+            }
+            None => {
+                let state = f(None);
+                if quota::is_idle(&state, spec, now_ms) {
+                    return; // a full bucket needs no memory
+                }
+                self.make_room(cap);
+                let key: Arc<str> = Arc::from(key);
+                self.index.insert(key.clone(), self.slots.len());
+                self.slots.push(Slot {
+                    key,
+                    spec: *spec,
+                    state,
+                    used_ms: now_ms,
+                });
+            }
+        }
+    }
+}
+
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: foldhash::fast::RandomState,
+    per_shard_cap: usize,
+    clock: Clock,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize) -> MemoryStore {
+        MemoryStore::with_clock(max_keys, system_clock())
+    }
+
+    pub fn with_clock(max_keys: usize, clock: Clock) -> MemoryStore {
+        let shards = (0..SHARDS)
+            .map(|i| {
+                Mutex::new(Shard {
+                    rng: 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
+                    ..Shard::default()
+                })
+            })
+            .collect();
+        MemoryStore {
+            shards,
+            hasher: foldhash::fast::RandomState::default(),
+            per_shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            clock,
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        use std::hash::BuildHasher;
+        let h = self.hasher.hash_one(key) as usize;
+        &self.shards[h % SHARDS]
+    }
+
+    /// Keys held now, across shards.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map_or(0, |s| s.slots.len())).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decides synchronously; the trait methods wrap this.
+    pub fn acquire_now(&self, key: &str, spec: &Spec, want: u64) -> Result<Grant, StoreError> {
+        let now = (self.clock)();
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
+        let mut grant = Grant::default();
+        shard.update(key, spec, now, self.per_shard_cap, |prior| {
+            let (state, g) = quota::acquire(prior, spec, now, want);
+            grant = g;
+            state
+        });
+        Ok(grant)
+    }
+
+    pub fn release_now(&self, key: &str, spec: &Spec, unused: u64) -> Result<(), StoreError> {
+        let now = (self.clock)();
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
+        // Releasing to a key we no longer hold is a no-op: it was full.
+        if shard.index.contains_key(key) {
+            shard.update(key, spec, now, self.per_shard_cap, |prior| {
+                quota::release(prior, spec, now, unused)
+            });
+        }
+        Ok(())
+    }
+}
+
+impl QuotaStore for MemoryStore {
+    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let result = self.acquire_now(key, spec, want);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let result = self.release_now(key, spec, unused);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::{Algorithm, Rate};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    fn clock() -> (Arc<AtomicU64>, Clock) {
+        let now = Arc::new(AtomicU64::new(1_000_000));
+        let n = now.clone();
+        (now, Arc::new(move || n.load(Ordering::SeqCst)))
+    }
+
+    fn spec(count: u64, secs: u64) -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count,
+                period: Duration::from_secs(secs),
+            },
+            count,
+        )
+    }
+
+    #[test]
+    fn exact_per_key_and_independent_across_keys() {
+        let (_, c) = clock();
+        let store = MemoryStore::with_clock(1000, c);
+        let s = spec(5, 60);
+        let granted: u64 = (0..10)
+            .map(|_| store.acquire_now("rl:{a}", &s, 1).unwrap().granted)
+            .sum();
+        assert_eq!(granted, 5);
+        assert_eq!(store.acquire_now("rl:{b}", &s, 3).unwrap().granted, 3);
+        let refused = store.acquire_now("rl:{a}", &s, 1).unwrap();
+        assert_eq!(refused.retry_after_ms, 12_000);
+    }
+
+    #[test]
+    fn release_returns_tokens_and_ignores_forgotten_keys() {
+        let (_, c) = clock();
+        let store = MemoryStore::with_clock(1000, c);
+        let s = spec(5, 60);
+        assert_eq!(store.acquire_now("k", &s, 5).unwrap().granted, 5);
+        store.release_now("k", &s, 2).unwrap();
+        assert_eq!(store.acquire_now("k", &s, 5).unwrap().granted, 2);
+        store.release_now("never-seen", &s, 2).unwrap();
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn idle_buckets_are_forgotten() {
+        let (now, c) = clock();
+        // The cap is enforced per shard; leave room for uneven shards.
+        let store = MemoryStore::with_clock(100_000, c);
+        let s = spec(1, 1);
+        for i in 0..500 {
+            store.acquire_now(&format!("k{i}"), &s, 1).unwrap();
+        }
+        assert_eq!(store.len(), 500);
+        now.fetch_add(2_000, Ordering::SeqCst);
+        // Every call sweeps two random slots of its shard; plenty of calls
+        // on fresh keys clean out the idle ones.
+        for i in 0..5_000 {
+            store.acquire_now(&format!("fresh{i}"), &s, 0).unwrap();
+        }
+        assert!(store.len() < 100, "idle keys left: {}", store.len());
+    }
+
+    #[test]
+    fn the_cap_holds_and_evicts_the_least_recently_used() {
+        let (now, c) = clock();
+        let store = MemoryStore::with_clock(SHARDS * 4, c);
+        let s = spec(100, 3600);
+        store.acquire_now("hot", &s, 1).unwrap();
+        for i in 0..10_000 {
+            now.fetch_add(1, Ordering::SeqCst);
+            store.acquire_now(&format!("k{i}"), &s, 1).unwrap();
+            if i % 10 == 0 {
+                store.acquire_now("hot", &s, 1).unwrap();
+            }
+        }
+        assert!(store.len() <= SHARDS * 4);
+        // The hot key survived: it still remembers its spending.
+        assert!(store.acquire_now("hot", &s, 100).unwrap().granted < 100);
+    }
+
+    #[test]
+    fn concurrent_callers_share_one_exact_bucket() {
+        let store = Arc::new(MemoryStore::new(1000));
+        let s = spec(1000, 86_400);
+        let total = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, total) = (store.clone(), total.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        total.fetch_add(store.acquire_now("shared", &s, 1).unwrap().granted, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(total.load(Ordering::SeqCst), 1000);
+    }
+}

@@ -1,0 +1,227 @@
+//! Rate limits through the real binary: 429s and their headers, identities,
+//! rollout stages, sliding windows.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::Full;
+use support::{client, Gateway};
+
+fn config(limits: &str, route_limits: &str) -> String {
+    format!(
+        r#"
+[gateway]
+instance_id = "gw-test"
+workers = 2
+
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[identity]
+ipv4_prefix = 32
+
+[[routes]]
+name = "demo"
+path_prefix = "/"
+response = {{ status = 200, body = "ok" }}
+limits = [{route_limits}]
+{limits}
+"#
+    )
+}
+
+/// An HTTP/1.1 client connecting from `source` (any 127.0.0.0/8 address).
+async fn client_from(source: &str, gw: SocketAddr) -> client::Sender1 {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let stream = socket.connect(gw).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn get(c: &mut client::Sender1) -> (StatusCode, HeaderMap, String) {
+    client::text(client::send(c, client::get("/")).await).await
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    let mut c = client::http1(gw.admin()).await;
+    client::text(client::send(&mut c, client::get("/metrics")).await)
+        .await
+        .2
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
+    h.get(name)
+        .unwrap_or_else(|| panic!("missing {name} in {h:?}"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_per_minute_admits_five_then_429s_with_every_header() {
+    let gw = Gateway::start(&config("[[limits]]\nname = \"five\"\nrate = \"5/min\"\n", "\"five\""));
+    let mut c = client::http1(gw.http()).await;
+    for i in 0..5u64 {
+        let (status, h, _) = get(&mut c).await;
+        assert_eq!(status, 200, "request {i}");
+        assert_eq!(header(&h, "ratelimit-policy"), r#""five";q=5;w=60"#);
+        assert_eq!(header(&h, "ratelimit-remaining"), (4 - i).to_string());
+        assert_eq!(header(&h, "ratelimit-limit"), "5");
+        assert!(header(&h, "ratelimit").starts_with(&format!("\"five\";r={};t=", 4 - i)));
+    }
+    let (status, h, body) = get(&mut c).await;
+    assert_eq!(status, 429);
+    let retry: u64 = header(&h, "retry-after").parse().unwrap();
+    assert!((11..=12).contains(&retry), "one token per 12 s: {retry}");
+    assert_eq!(header(&h, "cache-control"), "no-store");
+    assert_eq!(header(&h, "content-type"), "application/problem+json");
+    assert_eq!(header(&h, "ratelimit-policy"), r#""five";q=5;w=60"#);
+    assert_eq!(header(&h, "ratelimit-remaining"), "0");
+    let t: u64 = header(&h, "ratelimit").rsplit("t=").next().unwrap().parse().unwrap();
+    assert!(retry >= t, "Retry-After {retry} must not be earlier than t={t}");
+    assert_eq!(header(&h, "ratelimit-reset"), t.to_string());
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["status"].as_u64(), v["limit"].as_str()), (Some(429), Some("five")));
+    // Still refused, from the local block.
+    assert_eq!(get(&mut c).await.0, 429);
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains(r#"leasegate_decisions_total{limit="five",outcome="admitted"} 5"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"leasegate_decisions_total{limit="five",outcome="limited"} 2"#),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_identities_have_two_buckets() {
+    let gw = Gateway::start(&config("[[limits]]\nname = \"two\"\nrate = \"2/min\"\n", "\"two\""));
+    let mut a = client_from("127.0.0.1", gw.http()).await;
+    let mut b = client_from("127.0.0.2", gw.http()).await;
+    for _ in 0..2 {
+        assert_eq!(get(&mut a).await.0, 200);
+    }
+    assert_eq!(get(&mut a).await.0, 429);
+    for _ in 0..2 {
+        assert_eq!(get(&mut b).await.0, 200);
+    }
+    assert_eq!(get(&mut b).await.0, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_counts_and_logs_but_the_client_sees_nothing() {
+    let gw = Gateway::start(&config(
+        "[[limits]]\nname = \"watch\"\nrate = \"3/min\"\nmode = \"shadow\"\n",
+        "\"watch\"",
+    ));
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..5 {
+        let (status, h, _) = get(&mut c).await;
+        assert_eq!(status, 200);
+        assert!(
+            h.keys().all(|k| !k.as_str().starts_with("ratelimit")),
+            "shadow must be invisible: {h:?}"
+        );
+    }
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains(r#"leasegate_decisions_total{limit="watch",outcome="shadow_limited"} 2"#),
+        "{m}"
+    );
+    assert!(
+        gw.wait_for_log("rate_limit_shadow_block", Duration::from_secs(5)),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("limit=watch"), "{}", gw.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_warns_only_when_over() {
+    let limits = "[[limits]]\nname = \"gentle\"\nrate = \"2/min\"\nmode = \"soft\"\nenforce_after = \"2027-03-01\"\n";
+    let gw = Gateway::start(&config(limits, "\"gentle\""));
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..2 {
+        let (status, h, _) = get(&mut c).await;
+        assert_eq!(status, 200);
+        assert!(h.get("ratelimit-warning").is_none());
+    }
+    let (status, h, _) = get(&mut c).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&h, "ratelimit-warning"),
+        "50% over quota; enforcement begins 2027-03-01"
+    );
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains(r#"leasegate_decisions_total{limit="gentle",outcome="soft_limited"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_enforces_on_its_share_of_instances() {
+    let limits = "[[limits]]\nname = \"all\"\nrate = \"1/min\"\nmode = \"canary\"\ncanary_percent = 100\n\
+                  [[limits]]\nname = \"none\"\nrate = \"1/min\"\nmode = \"canary\"\ncanary_percent = 0\n";
+    let extra =
+        "[[routes]]\nname = \"other\"\npath_prefix = \"/other\"\nresponse = { status = 200 }\nlimits = [\"none\"]\n";
+    let gw = Gateway::start(&format!("{}{extra}", config(limits, "\"all\"")));
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(get(&mut c).await.0, 200);
+    assert_eq!(get(&mut c).await.0, 429, "canary_percent = 100 enforces everywhere");
+    let other = || {
+        Request::get("/other")
+            .header("host", "x")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(client::send(&mut c, other()).await.status(), 200);
+    let resp = client::send(&mut c, other()).await;
+    assert_eq!(resp.status(), 200, "canary_percent = 0 only warns");
+    assert!(resp.headers().get("ratelimit-warning").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_admits_again_once_the_window_moves() {
+    let limits = "[[limits]]\nname = \"win\"\nalgorithm = \"sliding_window\"\nrate = \"2/1s\"\n";
+    let gw = Gateway::start(&config(limits, "\"win\""));
+    let mut c = client::http1(gw.http()).await;
+    // Start just after a window boundary so the test does not straddle one.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(1_000 - now % 1_000 + 20)).await;
+    assert_eq!(get(&mut c).await.0, 200);
+    assert_eq!(get(&mut c).await.0, 200);
+    let (status, h, _) = get(&mut c).await;
+    assert_eq!(status, 429);
+    assert!(["1", "2"].contains(&header(&h, "retry-after")));
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert_eq!(get(&mut c).await.0, 200, "the window has moved on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_styles_are_the_operators_choice() {
+    let cfg = config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\"")
+        .replace("workers = 2\n", "workers = 2\nrate_limit_headers = \"none\"\n");
+    let gw = Gateway::start(&cfg);
+    let mut c = client::http1(gw.http()).await;
+    let (_, h, _) = get(&mut c).await;
+    assert!(h.keys().all(|k| !k.as_str().starts_with("ratelimit")), "{h:?}");
+    let (status, h, _) = get(&mut c).await;
+    assert_eq!(status, 429);
+    assert!(h.get("retry-after").is_some(), "a 429 always says when to retry");
+    assert!(h.keys().all(|k| !k.as_str().starts_with("ratelimit")), "{h:?}");
+}
