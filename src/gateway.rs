@@ -143,7 +143,11 @@ impl Gateway {
             ip,
             headers: req.headers(),
         };
-        self.limiter.check(&snapshot.limits, &route.limits, &facts).await
+        // Tokens at hand decide without building a future that waits.
+        match self.limiter.try_check(&snapshot.limits, &route.limits, &facts) {
+            Some(verdict) => verdict,
+            None => self.limiter.check(&snapshot.limits, &route.limits, &facts).await,
+        }
     }
 
     /// The response for a request the verdict does not let through, if any.
@@ -160,7 +164,11 @@ impl Gateway {
                     self.metrics.bypassed.get_or_create(&ReasonLabels { reason }).inc();
                     None
                 }
-                StoreFailure::Deny => Some(problem::store_unavailable(1)),
+                StoreFailure::Deny => {
+                    // The request is not served: tokens other limits took go back.
+                    self.limiter.undo(verdict);
+                    Some(problem::store_unavailable(1))
+                }
             };
         }
         let i = verdict.refused?;

@@ -5,6 +5,7 @@
 //! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
 
 pub mod body;
+pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod fingerprint;

@@ -41,7 +41,10 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
             KeyPart::Ip => {
                 let _ = write!(out, "{}", facts.ip.to_canonical());
             }
+            // Client-chosen values may not contain the part separator, or
+            // ("a:b", "c") and ("a", "b:c") would share a key.
             KeyPart::Header(name) => match facts.headers.get(name) {
+                Some(v) if v.as_bytes().contains(&b':') => push_hashed(out, v.as_bytes()),
                 Some(v) => push_value(out, v.as_bytes()),
                 None => out.push('-'),
             },
@@ -50,15 +53,46 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
     out.push('}');
 }
 
+/// Feeds the key of `limit` for `facts` to `hasher` without building it:
+/// the same parts as [`derive`], each length-prefixed so no two part lists
+/// hash alike. Used to find a lease; the string is built only when the
+/// store must be asked.
+pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart], facts: &Facts<'_>) {
+    let mut part = |bytes: &[u8]| {
+        hasher.write_usize(bytes.len());
+        hasher.write(bytes);
+    };
+    part(limit.as_bytes());
+    for p in by {
+        match p {
+            KeyPart::Identity => part(facts.identity.as_bytes()),
+            KeyPart::Tenant => part(facts.tenant.unwrap_or("-").as_bytes()),
+            KeyPart::Route => part(facts.route.as_bytes()),
+            KeyPart::Ip => match facts.ip.to_canonical() {
+                IpAddr::V4(v4) => part(&v4.octets()),
+                IpAddr::V6(v6) => part(&v6.octets()),
+            },
+            KeyPart::Header(name) => part(facts.headers.get(name).map_or(b"\xff-", |v| v.as_bytes())),
+        }
+    }
+}
+
 fn push_value(out: &mut String, v: &[u8]) {
     if v.is_empty() {
         out.push('-');
-    } else if v.len() <= MAX_PART && v.iter().all(|b| b.is_ascii_graphic() && *b != b'{' && *b != b'}') {
-        // Checked: ASCII graphic bytes are valid UTF-8.
-        out.extend(v.iter().map(|&b| b as char));
-    } else {
-        let _ = write!(out, "#{:016x}", fnv1a(v));
+        return;
     }
+    if v.len() <= MAX_PART && v.iter().all(|b| b.is_ascii_graphic() && *b != b'{' && *b != b'}') {
+        if let Ok(s) = std::str::from_utf8(v) {
+            out.push_str(s);
+            return;
+        }
+    }
+    push_hashed(out, v);
+}
+
+fn push_hashed(out: &mut String, v: &[u8]) {
+    let _ = write!(out, "#{:016x}", fnv1a(v));
 }
 
 /// FNV-1a, 64 bit: stable across processes and versions, unlike the

@@ -62,38 +62,45 @@ pub fn ewma(previous: f64, sample: f64) -> f64 {
     }
 }
 
-/// The local state of one (limit, key).
+/// The local state of one (limit, key). `repr(C)` keeps the fields the
+/// spending path reads in the first cache line.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct Lease {
+    // -- read on every decision --
     /// Tokens at hand.
     tokens: AtomicU64,
-    /// Requests seen since the last store call (for the rate estimate).
-    hits: AtomicU64,
+    /// When the tokens at hand must go back to the store, ms.
+    expires_at: AtomicU64,
+    /// The size of the last lease asked for (for the low watermark).
+    pub(crate) size_hint: AtomicU64,
+    /// Remaining in the shared bucket at the last grant, for headers.
+    store_remaining: AtomicU64,
+    /// When the shared bucket is whole again, ms, for headers.
+    reset_at: AtomicU64,
+    // -- read on store calls and refusals --
+    /// Tokens at hand right after the last grant: what was spent since is
+    /// the rate estimate's sample, with no counter on the spending path.
+    level_at_grant: AtomicU64,
     /// When the last store call was made, ms.
     sampled_at: AtomicU64,
     /// Smoothed requests per second, as f64 bits.
     qps: AtomicU64,
-    /// When the tokens at hand must go back to the store, ms.
-    expires_at: AtomicU64,
     /// Refused locally until this time, ms (after a store refusal).
     pub(crate) blocked_until: AtomicU64,
     /// When the store said a token will be available, ms: what a refused
     /// client is told (the local block may end sooner, to re-ask the store).
     pub(crate) retry_at: AtomicU64,
-    /// One background refill at a time.
-    refilling: AtomicBool,
-    /// Remaining in the shared bucket at the last grant, for headers.
-    store_remaining: AtomicU64,
-    /// When the shared bucket is whole again, ms, for headers.
-    reset_at: AtomicU64,
     /// Requests refused since the last grant: how far over the quota.
     pub(crate) over: AtomicU64,
-    /// Last time anything touched this lease, ms.
+    /// Last store call or refusal, ms (idle leases are forgotten).
     pub(crate) touched: AtomicU64,
-    /// The size of the last lease asked for (for the low watermark).
-    pub(crate) size_hint: AtomicU64,
+    /// One background refill at a time.
+    refilling: AtomicBool,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
+    /// The store key.
+    key: Box<str>,
 }
 
 /// What a refill brings.
@@ -105,16 +112,32 @@ pub struct Granted {
 }
 
 impl Lease {
-    /// Spends one token if one is at hand and the lease has not expired.
+    pub fn new(key: &str) -> Lease {
+        Lease {
+            key: Box::from(key),
+            ..Lease::default()
+        }
+    }
+
+    /// The store key this lease draws from.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Spends one token if one is at hand and the lease has not expired:
+    /// one load and one compare-and-swap, nothing else written.
     pub fn try_take(&self, now_ms: u64) -> bool {
-        self.hits.fetch_add(1, Ordering::Relaxed);
-        self.touched.store(now_ms, Ordering::Relaxed);
         if self.expires_at.load(Ordering::Relaxed) <= now_ms {
             return false;
         }
         self.tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(1))
             .is_ok()
+    }
+
+    /// Marks the lease as used now (store calls only; spending does not).
+    pub fn touch(&self, now_ms: u64) {
+        self.touched.store(now_ms, Ordering::Relaxed);
     }
 
     /// Tokens at hand now.
@@ -141,9 +164,13 @@ impl Lease {
         self.tokens.swap(0, Ordering::AcqRel)
     }
 
-    /// The size of the next lease, updating the rate estimate.
-    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64) -> u64 {
-        let hits = self.hits.swap(0, Ordering::Relaxed);
+    /// The size of the next lease, updating the rate estimate from what was
+    /// spent since the last grant. `returned` counts tokens taken back
+    /// unspent (expired) since then.
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64) -> u64 {
+        let level = self.level_at_grant.swap(0, Ordering::Relaxed);
+        // Spent since the grant, plus the request asking now.
+        let hits = level.saturating_sub(self.available() + returned) + 1;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
         let elapsed_ms = now_ms.saturating_sub(since).max(1);
         let previous = f64::from_bits(self.qps.load(Ordering::Relaxed));
@@ -176,7 +203,9 @@ impl Lease {
 
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.
     pub fn add(&self, g: Granted, now_ms: u64, ttl_ms: u64) {
-        self.tokens.fetch_add(g.tokens, Ordering::AcqRel);
+        let level = self.tokens.fetch_add(g.tokens, Ordering::AcqRel) + g.tokens;
+        self.level_at_grant.store(level, Ordering::Relaxed);
+        self.touch(now_ms);
         self.expires_at.store(now_ms + ttl_ms, Ordering::Relaxed);
         self.store_remaining.store(g.remaining, Ordering::Relaxed);
         self.reset_at.store(now_ms + g.reset_ms, Ordering::Relaxed);
@@ -235,22 +264,34 @@ mod tests {
         let s = Sizing::default();
         let lease = Lease::default();
         let mut now = 1_000;
-        lease.next_size(&s, 1_000_000, now);
+        lease.next_size(&s, 1_000_000, now, 0);
+        let grant = |lease: &Lease, now| {
+            lease.add(
+                Granted {
+                    tokens: 1_000,
+                    remaining: 0,
+                    reset_ms: 0,
+                },
+                now,
+                60_000,
+            )
+        };
         let mut sizes = Vec::new();
         for _ in 0..6 {
+            grant(&lease, now);
             for _ in 0..400 {
                 lease.try_take(now);
             }
             now += 100; // 4,000 qps
-            sizes.push(lease.next_size(&s, 1_000_000, now));
+            sizes.push(lease.next_size(&s, 1_000_000, now, 0));
         }
         assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
         assert_eq!(*sizes.last().unwrap(), 500);
         let mut decaying = Vec::new();
         for _ in 0..8 {
-            lease.try_take(now);
-            now += 1_000; // 1 qps
-            decaying.push(lease.next_size(&s, 1_000_000, now));
+            grant(&lease, now);
+            now += 1_000; // 1 qps: the asking request only
+            decaying.push(lease.next_size(&s, 1_000_000, now, 0));
         }
         assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
         assert_eq!(*decaying.last().unwrap(), 5);

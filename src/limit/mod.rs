@@ -16,15 +16,13 @@ pub mod key;
 pub mod lease;
 pub mod stage;
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, RwLock};
 
-use prometheus_client::metrics::counter::Counter;
-
 use crate::config::{self, Limit};
-use crate::metrics::{DecisionLabels, Metrics};
+use crate::metrics::{DecisionLabels, Metrics, StripedCounter};
 use crate::quota::Spec;
 use crate::store::{QuotaStore, StoreError};
 use key::Facts;
@@ -38,7 +36,7 @@ pub struct LimitRuntime {
     pub spec: Spec,
     /// Whether a canary limit enforces on this instance.
     pub enforcing: bool,
-    counters: [Counter; 4],
+    counters: [StripedCounter; 4],
 }
 
 impl LimitRuntime {
@@ -102,12 +100,14 @@ pub struct LimitVerdict {
 /// The decision for one request.
 #[derive(Debug, Default)]
 pub struct Verdict {
-    /// One entry per limit checked, in route order.
-    pub limits: Vec<LimitVerdict>,
+    /// One entry per limit checked, in route order (inline for up to two).
+    pub limits: smallvec::SmallVec<[LimitVerdict; 2]>,
     /// Index into `limits` of the limit that refused (enforced), if any.
     pub refused: Option<usize>,
     /// The store failed: the route's `on_store_failure` decides.
     pub store_error: Option<StoreError>,
+    /// Keys (hashed) this request took a token from, for giving back.
+    taken: smallvec::SmallVec<[u64; 2]>,
 }
 
 /// `[leasing]` and friends, as the limiter uses them.
@@ -135,10 +135,33 @@ impl Settings {
 
 const SHARDS: usize = 64;
 
-type Shard = RwLock<HashMap<Box<str>, Arc<Lease>, foldhash::fast::RandomState>>;
+/// Leases are keyed by a 64-bit keyed hash of their store key: the map
+/// holds no strings, so a lookup touches the table and the lease, nothing
+/// else. Two keys would share a lease only on a full 64-bit collision under
+/// a per-process random seed (about 1 in 10^7 for a million live keys).
+#[derive(Default)]
+struct Prehashed(u64);
 
-/// Leases by key, sharded so unrelated keys rarely share a lock; the lock is
-/// held only for the lookup and the atomic spend, never across an await.
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        // The shard took the top bits; mix so the table sees all of them.
+        (self.0 ^ (self.0 >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Shard = RwLock<HashMap<u64, Arc<Lease>, std::hash::BuildHasherDefault<Prehashed>>>;
+
+/// Leases by key hash, sharded so unrelated keys rarely share a lock; the
+/// lock is held only for the lookup and the atomic spend, never across an
+/// await.
 struct LeaseMap {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
@@ -152,22 +175,26 @@ impl LeaseMap {
         }
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    fn shard(&self, h: u64) -> &Shard {
+        &self.shards[(h >> 58) as usize % SHARDS]
     }
 
-    /// Runs `f` on the lease of `key`, if there is one, under a read lock.
-    fn with<T>(&self, key: &str, f: impl FnOnce(&Lease) -> T) -> Option<T> {
-        let shard = self.shard(key).read().ok()?;
-        shard.get(key).map(|l| f(l))
+    /// Runs `f` on the lease of `h`, if there is one, under a read lock.
+    fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+        let shard = self.shard(h).read().ok()?;
+        shard.get(&h).map(|l| f(l))
     }
 
-    fn get_or_insert(&self, key: &str) -> Option<Arc<Lease>> {
-        if let Some(l) = self.shard(key).read().ok()?.get(key) {
-            return Some(l.clone());
+    fn get(&self, h: u64) -> Option<Arc<Lease>> {
+        self.shard(h).read().ok()?.get(&h).cloned()
+    }
+
+    fn get_or_insert(&self, h: u64, key: &str) -> Option<Arc<Lease>> {
+        if let Some(l) = self.get(h) {
+            return Some(l);
         }
-        let mut shard = self.shard(key).write().ok()?;
-        Some(shard.entry(Box::from(key)).or_default().clone())
+        let mut shard = self.shard(h).write().ok()?;
+        Some(shard.entry(h).or_insert_with(|| Arc::new(Lease::new(key))).clone())
     }
 
     fn len(&self) -> usize {
@@ -175,25 +202,20 @@ impl LeaseMap {
     }
 }
 
-thread_local! {
-    /// Key derivation reuses one buffer per thread: no allocation per check.
-    static KEY: RefCell<String> = RefCell::new(String::with_capacity(128));
-}
-
 pub type Clock = crate::store::memory::Clock;
 
 /// Milliseconds on a monotonic clock (never 0), for leases and blocks:
-/// wall-clock jumps must not expire or extend them.
+/// wall-clock jumps must not expire or extend them. Coarse: one atomic
+/// load per read (see [`crate::clock`]).
 pub fn monotonic_clock() -> Clock {
-    let start = std::time::Instant::now();
-    Arc::new(move || start.elapsed().as_millis() as u64 + 1)
+    crate::clock::coarse()
 }
 
 /// The decision engine shared by every worker.
 pub struct Limiter {
     store: Arc<dyn QuotaStore>,
     leases: LeaseMap,
-    settings: RwLock<Settings>,
+    settings: arc_swap::ArcSwap<Settings>,
     clock: Clock,
 }
 
@@ -202,25 +224,17 @@ impl Limiter {
         Arc::new(Limiter {
             store,
             leases: LeaseMap::new(),
-            settings: RwLock::new(settings),
+            settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
         })
     }
 
     pub fn settings(&self) -> Settings {
-        self.settings.read().map_or(
-            Settings {
-                sizing: Sizing::default(),
-                max_block_ms: 5_000,
-            },
-            |s| *s,
-        )
+        **self.settings.load()
     }
 
     pub fn set_settings(&self, settings: Settings) {
-        if let Ok(mut s) = self.settings.write() {
-            *s = settings;
-        }
+        self.settings.store(Arc::new(settings));
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -232,136 +246,198 @@ impl Limiter {
         self.leases.len()
     }
 
+    /// The hash of `limit`'s key for `facts`, without building the key.
+    fn key_hash(&self, limit: &LimitRuntime, facts: &Facts<'_>) -> u64 {
+        let mut hasher = self.leases.hasher.build_hasher();
+        key::hash_into(&mut hasher, &limit.config.name, &limit.config.by, facts);
+        hasher.finish()
+    }
+
+    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>) -> Arc<str> {
+        let mut k = String::with_capacity(64);
+        key::derive(&mut k, &limit.config.name, &limit.config.by, facts);
+        Arc::from(k)
+    }
+
+    /// The verdict when every limit has a token at hand, without waiting
+    /// for anything; `None` (and nothing spent) when one of them has not.
+    /// This is the common path: a hash, a read lock and one
+    /// compare-and-swap per limit.
+    pub fn try_check(
+        self: &Arc<Self>,
+        all: &[Arc<LimitRuntime>],
+        which: &[usize],
+        facts: &Facts<'_>,
+    ) -> Option<Verdict> {
+        let now = self.now_ms();
+        let mut verdict = Verdict::default();
+        for (i, limit) in which.iter().filter_map(|&w| all.get(w)).enumerate() {
+            let spec = limit.spec_for(facts.plan);
+            let h = self.key_hash(limit, facts);
+            let taken = self
+                .leases
+                .with(h, |lease| {
+                    lease.try_take(now).then(|| {
+                        let size = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
+                        (
+                            lease.remaining(),
+                            lease.reset_ms(now),
+                            lease.available() <= Sizing::low_watermark(size),
+                        )
+                    })
+                })
+                .flatten();
+            let Some((remaining, reset_ms, low)) = taken else {
+                self.undo(&verdict);
+                return None;
+            };
+            if low {
+                if let Some(lease) = self.leases.get(h) {
+                    self.refill_in_background(lease, spec);
+                }
+            }
+            verdict.taken.push(h);
+            verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
+        }
+        for lv in &verdict.limits {
+            if let Some(limit) = which.get(lv.limit).and_then(|&w| all.get(w)) {
+                limit.count(Outcome::Admitted);
+            }
+        }
+        Some(verdict)
+    }
+
+    /// Gives back the tokens a verdict took (a request that was then not
+    /// served, e.g. a fail-closed route whose store failed).
+    pub fn undo(&self, verdict: &Verdict) {
+        for &h in &verdict.taken {
+            self.leases.with(h, |l| l.give_back(1));
+        }
+    }
+
     /// Decides a request against `limits` (in order). All must admit; a
-    /// request refused by one limit gives back what earlier ones granted.
+    /// request refused by one limit gives back what earlier ones took.
+    /// Waits for the store only for a limit with no token at hand.
     pub async fn check(self: &Arc<Self>, all: &[Arc<LimitRuntime>], which: &[usize], facts: &Facts<'_>) -> Verdict {
+        if let Some(v) = self.try_check(all, which, facts) {
+            return v;
+        }
         let settings = self.settings();
-        let mut verdict = Verdict {
-            limits: Vec::with_capacity(which.len()),
-            ..Verdict::default()
-        };
-        let mut taken: Vec<Arc<str>> = Vec::new();
-        let many = which.len() > 1;
+        let mut verdict = Verdict::default();
         for (i, limit) in which.iter().filter_map(|&w| all.get(w)).enumerate() {
             let spec = limit.spec_for(facts.plan);
             let now = self.now_ms();
-            // Fast path: a token at hand, spent under a read lock.
-            let (fast, owned) = KEY.with(|k| {
-                let mut k = k.borrow_mut();
-                key::derive(&mut k, &limit.config.name, &limit.config.by, facts);
-                let fast = self
-                    .leases
-                    .with(&k, |lease| {
-                        if !lease.try_take(now) {
-                            return None;
-                        }
-                        let low =
-                            lease.available() <= Sizing::low_watermark(lease_size_hint(lease, &settings.sizing, &spec));
-                        Some((lease.remaining(), lease.reset_ms(now), low))
-                    })
-                    .flatten();
-                // An owned key only when the slow path, a refill or a
-                // give-back may need it.
-                let need = fast.is_none_or(|(_, _, low)| low || many);
-                (fast, need.then(|| Arc::<str>::from(k.as_str())))
-            });
-            let lv = match (fast, owned) {
-                (Some((remaining, reset_ms, low)), key) => {
-                    if let Some(key) = key {
-                        if low {
-                            self.refill_in_background(key.clone(), spec, settings);
-                        }
-                        taken.push(key);
-                    }
+            let h = self.key_hash(limit, facts);
+            let fast = self
+                .leases
+                .with(h, |lease| {
+                    lease.try_take(now).then(|| (lease.remaining(), lease.reset_ms(now)))
+                })
+                .flatten();
+            let lv = match fast {
+                Some((remaining, reset_ms)) => {
+                    verdict.taken.push(h);
                     admitted(i, &spec, remaining, reset_ms)
                 }
-                (None, None) => admitted(i, &spec, 0, 0), // unreachable: the slow path always has its key
-                (None, Some(key)) => match self.slow_path(&key, &spec, now, &settings).await {
-                    Ok(Some((remaining, reset_ms))) => {
-                        taken.push(key);
-                        admitted(i, &spec, remaining, reset_ms)
-                    }
-                    Ok(None) => {
-                        let (retry_after_ms, over, remaining, reset_ms) = self
-                            .leases
-                            .with(&key, |l| {
-                                let over = l.over.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                                (blocked::retry_after(l, now), over, l.remaining(), l.reset_ms(now))
-                            })
-                            .unwrap_or((1, 1, 0, 0));
-                        let outcome = stage::on_refusal(limit.config.mode, limit.enforcing);
-                        if outcome == Outcome::ShadowLimited {
-                            tracing::info!(
-                                target: "rate_limit_shadow_block",
-                                limit = %limit.config.name,
-                                key = %key,
-                                over_by = over,
-                                over_percent = stage::over_percent(over, spec.capacity),
-                                "rate_limit_shadow_block"
-                            );
+                None => {
+                    let key = Self::key_string(limit, facts);
+                    match self.slow_path(h, &key, &spec, now, &settings).await {
+                        Ok(Some((remaining, reset_ms))) => {
+                            verdict.taken.push(h);
+                            admitted(i, &spec, remaining, reset_ms)
                         }
-                        LimitVerdict {
-                            limit: i,
-                            outcome,
-                            quota: spec.capacity,
-                            window_secs: spec.window_secs(),
-                            remaining,
-                            // A refused client is told the time it may retry.
-                            reset_ms: if outcome == Outcome::Limited {
-                                retry_after_ms
-                            } else {
-                                reset_ms
-                            },
-                            retry_after_ms,
-                            over_percent: stage::over_percent(over, spec.capacity),
+                        Ok(None) => self.refused(i, limit, h, &key, &spec),
+                        Err(e) => {
+                            // No verdict for this limit: the route's
+                            // on_store_failure decides; later limits still run.
+                            verdict.store_error = Some(e);
+                            continue;
                         }
                     }
-                    Err(e) => {
-                        verdict.store_error = Some(e);
-                        admitted(i, &spec, 0, 0)
-                    }
-                },
+                }
             };
             limit.count(lv.outcome);
             let refused = lv.outcome == Outcome::Limited;
             verdict.limits.push(lv);
             if refused {
-                verdict.refused = Some(i);
+                verdict.refused = Some(verdict.limits.len() - 1);
                 // Nothing was admitted: earlier limits get their token back.
-                for key in &taken {
-                    self.leases.with(key, |l| l.give_back(1));
-                }
-                break;
-            }
-            if verdict.store_error.is_some() {
+                self.undo(&verdict);
+                verdict.taken.clear();
                 break;
             }
         }
         verdict
     }
 
+    /// The verdict of a limit whose key is refused (by the store or by the
+    /// local block).
+    fn refused(&self, i: usize, limit: &LimitRuntime, h: u64, key: &str, spec: &Spec) -> LimitVerdict {
+        let now = self.now_ms();
+        let (retry_after_ms, over, remaining, reset_ms) = self
+            .leases
+            .with(h, |l| {
+                let over = l.over.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                (blocked::retry_after(l, now), over, l.remaining(), l.reset_ms(now))
+            })
+            .unwrap_or((1, 1, 0, 0));
+        let outcome = stage::on_refusal(limit.config.mode, limit.enforcing);
+        // One event at 1, 2, 4, 8, ... refusals: a flood logs a handful.
+        if outcome == Outcome::ShadowLimited && over.is_power_of_two() {
+            tracing::info!(
+                target: "rate_limit_shadow_block",
+                limit = %limit.config.name,
+                key = %key,
+                over_by = over,
+                over_percent = stage::over_percent(over, spec.count),
+                "rate_limit_shadow_block"
+            );
+        }
+        LimitVerdict {
+            limit: i,
+            outcome,
+            quota: spec.count,
+            window_secs: spec.window_secs(),
+            remaining,
+            // A refused client is told the time it may retry.
+            reset_ms: if outcome == Outcome::Limited {
+                retry_after_ms
+            } else {
+                reset_ms
+            },
+            retry_after_ms,
+            over_percent: stage::over_percent(over, spec.count),
+        }
+    }
+
     /// No token at hand: blocked, or one store call.
     async fn slow_path(
         self: &Arc<Self>,
+        h: u64,
         key: &Arc<str>,
         spec: &Spec,
         now: u64,
         settings: &Settings,
     ) -> Result<Option<(u64, u64)>, StoreError> {
-        let Some(lease) = self.leases.get_or_insert(key) else {
+        let Some(lease) = self.leases.get_or_insert(h, key) else {
             return Err(StoreError::Failed("lease map lock poisoned".into()));
         };
         if lease.try_take(now) {
             return Ok(Some((lease.remaining(), lease.reset_ms(now))));
         }
+        lease.touch(now);
+        // Expired tokens go back before asking for more, so the store never
+        // refuses while they sit here.
         let expired = lease.take_expired(now);
         if expired > 0 {
-            self.release_in_background(key.clone(), *spec, expired);
+            if let Err(e) = self.store.release(key, &lease.spec().unwrap_or(*spec), expired).await {
+                tracing::debug!(%key, error = %e, "releasing an expired lease failed");
+            }
         }
         if blocked::remaining(&lease, now).is_some() {
             return Ok(None);
         }
-        let size = lease.next_size(&settings.sizing, spec.capacity, now);
+        let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
         lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
         lease.set_spec(*spec);
         let grant = self.store.acquire(key, spec, size).await?;
@@ -384,20 +460,21 @@ impl Limiter {
     }
 
     /// Tops up a busy key's lease before it runs dry; one refill per key.
-    fn refill_in_background(self: &Arc<Self>, key: Arc<str>, spec: Spec, settings: Settings) {
-        let Some(lease) = self.leases.get_or_insert(&key) else {
-            return;
-        };
+    /// A store that answers at once (the embedded one) is served inline; one
+    /// that must wait (Redis) finishes in a background task, so no request
+    /// waits for it.
+    fn refill_in_background(self: &Arc<Self>, lease: Arc<Lease>, spec: Spec) {
         if !lease.start_refill() {
             return;
         }
         let this = self.clone();
-        tokio::spawn(async move {
+        let mut refill = Box::pin(async move {
+            let settings = this.settings();
             let now = this.now_ms();
-            let size = lease.next_size(&settings.sizing, spec.capacity, now);
+            let size = lease.next_size(&settings.sizing, spec.capacity, now, 0);
             lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
             lease.set_spec(spec);
-            match this.store.acquire(&key, &spec, size).await {
+            match this.store.acquire(lease.key(), &spec, size).await {
                 Ok(g) if g.granted > 0 => lease.add(
                     Granted {
                         tokens: g.granted,
@@ -408,19 +485,14 @@ impl Limiter {
                     settings.sizing.ttl_ms,
                 ),
                 Ok(g) => lease.refused(g.reset_ms.max(g.retry_after_ms), this.now_ms()),
-                Err(e) => tracing::debug!(%key, error = %e, "background lease refill failed"),
+                Err(e) => tracing::debug!(key = lease.key(), error = %e, "background lease refill failed"),
             }
             lease.end_refill();
         });
-    }
-
-    fn release_in_background(self: &Arc<Self>, key: Arc<str>, spec: Spec, tokens: u64) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = this.store.release(&key, &spec, tokens).await {
-                tracing::debug!(%key, error = %e, "releasing expired lease failed");
-            }
-        });
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if refill.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(refill);
+        }
     }
 
     /// Returns expired leases' tokens to the store and forgets keys idle for
@@ -430,10 +502,10 @@ impl Limiter {
         let mut to_release = Vec::new();
         for shard in self.leases.shards.iter() {
             let Ok(mut map) = shard.write() else { continue };
-            map.retain(|key, lease| {
+            map.retain(|_, lease| {
                 let expired = lease.take_expired(now);
                 if let (true, Some(spec)) = (expired > 0, lease.spec()) {
-                    to_release.push((key.clone(), spec, expired));
+                    to_release.push((lease.clone(), spec, expired));
                 }
                 let touched = lease.touched.load(std::sync::atomic::Ordering::Relaxed);
                 let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
@@ -441,9 +513,9 @@ impl Limiter {
                 !(idle && lease.available() == 0 && Arc::strong_count(lease) == 1)
             });
         }
-        for (key, spec, tokens) in to_release {
-            if let Err(e) = self.store.release(&key, &spec, tokens).await {
-                tracing::debug!(%key, error = %e, "releasing an expired lease failed");
+        for (lease, spec, tokens) in to_release {
+            if let Err(e) = self.store.release(lease.key(), &spec, tokens).await {
+                tracing::debug!(key = lease.key(), error = %e, "releasing an expired lease failed");
             }
         }
     }
@@ -454,16 +526,16 @@ impl Limiter {
         let mut to_release = Vec::new();
         for shard in self.leases.shards.iter() {
             let Ok(map) = shard.read() else { continue };
-            for (key, lease) in map.iter() {
+            for lease in map.values() {
                 let n = lease.take_all();
                 if let (true, Some(spec)) = (n > 0, lease.spec()) {
-                    to_release.push((key.clone(), spec, n));
+                    to_release.push((lease.clone(), spec, n));
                 }
             }
         }
         let mut released = 0;
-        for (key, spec, tokens) in to_release {
-            if self.store.release(&key, &spec, tokens).await.is_ok() {
+        for (lease, spec, tokens) in to_release {
+            if self.store.release(lease.key(), &spec, tokens).await.is_ok() {
                 released += tokens;
             }
         }
@@ -471,20 +543,11 @@ impl Limiter {
     }
 }
 
-fn lease_size_hint(lease: &Lease, sizing: &Sizing, spec: &Spec) -> u64 {
-    let hint = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
-    if hint > 0 {
-        hint
-    } else {
-        sizing.lease_size(lease.qps(), spec.capacity)
-    }
-}
-
 fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdict {
     LimitVerdict {
         limit: i,
         outcome: Outcome::Admitted,
-        quota: spec.capacity,
+        quota: spec.count,
         window_secs: spec.window_secs(),
         remaining,
         reset_ms,

@@ -7,7 +7,7 @@
 //!
 //! - **Idle eviction**: a bucket that would have refilled completely (a
 //!   sliding window two periods old) changes no future decision, so it is
-//!   dropped. Each call inspects two random slots of its shard, so idle
+//!   dropped. Each call inspects one random slot of its shard, so idle
 //!   state disappears at the rate new state arrives.
 //! - **A hard cap** (`[store] max_keys`, default 1,000,000, enforced per
 //!   shard as `max_keys / 64`): when a shard is full, the least recently used
@@ -48,7 +48,7 @@ struct Slot {
 
 #[derive(Default)]
 struct Shard {
-    index: HashMap<Arc<str>, usize>,
+    index: HashMap<Arc<str>, usize, foldhash::fast::RandomState>,
     slots: Vec<Slot>,
     rng: u64,
 }
@@ -70,16 +70,15 @@ impl Shard {
         }
     }
 
-    /// Drops up to two idle slots, found at random.
+    /// Drops an idle slot, found at random: idle state leaves at the rate
+    /// new state arrives.
     fn sweep(&mut self, now_ms: u64) {
-        for _ in 0..2 {
-            if self.slots.is_empty() {
-                return;
-            }
-            let i = self.random();
-            if quota::is_idle(&self.slots[i].state, &self.slots[i].spec, now_ms) {
-                self.remove(i);
-            }
+        if self.slots.is_empty() {
+            return;
+        }
+        let i = self.random();
+        if quota::is_idle(&self.slots[i].state, &self.slots[i].spec, now_ms) {
+            self.remove(i);
         }
     }
 
@@ -279,9 +278,9 @@ mod tests {
         }
         assert_eq!(store.len(), 500);
         now.fetch_add(2_000, Ordering::SeqCst);
-        // Every call sweeps two random slots of its shard; plenty of calls
-        // on fresh keys clean out the idle ones.
-        for i in 0..5_000 {
+        // Every call sweeps a random slot of its shard; plenty of calls on
+        // fresh keys clean out the idle ones.
+        for i in 0..10_000 {
             store.acquire_now(&format!("fresh{i}"), &s, 0).unwrap();
         }
         assert!(store.len() < 100, "idle keys left: {}", store.len());

@@ -1,0 +1,203 @@
+//! The cost of a rate-limit decision with a leased token at hand, next to
+//! the `governor` crate's keyed limiter on the same workloads:
+//!
+//! - one hot key, one thread;
+//! - 100,000 distinct keys, one thread;
+//! - one hot key, two threads at once.
+//!
+//! Run: `cargo bench --bench decision`. Figures in docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::hint::black_box;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use governor::{Quota, RateLimiter};
+use http::HeaderMap;
+use leasegate::config::{KeyPart, Limit, Mode};
+use leasegate::limit::key::Facts;
+use leasegate::limit::lease::Sizing;
+use leasegate::limit::{monotonic_clock, LimitRuntime, Limiter, Settings};
+use leasegate::metrics::Metrics;
+use leasegate::quota::{Algorithm, Rate};
+use leasegate::store::memory::MemoryStore;
+
+const KEYS: usize = 100_000;
+
+/// Polls a future that is ready at once (a token at hand); falls back to
+/// blocking only if it is not.
+fn now<F: Future>(rt: &tokio::runtime::Runtime, f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => rt.block_on(f),
+    }
+}
+
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    limiter: Arc<Limiter>,
+    limits: Vec<Arc<LimitRuntime>>,
+    identities: Vec<String>,
+    headers: HeaderMap,
+    ip: IpAddr,
+}
+
+fn setup() -> Setup {
+    // A worker thread runs background refills, as in the gateway.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::new(1_000_000));
+    let settings = Settings {
+        sizing: Sizing::default(),
+        max_block_ms: 5_000,
+    };
+    let limiter = Limiter::new(store, settings, monotonic_clock());
+    let rate = Rate {
+        count: 1_000_000_000,
+        period: Duration::from_secs(1),
+    };
+    let limit = Arc::new(Limit {
+        name: "bench".into(),
+        algorithm: Algorithm::TokenBucket,
+        rate,
+        burst: 1_000_000_000,
+        by: vec![KeyPart::Identity],
+        mode: Mode::Enforce,
+        canary_percent: 0,
+        enforce_after: None,
+        plans: vec![],
+    });
+    let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
+    let identities = (0..KEYS)
+        .map(|i| format!("subnet:10.{}.{}.0/24", i / 256 % 256, i % 256) + &format!("#{i}"))
+        .collect();
+    Setup {
+        rt,
+        limiter,
+        limits,
+        identities,
+        headers: HeaderMap::new(),
+        ip: "10.0.0.1".parse().unwrap(),
+    }
+}
+
+impl Setup {
+    fn decide(&self, identity: &str) -> bool {
+        let facts = Facts {
+            identity,
+            tenant: None,
+            plan: None,
+            route: "r",
+            ip: self.ip,
+            headers: &self.headers,
+        };
+        now(&self.rt, self.limiter.check(&self.limits, &[0], &facts))
+            .refused
+            .is_none()
+    }
+}
+
+fn governor_keyed() -> governor::DefaultKeyedRateLimiter<String> {
+    RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
+}
+
+fn bench(c: &mut Criterion) {
+    let s = setup();
+    // Background refills spawn onto this runtime from any thread.
+    let handle = s.rt.handle().clone();
+    let _guard = handle.enter();
+    let g = governor_keyed();
+    // Warm every key so each has a lease (and a governor cell).
+    for id in &s.identities {
+        for _ in 0..8 {
+            s.decide(id);
+        }
+        let _ = g.check_key(id);
+    }
+
+    let mut group = c.benchmark_group("hot key");
+    let hot = s.identities[0].clone();
+    group.bench_function("leasegate", |b| b.iter(|| black_box(s.decide(black_box(&hot)))));
+    group.bench_function("governor", |b| {
+        b.iter(|| black_box(g.check_key(black_box(&hot)).is_ok()))
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("100k keys");
+    let mut i = 0usize;
+    group.bench_function("leasegate", |b| {
+        b.iter(|| {
+            i = (i + 7_919) % KEYS; // a stride that visits every key
+            black_box(s.decide(&s.identities[i]))
+        })
+    });
+    let mut j = 0usize;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            j = (j + 7_919) % KEYS;
+            black_box(g.check_key(&s.identities[j]).is_ok())
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("hot key, 2 threads");
+    let s = Arc::new(s);
+    let g = Arc::new(g);
+    group.bench_function("leasegate", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, {
+                let s = s.clone();
+                move || black_box(s.decide(&s.identities[0]))
+            })
+        })
+    });
+    group.bench_function("governor", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, {
+                let (g, s) = (g.clone(), s.clone());
+                move || black_box(g.check_key(&s.identities[0]).is_ok())
+            })
+        })
+    });
+    group.finish();
+}
+
+/// Wall time per decision with two threads deciding at once.
+fn two_threads(iters: u64, f: impl Fn() -> bool + Send + Sync + Clone + 'static) -> Duration {
+    let per = iters.div_ceil(2);
+    let start = Instant::now();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let f = f.clone();
+            let handle = tokio::runtime::Handle::current();
+            std::thread::spawn(move || {
+                let _guard = handle.enter();
+                for _ in 0..per {
+                    f();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    // Two threads share the iterations: time per decision as a system.
+    start.elapsed()
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,63 @@
+//! A coarse monotonic clock in milliseconds.
+//!
+//! Reading the system clock costs ~36 ns on this class of machine (kvm
+//! guests), more than the rest of a rate-limit decision. Leases and local
+//! blocks need milliseconds, not nanoseconds, so one background thread
+//! publishes the time every millisecond and a read is one atomic load.
+//! Readings are at most a tick or two behind; nothing that needs exact time
+//! (the quota math) uses this clock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+struct Ticker {
+    now_ms: AtomicU64,
+}
+
+fn ticker() -> &'static Ticker {
+    static TICKER: OnceLock<&'static Ticker> = OnceLock::new();
+    TICKER.get_or_init(|| {
+        let start = Instant::now();
+        let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
+            now_ms: AtomicU64::new(1),
+        }));
+        let spawned = std::thread::Builder::new()
+            .name("leasegate-clock".into())
+            .spawn(move || loop {
+                ticker
+                    .now_ms
+                    .store(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            });
+        if spawned.is_err() {
+            tracing::error!("cannot start the clock thread; leases will not expire on time");
+        }
+        ticker
+    })
+}
+
+/// Milliseconds since the clock started (never 0), at most a few ms stale.
+pub fn coarse_now_ms() -> u64 {
+    ticker().now_ms.load(Ordering::Relaxed)
+}
+
+/// The coarse clock as a shareable function.
+pub fn coarse() -> Arc<dyn Fn() -> u64 + Send + Sync> {
+    ticker();
+    Arc::new(coarse_now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advances_in_milliseconds() {
+        let a = coarse_now_ms();
+        std::thread::sleep(Duration::from_millis(30));
+        let b = coarse_now_ms();
+        assert!(b >= a + 20, "{a} -> {b}");
+        assert!(b <= a + 200, "{a} -> {b}");
+    }
+}
