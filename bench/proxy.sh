@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proxy throughput and latency: direct to an nginx upstream, nginx as reverse
-# proxy, and leasegate as reverse proxy (same route, no limits), alternating
-# in one run. The proxy under test is pinned to CPU 0; the upstream and wrk
+# proxy, leasegate as reverse proxy (same route, no limits), and leasegate
+# with one rate limit on every request (never exceeded: the cost of the
+# decision), alternating in one run. The proxy under test is pinned to CPU 0; the upstream and wrk
 # share CPU 1, so both proxies get exactly one core.
 #
 #   bench/proxy.sh [seconds per run] [rounds] [connections]
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 DURATION=${1:-8}
 ROUNDS=${2:-3}
 CONNS=${3:-50}
-UP_PORT=18081 NGINX_PORT=18082 LG_PORT=18083 LG_ADMIN=18084
+UP_PORT=18081 NGINX_PORT=18082 LG_PORT=18083 LG_ADMIN=18084 LGL_PORT=18085 LGL_ADMIN=18086
 
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   echo "installing wrk and nginx..." >&2
@@ -86,7 +87,17 @@ upstream = "backend"
 CONF
 LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/gateway.toml" & pids+=($!); LG_PID=$!
 
-for port in $UP_PORT $NGINX_PORT $LG_PORT; do
+# The same, with one limit every request passes (one hot key).
+sed -e "s/$LG_PORT/$LGL_PORT/; s/$LG_ADMIN/$LGL_ADMIN/" "$work/gateway.toml" > "$work/limited.toml"
+cat >> "$work/limited.toml" <<CONF
+limits = ["big"]
+[[limits]]
+name = "big"
+rate = "100000000/s"
+CONF
+LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/limited.toml" & pids+=($!); LGL_PID=$!
+
+for port in $UP_PORT $NGINX_PORT $LG_PORT $LGL_PORT; do
   for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
   curl -fsS -o /dev/null "http://127.0.0.1:$port/" || { echo "port $port is not answering" >&2; exit 1; }
 done
@@ -118,9 +129,9 @@ run() { # port [proxy pid] -> "rps p99_ms cpu_us_per_request"
 }
 
 declare -A RPS P99 CPU
-names=(direct nginx leasegate)
-declare -A PORT=([direct]=$UP_PORT [nginx]=$NGINX_PORT [leasegate]=$LG_PORT)
-declare -A PID=([direct]="" [nginx]=$NGINX_MASTER [leasegate]=$LG_PID)
+names=(direct nginx leasegate leasegate+limit)
+declare -A PORT=([direct]=$UP_PORT [nginx]=$NGINX_PORT [leasegate]=$LG_PORT [leasegate+limit]=$LGL_PORT)
+declare -A PID=([direct]="" [nginx]=$NGINX_MASTER [leasegate]=$LG_PID [leasegate+limit]=$LGL_PID)
 for n in "${names[@]}"; do run "${PORT[$n]}" >/dev/null; done   # warm-up
 for r in $(seq "$ROUNDS"); do
   for n in "${names[@]}"; do
