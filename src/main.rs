@@ -34,6 +34,13 @@ enum Command {
         #[arg(long, default_value = "gateway.toml")]
         config: PathBuf,
     },
+    /// Print the JA4/JA3 fingerprints of a TLS ClientHello as JSON.
+    Fingerprint {
+        /// The ClientHello in hex: a whole record (16 03 ..) or a bare
+        /// handshake message (01 ..). Spaces and colons are ignored.
+        #[arg(long)]
+        hex: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +57,20 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Fingerprint { hex } => {
+            let fingerprinted = leasegate::fingerprint::decode_hex(&hex)
+                .and_then(|bytes| leasegate::fingerprint::fingerprint(&bytes).map_err(|e| e.to_string()));
+            match fingerprinted {
+                Ok(f) => {
+                    println!("{}", f.to_json());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("leasegate fingerprint: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run { config } => {
             init_logging();
             let loaded = match leasegate::config::load(&config) {

@@ -21,6 +21,7 @@ use pool::{ConnectError, Slot, UpstreamBody};
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub static X_LEASEGATE_JA4: HeaderName = HeaderName::from_static("x-leasegate-ja4");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
@@ -60,6 +61,9 @@ pub async fn forward(
     append_forwarded_for(headers, conn);
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+    if let Some(ja4) = conn.tls.as_ref().and_then(|t| t.ja4.clone()) {
+        headers.insert(X_LEASEGATE_JA4.clone(), ja4);
+    }
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     let slot = Slot::new(upstream, index);

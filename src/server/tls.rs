@@ -73,7 +73,12 @@ pub async fn accept(
         .map_err(|_| HandshakeError::Timeout)?
         .map_err(HandshakeError::Tls)?;
     let (_, session) = stream.get_ref();
+    // Once per connection: every request on it carries the same JA4.
+    let ja4 = crate::fingerprint::parse(&client_hello)
+        .ok()
+        .and_then(|hello| http::HeaderValue::from_str(&crate::fingerprint::ja4::ja4(&hello).ja4).ok());
     let info = TlsInfo {
+        ja4,
         client_hello,
         alpn: session.alpn_protocol().map(<[u8]>::to_vec),
         server_name: session.server_name().map(str::to_string),
