@@ -76,6 +76,7 @@ fn setup() -> Setup {
         canary_percent: 0,
         enforce_after: None,
         plans: vec![],
+        tiers: None,
     });
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let identities = (0..KEYS)

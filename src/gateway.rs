@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use crate::body::Body;
 use crate::config::{Config, Mode};
 use crate::connection::ConnInfo;
+use crate::identity::{self, Identity};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::key::Facts;
 use crate::limit::stage::{self, Outcome};
@@ -21,6 +22,7 @@ use crate::problem::{self, RequestError, Source};
 use crate::proxy::{self, X_REQUEST_ID};
 use crate::route::{Action, DirectResponse, Route, StoreFailure};
 use crate::store::{QuotaStore, StoreError};
+use smallvec::SmallVec;
 
 /// One config, compiled for serving: the config and its limits ready for
 /// decisions. Swapped whole on reload; a request keeps the one it started
@@ -92,9 +94,31 @@ impl Gateway {
             .find(host, req.method(), req.uri().path())
             .cloned();
 
-        let verdict = match &route {
-            Some(route) if !route.limits.is_empty() => {
-                let verdict = self.decide(&snapshot, route, &req, conn).await;
+        let identity = match &route {
+            Some(_) => {
+                let ja4 = conn
+                    .tls
+                    .as_ref()
+                    .and_then(|t| t.ja4.as_ref())
+                    .and_then(|v| v.to_str().ok());
+                let seen = identity::Connection {
+                    peer: conn.peer.ip(),
+                    ja4,
+                };
+                match snapshot.config.identity.resolver.resolve(req.headers(), seen) {
+                    Ok(id) => Some(id),
+                    Err(rejection) => {
+                        let mut resp = problem::unauthorized(&rejection.to_string());
+                        resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+                        return resp;
+                    }
+                }
+            }
+            None => None,
+        };
+        let verdict = match (&route, &identity) {
+            (Some(route), Some(identity)) if !route.limits.is_empty() => {
+                let verdict = self.decide(&snapshot, route, &req, identity).await;
                 if let Some(mut refusal) = self.refusal(&snapshot, route, &verdict) {
                     refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                     return refusal;
@@ -108,7 +132,10 @@ impl Gateway {
             None => Err(RequestError::NoRoute),
             Some(route) => match &route.action {
                 Action::Respond(direct) => Ok(respond(direct)),
-                Action::Forward(upstream) => proxy::forward(req, conn, upstream, &request_id).await,
+                Action::Forward(upstream) => {
+                    let identity = identity.as_ref().map(|id| id.value.as_str());
+                    proxy::forward(req, conn, upstream, &request_id, identity).await
+                }
             },
         };
         let mut resp = match result {
@@ -129,24 +156,38 @@ impl Gateway {
         resp
     }
 
-    /// The limiter's verdict on a request.
-    async fn decide(&self, snapshot: &Snapshot, route: &Route, req: &Request<Incoming>, conn: &ConnInfo) -> Verdict {
-        let ip = conn.peer.ip();
-        let id = &snapshot.config.identity;
-        let mut identity = String::with_capacity(48);
-        crate::identity::subnet_identity(&mut identity, ip, id.ipv4_prefix, id.ipv6_prefix);
+    /// The limiter's verdict on a request: every route limit that applies
+    /// to the identity's tier, in order.
+    async fn decide(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        req: &Request<Incoming>,
+        identity: &Identity,
+    ) -> Verdict {
         let facts = Facts {
-            identity: &identity,
-            tenant: None,
-            plan: None,
+            identity: &identity.value,
+            tenant: identity.tenant.as_deref(),
+            plan: identity.plan.as_deref(),
             route: &route.name,
-            ip,
+            ip: identity.client_ip,
             headers: req.headers(),
         };
+        let which: SmallVec<[usize; 4]> = route
+            .limits
+            .iter()
+            .copied()
+            .filter(|&i| {
+                snapshot
+                    .limits
+                    .get(i)
+                    .is_some_and(|l| l.config.tiers.as_ref().is_none_or(|t| t.contains(&identity.tier)))
+            })
+            .collect();
         // Tokens at hand decide without building a future that waits.
-        match self.limiter.try_check(&snapshot.limits, &route.limits, &facts) {
+        match self.limiter.try_check(&snapshot.limits, &which, &facts) {
             Some(verdict) => verdict,
-            None => self.limiter.check(&snapshot.limits, &route.limits, &facts).await,
+            None => self.limiter.check(&snapshot.limits, &which, &facts).await,
         }
     }
 

@@ -85,6 +85,15 @@ pub fn too_many_requests(limit: &str, retry_after_ms: u64) -> Response<Body> {
     with_retry_after(StatusCode::TOO_MANY_REQUESTS, body, secs)
 }
 
+/// The 401 for credentials that were presented and are not valid, under
+/// `[identity] on_invalid_credentials = "reject"`.
+pub fn unauthorized(reason: &str) -> Response<Body> {
+    let mut resp = problem(StatusCode::UNAUTHORIZED, "Unauthorized", reason);
+    resp.headers_mut()
+        .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
 /// The 503 of a fail-closed route whose quota store is unreachable: the
 /// client did nothing wrong, so not a 429.
 pub fn store_unavailable(retry_after_secs: u64) -> Response<Body> {

@@ -91,9 +91,10 @@ async fn http1_keep_alive_forwards_with_proxy_headers() {
         assert_eq!(h["x-forwarded-for"][0], "203.0.113.7, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"][0], "http");
         assert_eq!(h["x-request-id"][0], format!("req-{i}").as_str());
-        assert!(
-            h.get("x-leasegate-identity").is_none(),
-            "client-sent x-leasegate-* must be stripped: {v}"
+        assert_eq!(
+            h["x-leasegate-identity"],
+            serde_json::json!(["subnet:127.0.0.0/24"]),
+            "client-sent x-leasegate-* must be replaced by ours: {v}"
         );
         assert!(
             h.get("x-hop").is_none(),

@@ -466,11 +466,59 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
         }
     });
 
-    let mut api_keys = Vec::new();
-    for (n, k) in i.api_keys.into_iter().enumerate() {
+    let mut keys = api_keys(c, i.api_keys, "identity.api_keys");
+    if let Some(file) = &i.api_keys_file {
+        keys.extend(api_keys_file(c, file, base));
+    }
+    let reject_invalid = match i
+        .on_invalid_credentials
+        .as_ref()
+        .map(|v| (v.get_ref().as_str(), v.span()))
+    {
+        None | Some(("fall_through", _)) => false,
+        Some(("reject", _)) => true,
+        Some((other, span)) => {
+            c.at(
+                span,
+                "identity.on_invalid_credentials",
+                format!("{other:?}: use \"fall_through\" or \"reject\""),
+            );
+            false
+        }
+    };
+    let resolver = crate::identity::Resolver {
+        trusted_proxies: trusted.clone(),
+        ipv4_prefix,
+        ipv6_prefix,
+        api_keys: keys
+            .iter()
+            .map(|k| crate::identity::ApiKey {
+                sha256: k.sha256,
+                id: k.id.as_deref().map(Arc::from),
+                tenant: k.tenant.as_deref().map(Arc::from),
+                plan: k.plan.as_deref().map(Arc::from),
+            })
+            .collect(),
+        reject_invalid,
+    };
+    let api_keys = keys;
+    Identity {
+        trusted_proxies: trusted,
+        ipv4_prefix,
+        ipv6_prefix,
+        jwt,
+        api_keys,
+        resolver,
+    }
+}
+
+/// `[[api_keys]]` entries, from the config or from a keys file.
+fn api_keys(c: &mut Check, list: Vec<Spanned<raw::ApiKey>>, prefix: &str) -> Vec<ApiKey> {
+    let mut out: Vec<ApiKey> = Vec::new();
+    for (n, k) in list.into_iter().enumerate() {
         let span = k.span();
         let k = k.into_inner();
-        let key = format!("identity.api_keys[{n}]");
+        let key = format!("{prefix}[{n}]");
         let sha256 = match (&k.key, &k.sha256) {
             (Some(plain), None) if !plain.is_empty() => Some(Sha256::digest(plain.as_bytes()).into()),
             (None, Some(h)) => {
@@ -485,16 +533,26 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
                 parsed
             }
             (Some(_), Some(_)) => {
-                c.at(span, key, "set key or sha256, not both");
+                c.at(span.clone(), key, "set key or sha256, not both");
                 None
             }
             _ => {
-                c.at(span, key, "set key or sha256");
+                c.at(span.clone(), key, "set key or sha256");
                 None
             }
         };
+        if k.id.is_none() && k.tenant.is_none() {
+            c.at(
+                span.clone(),
+                format!("{prefix}[{n}]"),
+                "set id or tenant: the identity is key:<id or tenant>",
+            );
+        }
         if let Some(sha256) = sha256 {
-            api_keys.push(ApiKey {
+            if out.iter().any(|o| o.sha256 == sha256) {
+                c.at(span, format!("{prefix}[{n}]"), "the same key is listed twice");
+            }
+            out.push(ApiKey {
                 sha256,
                 id: k.id,
                 tenant: k.tenant,
@@ -502,12 +560,46 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
             });
         }
     }
-    Identity {
-        trusted_proxies: trusted,
-        ipv4_prefix,
-        ipv6_prefix,
-        jwt,
-        api_keys,
+    out
+}
+
+/// Keys kept outside gateway.toml (so secrets can live elsewhere): a TOML
+/// file of `[[api_keys]]` tables. Its problems name its own file and lines.
+fn api_keys_file(c: &mut Check, file: &Spanned<String>, base: &Path) -> Vec<ApiKey> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct KeysFile {
+        #[serde(default)]
+        api_keys: Vec<Spanned<raw::ApiKey>>,
+    }
+    let path = resolve(base, file.get_ref());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            c.at(
+                file.span(),
+                "identity.api_keys_file",
+                format!("{}: {e}", path.display()),
+            );
+            return Vec::new();
+        }
+    };
+    let name = path.display().to_string();
+    match toml::from_str::<KeysFile>(&text) {
+        Ok(keys) => {
+            let mut inner = Check {
+                file: &name,
+                text: &text,
+                problems: Vec::new(),
+            };
+            let out = api_keys(&mut inner, keys.api_keys, "api_keys");
+            c.problems.extend(inner.problems);
+            out
+        }
+        Err(e) => {
+            c.problems.push(super::error::from_toml(&name, &text, &e));
+            Vec::new()
+        }
     }
 }
 
@@ -715,7 +807,22 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
                 ),
             }
         }
+        let tiers = l.tiers.as_ref().map(|t| {
+            let mut tiers = Vec::new();
+            for name in t.get_ref() {
+                match crate::identity::Tier::parse(name) {
+                    Some(tier) => tiers.push(tier),
+                    None => c.at(
+                        t.span(),
+                        format!("{key}.tiers"),
+                        format!("unknown tier {name:?}: use user, key, fingerprint or subnet"),
+                    ),
+                }
+            }
+            tiers
+        });
         out.push(Limit {
+            tiers,
             name,
             algorithm,
             rate,

@@ -147,6 +147,8 @@ pub struct Identity {
     pub ipv6_prefix: u8,
     pub jwt: Option<Jwt>,
     pub api_keys: Vec<ApiKey>,
+    /// The waterfall, compiled.
+    pub resolver: crate::identity::Resolver,
 }
 
 #[derive(Debug, Clone)]
@@ -212,6 +214,8 @@ pub struct Limit {
     pub enforce_after: Option<String>,
     /// Plan name → rate override.
     pub plans: Vec<(String, Rate)>,
+    /// Identity tiers this limit applies to; `None`: all.
+    pub tiers: Option<Vec<crate::identity::Tier>>,
 }
 
 impl Limit {

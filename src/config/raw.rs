@@ -89,6 +89,8 @@ pub struct Identity {
     pub jwt: Option<Spanned<Jwt>>,
     #[serde(default)]
     pub api_keys: Vec<Spanned<ApiKey>>,
+    pub api_keys_file: Option<Spanned<String>>,
+    pub on_invalid_credentials: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,4 +163,5 @@ pub struct Limit {
     pub enforce_after: Option<Spanned<String>>,
     #[serde(default)]
     pub plans: BTreeMap<String, Spanned<String>>,
+    pub tiers: Option<Spanned<Vec<String>>>,
 }

@@ -1,14 +1,226 @@
-//! Who a request is, for keying limits.
+//! Who a request is: the identity waterfall, first tier that applies wins.
 //!
-//! For now the subnet tier only: the client's address aggregated to
-//! `ipv4_prefix` / `ipv6_prefix` bits (IPv4-mapped IPv6 counts as IPv4), so
-//! one client cannot dodge a limit by rotating addresses within its network.
-//! Pure: no I/O.
+//! 1. `key:<id or tenant>`: a known API key (`X-API-Key`, or a Bearer value
+//!    that is not a JWT), compared by SHA-256 in constant time.
+//! 2. `fingerprint:<hash>`: on TLS connections, a hash of the JA4, the order
+//!    of the request's header names and the client's subnet. JA4 names the
+//!    client software (every Chrome shares one), so the subnet and header
+//!    order split one NAT into its distinct clients without ever merging
+//!    clients across networks.
+//! 3. `subnet:<cidr>`: the client's address at `ipv4_prefix`/`ipv6_prefix`.
+//!
+//! The client's address is the TCP peer, or the right-most untrusted hop of
+//! `X-Forwarded-For` when the peer is a trusted proxy, so a client can never
+//! pick its own bucket by sending the header itself. (Verified JWTs, tier 0,
+//! come with the JWT work.) Pure: no I/O, no clock.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use http::header::AUTHORIZATION;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Which tier of the waterfall an identity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    User,
+    Key,
+    Fingerprint,
+    Subnet,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::User => "user",
+            Tier::Key => "key",
+            Tier::Fingerprint => "fingerprint",
+            Tier::Subnet => "subnet",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Tier> {
+        Some(match s {
+            "user" => Tier::User,
+            "key" => Tier::Key,
+            "fingerprint" => Tier::Fingerprint,
+            "subnet" => Tier::Subnet,
+            _ => return None,
+        })
+    }
+}
+
+/// A resolved identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub tier: Tier,
+    /// `<tier>:<value>`, e.g. `key:acme`, `subnet:198.51.100.0/24`.
+    pub value: String,
+    pub tenant: Option<Arc<str>>,
+    pub plan: Option<Arc<str>>,
+    /// The client's address after trusted-proxy handling.
+    pub client_ip: IpAddr,
+}
+
+/// One configured API key.
+#[derive(Debug, Clone)]
+pub struct ApiKey {
+    pub sha256: [u8; 32],
+    pub id: Option<Arc<str>>,
+    pub tenant: Option<Arc<str>>,
+    pub plan: Option<Arc<str>>,
+}
+
+/// Credentials that were presented but are not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("unknown API key")]
+    UnknownApiKey,
+}
+
+/// The waterfall's configuration, compiled once per config.
+#[derive(Debug, Clone, Default)]
+pub struct Resolver {
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    pub api_keys: Vec<ApiKey>,
+    /// Refuse (401) unknown credentials instead of falling through.
+    pub reject_invalid: bool,
+}
+
+/// What the connection tells the waterfall.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection<'a> {
+    pub peer: IpAddr,
+    /// JA4 of the TLS ClientHello, on TLS connections.
+    pub ja4: Option<&'a str>,
+}
+
+impl Resolver {
+    /// Resolves the identity of a request. `Err` only for invalid
+    /// credentials under `reject_invalid`.
+    pub fn resolve(&self, headers: &HeaderMap, conn: Connection<'_>) -> Result<Identity, Rejection> {
+        let client_ip = client_ip(conn.peer, headers, &self.trusted_proxies);
+        if let Some(presented) = api_key(headers) {
+            match self.find_key(presented) {
+                Some(k) => {
+                    let name = k.id.as_deref().or(k.tenant.as_deref()).unwrap_or("anonymous");
+                    return Ok(Identity {
+                        tier: Tier::Key,
+                        value: format!("key:{name}"),
+                        tenant: k.tenant.clone(),
+                        plan: k.plan.clone(),
+                        client_ip,
+                    });
+                }
+                None if self.reject_invalid => return Err(Rejection::UnknownApiKey),
+                None => {}
+            }
+        }
+        let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
+        if let Some(ja4) = conn.ja4 {
+            return Ok(Identity {
+                tier: Tier::Fingerprint,
+                value: format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net)),
+                tenant: None,
+                plan: None,
+                client_ip,
+            });
+        }
+        let mut value = String::with_capacity(32);
+        let _ = write!(value, "subnet:{net}");
+        Ok(Identity {
+            tier: Tier::Subnet,
+            value,
+            tenant: None,
+            plan: None,
+            client_ip,
+        })
+    }
+
+    /// The configured key whose SHA-256 matches, compared in constant time
+    /// against every key (no early exit on a match).
+    fn find_key(&self, presented: &[u8]) -> Option<&ApiKey> {
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        let mut found = None;
+        for k in &self.api_keys {
+            if constant_time_eq(&k.sha256, &digest) {
+                found = Some(k);
+            }
+        }
+        found
+    }
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// `X-API-Key`, else a Bearer token that is not a JWT (three dot-separated
+/// base64url segments).
+fn api_key(headers: &HeaderMap) -> Option<&[u8]> {
+    if let Some(v) = headers.get(&X_API_KEY) {
+        return Some(v.as_bytes()).filter(|v| !v.is_empty());
+    }
+    let auth = headers.get(AUTHORIZATION)?.as_bytes();
+    let token = auth
+        .strip_prefix(b"Bearer ")
+        .or_else(|| auth.strip_prefix(b"bearer "))?;
+    let token = token.trim_ascii();
+    (!token.is_empty() && !looks_like_jwt(token)).then_some(token)
+}
+
+fn looks_like_jwt(token: &[u8]) -> bool {
+    let segments = token.split(|&b| b == b'.').count();
+    segments == 3 && token.iter().all(|&b| b.is_ascii_alphanumeric() || b"-_.=".contains(&b))
+}
+
+/// The client's address: the peer, or, when the peer is a trusted proxy,
+/// the right-most `X-Forwarded-For` hop that is not itself trusted. A hop
+/// that is not an address stops the walk at the last trusted one.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = peer.to_canonical();
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if trusted.is_empty() || !is_trusted(&peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let values: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    for hop in values.iter().rev().flat_map(|v| v.rsplit(',')) {
+        match parse_hop(hop) {
+            Some(ip) if is_trusted(&ip) => client = ip,
+            Some(ip) => return ip,
+            None => return client,
+        }
+    }
+    client
+}
+
+/// `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`, `[2001:db8::1]:443`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(sa) = hop.parse::<std::net::SocketAddr>() {
+        return Some(sa.ip().to_canonical());
+    }
+    hop.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .and_then(|h| h.parse::<IpAddr>().ok())
+}
 
 /// The client's network at the configured prefix lengths.
 pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
@@ -21,26 +233,172 @@ pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
     IpNet::new(ip, prefix).map_or_else(|_| IpNet::from(ip), |n| n.trunc())
 }
 
-/// Writes `subnet:<cidr>` into `out` (cleared first).
-pub fn subnet_identity(out: &mut String, ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) {
-    out.clear();
-    let _ = write!(out, "subnet:{}", subnet(ip, ipv4_prefix, ipv6_prefix));
+/// 16 hex digits over JA4, header-name order and subnet.
+fn fingerprint_hash(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
+    let mut h = Sha256::new();
+    h.update(ja4.as_bytes());
+    h.update([0]);
+    for name in headers.keys() {
+        h.update(name.as_str().as_bytes());
+        h.update([b',']);
+    }
+    h.update([0]);
+    h.update(net.to_string().as_bytes());
+    h.finalize().iter().take(8).fold(String::with_capacity(16), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn resolver() -> Resolver {
+        Resolver {
+            trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+            ipv4_prefix: 24,
+            ipv6_prefix: 64,
+            api_keys: vec![ApiKey {
+                sha256: Sha256::digest(b"secret-1").into(),
+                id: None,
+                tenant: Some("acme".into()),
+                plan: Some("enterprise".into()),
+            }],
+            reject_invalid: false,
+        }
+    }
+
+    fn conn(peer: &str) -> Connection<'static> {
+        Connection {
+            peer: peer.parse().unwrap(),
+            ja4: None,
+        }
+    }
 
     #[test]
-    fn aggregates_to_the_configured_prefix() {
-        let mut s = String::new();
-        subnet_identity(&mut s, "198.51.100.77".parse().unwrap(), 24, 64);
-        assert_eq!(s, "subnet:198.51.100.0/24");
-        subnet_identity(&mut s, "::ffff:198.51.100.77".parse().unwrap(), 24, 64);
-        assert_eq!(s, "subnet:198.51.100.0/24");
-        subnet_identity(&mut s, "2001:db8:1:2:3:4:5:6".parse().unwrap(), 24, 64);
-        assert_eq!(s, "subnet:2001:db8:1:2::/64");
-        subnet_identity(&mut s, "10.1.2.3".parse().unwrap(), 32, 64);
-        assert_eq!(s, "subnet:10.1.2.3/32");
+    fn subnets_aggregate_to_the_configured_prefix() {
+        let r = resolver();
+        let id = r.resolve(&HeaderMap::new(), conn("198.51.100.77")).unwrap();
+        assert_eq!((id.tier, id.value.as_str()), (Tier::Subnet, "subnet:198.51.100.0/24"));
+        let id = r.resolve(&HeaderMap::new(), conn("::ffff:198.51.100.77")).unwrap();
+        assert_eq!(id.value, "subnet:198.51.100.0/24");
+        let id = r.resolve(&HeaderMap::new(), conn("2001:db8:1:2:3:4:5:6")).unwrap();
+        assert_eq!(id.value, "subnet:2001:db8:1:2::/64");
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let h = headers(&[("x-forwarded-for", "203.0.113.9, 10.1.1.1")]);
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &h, &trusted).to_string(),
+            "203.0.113.9"
+        );
+        // An untrusted peer's header is ignored: the client cannot pick.
+        assert_eq!(
+            client_ip("198.51.100.1".parse().unwrap(), &h, &trusted).to_string(),
+            "198.51.100.1"
+        );
+        // The right-most untrusted hop wins over anything a client prepended.
+        let h = headers(&[
+            ("x-forwarded-for", "1.1.1.1, 203.0.113.9"),
+            ("x-forwarded-for", "10.9.9.9"),
+        ]);
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &h, &trusted).to_string(),
+            "203.0.113.9"
+        );
+        // Garbage stops the walk at the last trusted address.
+        let h = headers(&[("x-forwarded-for", "not-an-ip, 10.3.3.3")]);
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &h, &trusted).to_string(),
+            "10.3.3.3"
+        );
+        let h = headers(&[("x-forwarded-for", "[2001:db8::7]:443, 192.0.2.1:5555")]);
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &h, &trusted).to_string(),
+            "192.0.2.1"
+        );
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &HeaderMap::new(), &trusted).to_string(),
+            "10.2.2.2"
+        );
+    }
+
+    #[test]
+    fn api_keys_from_either_header_and_only_if_known() {
+        let r = resolver();
+        for h in [
+            headers(&[("x-api-key", "secret-1")]),
+            headers(&[("authorization", "Bearer secret-1")]),
+        ] {
+            let id = r.resolve(&h, conn("198.51.100.1")).unwrap();
+            assert_eq!((id.tier, id.value.as_str()), (Tier::Key, "key:acme"));
+            assert_eq!(id.plan.as_deref(), Some("enterprise"));
+            assert_eq!(id.tenant.as_deref(), Some("acme"));
+        }
+        let unknown = headers(&[("x-api-key", "guess")]);
+        assert_eq!(r.resolve(&unknown, conn("198.51.100.1")).unwrap().tier, Tier::Subnet);
+        let strict = Resolver {
+            reject_invalid: true,
+            ..resolver()
+        };
+        assert_eq!(
+            strict.resolve(&unknown, conn("198.51.100.1")),
+            Err(Rejection::UnknownApiKey)
+        );
+        // A JWT-shaped bearer is not an API key.
+        let jwt = headers(&[("authorization", "Bearer aaa.bbb.ccc")]);
+        assert_eq!(strict.resolve(&jwt, conn("198.51.100.1")).unwrap().tier, Tier::Subnet);
+    }
+
+    #[test]
+    fn fingerprints_split_a_nat_by_header_order_and_never_merge_networks() {
+        let r = resolver();
+        let tls = |peer: &str| Connection {
+            peer: peer.parse().unwrap(),
+            ja4: Some("t13d1516h2_8daaf6152771_d8a2da3f94cd"),
+        };
+        let a = headers(&[("host", "x"), ("user-agent", "a"), ("accept", "*/*")]);
+        let b = headers(&[("host", "x"), ("accept", "*/*"), ("user-agent", "a")]);
+        let id_a = r.resolve(&a, tls("198.51.100.1")).unwrap();
+        assert_eq!(id_a.tier, Tier::Fingerprint);
+        assert!(id_a.value.starts_with("fingerprint:") && id_a.value.len() == "fingerprint:".len() + 16);
+        assert_eq!(
+            id_a.value,
+            r.resolve(&a, tls("198.51.100.200")).unwrap().value,
+            "same client software, same NAT"
+        );
+        assert_ne!(
+            id_a.value,
+            r.resolve(&b, tls("198.51.100.1")).unwrap().value,
+            "other header order"
+        );
+        assert_ne!(
+            id_a.value,
+            r.resolve(&a, tls("203.0.113.1")).unwrap().value,
+            "other network"
+        );
+    }
+
+    #[test]
+    fn tiers_round_trip() {
+        for t in [Tier::User, Tier::Key, Tier::Fingerprint, Tier::Subnet] {
+            assert_eq!(Tier::parse(t.name()), Some(t));
+        }
+        assert_eq!(Tier::parse("ip"), None);
     }
 }

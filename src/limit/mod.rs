@@ -599,6 +599,7 @@ mod tests {
             canary_percent: 5,
             enforce_after: None,
             plans: vec![],
+            tiers: None,
         });
         Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
     }

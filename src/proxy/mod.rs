@@ -22,6 +22,7 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub static X_LEASEGATE_JA4: HeaderName = HeaderName::from_static("x-leasegate-ja4");
+pub static X_LEASEGATE_IDENTITY: HeaderName = HeaderName::from_static("x-leasegate-identity");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
@@ -32,6 +33,7 @@ pub async fn forward(
     conn: &ConnInfo,
     upstream: &Upstream,
     request_id: &HeaderValue,
+    identity: Option<&str>,
 ) -> Result<Response<Body>, RequestError> {
     let (index, target) = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
         upstream: upstream.name.clone(),
@@ -63,6 +65,9 @@ pub async fn forward(
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
     if let Some(ja4) = conn.tls.as_ref().and_then(|t| t.ja4.clone()) {
         headers.insert(X_LEASEGATE_JA4.clone(), ja4);
+    }
+    if let Some(v) = identity.and_then(|id| HeaderValue::from_str(id).ok()) {
+        headers.insert(X_LEASEGATE_IDENTITY.clone(), v);
     }
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));

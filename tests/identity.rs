@@ -1,0 +1,188 @@
+//! The identity waterfall through the real binary: API keys, trusted
+//! proxies, TLS fingerprints, tier-restricted limits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use support::{client, upstream, Gateway};
+
+fn config(target: &str, identity: &str, limits: &str) -> String {
+    format!(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+https = "127.0.0.1:0"
+
+[tls]
+cert = "{{cert}}"
+key = "{{key}}"
+
+[identity]
+{identity}
+
+[[identity.api_keys]]
+key = "secret-acme"
+tenant = "acme"
+plan = "gold"
+
+[[upstreams]]
+name = "backend"
+targets = ["{target}"]
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "backend"
+limits = ["per_identity"]
+
+[[limits]]
+name = "per_identity"
+rate = "2/min"
+{limits}
+"#
+    )
+}
+
+async fn get(c: &mut client::Sender1, headers: &[(&str, &str)]) -> (StatusCode, serde_json::Value) {
+    let mut req = Request::get("/headers").header("host", "x");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let (status, _, body) = client::text(client::send(c, req.body(Full::new(Bytes::new())).unwrap()).await).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+    )
+}
+
+fn seen_identity(v: &serde_json::Value) -> String {
+    v["headers"]["x-leasegate-identity"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_get_their_own_bucket_and_unknown_keys_fall_through() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&up.target(), "", ""));
+    let mut c = client::http1(gw.http()).await;
+    let key = [("x-api-key", "secret-acme"), ("x-leasegate-identity", "user:forged")];
+    let (status, v) = get(&mut c, &key).await;
+    assert_eq!(status, 200);
+    assert_eq!(seen_identity(&v), "key:acme");
+    assert_eq!(get(&mut c, &[("authorization", "Bearer secret-acme")]).await.0, 200);
+    assert_eq!(get(&mut c, &key).await.0, 429, "the key's own bucket is spent");
+    // Anonymous traffic from the same address has its own bucket.
+    let (status, v) = get(&mut c, &[("x-api-key", "wrong")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_keys_are_401_when_configured_so() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&up.target(), "on_invalid_credentials = \"reject\"", ""));
+    let mut c = client::http1(gw.http()).await;
+    let req = Request::get("/headers")
+        .header("host", "x")
+        .header("x-api-key", "guess")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, h, body) = client::text(client::send(&mut c, req).await).await;
+    assert_eq!(status, 401);
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(h["www-authenticate"], "Bearer");
+    assert!(body.contains("unknown API key"), "{body}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(get(&mut c, &[("x-api-key", "secret-acme")]).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_for_counts_only_from_trusted_proxies() {
+    let up = upstream::start("a").await;
+    let trusted = Gateway::start(&config(&up.target(), "trusted_proxies = [\"127.0.0.1/32\"]", ""));
+    let mut c = client::http1(trusted.http()).await;
+    let (_, v) = get(&mut c, &[("x-forwarded-for", "203.0.113.5")]).await;
+    assert_eq!(seen_identity(&v), "subnet:203.0.113.0/24");
+    assert_eq!(v["headers"]["x-forwarded-for"][0], "203.0.113.5, 127.0.0.1");
+
+    let untrusted = Gateway::start(&config(&up.target(), "", ""));
+    let mut c = client::http1(untrusted.http()).await;
+    let (_, v) = get(&mut c, &[("x-forwarded-for", "203.0.113.5")]).await;
+    assert_eq!(
+        seen_identity(&v),
+        "subnet:127.0.0.0/24",
+        "a client may not choose its bucket"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_for_anonymous_tiers_leaves_key_holders_alone() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&up.target(), "", "tiers = [\"subnet\"]"));
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..5 {
+        assert_eq!(get(&mut c, &[("x-api-key", "secret-acme")]).await.0, 200);
+    }
+    assert_eq!(get(&mut c, &[]).await.0, 200);
+    assert_eq!(get(&mut c, &[]).await.0, 200);
+    assert_eq!(get(&mut c, &[]).await.0, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_without_keys_are_told_apart_by_fingerprint() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&config(&up.target(), "", ""));
+    let cert = gw.cert.as_ref().unwrap().cert_pem.clone();
+    let (mut h2, _) = client::h2_tls(gw.https(), &cert).await;
+    let uri = format!("https://localhost:{}/headers", gw.https().port());
+    let (_, _, body) = client::text(
+        h2.send_request(Request::get(&uri).body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap(),
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = seen_identity(&v);
+    assert!(
+        id.starts_with("fingerprint:") && id.len() == "fingerprint:".len() + 16,
+        "{id}"
+    );
+}
+
+#[test]
+fn api_keys_can_live_in_their_own_file() {
+    let dir = support::TempDir::new();
+    dir.write("keys.toml", "[[api_keys]]\nsha256 = \"nothex\"\ntenant = \"t\"\n");
+    let text = "[listeners]\nhttp = \"127.0.0.1:0\"\n[identity]\napi_keys_file = \"keys.toml\"\n";
+    let path = dir.write("gateway.toml", text);
+    let out = std::process::Command::new(support::binary())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("keys.toml:2: api_keys[0].sha256: must be 64 hex digits"),
+        "{stderr}"
+    );
+
+    let digest = "e6b5d6f1ba6a0ba3c1b0cbe1b1fc0ef9c2dad6d8e9d0e1b88c3cbd5b51d4e4e8";
+    dir.write(
+        "keys.toml",
+        &format!("[[api_keys]]\nsha256 = \"{digest}\"\nid = \"ci\"\n"),
+    );
+    let out = std::process::Command::new(support::binary())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
