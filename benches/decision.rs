@@ -60,6 +60,7 @@ fn setup() -> Setup {
     let settings = Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
+        max_keys: 1_000_000,
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());
     let rate = Rate {

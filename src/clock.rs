@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 struct Ticker {
     now_ms: AtomicU64,
+    start: Instant,
+    /// False if the thread could not start: reads then use the precise
+    /// clock, slower but never frozen.
+    live: std::sync::atomic::AtomicBool,
 }
 
 fn ticker() -> &'static Ticker {
@@ -21,6 +25,8 @@ fn ticker() -> &'static Ticker {
         let start = Instant::now();
         let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
             now_ms: AtomicU64::new(1),
+            start,
+            live: std::sync::atomic::AtomicBool::new(true),
         }));
         let spawned = std::thread::Builder::new()
             .name("leasegate-clock".into())
@@ -31,7 +37,8 @@ fn ticker() -> &'static Ticker {
                 std::thread::sleep(Duration::from_millis(1));
             });
         if spawned.is_err() {
-            tracing::error!("cannot start the clock thread; leases will not expire on time");
+            ticker.live.store(false, Ordering::Relaxed);
+            tracing::warn!("cannot start the clock thread; using the precise clock instead");
         }
         ticker
     })
@@ -39,7 +46,12 @@ fn ticker() -> &'static Ticker {
 
 /// Milliseconds since the clock started (never 0), at most a few ms stale.
 pub fn coarse_now_ms() -> u64 {
-    ticker().now_ms.load(Ordering::Relaxed)
+    let t = ticker();
+    if t.live.load(Ordering::Relaxed) {
+        t.now_ms.load(Ordering::Relaxed)
+    } else {
+        t.start.elapsed().as_millis() as u64 + 1
+    }
 }
 
 /// The coarse clock as a shareable function.

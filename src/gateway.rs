@@ -149,8 +149,8 @@ impl Gateway {
                 e.to_response()
             }
         };
-        if let (Some(verdict), Some(route)) = (&verdict, &route) {
-            add_limit_headers(resp.headers_mut(), &snapshot, route, verdict, None);
+        if let Some(verdict) = &verdict {
+            add_limit_headers(resp.headers_mut(), &snapshot, verdict, None);
         }
         resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
         resp
@@ -193,6 +193,14 @@ impl Gateway {
 
     /// The response for a request the verdict does not let through, if any.
     fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
+        // A limit that refused decides, whatever another limit's store did.
+        if let Some(i) = verdict.refused {
+            let refused = verdict.limits.get(i)?;
+            let limit = snapshot.limits.get(refused.limit)?;
+            let mut resp = problem::too_many_requests(&limit.config.name, refused.retry_after_ms);
+            add_limit_headers(resp.headers_mut(), snapshot, verdict, Some(i));
+            return Some(resp);
+        }
         if let Some(e) = &verdict.store_error {
             let reason = match e {
                 StoreError::Timeout(_) => "store_timeout",
@@ -212,12 +220,7 @@ impl Gateway {
                 }
             };
         }
-        let i = verdict.refused?;
-        let refused = verdict.limits.get(i)?;
-        let limit = snapshot.limits.get(*route.limits.get(i)?)?;
-        let mut resp = problem::too_many_requests(&limit.config.name, refused.retry_after_ms);
-        add_limit_headers(resp.headers_mut(), snapshot, route, verdict, Some(i));
-        Some(resp)
+        None
     }
 
     fn record_upstream_error(&self, e: &RequestError) {
@@ -239,17 +242,11 @@ impl Gateway {
 
 /// `RateLimit-*` headers for every limit the client may see (shadow limits
 /// stay invisible), and a `RateLimit-Warning` per soft-limited one.
-fn add_limit_headers(
-    headers: &mut HeaderMap,
-    snapshot: &Snapshot,
-    route: &Route,
-    verdict: &Verdict,
-    focus: Option<usize>,
-) {
+fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, focus: Option<usize>) {
     let mut statuses = Vec::with_capacity(verdict.limits.len());
     let mut focus_at = None;
-    for lv in &verdict.limits {
-        let Some(limit) = route.limits.get(lv.limit).and_then(|&i| snapshot.limits.get(i)) else {
+    for (position, lv) in verdict.limits.iter().enumerate() {
+        let Some(limit) = snapshot.limits.get(lv.limit) else {
             continue;
         };
         if limit.config.mode == Mode::Shadow {
@@ -261,7 +258,7 @@ fn add_limit_headers(
                 headers.append(RATELIMIT_WARNING.clone(), v);
             }
         }
-        if focus == Some(lv.limit) {
+        if focus == Some(position) {
             focus_at = Some(statuses.len());
         }
         statuses.push(Status {

@@ -186,3 +186,25 @@ fn api_keys_can_live_in_their_own_file() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_names_the_refusing_limit_when_a_tier_skips_another() {
+    let up = upstream::start("a").await;
+    let cfg = config(&up.target(), "", "").replace(
+        "limits = [\"per_identity\"]",
+        "limits = [\"keys_only\", \"per_identity\"]\n\n[[limits]]\nname = \"keys_only\"\nrate = \"100/min\"\ntiers = [\"key\"]",
+    );
+    let gw = Gateway::start(&cfg);
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..2 {
+        assert_eq!(get(&mut c, &[]).await.0, 200);
+    }
+    let req = Request::get("/headers")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, h, body) = client::text(client::send(&mut c, req).await).await;
+    assert_eq!(status, 429);
+    assert!(body.contains("\"limit\":\"per_identity\""), "{body}");
+    assert_eq!(h["ratelimit-policy"], r#""per_identity";q=2;w=60"#);
+}

@@ -58,21 +58,25 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
 /// hash alike. Used to find a lease; the string is built only when the
 /// store must be asked.
 pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart], facts: &Facts<'_>) {
-    let mut part = |bytes: &[u8]| {
+    fn part(hasher: &mut impl std::hash::Hasher, bytes: &[u8]) {
         hasher.write_usize(bytes.len());
         hasher.write(bytes);
-    };
-    part(limit.as_bytes());
+    }
+    part(hasher, limit.as_bytes());
     for p in by {
         match p {
-            KeyPart::Identity => part(facts.identity.as_bytes()),
-            KeyPart::Tenant => part(facts.tenant.unwrap_or("-").as_bytes()),
-            KeyPart::Route => part(facts.route.as_bytes()),
+            KeyPart::Identity => part(hasher, facts.identity.as_bytes()),
+            KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
+            KeyPart::Route => part(hasher, facts.route.as_bytes()),
             KeyPart::Ip => match facts.ip.to_canonical() {
-                IpAddr::V4(v4) => part(&v4.octets()),
-                IpAddr::V6(v6) => part(&v6.octets()),
+                IpAddr::V4(v4) => part(hasher, &v4.octets()),
+                IpAddr::V6(v6) => part(hasher, &v6.octets()),
             },
-            KeyPart::Header(name) => part(facts.headers.get(name).map_or(b"\xff-", |v| v.as_bytes())),
+            // A missing header gets a length no value can have.
+            KeyPart::Header(name) => match facts.headers.get(name) {
+                Some(v) => part(hasher, v.as_bytes()),
+                None => hasher.write_usize(usize::MAX),
+            },
         }
     }
 }
@@ -82,7 +86,8 @@ fn push_value(out: &mut String, v: &[u8]) {
         out.push('-');
         return;
     }
-    if v.len() <= MAX_PART && v.iter().all(|b| b.is_ascii_graphic() && *b != b'{' && *b != b'}') {
+    // '#' starts hashed values only, so no verbatim value can pose as one.
+    if v.len() <= MAX_PART && v[0] != b'#' && v.iter().all(|b| b.is_ascii_graphic() && *b != b'{' && *b != b'}') {
         if let Ok(s) = std::str::from_utf8(v) {
             out.push_str(s);
             return;
@@ -164,6 +169,43 @@ mod tests {
             &facts(&h),
         );
         assert_eq!(k.len(), "rl:{l:#}".len() + 16);
+    }
+
+    #[test]
+    fn no_verbatim_value_can_pose_as_a_hashed_one() {
+        let mut h = HeaderMap::new();
+        let by = [KeyPart::Header(HeaderName::from_static("x-k"))];
+        let long = "z".repeat(500);
+        h.insert("x-k", HeaderValue::from_str(&long).unwrap());
+        let mut hashed = String::new();
+        derive(&mut hashed, "l", &by, &facts(&h));
+        let forged = hashed.trim_start_matches("rl:{l:").trim_end_matches('}').to_string();
+        h.insert("x-k", HeaderValue::from_str(&forged).unwrap());
+        let mut k = String::new();
+        derive(&mut k, "l", &by, &facts(&h));
+        assert_ne!(k, hashed);
+    }
+
+    #[test]
+    fn a_missing_header_hashes_apart_from_any_value() {
+        use std::hash::{BuildHasher, Hasher};
+        let state = foldhash::fast::FixedState::with_seed(7);
+        let hash = |h: &HeaderMap| {
+            let mut hasher = state.build_hasher();
+            hash_into(
+                &mut hasher,
+                "l",
+                &[KeyPart::Header(HeaderName::from_static("x-k"))],
+                &facts(h),
+            );
+            hasher.finish()
+        };
+        let missing = hash(&HeaderMap::new());
+        let mut h = HeaderMap::new();
+        for v in [&b"-"[..], b"", b"\xff-"] {
+            h.insert("x-k", HeaderValue::from_bytes(v).unwrap());
+            assert_ne!(hash(&h), missing, "{v:?}");
+        }
     }
 
     #[test]

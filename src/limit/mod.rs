@@ -85,6 +85,7 @@ impl LimitRuntime {
 /// One limit's part of a verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitVerdict {
+    /// The limit: an index into the config's limits.
     pub limit: usize,
     pub outcome: Outcome,
     pub quota: u64,
@@ -116,6 +117,8 @@ pub struct Settings {
     pub sizing: Sizing,
     /// Longest local block after a refusal.
     pub max_block_ms: u64,
+    /// Most keys with a local lease (`[store] max_keys`, per shard).
+    pub max_keys: usize,
 }
 
 impl Settings {
@@ -129,6 +132,7 @@ impl Settings {
                 ttl_ms: c.leasing.ttl.as_millis() as u64,
             },
             max_block_ms: c.leasing.max_block.as_millis() as u64,
+            max_keys: c.store.max_keys,
         }
     }
 }
@@ -165,13 +169,18 @@ type Shard = RwLock<HashMap<u64, Arc<Lease>, std::hash::BuildHasherDefault<Preha
 struct LeaseMap {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
+    /// Soft cap per shard: at it, empty unheld leases are forgotten before a
+    /// new one is made. Leases holding tokens expire within the lease TTL,
+    /// so the map stays near the cap under any key churn.
+    per_shard_cap: usize,
 }
 
 impl LeaseMap {
-    fn new() -> LeaseMap {
+    fn new(max_keys: usize) -> LeaseMap {
         LeaseMap {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            per_shard_cap: max_keys.div_ceil(SHARDS).max(16),
         }
     }
 
@@ -194,6 +203,19 @@ impl LeaseMap {
             return Some(l);
         }
         let mut shard = self.shard(h).write().ok()?;
+        if shard.len() >= self.per_shard_cap && !shard.contains_key(&h) {
+            // Full: forget leases that hold nothing and nobody holds. A
+            // forgotten blocked key only costs its next request a store call.
+            let victims: Vec<u64> = shard
+                .iter()
+                .filter(|(_, l)| l.available() == 0 && Arc::strong_count(l) == 1)
+                .map(|(k, _)| *k)
+                .take(64)
+                .collect();
+            for v in victims {
+                shard.remove(&v);
+            }
+        }
         Some(shard.entry(h).or_insert_with(|| Arc::new(Lease::new(key))).clone())
     }
 
@@ -223,7 +245,7 @@ impl Limiter {
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
-            leases: LeaseMap::new(),
+            leases: LeaseMap::new(settings.max_keys),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
         })
@@ -271,7 +293,7 @@ impl Limiter {
     ) -> Option<Verdict> {
         let now = self.now_ms();
         let mut verdict = Verdict::default();
-        for (i, limit) in which.iter().filter_map(|&w| all.get(w)).enumerate() {
+        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let spec = limit.spec_for(facts.plan);
             let h = self.key_hash(limit, facts);
             let taken = self
@@ -300,7 +322,7 @@ impl Limiter {
             verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
         }
         for lv in &verdict.limits {
-            if let Some(limit) = which.get(lv.limit).and_then(|&w| all.get(w)) {
+            if let Some(limit) = all.get(lv.limit) {
                 limit.count(Outcome::Admitted);
             }
         }
@@ -315,16 +337,14 @@ impl Limiter {
         }
     }
 
-    /// Decides a request against `limits` (in order). All must admit; a
-    /// request refused by one limit gives back what earlier ones took.
-    /// Waits for the store only for a limit with no token at hand.
+    /// Decides a request against `which` of `all` (in order). All must admit;
+    /// a request refused by one limit gives back what earlier ones took.
+    /// Waits for the store only for a limit with no token at hand. Callers
+    /// try [`Limiter::try_check`] first.
     pub async fn check(self: &Arc<Self>, all: &[Arc<LimitRuntime>], which: &[usize], facts: &Facts<'_>) -> Verdict {
-        if let Some(v) = self.try_check(all, which, facts) {
-            return v;
-        }
         let settings = self.settings();
         let mut verdict = Verdict::default();
-        for (i, limit) in which.iter().filter_map(|&w| all.get(w)).enumerate() {
+        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let spec = limit.spec_for(facts.plan);
             let now = self.now_ms();
             let h = self.key_hash(limit, facts);
@@ -398,7 +418,7 @@ impl Limiter {
             outcome,
             quota: spec.count,
             window_secs: spec.window_secs(),
-            remaining,
+            remaining: remaining.min(spec.count),
             // A refused client is told the time it may retry.
             reset_ms: if outcome == Outcome::Limited {
                 retry_after_ms
@@ -549,7 +569,8 @@ fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdic
         outcome: Outcome::Admitted,
         quota: spec.count,
         window_secs: spec.window_secs(),
-        remaining,
+        // A burst above the rate may hold more: never advertise more than q.
+        remaining: remaining.min(spec.count),
         reset_ms,
         retry_after_ms: 0,
         over_percent: 0,
@@ -613,6 +634,7 @@ mod tests {
         let settings = Settings {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
+            max_keys: 100_000,
         };
         (store.clone(), Limiter::new(store, settings, monotonic_clock()))
     }
@@ -719,6 +741,7 @@ mod tests {
                 ..Sizing::default()
             },
             max_block_ms: 5_000,
+            max_keys: 100_000,
         });
         let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
@@ -729,6 +752,29 @@ mod tests {
         // All 1000 are back in the shared bucket.
         let g = store.inner.acquire_now("rl:{l:a}", &limits[0].spec, 2_000).unwrap();
         assert_eq!(g.granted, 1_000 - 1);
+    }
+
+    #[tokio::test]
+    async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
+        let store = Arc::new(MemoryStore::new(1_000_000));
+        let settings = Settings {
+            sizing: Sizing::default(),
+            max_block_ms: 3_600_000,
+            max_keys: 1_024,
+        };
+        let limiter = Limiter::new(store, settings, monotonic_clock());
+        let limits = vec![limit("one", "1/h", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        for i in 0..20_000 {
+            let id = format!("subnet:2001:db8:{i:x}::/64");
+            limiter.check(&limits, &[0], &facts(&id, &h)).await;
+            limiter.check(&limits, &[0], &facts(&id, &h)).await; // refused and blocked for an hour
+        }
+        assert!(
+            limiter.tracked_keys() <= 1_024 + SHARDS,
+            "{} leases",
+            limiter.tracked_keys()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
