@@ -105,7 +105,15 @@ impl Gateway {
                     peer: conn.peer.ip(),
                     ja4,
                 };
-                match snapshot.config.identity.resolver.resolve(req.headers(), seen) {
+                // The wall clock matters only for cached JWTs.
+                let now_secs = if req.headers().contains_key(header::AUTHORIZATION) {
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                } else {
+                    0
+                };
+                match snapshot.config.identity.resolver.resolve(req.headers(), seen, now_secs) {
                     Ok(id) => Some(id),
                     Err(rejection) => {
                         let mut resp = problem::unauthorized(&rejection.to_string());

@@ -208,3 +208,59 @@ async fn a_429_names_the_refusing_limit_when_a_tier_skips_another() {
     assert!(body.contains("\"limit\":\"per_identity\""), "{body}");
     assert_eq!(h["ratelimit-policy"], r#""per_identity";q=2;w=60"#);
 }
+
+fn jwt(claims: serde_json::Value) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(b"dev-only-secret");
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+}
+
+fn epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_jwts_lend_their_sub_and_forged_ones_lend_nothing() {
+    let up = upstream::start("a").await;
+    let jwt_cfg = "[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"\naudience = \"api\"\ntenant_claim = \"tenant\"";
+    let gw = Gateway::start(
+        &config(&up.target(), "", "").replace("[[identity.api_keys]]", &format!("{jwt_cfg}\n\n[[identity.api_keys]]")),
+    );
+    let mut c = client::http1(gw.http()).await;
+    let good = jwt(serde_json::json!({"sub": "alice", "aud": "api", "exp": epoch() + 600, "tenant": "acme"}));
+    let (status, v) = get(&mut c, &[("authorization", &format!("Bearer {good}"))]).await;
+    assert_eq!(status, 200);
+    assert_eq!(seen_identity(&v), "user:alice");
+    let expired = jwt(serde_json::json!({"sub": "alice", "aud": "api", "exp": epoch() - 600}));
+    let (_, v) = get(&mut c, &[("authorization", &format!("Bearer {expired}"))]).await;
+    assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
+    let forged = format!("{}x", &good[..good.len() - 1]);
+    let (_, v) = get(&mut c, &[("authorization", &format!("Bearer {forged}"))]).await;
+    assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
+}
+
+#[test]
+fn jwt_config_problems_are_named() {
+    let base = "[listeners]\nhttp = \"127.0.0.1:0\"\n[identity.jwt]\n";
+    for (extra, needle) in [
+        (
+            "algorithms = [\"HS256\"]\nsecret_env = \"LEASEGATE_TEST_UNSET_VAR\"\n",
+            "identity.jwt.secret_env: environment variable \"LEASEGATE_TEST_UNSET_VAR\" is not set",
+        ),
+        (
+            "algorithms = [\"RS256\"]\npublic_key = \"missing.pem\"\n",
+            "identity.jwt.public_key:",
+        ),
+        (
+            "algorithms = [\"none\"]\nsecret = \"x\"\n",
+            "identity.jwt.algorithms: unknown algorithm \"none\"",
+        ),
+        ("algorithms = [\"ES256\"]\n", "need public_key"),
+    ] {
+        let (code, _, stderr, _dir) = support::check(&format!("{base}{extra}"));
+        assert_eq!(code, 1, "{extra}");
+        assert!(stderr.contains(needle), "{extra}: {stderr}");
+    }
+}

@@ -420,51 +420,13 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
     let ipv4_prefix = in_range(c, &i.ipv4_prefix, "identity.ipv4_prefix", 0, 32, 24);
     let ipv6_prefix = in_range(c, &i.ipv6_prefix, "identity.ipv6_prefix", 0, 128, 64);
 
-    let jwt = i.jwt.map(|j| {
-        let span = j.span();
-        let j = j.into_inner();
-        for a in j.algorithms.get_ref() {
-            if !JWT_ALGORITHMS.contains(&a.as_str()) {
-                c.at(
-                    j.algorithms.span(),
-                    "identity.jwt.algorithms",
-                    format!("unknown algorithm {a:?}: use {}", JWT_ALGORITHMS.join(", ")),
-                );
-            }
+    let (jwt, verifier) = match i.jwt {
+        Some(j) => {
+            let (config, verifier) = jwt(c, j, base);
+            (Some(config), verifier)
         }
-        if j.algorithms.get_ref().is_empty() {
-            c.at(
-                j.algorithms.span(),
-                "identity.jwt.algorithms",
-                "list at least one algorithm",
-            );
-        }
-        let symmetric = j.algorithms.get_ref().iter().any(|a| a.starts_with("HS"));
-        let asymmetric = j.algorithms.get_ref().iter().any(|a| !a.starts_with("HS"));
-        if symmetric && j.secret.is_none() && j.secret_env.is_none() {
-            c.at(
-                span.clone(),
-                "identity.jwt.secret",
-                "HS* algorithms need secret or secret_env",
-            );
-        }
-        if asymmetric && j.public_key.is_none() {
-            c.at(
-                span,
-                "identity.jwt.public_key",
-                "RS/PS/ES/EdDSA algorithms need public_key = \"PATH.pem\"",
-            );
-        }
-        Jwt {
-            algorithms: j.algorithms.into_inner(),
-            secret: j.secret,
-            secret_env: j.secret_env,
-            public_key: j.public_key.map(|p| resolve(base, &p)),
-            issuer: j.issuer,
-            audience: j.audience,
-            tenant_claim: j.tenant_claim,
-        }
-    });
+        None => (None, None),
+    };
 
     let mut keys = api_keys(c, i.api_keys, "identity.api_keys");
     if let Some(file) = &i.api_keys_file {
@@ -500,6 +462,7 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
             })
             .collect(),
         reject_invalid,
+        jwt: verifier.map(Arc::new),
     };
     let api_keys = keys;
     Identity {
@@ -510,6 +473,152 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
         api_keys,
         resolver,
     }
+}
+
+/// `[identity.jwt]`: the algorithms allowed and the keys to verify with,
+/// loaded now so a bad key is a config error, not a request-time surprise.
+fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> (Jwt, Option<crate::identity::jwt::Verifier>) {
+    use crate::identity::jwt::{self, Keys};
+    use jsonwebtoken::{Algorithm, DecodingKey};
+    let span = j.span();
+    let j = j.into_inner();
+    let mut algorithms = Vec::new();
+    for a in j.algorithms.get_ref() {
+        match (JWT_ALGORITHMS.contains(&a.as_str()), a.parse::<Algorithm>()) {
+            (true, Ok(alg)) => algorithms.push(alg),
+            _ => c.at(
+                j.algorithms.span(),
+                "identity.jwt.algorithms",
+                format!("unknown algorithm {a:?}: use {}", JWT_ALGORITHMS.join(", ")),
+            ),
+        }
+    }
+    if j.algorithms.get_ref().is_empty() {
+        c.at(
+            j.algorithms.span(),
+            "identity.jwt.algorithms",
+            "list at least one algorithm",
+        );
+    }
+    let symmetric = algorithms
+        .iter()
+        .any(|a| matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512));
+    let asymmetric = algorithms
+        .iter()
+        .any(|a| !matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512));
+    let mut keys = Vec::new();
+    let mut ok = true;
+    match (&j.secret, &j.secret_env) {
+        (Some(_), Some(_)) => {
+            c.at(
+                span.clone(),
+                "identity.jwt.secret",
+                "set secret or secret_env, not both",
+            );
+            ok = false;
+        }
+        (Some(secret), None) => keys.push(Keys::Secret(secret.as_bytes().to_vec())),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(secret) if !secret.is_empty() => keys.push(Keys::Secret(secret.into_bytes())),
+            _ => {
+                c.at(
+                    span.clone(),
+                    "identity.jwt.secret_env",
+                    format!("environment variable {var:?} is not set"),
+                );
+                ok = false;
+            }
+        },
+        (None, None) if symmetric => {
+            c.at(
+                span.clone(),
+                "identity.jwt.secret",
+                "HS* algorithms need secret or secret_env",
+            );
+            ok = false;
+        }
+        (None, None) => {}
+    }
+    if let Some(p) = &j.public_key {
+        let path = resolve(base, p);
+        let pem = std::fs::read(&path);
+        let parsed = pem.map_err(|e| e.to_string()).and_then(|pem| {
+            let family = algorithms
+                .iter()
+                .find(|a| !matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512));
+            match family {
+                Some(Algorithm::ES256 | Algorithm::ES384) => DecodingKey::from_ec_pem(&pem),
+                Some(Algorithm::EdDSA) => DecodingKey::from_ed_pem(&pem),
+                _ => DecodingKey::from_rsa_pem(&pem),
+            }
+            .map_err(|e| e.to_string())
+        });
+        match parsed {
+            Ok(key) => keys.push(Keys::Public(key)),
+            Err(e) => {
+                c.at(
+                    span.clone(),
+                    "identity.jwt.public_key",
+                    format!("{}: {e}", path.display()),
+                );
+                ok = false;
+            }
+        }
+    }
+    if let Some(p) = &j.jwks_file {
+        let path = resolve(base, p);
+        match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|json| jwt::jwks(&json))
+        {
+            Ok(set) => keys.push(Keys::Set(set)),
+            Err(e) => {
+                c.at(
+                    span.clone(),
+                    "identity.jwt.jwks_file",
+                    format!("{}: {e}", path.display()),
+                );
+                ok = false;
+            }
+        }
+    }
+    if asymmetric && j.public_key.is_none() && j.jwks_file.is_none() {
+        c.at(
+            span.clone(),
+            "identity.jwt.public_key",
+            "RS/PS/ES/EdDSA algorithms need public_key = \"PATH.pem\" or jwks_file",
+        );
+        ok = false;
+    }
+    let leeway = j.leeway_secs.unwrap_or(5);
+    if leeway > 300 {
+        c.at(
+            span,
+            "identity.jwt.leeway_secs",
+            format!("{leeway} is out of range: use 0 to 300"),
+        );
+    }
+    let config = Jwt {
+        algorithms: j.algorithms.get_ref().clone(),
+        secret: j.secret.as_ref().map(|_| "(set)".to_string()),
+        secret_env: j.secret_env.clone(),
+        public_key: j.public_key.as_ref().map(|p| resolve(base, p)),
+        issuer: j.issuer.clone(),
+        audience: j.audience.clone(),
+        tenant_claim: j.tenant_claim.clone(),
+    };
+    let verifier = (ok && !algorithms.is_empty()).then(|| {
+        jwt::Verifier::new(jwt::Settings {
+            algorithms,
+            keys,
+            issuer: j.issuer,
+            audience: j.audience,
+            tenant_claim: j.tenant_claim,
+            plan_claim: j.plan_claim,
+            leeway_secs: leeway,
+        })
+    });
+    (config, verifier)
 }
 
 /// `[[api_keys]]` entries, from the config or from a keys file.

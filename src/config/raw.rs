@@ -103,6 +103,9 @@ pub struct Jwt {
     pub issuer: Option<String>,
     pub audience: Option<String>,
     pub tenant_claim: Option<String>,
+    pub plan_claim: Option<String>,
+    pub jwks_file: Option<String>,
+    pub leeway_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,6 +14,8 @@
 //! pick its own bucket by sending the header itself. (Verified JWTs, tier 0,
 //! come with the JWT work.) Pure: no I/O, no clock.
 
+pub mod jwt;
+
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -82,6 +84,8 @@ pub struct ApiKey {
 pub enum Rejection {
     #[error("unknown API key")]
     UnknownApiKey,
+    #[error("{0}")]
+    InvalidToken(#[from] jwt::JwtError),
 }
 
 /// The waterfall's configuration, compiled once per config.
@@ -93,6 +97,8 @@ pub struct Resolver {
     pub api_keys: Vec<ApiKey>,
     /// Refuse (401) unknown credentials instead of falling through.
     pub reject_invalid: bool,
+    /// Verifies bearer JWTs, when `[identity.jwt]` is configured.
+    pub jwt: Option<Arc<jwt::Verifier>>,
 }
 
 /// What the connection tells the waterfall.
@@ -106,8 +112,24 @@ pub struct Connection<'a> {
 impl Resolver {
     /// Resolves the identity of a request. `Err` only for invalid
     /// credentials under `reject_invalid`.
-    pub fn resolve(&self, headers: &HeaderMap, conn: Connection<'_>) -> Result<Identity, Rejection> {
+    /// `now_secs` (seconds since the epoch) matters only for cached JWTs.
+    pub fn resolve(&self, headers: &HeaderMap, conn: Connection<'_>, now_secs: u64) -> Result<Identity, Rejection> {
         let client_ip = client_ip(conn.peer, headers, &self.trusted_proxies);
+        if let (Some(verifier), Some(token)) = (&self.jwt, bearer_jwt(headers)) {
+            match verifier.verify(token, now_secs) {
+                Ok(claims) => {
+                    return Ok(Identity {
+                        tier: Tier::User,
+                        value: format!("user:{}", claims.sub),
+                        tenant: claims.tenant,
+                        plan: claims.plan,
+                        client_ip,
+                    })
+                }
+                Err(e) if self.reject_invalid => return Err(e.into()),
+                Err(_) => {} // falls through: an unverifiable token lends nothing
+            }
+        }
         if let Some(presented) = api_key(headers) {
             match self.find_key(presented) {
                 Some(k) => {
@@ -176,6 +198,16 @@ fn api_key(headers: &HeaderMap) -> Option<&[u8]> {
         .or_else(|| auth.strip_prefix(b"bearer "))?;
     let token = token.trim_ascii();
     (!token.is_empty() && !looks_like_jwt(token)).then_some(token)
+}
+
+/// A Bearer value shaped like a JWT.
+fn bearer_jwt(headers: &HeaderMap) -> Option<&str> {
+    let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let token = auth
+        .strip_prefix("Bearer ")
+        .or_else(|| auth.strip_prefix("bearer "))?
+        .trim();
+    looks_like_jwt(token.as_bytes()).then_some(token)
 }
 
 fn looks_like_jwt(token: &[u8]) -> bool {
@@ -278,7 +310,54 @@ mod tests {
                 plan: Some("enterprise".into()),
             }],
             reject_invalid: false,
+            jwt: Some(Arc::new(jwt::Verifier::new(jwt::Settings {
+                algorithms: vec![jsonwebtoken::Algorithm::HS256],
+                keys: vec![jwt::Keys::Secret(b"s3cret".to_vec())],
+                issuer: None,
+                audience: None,
+                tenant_claim: Some("tenant".into()),
+                plan_claim: None,
+                leeway_secs: 0,
+            }))),
         }
+    }
+
+    fn bearer(claims: serde_json::Value) -> HeaderMap {
+        let key = jsonwebtoken::EncodingKey::from_secret(b"s3cret");
+        let t = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+        headers(&[("authorization", &format!("Bearer {t}")), ("x-api-key", "secret-1")])
+    }
+
+    #[test]
+    fn a_verified_jwt_wins_and_a_bad_one_falls_through_or_is_refused() {
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let r = resolver();
+        let id = r
+            .resolve(
+                &bearer(serde_json::json!({"sub": "alice", "exp": exp, "tenant": "t1"})),
+                conn("198.51.100.1"),
+                0,
+            )
+            .unwrap();
+        assert_eq!(
+            (id.tier, id.value.as_str(), id.tenant.as_deref()),
+            (Tier::User, "user:alice", Some("t1"))
+        );
+        // Expired: the API key sent alongside is the next tier.
+        let expired = bearer(serde_json::json!({"sub": "alice", "exp": exp - 7_200}));
+        assert_eq!(r.resolve(&expired, conn("198.51.100.1"), 0).unwrap().value, "key:acme");
+        let strict = Resolver {
+            reject_invalid: true,
+            ..resolver()
+        };
+        assert!(matches!(
+            strict.resolve(&expired, conn("198.51.100.1"), 0),
+            Err(Rejection::InvalidToken(_))
+        ));
     }
 
     fn conn(peer: &str) -> Connection<'static> {
@@ -291,11 +370,11 @@ mod tests {
     #[test]
     fn subnets_aggregate_to_the_configured_prefix() {
         let r = resolver();
-        let id = r.resolve(&HeaderMap::new(), conn("198.51.100.77")).unwrap();
+        let id = r.resolve(&HeaderMap::new(), conn("198.51.100.77"), 0).unwrap();
         assert_eq!((id.tier, id.value.as_str()), (Tier::Subnet, "subnet:198.51.100.0/24"));
-        let id = r.resolve(&HeaderMap::new(), conn("::ffff:198.51.100.77")).unwrap();
+        let id = r.resolve(&HeaderMap::new(), conn("::ffff:198.51.100.77"), 0).unwrap();
         assert_eq!(id.value, "subnet:198.51.100.0/24");
-        let id = r.resolve(&HeaderMap::new(), conn("2001:db8:1:2:3:4:5:6")).unwrap();
+        let id = r.resolve(&HeaderMap::new(), conn("2001:db8:1:2:3:4:5:6"), 0).unwrap();
         assert_eq!(id.value, "subnet:2001:db8:1:2::/64");
     }
 
@@ -345,24 +424,36 @@ mod tests {
             headers(&[("x-api-key", "secret-1")]),
             headers(&[("authorization", "Bearer secret-1")]),
         ] {
-            let id = r.resolve(&h, conn("198.51.100.1")).unwrap();
+            let id = r.resolve(&h, conn("198.51.100.1"), 0).unwrap();
             assert_eq!((id.tier, id.value.as_str()), (Tier::Key, "key:acme"));
             assert_eq!(id.plan.as_deref(), Some("enterprise"));
             assert_eq!(id.tenant.as_deref(), Some("acme"));
         }
         let unknown = headers(&[("x-api-key", "guess")]);
-        assert_eq!(r.resolve(&unknown, conn("198.51.100.1")).unwrap().tier, Tier::Subnet);
+        assert_eq!(r.resolve(&unknown, conn("198.51.100.1"), 0).unwrap().tier, Tier::Subnet);
         let strict = Resolver {
             reject_invalid: true,
             ..resolver()
         };
         assert_eq!(
-            strict.resolve(&unknown, conn("198.51.100.1")),
+            strict.resolve(&unknown, conn("198.51.100.1"), 0),
             Err(Rejection::UnknownApiKey)
         );
-        // A JWT-shaped bearer is not an API key.
+        // A JWT-shaped bearer is not an API key: verified as a JWT if JWTs
+        // are configured (and refused if invalid), else ignored.
         let jwt = headers(&[("authorization", "Bearer aaa.bbb.ccc")]);
-        assert_eq!(strict.resolve(&jwt, conn("198.51.100.1")).unwrap().tier, Tier::Subnet);
+        assert!(matches!(
+            strict.resolve(&jwt, conn("198.51.100.1"), 0),
+            Err(Rejection::InvalidToken(_))
+        ));
+        let no_jwt = Resolver {
+            jwt: None,
+            ..strict.clone()
+        };
+        assert_eq!(
+            no_jwt.resolve(&jwt, conn("198.51.100.1"), 0).unwrap().tier,
+            Tier::Subnet
+        );
     }
 
     #[test]
@@ -374,22 +465,22 @@ mod tests {
         };
         let a = headers(&[("host", "x"), ("user-agent", "a"), ("accept", "*/*")]);
         let b = headers(&[("host", "x"), ("accept", "*/*"), ("user-agent", "a")]);
-        let id_a = r.resolve(&a, tls("198.51.100.1")).unwrap();
+        let id_a = r.resolve(&a, tls("198.51.100.1"), 0).unwrap();
         assert_eq!(id_a.tier, Tier::Fingerprint);
         assert!(id_a.value.starts_with("fingerprint:") && id_a.value.len() == "fingerprint:".len() + 16);
         assert_eq!(
             id_a.value,
-            r.resolve(&a, tls("198.51.100.200")).unwrap().value,
+            r.resolve(&a, tls("198.51.100.200"), 0).unwrap().value,
             "same client software, same NAT"
         );
         assert_ne!(
             id_a.value,
-            r.resolve(&b, tls("198.51.100.1")).unwrap().value,
+            r.resolve(&b, tls("198.51.100.1"), 0).unwrap().value,
             "other header order"
         );
         assert_ne!(
             id_a.value,
-            r.resolve(&a, tls("203.0.113.1")).unwrap().value,
+            r.resolve(&a, tls("203.0.113.1"), 0).unwrap().value,
             "other network"
         );
     }

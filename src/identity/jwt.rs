@@ -1,0 +1,360 @@
+//! Tier 1 of the waterfall: a verified JWT lends its `sub`.
+//!
+//! A token counts only after its signature verifies with an allowed
+//! algorithm and a configured key, and `exp`/`nbf` (with a small leeway),
+//! issuer and audience check out. `alg: none`, an algorithm outside the
+//! allow-list, a wrong key, an expired or not-yet-valid token: never
+//! `user:`. Verified tokens are cached (bounded, keyed by the token's
+//! SHA-256, until their `exp`) so RS256/ES256 verification does not run on
+//! every request. No I/O: keys are loaded by the config layer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use sha2::{Digest, Sha256};
+
+/// Most verified tokens remembered at once.
+const CACHE_MAX: usize = 10_000;
+
+/// What a verified token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    pub sub: Arc<str>,
+    pub tenant: Option<Arc<str>>,
+    pub plan: Option<Arc<str>>,
+    /// Seconds since the epoch.
+    pub exp: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtError {
+    #[error("invalid token: {0}")]
+    Invalid(String),
+    #[error("invalid token: algorithm {0:?} is not allowed")]
+    Algorithm(String),
+    #[error("invalid token: no key for it (kid {0:?})")]
+    NoKey(Option<String>),
+}
+
+/// Where verification keys come from.
+pub enum Keys {
+    /// HS* secret.
+    Secret(Vec<u8>),
+    /// One public key (RS*, PS*, ES*, EdDSA).
+    Public(DecodingKey),
+    /// A local JWKS: the token's `kid` picks the key.
+    Set(Vec<(String, DecodingKey)>),
+}
+
+pub struct Verifier {
+    algorithms: Vec<Algorithm>,
+    symmetric: Option<DecodingKey>,
+    public: Option<DecodingKey>,
+    by_kid: Vec<(String, DecodingKey)>,
+    validation: Validation,
+    tenant_claim: Option<String>,
+    plan_claim: Option<String>,
+    cache: Mutex<HashMap<[u8; 32], Claims>>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("algorithms", &self.algorithms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The settings a verifier is built from.
+pub struct Settings {
+    pub algorithms: Vec<Algorithm>,
+    pub keys: Vec<Keys>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub tenant_claim: Option<String>,
+    pub plan_claim: Option<String>,
+    pub leeway_secs: u64,
+}
+
+/// Parses a JWKS document into `(kid, key)` pairs.
+pub fn jwks(json: &str) -> Result<Vec<(String, DecodingKey)>, String> {
+    let set: JwkSet = serde_json::from_str(json).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut out = Vec::new();
+    for jwk in &set.keys {
+        let Some(kid) = jwk.common.key_id.clone() else {
+            return Err("every key in the JWKS needs a \"kid\"".into());
+        };
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {kid:?}: {e}"))?;
+        out.push((kid, key));
+    }
+    if out.is_empty() {
+        return Err("the JWKS has no keys".into());
+    }
+    Ok(out)
+}
+
+impl Verifier {
+    pub fn new(s: Settings) -> Verifier {
+        let mut validation = Validation::new(s.algorithms.first().copied().unwrap_or(Algorithm::HS256));
+        validation.algorithms = s.algorithms.clone();
+        validation.leeway = s.leeway_secs;
+        validation.validate_nbf = true;
+        validation.validate_exp = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        if let Some(iss) = &s.issuer {
+            validation.set_issuer(&[iss]);
+        }
+        match &s.audience {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => validation.validate_aud = false,
+        }
+        let (mut symmetric, mut public, mut by_kid) = (None, None, Vec::new());
+        for k in s.keys {
+            match k {
+                Keys::Secret(secret) => symmetric = Some(DecodingKey::from_secret(&secret)),
+                Keys::Public(key) => public = Some(key),
+                Keys::Set(keys) => by_kid.extend(keys),
+            }
+        }
+        Verifier {
+            algorithms: s.algorithms,
+            symmetric,
+            public,
+            by_kid,
+            validation,
+            tenant_claim: s.tenant_claim,
+            plan_claim: s.plan_claim,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Verifies `token` at `now_secs`, from the cache when it can.
+    pub fn verify(&self, token: &str, now_secs: u64) -> Result<Claims, JwtError> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Ok(cache) = self.cache.lock() {
+            if let Some(c) = cache.get(&digest) {
+                if c.exp + self.validation.leeway > now_secs {
+                    return Ok(c.clone());
+                }
+            }
+        }
+        let claims = self.verify_uncached(token)?;
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= CACHE_MAX {
+                cache.retain(|_, c| c.exp + self.validation.leeway > now_secs);
+                if cache.len() >= CACHE_MAX {
+                    cache.clear(); // a flood of distinct valid tokens: start over
+                }
+            }
+            cache.insert(digest, claims.clone());
+        }
+        Ok(claims)
+    }
+
+    fn verify_uncached(&self, token: &str) -> Result<Claims, JwtError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| JwtError::Invalid(e.to_string()))?;
+        if !self.algorithms.contains(&header.alg) {
+            return Err(JwtError::Algorithm(format!("{:?}", header.alg)));
+        }
+        let symmetric = matches!(header.alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
+        let key = if symmetric {
+            self.symmetric.as_ref()
+        } else if let Some(kid) = &header.kid {
+            self.by_kid
+                .iter()
+                .find(|(k, _)| k == kid)
+                .map(|(_, key)| key)
+                .or(self.public.as_ref())
+        } else {
+            self.public
+                .as_ref()
+                .or(self.by_kid.first().map(|(_, k)| k).filter(|_| self.by_kid.len() == 1))
+        }
+        .ok_or_else(|| JwtError::NoKey(header.kid.clone()))?;
+        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, key, &self.validation)
+            .map_err(|e| JwtError::Invalid(e.to_string()))?;
+        let claims = data.claims;
+        let text = |name: &Option<String>| -> Option<Arc<str>> {
+            let value = claims.get(name.as_deref()?)?;
+            match value {
+                serde_json::Value::String(s) => Some(Arc::from(s.as_str())),
+                serde_json::Value::Number(n) => Some(Arc::from(n.to_string())),
+                _ => None,
+            }
+        };
+        let sub = match claims.get("sub") {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Arc::from(s.as_str()),
+            _ => return Err(JwtError::Invalid("sub must be a non-empty string".into())),
+        };
+        let exp = claims.get("exp").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        Ok(Claims {
+            sub,
+            tenant: text(&self.tenant_claim),
+            plan: text(&self.plan_claim),
+            exp,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use serde_json::json;
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn hs(algorithms: &[Algorithm]) -> Verifier {
+        Verifier::new(Settings {
+            algorithms: algorithms.to_vec(),
+            keys: vec![Keys::Secret(b"dev-only-secret".to_vec())],
+            issuer: Some("https://issuer.example".into()),
+            audience: Some("api".into()),
+            tenant_claim: Some("tenant".into()),
+            plan_claim: Some("plan".into()),
+            leeway_secs: 5,
+        })
+    }
+
+    fn token(alg: Algorithm, secret: &[u8], claims: serde_json::Value) -> String {
+        encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).unwrap()
+    }
+
+    fn good_claims() -> serde_json::Value {
+        json!({"sub": "alice", "exp": now() + 600, "iss": "https://issuer.example", "aud": "api", "tenant": "acme", "plan": "gold"})
+    }
+
+    #[test]
+    fn a_good_token_lends_its_sub_tenant_and_plan() {
+        let v = hs(&[Algorithm::HS256]);
+        let c = v
+            .verify(&token(Algorithm::HS256, b"dev-only-secret", good_claims()), now())
+            .unwrap();
+        assert_eq!(
+            (&*c.sub, c.tenant.as_deref(), c.plan.as_deref()),
+            ("alice", Some("acme"), Some("gold"))
+        );
+    }
+
+    #[test]
+    fn forged_expired_early_and_misaddressed_tokens_never_count() {
+        let v = hs(&[Algorithm::HS256]);
+        let mut c = good_claims();
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"wrong-secret", c.clone()), now())
+                .is_err(),
+            "wrong key"
+        );
+        assert!(matches!(
+            v.verify(&token(Algorithm::HS512, b"dev-only-secret", c.clone()), now()),
+            Err(JwtError::Algorithm(_))
+        ));
+        c["exp"] = json!(now() - 3600);
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c.clone()), now())
+                .is_err(),
+            "expired"
+        );
+        let mut c = good_claims();
+        c["nbf"] = json!(now() + 3600);
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                .is_err(),
+            "not yet valid"
+        );
+        let mut c = good_claims();
+        c["iss"] = json!("https://evil.example");
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                .is_err(),
+            "issuer"
+        );
+        let mut c = good_claims();
+        c["aud"] = json!("other");
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                .is_err(),
+            "audience"
+        );
+        let mut c = good_claims();
+        c.as_object_mut().unwrap().remove("sub");
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                .is_err(),
+            "no sub"
+        );
+    }
+
+    #[test]
+    fn alg_none_is_refused() {
+        let v = hs(&[Algorithm::HS256]);
+        let header = base64_url(br#"{"alg":"none","typ":"JWT"}"#);
+        let body = base64_url(good_claims().to_string().as_bytes());
+        assert!(v.verify(&format!("{header}.{body}."), now()).is_err());
+    }
+
+    /// Base64url without padding, for hand-made tokens.
+    fn base64_url(bytes: &[u8]) -> String {
+        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (i, &b)| acc | (u32::from(b) << (16 - 8 * i)));
+            for i in 0..=chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn es256_with_a_public_key_and_a_cache() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let verifier = Verifier::new(Settings {
+            algorithms: vec![Algorithm::ES256],
+            keys: vec![Keys::Public(
+                DecodingKey::from_ec_pem(key.public_key_pem().as_bytes()).unwrap(),
+            )],
+            issuer: None,
+            audience: None,
+            tenant_claim: None,
+            plan_claim: None,
+            leeway_secs: 0,
+        });
+        let signing = EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).unwrap();
+        let sign = |claims: serde_json::Value| encode(&Header::new(Algorithm::ES256), &claims, &signing).unwrap();
+        let t = sign(json!({"sub": "bob", "exp": now() + 100}));
+        assert_eq!(&*verifier.verify(&t, now()).unwrap().sub, "bob");
+        assert_eq!(verifier.cache.lock().unwrap().len(), 1);
+        assert_eq!(&*verifier.verify(&t, now()).unwrap().sub, "bob", "from the cache");
+        // The cache never vouches past exp: then the token is verified again.
+        assert!(
+            verifier.verify(&t, now() + 1_000).is_ok(),
+            "still valid by the real clock"
+        );
+        let expired = sign(json!({"sub": "bob", "exp": now() - 10}));
+        assert!(verifier.verify(&expired, now()).is_err());
+        // An HS256 token cannot pass as ES256 with the public key as secret.
+        let confused = token(
+            Algorithm::HS256,
+            key.public_key_pem().as_bytes(),
+            json!({"sub": "eve", "exp": now() + 100}),
+        );
+        assert!(matches!(verifier.verify(&confused, now()), Err(JwtError::Algorithm(_))));
+    }
+
+    #[test]
+    fn jwks_documents_need_kids() {
+        assert!(jwks("{}").is_err());
+        assert!(jwks(r#"{"keys":[]}"#).is_err());
+    }
+}
