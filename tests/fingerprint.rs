@@ -139,3 +139,80 @@ upstream = "backend"
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(v["headers"].get("x-leasegate-ja4").is_none(), "{v}");
 }
+
+/// Captures the ClientHello a real client sends to a listener that never
+/// answers, and fingerprints it.
+fn capture(client: impl FnOnce(u16) -> std::process::Child) -> serde_json::Value {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut child = client(port);
+    let (mut stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match leasegate::fingerprint::record::client_hello_extent(&buf, 1 << 16) {
+            Ok(leasegate::fingerprint::record::Extent::Complete(n)) => {
+                buf.truncate(n);
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("not a ClientHello: {e}"),
+        }
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "client closed before its hello was complete");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    drop(stream);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (code, stdout, stderr) = fingerprint(&hex(&buf));
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
+fn quiet(mut cmd: Command) -> std::process::Child {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn hellos_captured_from_openssl_and_curl_fingerprint_as_their_options_say() {
+    support::require_tool("openssl", "apt-get install -y openssl");
+    support::require_tool("curl", "apt-get install -y curl");
+    let openssl = |args: &'static [&'static str]| {
+        move |port: u16| {
+            let mut cmd = Command::new("openssl");
+            cmd.arg("s_client")
+                .arg("-connect")
+                .arg(format!("127.0.0.1:{port}"))
+                .args(args);
+            quiet(cmd)
+        }
+    };
+    // TLS 1.3 with SNI and ALPN h2.
+    let v = capture(openssl(&["-tls1_3", "-servername", "api.example.com", "-alpn", "h2"]));
+    let ja4 = v["ja4"].as_str().unwrap();
+    assert!(ja4.starts_with("t13d") && &ja4[8..10] == "h2", "{ja4}");
+    assert_eq!(v["sni"], "api.example.com");
+    // TLS 1.2 only, no SNI, no ALPN: the legacy version, "i" and "00".
+    let v = capture(openssl(&["-tls1_2", "-noservername"]));
+    let ja4 = v["ja4"].as_str().unwrap();
+    assert!(ja4.starts_with("t12i") && &ja4[8..10] == "00", "{ja4}");
+    assert!(v["ja3"].as_str().unwrap().starts_with("771,"));
+    // curl over HTTP/2: TLS 1.3, SNI, h2 first.
+    let v = capture(|port| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sk", "--http2", "--max-time", "10"])
+            .arg(format!("https://localhost:{port}/"));
+        quiet(cmd)
+    });
+    let ja4 = v["ja4"].as_str().unwrap();
+    assert!(ja4.starts_with("t13d") && &ja4[8..10] == "h2", "{ja4}");
+    assert_eq!(v["sni"], "localhost");
+}

@@ -264,3 +264,48 @@ fn jwt_config_problems_are_named() {
         assert!(stderr.contains(needle), "{extra}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alice_is_limited_bob_is_not_and_none_tokens_are_nobody() {
+    let up = upstream::start("a").await;
+    let jwt_cfg = "[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"";
+    let gw = Gateway::start(
+        &config(&up.target(), "", "").replace("[[identity.api_keys]]", &format!("{jwt_cfg}\n\n[[identity.api_keys]]")),
+    );
+    let mut c = client::http1(gw.http()).await;
+    let bearer = |sub: &str| format!("Bearer {}", jwt(serde_json::json!({"sub": sub, "exp": epoch() + 600})));
+    let (alice, bob) = (bearer("alice"), bearer("bob"));
+    for _ in 0..2 {
+        assert_eq!(get(&mut c, &[("authorization", &alice)]).await.0, 200);
+    }
+    assert_eq!(
+        get(&mut c, &[("authorization", &alice)]).await.0,
+        429,
+        "alice spent her 2/min"
+    );
+    let (status, v) = get(&mut c, &[("authorization", &bob)]).await;
+    assert_eq!((status, seen_identity(&v).as_str()), (StatusCode::OK, "user:bob"));
+    // alg none claiming to be bob gets nobody's bucket but the subnet's.
+    let b64 = |s: &str| {
+        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let bytes = s.as_bytes();
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (i, &b)| acc | (u32::from(b) << (16 - 8 * i)));
+            for i in 0..=chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    };
+    let none = format!(
+        "Bearer {}.{}.",
+        b64(r#"{"alg":"none","typ":"JWT"}"#),
+        b64(&serde_json::json!({"sub": "bob", "exp": epoch() + 600}).to_string())
+    );
+    let (_, v) = get(&mut c, &[("authorization", &none)]).await;
+    assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
+}

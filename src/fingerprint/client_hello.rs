@@ -182,33 +182,41 @@ fn parse_handshake(bytes: &[u8]) -> Result<ClientHello, ParseError> {
         let kind = exts.u16().map_err(malformed("extension header"))?;
         let mut data = exts.vec16().map_err(malformed("extension data"))?;
         hello.extensions.push(kind);
-        let bad = malformed("extension body");
+        // A body we cannot read is fingerprinted as empty: the extension
+        // still counts, as reference implementations do.
+        let _ = read_extension(&mut hello, kind, &mut data);
+    }
+    Ok(hello)
+}
+
+fn read_extension(hello: &mut ClientHello, kind: u16, data: &mut Reader<'_>) -> Result<(), ParseError> {
+    {
         match kind {
             0x0000 => {
                 // server_name_list: (type u8, name vec16)*; take the first host name.
-                let mut list = data.vec16().map_err(bad)?;
+                let mut list = data.vec16()?;
                 while !list.is_empty() {
-                    let name_type = list.u8().map_err(bad)?;
-                    let name = list.vec16().map_err(bad)?;
+                    let name_type = list.u8()?;
+                    let name = list.vec16()?;
                     if name_type == 0 && hello.server_name.is_none() {
                         hello.server_name = std::str::from_utf8(name.buf).ok().map(str::to_string);
                     }
                 }
             }
-            0x000a => hello.groups = data.vec16().map_err(bad)?.u16_list("odd supported_groups")?,
-            0x000b => hello.point_formats = data.vec8().map_err(bad)?.buf.to_vec(),
-            0x000d => hello.signature_algorithms = data.vec16().map_err(bad)?.u16_list("odd signature_algorithms")?,
+            0x000a => hello.groups = data.vec16()?.u16_list("odd supported_groups")?,
+            0x000b => hello.point_formats = data.vec8()?.buf.to_vec(),
+            0x000d => hello.signature_algorithms = data.vec16()?.u16_list("odd signature_algorithms")?,
             0x0010 => {
-                let mut list = data.vec16().map_err(bad)?;
+                let mut list = data.vec16()?;
                 while !list.is_empty() {
-                    hello.alpn.push(list.vec8().map_err(bad)?.buf.to_vec());
+                    hello.alpn.push(list.vec8()?.buf.to_vec());
                 }
             }
-            0x002b => hello.supported_versions = data.vec8().map_err(bad)?.u16_list("odd supported_versions")?,
+            0x002b => hello.supported_versions = data.vec8()?.u16_list("odd supported_versions")?,
             _ => {}
         }
     }
-    Ok(hello)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@ fn version(v: u16) -> &'static str {
         0x0302 => "11",
         0x0301 => "10",
         0x0300 => "s3",
-        0x0002 => "s2",
+        0x0200 => "s2",
+        0x0100 => "s1",
         0xfeff => "d1",
         0xfefd => "d2",
         0xfefc => "d3",
@@ -87,8 +88,10 @@ pub fn ja4(h: &ClientHello) -> Ja4 {
         .max()
         .unwrap_or(h.legacy_version);
     let sni = if h.extensions.contains(&0x0000) { 'd' } else { 'i' };
+    // QUIC carries its transport parameters in the ClientHello.
+    let transport = if h.extensions.contains(&0x0039) { 'q' } else { 't' };
     let prefix = format!(
-        "t{}{sni}{:02}{:02}{}",
+        "{transport}{}{sni}{:02}{:02}{}",
         version(highest),
         ciphers.len().min(99),
         extensions.len().min(99),
@@ -173,7 +176,7 @@ mod tests {
     use super::tests_support::chrome;
     use super::*;
     use crate::fingerprint::client_hello::parse;
-    use crate::fingerprint::client_hello::tests::{build, sni, u16s};
+    use crate::fingerprint::client_hello::tests::{alpn, build, sni, u16s};
 
     #[test]
     fn chrome_matches_its_published_ja4() {
@@ -186,6 +189,83 @@ mod tests {
              0005,000a,000b,000d,0012,0017,001b,0023,002b,002d,0033,44cd,fe0d,ff01_\
              0403,0804,0401,0503,0805,0501,0806,0601"
         );
+    }
+
+    /// The worked example of the JA4 specification (technical_details/JA4.md):
+    /// its cipher list, its extensions in the order given there, its
+    /// signature algorithms, SNI and ALPN h2, TLS 1.3.
+    #[test]
+    fn the_specifications_example() {
+        let ciphers = [
+            0x1301, 0x1302, 0x1303, 0xc02b, 0xc02f, 0xc02c, 0xc030, 0xcca9, 0xcca8, 0xc013, 0xc014, 0x009c, 0x009d,
+            0x002f, 0x0035,
+        ];
+        let sigalgs = [0x0403, 0x0804, 0x0401, 0x0503, 0x0805, 0x0501, 0x0806, 0x0601];
+        let exts: Vec<(u16, Vec<u8>)> = [
+            0x001b, 0x0000, 0x0033, 0x0010, 0x4469, 0x0017, 0x002d, 0x000d, 0x0005, 0x0023, 0x0012, 0x002b, 0xff01,
+            0x000b, 0x000a, 0x0015,
+        ]
+        .iter()
+        .map(|&e| match e {
+            0x0000 => (e, sni("example.com")),
+            0x0010 => (e, alpn(&["h2", "http/1.1"])),
+            0x000d => (e, u16s(2, &sigalgs)),
+            0x002b => (e, u16s(1, &[0x0304, 0x0303])),
+            _ => (e, vec![]),
+        })
+        .collect();
+        let f = ja4(&parse(&build(&ciphers, &exts)).unwrap());
+        assert_eq!(f.ja4, "t13d1516h2_8daaf6152771_e5627efa2ab1");
+        assert!(f.ja4_r.ends_with("_0005,000a,000b,000d,0012,0015,0017,001b,0023,002b,002d,0033,4469,ff01_0403,0804,0401,0503,0805,0501,0806,0601"));
+    }
+
+    #[test]
+    fn specification_edge_cases() {
+        // GREASE-only lists count as empty.
+        let f = ja4(&parse(&build(&[0x0a0a, 0xfafa], &[(0x1a1a, vec![])])).unwrap());
+        assert!(f.ja4.starts_with("t12i000000_000000000000_000000000000"), "{}", f.ja4);
+        // More than 99 ciphers or extensions print 99.
+        let many: Vec<u16> = (1..=150).collect();
+        let exts: Vec<(u16, Vec<u8>)> = (0x0100..0x0100 + 120).map(|e| (e, vec![])).collect();
+        let f = ja4(&parse(&build(&many, &exts)).unwrap());
+        assert_eq!(&f.ja4[4..8], "9999", "{}", f.ja4);
+        // The highest supported version wins, GREASE ignored.
+        let f = ja4(&parse(&build(
+            &[0x1301],
+            &[(0x002b, u16s(1, &[0x0a0a, 0xaaaa, 0x0303, 0x0304, 0xfafa]))],
+        ))
+        .unwrap());
+        assert!(f.ja4.starts_with("t13"), "{}", f.ja4);
+        // Without supported_versions, the handshake version.
+        for (v, s) in [
+            (0x0303u16, "12"),
+            (0x0302, "11"),
+            (0x0301, "10"),
+            (0x0300, "s3"),
+            (0x0200, "s2"),
+            (0x0100, "s1"),
+        ] {
+            let mut m = build(&[0x1301], &[]);
+            m[4..6].copy_from_slice(&v.to_be_bytes());
+            assert_eq!(&ja4(&parse(&m).unwrap()).ja4[1..3], s);
+        }
+        // One-character ALPN is both first and last; no signature
+        // algorithms: the extension string ends without an underscore.
+        let f = ja4(&parse(&build(&[0x1301], &[(0x0010, alpn(&["q"])), (0x000a, vec![0, 0])])).unwrap());
+        assert_eq!(&f.ja4[8..10], "qq");
+        assert!(f.ja4_r.ends_with("_000a"), "{}", f.ja4_r);
+        // QUIC is recognised by its transport parameters.
+        assert!(ja4(&parse(&build(&[0x1301], &[(0x0039, vec![])])).unwrap())
+            .ja4
+            .starts_with('q'));
+        // Empty ALPN, signature algorithm and version extensions do not
+        // break fingerprinting.
+        let f = ja4(&parse(&build(
+            &[0x1301],
+            &[(0x000d, vec![]), (0x0010, vec![]), (0x002b, vec![])],
+        ))
+        .unwrap());
+        assert!(f.ja4.starts_with("t12i0103"), "{}", f.ja4);
     }
 
     #[test]
