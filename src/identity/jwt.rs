@@ -353,6 +353,105 @@ mod tests {
         assert!(matches!(verifier.verify(&confused, now()), Err(JwtError::Algorithm(_))));
     }
 
+    /// Every asymmetric family with a real key: sign, verify, and refuse the
+    /// same token from another key of the family.
+    #[test]
+    fn every_algorithm_family_verifies_and_refuses_other_keys() {
+        let families = [
+            (Algorithm::ES256, &rcgen::PKCS_ECDSA_P256_SHA256),
+            (Algorithm::RS256, &rcgen::PKCS_RSA_SHA256),
+            (Algorithm::PS256, &rcgen::PKCS_RSA_SHA256),
+            (Algorithm::EdDSA, &rcgen::PKCS_ED25519),
+        ];
+        for (alg, kind) in families {
+            let key = rcgen::KeyPair::generate_for(kind).unwrap();
+            let other = rcgen::KeyPair::generate_for(kind).unwrap();
+            let public = |k: &rcgen::KeyPair| match alg {
+                Algorithm::ES256 => DecodingKey::from_ec_pem(k.public_key_pem().as_bytes()).unwrap(),
+                Algorithm::EdDSA => DecodingKey::from_ed_pem(k.public_key_pem().as_bytes()).unwrap(),
+                _ => DecodingKey::from_rsa_pem(k.public_key_pem().as_bytes()).unwrap(),
+            };
+            let signing = match alg {
+                Algorithm::ES256 => EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).unwrap(),
+                Algorithm::EdDSA => EncodingKey::from_ed_pem(key.serialize_pem().as_bytes()).unwrap(),
+                _ => EncodingKey::from_rsa_pem(key.serialize_pem().as_bytes()).unwrap(),
+            };
+            let settings = |k: DecodingKey| Settings {
+                algorithms: vec![alg],
+                keys: vec![Keys::Public(k)],
+                issuer: None,
+                audience: None,
+                tenant_claim: None,
+                plan_claim: None,
+                leeway_secs: 0,
+            };
+            let t = encode(&Header::new(alg), &json!({"sub": "s", "exp": now() + 60}), &signing).unwrap();
+            assert!(
+                Verifier::new(settings(public(&key))).verify(&t, now()).is_ok(),
+                "{alg:?}"
+            );
+            assert!(
+                Verifier::new(settings(public(&other))).verify(&t, now()).is_err(),
+                "{alg:?} with another key"
+            );
+        }
+    }
+
+    #[test]
+    fn leeway_forgives_a_little_clock_skew_and_no_more() {
+        let v = hs(&[Algorithm::HS256]);
+        let mut c = good_claims();
+        c["exp"] = json!(now() - 2);
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c.clone()), now())
+                .is_ok(),
+            "within 5 s"
+        );
+        c["exp"] = json!(now() - 30);
+        assert!(
+            v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                .is_err(),
+            "past the leeway"
+        );
+    }
+
+    #[test]
+    fn a_jwks_picks_the_key_by_kid() {
+        let a = rcgen::KeyPair::generate().unwrap();
+        let b = rcgen::KeyPair::generate().unwrap();
+        let enc = |k: &rcgen::KeyPair| EncodingKey::from_ec_pem(k.serialize_pem().as_bytes()).unwrap();
+        let jwk = |k: &rcgen::KeyPair, kid: &str| {
+            let mut j = jsonwebtoken::jwk::Jwk::from_encoding_key(&enc(k), Algorithm::ES256).unwrap();
+            j.common.key_id = Some(kid.into());
+            j
+        };
+        let set = jsonwebtoken::jwk::JwkSet {
+            keys: vec![jwk(&a, "a"), jwk(&b, "b")],
+        };
+        let keys = jwks(&serde_json::to_string(&set).unwrap()).unwrap();
+        let v = Verifier::new(Settings {
+            algorithms: vec![Algorithm::ES256],
+            keys: vec![Keys::Set(keys)],
+            issuer: None,
+            audience: None,
+            tenant_claim: None,
+            plan_claim: None,
+            leeway_secs: 0,
+        });
+        let signed = |k: &rcgen::KeyPair, kid: &str| {
+            let mut h = Header::new(Algorithm::ES256);
+            h.kid = Some(kid.into());
+            encode(&h, &json!({"sub": kid, "exp": now() + 60}), &enc(k)).unwrap()
+        };
+        assert_eq!(&*v.verify(&signed(&a, "a"), now()).unwrap().sub, "a");
+        assert_eq!(&*v.verify(&signed(&b, "b"), now()).unwrap().sub, "b");
+        assert!(
+            v.verify(&signed(&a, "b"), now()).is_err(),
+            "kid b's key does not verify a's signature"
+        );
+        assert!(matches!(v.verify(&signed(&a, "zzz"), now()), Err(JwtError::NoKey(_))));
+    }
+
     #[test]
     fn jwks_documents_need_kids() {
         assert!(jwks("{}").is_err());
