@@ -70,6 +70,39 @@ impl Gateway {
         self.snapshot.load().config.clone()
     }
 
+    /// Swaps in a new config. Requests in flight finish on the one they
+    /// started with; leases survive for limits whose quota did not change,
+    /// and go back to the store for limits changed or removed.
+    pub async fn apply(&self, config: Config) {
+        let snapshot = Snapshot::new(config, &self.metrics);
+        let old = self.snapshot.load_full();
+        // A limit changed when it is gone or its quota (any plan's) differs.
+        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone());
+        let changed: std::collections::HashSet<String> = old
+            .config
+            .limits
+            .iter()
+            .filter(|o| {
+                snapshot
+                    .config
+                    .limits
+                    .iter()
+                    .find(|n| n.name == o.name)
+                    .is_none_or(|n| quota(n) != quota(o))
+            })
+            .map(|o| o.name.clone())
+            .collect();
+        self.limiter.set_settings(Settings::from_config(&snapshot.config));
+        self.snapshot.store(Arc::new(snapshot));
+        let released = self.limiter.release_limits(&changed).await;
+        if released > 0 {
+            tracing::info!(
+                released_tokens = released,
+                "leases of changed or removed limits went back to the store"
+            );
+        }
+    }
+
     /// Marks the gateway as shutting down (readiness turns false).
     pub fn begin_drain(&self) {
         self.draining.store(true, Ordering::Relaxed);

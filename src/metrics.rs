@@ -20,6 +20,11 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
     pub upstream: String,
     pub kind: &'static str,
@@ -102,6 +107,7 @@ pub struct Metrics {
     pub decisions: Family<DecisionLabels, StripedCounter>,
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
+    pub config_reloads: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -162,7 +168,14 @@ impl Metrics {
             "Keys with a local lease now",
             lease_keys.clone(),
         );
+        let config_reloads = Family::default();
+        registry.register(
+            "leasegate_config_reloads",
+            "Config reloads, by result",
+            config_reloads.clone(),
+        );
         Metrics {
+            config_reloads,
             registry,
             connections_open,
             connections_accepted,

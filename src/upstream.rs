@@ -20,10 +20,6 @@ pub struct Upstream {
     id: u64,
 }
 
-/// Unique per compiled upstream, so per-thread connection pools never mix a
-/// reloaded upstream's settings with an old one's.
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 impl Upstream {
     pub fn new(
         name: String,
@@ -33,6 +29,24 @@ impl Upstream {
         pool_idle_timeout: Duration,
         pool_max_idle_per_host: usize,
     ) -> Self {
+        // The pool key: equal for equal settings, so a reload that keeps an
+        // upstream keeps its pooled connections; different when anything a
+        // pooled connection depends on changes.
+        let id = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            std::hash::Hash::hash(
+                &(
+                    &name,
+                    targets.iter().map(Authority::as_str).collect::<Vec<_>>(),
+                    connect_timeout,
+                    request_timeout,
+                    pool_idle_timeout,
+                    pool_max_idle_per_host,
+                ),
+                &mut h,
+            );
+            std::hash::Hasher::finish(&h)
+        };
         Upstream {
             name,
             targets,
@@ -41,7 +55,7 @@ impl Upstream {
             pool_idle_timeout,
             pool_max_idle_per_host,
             next: AtomicUsize::new(0),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id,
         }
     }
 

@@ -9,6 +9,7 @@
 mod compile;
 pub mod error;
 pub mod raw;
+pub mod reload;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -540,6 +540,36 @@ impl Limiter {
         }
     }
 
+    /// After a reload: gives back the tokens of leases drawn under `limits`
+    /// (limits removed, or whose quota changed). Returns how many.
+    pub async fn release_limits(&self, limits: &std::collections::HashSet<String>) -> u64 {
+        if limits.is_empty() {
+            return 0;
+        }
+        let mut to_release = Vec::new();
+        for shard in self.leases.shards.iter() {
+            let Ok(map) = shard.read() else { continue };
+            for lease in map.values() {
+                if !limits.contains(limit_of(lease.key())) {
+                    continue;
+                }
+                // A refusal under the old quota says nothing about the new one.
+                lease.blocked_until.store(0, std::sync::atomic::Ordering::Relaxed);
+                let n = lease.take_all();
+                if let (true, Some(spec)) = (n > 0, lease.spec()) {
+                    to_release.push((lease.clone(), spec, n));
+                }
+            }
+        }
+        let mut released = 0;
+        for (lease, spec, tokens) in to_release {
+            if self.store.release(lease.key(), &spec, tokens).await.is_ok() {
+                released += tokens;
+            }
+        }
+        released
+    }
+
     /// Gives every unspent token back to the store (shutdown). Returns how
     /// many tokens went back.
     pub async fn release_all(&self) -> u64 {
@@ -561,6 +591,12 @@ impl Limiter {
         }
         released
     }
+}
+
+/// The limit name inside `rl:{<limit>:...}`.
+fn limit_of(key: &str) -> &str {
+    let inner = key.strip_prefix("rl:{").unwrap_or(key);
+    inner.split([':', '}']).next().unwrap_or(inner)
 }
 
 fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdict {

@@ -24,6 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
+use crate::config::reload::{Reloader, Trigger};
 use crate::config::{Config, StoreBackend};
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
@@ -97,6 +98,7 @@ fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListene
 
 /// Serves `config` until SIGINT or SIGTERM, then drains and returns.
 pub fn run(config: Config) -> Result<(), ServeError> {
+    let config_path = config.source.path.clone();
     let metrics = Arc::new(Metrics::new());
     let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
     let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
@@ -121,11 +123,12 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     control.block_on(async move {
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(ServeError::Runtime)?;
-        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(ServeError::Runtime)?;
-        let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(ServeError::Runtime)?;
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ServeError::Runtime)?;
+        let mut sigint =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+        let mut sighup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(ServeError::Runtime)?;
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let mut threads = Vec::with_capacity(workers);
@@ -162,15 +165,17 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         drop((http, https));
         tokio::spawn(sweep_leases(shared.gateway.clone()));
+        let reloader = Arc::new(Reloader::new(config_path.clone(), shared.gateway.clone()));
+        tokio::spawn(reloader.clone().watch());
         tracing::info!(workers, store = store_name, "leasegate ready");
 
         let signal = loop {
             tokio::select! {
                 _ = sigterm.recv() => break "SIGTERM",
                 _ = sigint.recv() => break "SIGINT",
-                // Reload comes with the hot-reload work; until then SIGHUP
-                // must not kill the process as its default action would.
-                _ = sighup.recv() => tracing::warn!("SIGHUP received: config reload is not implemented yet; restart to apply changes"),
+                _ = sighup.recv() => {
+                    reloader.reload(Trigger::Sighup).await;
+                }
             }
         };
         tracing::info!(

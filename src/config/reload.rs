@@ -1,0 +1,121 @@
+//! Hot reload: the file is re-read on change and on SIGHUP, parsed and
+//! validated whole, then swapped in atomically. A file that fails never
+//! replaces the config in force; the reason is logged with its file and
+//! line and counted.
+//!
+//! Changes are found by polling the file's metadata every 500 ms and
+//! comparing the SHA-256 of its bytes when the metadata moved: this sees
+//! in-place writes and editors or GitOps tools that write a new file and
+//! rename it over the old one alike, with no watcher dependency.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sha2::{Digest, Sha256};
+
+use super::Config;
+use crate::gateway::Gateway;
+use crate::metrics::ResultLabels;
+
+pub struct Reloader {
+    path: PathBuf,
+    gateway: Arc<Gateway>,
+}
+
+/// Why a reload was asked for.
+#[derive(Debug, Clone, Copy)]
+pub enum Trigger {
+    FileChanged,
+    Sighup,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, gateway: Arc<Gateway>) -> Reloader {
+        Reloader { path, gateway }
+    }
+
+    /// Reads, validates and applies the file. Counts `ok` or `error`.
+    pub async fn reload(&self, trigger: Trigger) -> bool {
+        let result = super::load(&self.path);
+        let outcome = match result {
+            Ok(config) => {
+                self.warn_about_restart_only_changes(&config);
+                let sha = config.source.sha256_hex();
+                self.gateway.apply(config).await;
+                tracing::info!(?trigger, sha256 = %sha, "config reloaded");
+                "ok"
+            }
+            Err(e) => {
+                tracing::error!(?trigger, error = %e, "config reload failed: keeping the config in force");
+                "error"
+            }
+        };
+        self.gateway
+            .metrics
+            .config_reloads
+            .get_or_create(&ResultLabels { result: outcome })
+            .inc();
+        outcome == "ok"
+    }
+
+    /// Listener addresses, TLS material, worker count and connection limits
+    /// are bound at start: say so rather than half-apply them.
+    fn warn_about_restart_only_changes(&self, new: &Config) {
+        let old = self.gateway.config();
+        let (o, n) = (&old.listeners, &new.listeners);
+        if o.http != n.http || o.https != n.https || o.admin != n.admin {
+            tracing::warn!("listener addresses changed: they apply after a restart");
+        }
+        let cert = |c: &Config| c.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone()));
+        if cert(&old) != cert(new) {
+            tracing::warn!("[tls] changed: certificates apply after a restart");
+        }
+        let g = |c: &Config| {
+            (
+                c.gateway.workers,
+                c.gateway.max_connections,
+                c.gateway.max_header_bytes,
+                c.gateway.header_read_timeout,
+            )
+        };
+        if g(&old) != g(new) {
+            tracing::warn!("[gateway] workers, connection or header limits changed: they apply after a restart");
+        }
+        if old.store.backend != new.store.backend {
+            tracing::warn!("[store] backend changed: it applies after a restart");
+        }
+    }
+
+    /// Polls the file and reloads when its bytes change. Runs forever.
+    pub async fn watch(self: Arc<Self>) {
+        let mut seen = self.fingerprint();
+        let mut last_hash = self.hash();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.fingerprint();
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            let hash = self.hash();
+            if hash.is_some() && hash != last_hash {
+                last_hash = hash;
+                self.reload(Trigger::FileChanged).await;
+            }
+        }
+    }
+
+    fn fingerprint(&self) -> Option<(SystemTime, u64, u64)> {
+        let m = std::fs::metadata(&self.path).ok()?;
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&m);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Some((m.modified().ok()?, m.len(), inode))
+    }
+
+    fn hash(&self) -> Option<[u8; 32]> {
+        std::fs::read(&self.path).ok().map(|b| Sha256::digest(&b).into())
+    }
+}

@@ -1,0 +1,116 @@
+//! Hot reload through the real binary: file changes apply, broken files
+//! never do, SIGHUP always counts, /config tells the truth.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{client, Gateway};
+
+fn config(rate: &str, extra: &str) -> String {
+    format!(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[[routes]]
+name = "demo"
+path_prefix = "/"
+response = {{ status = 200, body = "ok" }}
+limits = ["l"]
+
+[[limits]]
+name = "l"
+rate = "{rate}"
+{extra}
+"#
+    )
+}
+
+/// Writes the file the way editors do: a new file renamed over the old.
+fn replace(gw: &Gateway, text: &str) {
+    let tmp = gw.config.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &gw.config).unwrap();
+}
+
+async fn admin(gw: &Gateway, path: &str) -> String {
+    let mut c = client::http1(gw.admin()).await;
+    client::text(client::send(&mut c, client::get(path)).await).await.2
+}
+
+async fn sha(gw: &Gateway) -> String {
+    let v: serde_json::Value = serde_json::from_str(&admin(gw, "/config").await).unwrap();
+    v["sha256"].as_str().unwrap().to_string()
+}
+
+async fn status(c: &mut client::Sender1) -> u16 {
+    client::send(c, client::get("/")).await.status().as_u16()
+}
+
+async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_limit_applies_and_broken_files_never_do() {
+    let gw = Gateway::start(&config("2/min", ""));
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(status(&mut c).await, 200);
+    assert_eq!(status(&mut c).await, 200);
+    assert_eq!(status(&mut c).await, 429);
+    let first = sha(&gw).await;
+
+    // A syntax error, then a semantic error: neither is applied.
+    replace(&gw, "[listeners\nhttp = ");
+    wait_for("a failed reload", async || {
+        admin(&gw, "/metrics")
+            .await
+            .contains(r#"leasegate_config_reloads_total{result="error"} 1"#)
+    })
+    .await;
+    replace(&gw, &config("0/min", ""));
+    wait_for("a second failed reload", async || {
+        admin(&gw, "/metrics")
+            .await
+            .contains(r#"leasegate_config_reloads_total{result="error"} 2"#)
+    })
+    .await;
+    assert_eq!(sha(&gw).await, first, "a broken file is never applied");
+    assert_eq!(status(&mut c).await, 429, "the old limit still holds");
+    assert!(
+        gw.log().contains("limits[0].rate"),
+        "the log names the key: {}",
+        gw.log()
+    );
+
+    // A valid change applies within a second or two.
+    replace(&gw, &config("1000/s", ""));
+    wait_for("the new config", async || sha(&gw).await != first).await;
+    wait_for("the new limit", async || status(&mut c).await == 200).await;
+    let m = admin(&gw, "/metrics").await;
+    assert!(m.contains(r#"leasegate_config_reloads_total{result="ok"} 1"#), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_always_reloads_and_counts() {
+    let gw = Gateway::start(&config("10/min", ""));
+    let before = sha(&gw).await;
+    gw.signal("HUP");
+    wait_for("a counted reload", async || {
+        admin(&gw, "/metrics")
+            .await
+            .contains(r#"leasegate_config_reloads_total{result="ok"} 1"#)
+    })
+    .await;
+    assert_eq!(sha(&gw).await, before, "same file, same hash");
+    let v: serde_json::Value = serde_json::from_str(&admin(&gw, "/config").await).unwrap();
+    assert_eq!(v["limits"], serde_json::json!(["l"]));
+    assert_eq!(admin(&gw, "/healthz").await, "ok\n");
+}
