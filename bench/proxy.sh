@@ -74,6 +74,7 @@ taskset -c 0 nginx -p "$work/proxy" -c "$work/proxy/nginx.conf" & pids+=($!); NG
 cat > "$work/gateway.toml" <<CONF
 [gateway]
 workers = 1
+access_log = "off"                # nginx runs with access_log off too
 [listeners]
 http = "127.0.0.1:$LG_PORT"
 admin = "127.0.0.1:$LG_ADMIN"

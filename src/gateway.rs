@@ -10,7 +10,7 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::Body;
-use crate::config::{Config, Mode};
+use crate::config::{AccessLog, Config, Mode};
 use crate::connection::ConnInfo;
 use crate::identity::{self, Identity};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
@@ -112,9 +112,40 @@ impl Gateway {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// One request, start to finish. Never fails: every error becomes a response.
+    /// One request, start to finish, and its access-log line. Never fails:
+    /// every error becomes a response.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load_full();
+        if snapshot.config.gateway.access_log == AccessLog::Off {
+            return self.serve(snapshot, req, conn, None).await;
+        }
+        let started = std::time::Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let mut record = Record::default();
+        let resp = self.serve(snapshot, req, conn, Some(&mut record)).await;
+        tracing::info!(
+            target: "access",
+            request_id = resp.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or(""),
+            route = record.route.as_deref().unwrap_or("-"),
+            method = method.as_str(),
+            path = %path,
+            status = resp.status().as_u16(),
+            identity = record.identity.as_deref().unwrap_or("-"),
+            limit = if record.outcome.is_empty() { "-" } else { record.outcome },
+            upstream = record.upstream.as_deref().unwrap_or("-"),
+            ms = started.elapsed().as_secs_f64() * 1_000.0,
+        );
+        resp
+    }
+
+    async fn serve(
+        &self,
+        snapshot: Arc<Snapshot>,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+        mut record: Option<&mut Record>,
+    ) -> Response<Body> {
         let request_id = request_id(req.headers());
         let host = req
             .uri()
@@ -126,6 +157,12 @@ impl Gateway {
             .routes
             .find(host, req.method(), req.uri().path())
             .cloned();
+        if let (Some(r), Some(route)) = (record.as_deref_mut(), &route) {
+            r.route = Some(route.name.clone());
+            if let Action::Forward(u) = &route.action {
+                r.upstream = Some(u.name.clone());
+            }
+        }
 
         let identity = match &route {
             Some(_) => {
@@ -147,7 +184,12 @@ impl Gateway {
                     0
                 };
                 match snapshot.config.identity.resolver.resolve(req.headers(), seen, now_secs) {
-                    Ok(id) => Some(id),
+                    Ok(id) => {
+                        if let Some(r) = record.as_deref_mut() {
+                            r.identity = Some(id.tier.name().to_string());
+                        }
+                        Some(id)
+                    }
                     Err(rejection) => {
                         let mut resp = problem::unauthorized(&rejection.to_string());
                         resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
@@ -160,6 +202,9 @@ impl Gateway {
         let verdict = match (&route, &identity) {
             (Some(route), Some(identity)) if !route.limits.is_empty() => {
                 let verdict = self.decide(&snapshot, route, &req, identity).await;
+                if let Some(r) = record {
+                    r.outcome = verdict_outcome(&verdict);
+                }
                 if let Some(mut refusal) = self.refusal(&snapshot, route, &verdict) {
                     refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                     return refusal;
@@ -279,6 +324,34 @@ impl Gateway {
             })
             .inc();
     }
+}
+
+/// What the access log says about a request, filled in as it is served.
+#[derive(Debug, Default)]
+struct Record {
+    route: Option<String>,
+    identity: Option<String>,
+    upstream: Option<String>,
+    outcome: &'static str,
+}
+
+/// The worst outcome among a verdict's limits, for the access log.
+fn verdict_outcome(v: &Verdict) -> &'static str {
+    if v.refused.is_some() {
+        return "limited";
+    }
+    if v.store_error.is_some() {
+        return "bypassed";
+    }
+    let mut out = "admitted";
+    for lv in &v.limits {
+        match lv.outcome {
+            Outcome::SoftLimited => out = "soft_limited",
+            Outcome::ShadowLimited if out == "admitted" => out = "shadow_limited",
+            _ => {}
+        }
+    }
+    out
 }
 
 /// `RateLimit-*` headers for every limit the client may see (shadow limits

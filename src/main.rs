@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use leasegate::config::AccessLog;
 
 /// mimalloc: measurably cheaper than glibc malloc for the many small,
 /// short-lived allocations of request handling (see docs/benchmarks.md).
@@ -72,7 +73,6 @@ fn main() -> ExitCode {
             }
         }
         Command::Run { config } => {
-            init_logging();
             let loaded = match leasegate::config::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -80,6 +80,8 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            // Held until exit: dropping it flushes the access log.
+            let _access = init_logging(loaded.gateway.access_log);
             match leasegate::server::run(loaded) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -92,12 +94,47 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// Diagnostics go to stderr (text, `LEASEGATE_LOG` filter); the access
+/// log, one line per request, goes to stdout through a background writer so
+/// a slow reader never blocks a request.
+fn init_logging(access: AccessLog) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::prelude::*;
+
+    let filter = EnvFilter::try_from_env("LEASEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let diagnostics = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_filter(filter)
+        .with_filter(filter_fn(|m| m.target() != "access"));
+    let only_access = || filter_fn(|m| m.target() == "access");
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
+    let registry = tracing_subscriber::registry().with(diagnostics);
+    match access {
+        AccessLog::Off => {
+            registry.init();
+            None
+        }
+        AccessLog::Json => {
+            let layer = tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_target(false)
+                .with_writer(writer)
+                .with_filter(only_access());
+            registry.with(layer).init();
+            Some(guard)
+        }
+        AccessLog::Text => {
+            let layer = tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_target(false)
+                .with_writer(writer)
+                .with_filter(only_access());
+            registry.with(layer).init();
+            Some(guard)
+        }
+    }
 }

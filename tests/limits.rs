@@ -225,3 +225,43 @@ async fn header_styles_are_the_operators_choice() {
     assert!(h.get("retry-after").is_some(), "a 429 always says when to retry");
     assert!(h.keys().all(|k| !k.as_str().starts_with("ratelimit")), "{h:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_one_structured_access_log_line() {
+    let gw = Gateway::start(&config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\""));
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(get(&mut c).await.0, 200);
+    let req = Request::get("/x?q=1")
+        .header("host", "x")
+        .header("x-request-id", "abc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(client::send(&mut c, req).await.status(), 429);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while gw.access_log().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = gw.access_log();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(v["request_id"], "abc");
+    assert_eq!(v["route"], "demo");
+    assert_eq!(v["method"], "GET");
+    assert_eq!(v["path"], "/x");
+    assert_eq!(v["status"], 429);
+    assert_eq!(v["identity"], "subnet");
+    assert_eq!(v["limit"], "limited");
+    assert!(v["ms"].as_f64().unwrap() >= 0.0);
+    assert!(v["timestamp"].is_string(), "{v}");
+    let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(
+        (first["status"].as_u64(), first["limit"].as_str()),
+        (Some(200), Some("admitted"))
+    );
+
+    let quiet = Gateway::start(&config("", "").replace("workers = 2\n", "workers = 2\naccess_log = \"off\"\n"));
+    let mut c = client::http1(quiet.http()).await;
+    assert_eq!(get(&mut c).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(quiet.access_log().is_empty());
+}

@@ -159,6 +159,19 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
                 HeaderStyle::All
             }
         },
+        access_log: match g.access_log.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
+            None | Some(("json", _)) => AccessLog::Json,
+            Some(("text", _)) => AccessLog::Text,
+            Some(("off", _)) => AccessLog::Off,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    "gateway.access_log",
+                    format!("{other:?}: use \"json\", \"text\" or \"off\""),
+                );
+                AccessLog::Json
+            }
+        },
         header_read_timeout: Duration::from_millis(in_range(
             c,
             &g.header_read_timeout_ms,

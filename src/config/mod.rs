@@ -74,6 +74,17 @@ pub struct Gateway {
     pub header_read_timeout: Duration,
     /// Which rate-limit headers responses carry.
     pub rate_limit_headers: HeaderStyle,
+    /// One line per request on stdout.
+    pub access_log: AccessLog,
+}
+
+/// `[gateway] access_log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccessLog {
+    #[default]
+    Json,
+    Text,
+    Off,
 }
 
 /// `[gateway] rate_limit_headers`.

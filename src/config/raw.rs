@@ -40,6 +40,7 @@ pub struct Gateway {
     pub max_header_bytes: Option<Spanned<usize>>,
     pub header_read_timeout_ms: Option<Spanned<u64>>,
     pub rate_limit_headers: Option<Spanned<String>>,
+    pub access_log: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -71,6 +71,8 @@ struct LogState {
 pub struct Gateway {
     child: Child,
     log: Arc<(Mutex<LogState>, Condvar)>,
+    /// Access-log lines (stdout).
+    access: Arc<Mutex<Vec<String>>>,
     pub dir: TempDir,
     pub config: PathBuf,
     pub cert: Option<TestCert>,
@@ -96,11 +98,20 @@ impl Gateway {
             .arg(&path)
             .env("LEASEGATE_LOG", "info,leasegate=debug")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start leasegate");
         let stderr = child.stderr.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let access = Arc::new(Mutex::new(Vec::new()));
+        let lines = access.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        });
         let log = Arc::new((Mutex::new(LogState::default()), Condvar::new()));
         let sink = log.clone();
         std::thread::spawn(move || {
@@ -132,6 +143,7 @@ impl Gateway {
         let gw = Gateway {
             child,
             log,
+            access,
             dir,
             config: path,
             cert,
@@ -183,6 +195,11 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http())
+    }
+
+    /// Access-log lines so far.
+    pub fn access_log(&self) -> Vec<String> {
+        self.access.lock().unwrap().clone()
     }
 
     pub fn log(&self) -> String {
