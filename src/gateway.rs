@@ -273,7 +273,9 @@ impl Gateway {
         // Tokens at hand decide without building a future that waits.
         match self.limiter.try_check(&snapshot.limits, &which, &facts) {
             Some(verdict) => verdict,
-            None => self.limiter.check(&snapshot.limits, &which, &facts).await,
+            // Boxed: the waiting path is rare, and inline it would make every
+            // request's future (moved into hyper's box per request) larger.
+            None => Box::pin(self.limiter.check(&snapshot.limits, &which, &facts)).await,
         }
     }
 

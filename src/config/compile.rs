@@ -443,7 +443,17 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
 
     let mut keys = api_keys(c, i.api_keys, "identity.api_keys");
     if let Some(file) = &i.api_keys_file {
-        keys.extend(api_keys_file(c, file, base));
+        for k in api_keys_file(c, file, base) {
+            if keys.iter().any(|o| o.sha256 == k.sha256) {
+                let name = k.id.as_deref().or(k.tenant.as_deref()).unwrap_or("?");
+                c.at(
+                    file.span(),
+                    "identity.api_keys_file",
+                    format!("key {name:?} is also in [[identity.api_keys]]"),
+                );
+            }
+            keys.push(k);
+        }
     }
     let reject_invalid = match i
         .on_invalid_credentials
@@ -527,6 +537,14 @@ fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> (Jwt, Option<crate::
                 span.clone(),
                 "identity.jwt.secret",
                 "set secret or secret_env, not both",
+            );
+            ok = false;
+        }
+        (Some(secret), None) if secret.is_empty() => {
+            c.at(
+                span.clone(),
+                "identity.jwt.secret",
+                "must not be empty: anyone could sign tokens",
             );
             ok = false;
         }

@@ -102,14 +102,21 @@ impl Verifier {
         validation.leeway = s.leeway_secs;
         validation.validate_nbf = true;
         validation.validate_exp = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        // A configured issuer or audience must be present, not just match
+        // when present.
+        let mut required = vec!["exp", "sub"];
         if let Some(iss) = &s.issuer {
             validation.set_issuer(&[iss]);
+            required.push("iss");
         }
         match &s.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
+        validation.set_required_spec_claims(&required);
         let (mut symmetric, mut public, mut by_kid) = (None, None, Vec::new());
         for k in s.keys {
             match k {
@@ -135,7 +142,7 @@ impl Verifier {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Ok(cache) = self.cache.lock() {
             if let Some(c) = cache.get(&digest) {
-                if c.exp + self.validation.leeway > now_secs {
+                if c.exp.saturating_add(self.validation.leeway) > now_secs {
                     return Ok(c.clone());
                 }
             }
@@ -143,7 +150,7 @@ impl Verifier {
         let claims = self.verify_uncached(token)?;
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= CACHE_MAX {
-                cache.retain(|_, c| c.exp + self.validation.leeway > now_secs);
+                cache.retain(|_, c| c.exp.saturating_add(self.validation.leeway) > now_secs);
                 if cache.len() >= CACHE_MAX {
                     cache.clear(); // a flood of distinct valid tokens: start over
                 }
@@ -174,7 +181,11 @@ impl Verifier {
                 .or(self.by_kid.first().map(|(_, k)| k).filter(|_| self.by_kid.len() == 1))
         }
         .ok_or_else(|| JwtError::NoKey(header.kid.clone()))?;
-        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, key, &self.validation)
+        // jsonwebtoken wants every listed algorithm to fit the key: verify
+        // against the token's own algorithm, already checked against the list.
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![header.alg];
+        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, key, &validation)
             .map_err(|e| JwtError::Invalid(e.to_string()))?;
         let claims = data.claims;
         let text = |name: &Option<String>| -> Option<Arc<str>> {
@@ -395,6 +406,48 @@ mod tests {
                 "{alg:?} with another key"
             );
         }
+    }
+
+    #[test]
+    fn a_configured_issuer_and_audience_must_be_present() {
+        let v = hs(&[Algorithm::HS256]);
+        for claim in ["iss", "aud"] {
+            let mut c = good_claims();
+            c.as_object_mut().unwrap().remove(claim);
+            assert!(
+                v.verify(&token(Algorithm::HS256, b"dev-only-secret", c), now())
+                    .is_err(),
+                "{claim} left out"
+            );
+        }
+    }
+
+    #[test]
+    fn mixed_families_in_the_allow_list_each_verify() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let v = Verifier::new(Settings {
+            algorithms: vec![Algorithm::HS256, Algorithm::ES256],
+            keys: vec![
+                Keys::Secret(b"dev-only-secret".to_vec()),
+                Keys::Public(DecodingKey::from_ec_pem(key.public_key_pem().as_bytes()).unwrap()),
+            ],
+            issuer: None,
+            audience: None,
+            tenant_claim: None,
+            plan_claim: None,
+            leeway_secs: 0,
+        });
+        let claims = json!({"sub": "s", "exp": now() + 60});
+        assert!(v
+            .verify(&token(Algorithm::HS256, b"dev-only-secret", claims.clone()), now())
+            .is_ok());
+        let es = encode(
+            &Header::new(Algorithm::ES256),
+            &claims,
+            &EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap();
+        assert!(v.verify(&es, now()).is_ok());
     }
 
     #[test]

@@ -296,28 +296,10 @@ impl Limiter {
         for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let spec = limit.spec_for(facts.plan);
             let h = self.key_hash(limit, facts);
-            let taken = self
-                .leases
-                .with(h, |lease| {
-                    lease.try_take(now).then(|| {
-                        let size = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
-                        (
-                            lease.remaining(),
-                            lease.reset_ms(now),
-                            lease.available() <= Sizing::low_watermark(size),
-                        )
-                    })
-                })
-                .flatten();
-            let Some((remaining, reset_ms, low)) = taken else {
+            let Some((remaining, reset_ms)) = self.take_local(h, spec, now) else {
                 self.undo(&verdict);
                 return None;
             };
-            if low {
-                if let Some(lease) = self.leases.get(h) {
-                    self.refill_in_background(lease, spec);
-                }
-            }
             verdict.taken.push(h);
             verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
         }
@@ -327,6 +309,30 @@ impl Limiter {
             }
         }
         Some(verdict)
+    }
+
+    /// Spends a token at hand for `h`, if there is one, starting a refill
+    /// when the lease runs low. Returns what the headers need.
+    fn take_local(self: &Arc<Self>, h: u64, spec: Spec, now: u64) -> Option<(u64, u64)> {
+        let (remaining, reset_ms, low) = self
+            .leases
+            .with(h, |lease| {
+                lease.try_take(now).then(|| {
+                    let size = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
+                    (
+                        lease.remaining(),
+                        lease.reset_ms(now),
+                        lease.available() <= Sizing::low_watermark(size),
+                    )
+                })
+            })
+            .flatten()?;
+        if low {
+            if let Some(lease) = self.leases.get(h) {
+                self.refill_in_background(lease, spec);
+            }
+        }
+        Some((remaining, reset_ms))
     }
 
     /// Gives back the tokens a verdict took (a request that was then not
@@ -348,13 +354,7 @@ impl Limiter {
             let spec = limit.spec_for(facts.plan);
             let now = self.now_ms();
             let h = self.key_hash(limit, facts);
-            let fast = self
-                .leases
-                .with(h, |lease| {
-                    lease.try_take(now).then(|| (lease.remaining(), lease.reset_ms(now)))
-                })
-                .flatten();
-            let lv = match fast {
+            let lv = match self.take_local(h, spec, now) {
                 Some((remaining, reset_ms)) => {
                     verdict.taken.push(h);
                     admitted(i, &spec, remaining, reset_ms)
