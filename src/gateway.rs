@@ -345,6 +345,9 @@ fn verdict_outcome(v: &Verdict) -> &'static str {
     if v.store_error.is_some() {
         return "bypassed";
     }
+    if v.limits.is_empty() {
+        return "-"; // every limit skipped this identity's tier
+    }
     let mut out = "admitted";
     for lv in &v.limits {
         match lv.outcome {

@@ -77,10 +77,22 @@ impl Reloader {
                 c.gateway.max_connections,
                 c.gateway.max_header_bytes,
                 c.gateway.header_read_timeout,
+                c.gateway.grace_period,
             )
         };
         if g(&old) != g(new) {
-            tracing::warn!("[gateway] workers, connection or header limits changed: they apply after a restart");
+            tracing::warn!(
+                "[gateway] workers, connection, header or grace settings changed: they apply after a restart"
+            );
+        }
+        if old.tls.as_ref().map(|t| t.client_hello_timeout) != new.tls.as_ref().map(|t| t.client_hello_timeout) {
+            tracing::warn!("[tls] client_hello_timeout_ms changed: it applies after a restart");
+        }
+        if old.gateway.access_log != new.gateway.access_log {
+            tracing::warn!("[gateway] access_log changed: the format applies after a restart");
+        }
+        if old.store.max_keys != new.store.max_keys {
+            tracing::warn!("[store] max_keys changed: it applies after a restart");
         }
         if old.store.backend != new.store.backend {
             tracing::warn!("[store] backend changed: it applies after a restart");
