@@ -546,37 +546,33 @@ impl Limiter {
         if limits.is_empty() {
             return 0;
         }
-        let mut to_release = Vec::new();
-        for shard in self.leases.shards.iter() {
-            let Ok(map) = shard.read() else { continue };
-            for lease in map.values() {
-                if !limits.contains(limit_of(lease.key())) {
-                    continue;
-                }
+        self.release_where(|lease| {
+            let hit = limits.contains(limit_of(lease.key()));
+            if hit {
                 // A refusal under the old quota says nothing about the new one.
                 lease.blocked_until.store(0, std::sync::atomic::Ordering::Relaxed);
-                let n = lease.take_all();
-                if let (true, Some(spec)) = (n > 0, lease.spec()) {
-                    to_release.push((lease.clone(), spec, n));
-                }
             }
-        }
-        let mut released = 0;
-        for (lease, spec, tokens) in to_release {
-            if self.store.release(lease.key(), &spec, tokens).await.is_ok() {
-                released += tokens;
-            }
-        }
-        released
+            hit
+        })
+        .await
     }
 
     /// Gives every unspent token back to the store (shutdown). Returns how
     /// many tokens went back.
     pub async fn release_all(&self) -> u64 {
+        self.release_where(|_| true).await
+    }
+
+    /// Takes every token of the leases `pick` selects and gives them back to
+    /// the store; the shard locks are released before any store call.
+    async fn release_where(&self, mut pick: impl FnMut(&Lease) -> bool) -> u64 {
         let mut to_release = Vec::new();
         for shard in self.leases.shards.iter() {
             let Ok(map) = shard.read() else { continue };
             for lease in map.values() {
+                if !pick(lease) {
+                    continue;
+                }
                 let n = lease.take_all();
                 if let (true, Some(spec)) = (n > 0, lease.spec()) {
                     to_release.push((lease.clone(), spec, n));
@@ -585,8 +581,9 @@ impl Limiter {
         }
         let mut released = 0;
         for (lease, spec, tokens) in to_release {
-            if self.store.release(lease.key(), &spec, tokens).await.is_ok() {
-                released += tokens;
+            match self.store.release(lease.key(), &spec, tokens).await {
+                Ok(()) => released += tokens,
+                Err(e) => tracing::debug!(key = lease.key(), error = %e, "releasing a lease failed"),
             }
         }
         released
