@@ -32,8 +32,6 @@ pub struct TlsInfo {
     pub client_hello: Bytes,
     /// The ALPN protocol agreed, if any.
     pub alpn: Option<Vec<u8>>,
-    /// The SNI host name the client asked for, if any.
-    pub server_name: Option<String>,
     /// JA4 of the ClientHello, ready to pass upstream as `x-leasegate-ja4`
     /// (`None` if the hello could not be parsed; rustls accepted it anyway).
     pub ja4: Option<HeaderValue>,

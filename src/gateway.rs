@@ -183,7 +183,7 @@ impl Gateway {
                 } else {
                     0
                 };
-                match snapshot.config.identity.resolver.resolve(req.headers(), seen, now_secs) {
+                match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
                     Ok(id) => {
                         if let Some(r) = record.as_deref_mut() {
                             r.identity = Some(id.tier.name().to_string());

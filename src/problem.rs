@@ -6,12 +6,11 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::Body;
 
-/// Where the fault lies; decides the status family and the log level.
+/// Where the fault lies: decides the status family and whether it is logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Client,
     Upstream,
-    Internal,
 }
 
 #[derive(Debug, thiserror::Error)]

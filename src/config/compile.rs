@@ -416,7 +416,7 @@ const JWT_ALGORITHMS: &[&str] = &[
     "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
 ];
 
-fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
+fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::identity::Resolver {
     let mut trusted = Vec::new();
     for (n, p) in i.trusted_proxies.iter().enumerate() {
         let s = p.get_ref().trim();
@@ -433,13 +433,7 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
     let ipv4_prefix = in_range(c, &i.ipv4_prefix, "identity.ipv4_prefix", 0, 32, 24);
     let ipv6_prefix = in_range(c, &i.ipv6_prefix, "identity.ipv6_prefix", 0, 128, 64);
 
-    let (jwt, verifier) = match i.jwt {
-        Some(j) => {
-            let (config, verifier) = jwt(c, j, base);
-            (Some(config), verifier)
-        }
-        None => (None, None),
-    };
+    let verifier = i.jwt.and_then(|j| jwt(c, j, base));
 
     let mut keys = api_keys(c, i.api_keys, "identity.api_keys");
     if let Some(file) = &i.api_keys_file {
@@ -471,36 +465,19 @@ fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> Identity {
             false
         }
     };
-    let resolver = crate::identity::Resolver {
-        trusted_proxies: trusted.clone(),
-        ipv4_prefix,
-        ipv6_prefix,
-        api_keys: keys
-            .iter()
-            .map(|k| crate::identity::ApiKey {
-                sha256: k.sha256,
-                id: k.id.as_deref().map(Arc::from),
-                tenant: k.tenant.as_deref().map(Arc::from),
-                plan: k.plan.as_deref().map(Arc::from),
-            })
-            .collect(),
-        reject_invalid,
-        jwt: verifier.map(Arc::new),
-    };
-    let api_keys = keys;
-    Identity {
+    crate::identity::Resolver {
         trusted_proxies: trusted,
         ipv4_prefix,
         ipv6_prefix,
-        jwt,
-        api_keys,
-        resolver,
+        api_keys: keys,
+        reject_invalid,
+        jwt: verifier.map(Arc::new),
     }
 }
 
 /// `[identity.jwt]`: the algorithms allowed and the keys to verify with,
 /// loaded now so a bad key is a config error, not a request-time surprise.
-fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> (Jwt, Option<crate::identity::jwt::Verifier>) {
+fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> Option<crate::identity::jwt::Verifier> {
     use crate::identity::jwt::{self, Keys};
     use jsonwebtoken::{Algorithm, DecodingKey};
     let span = j.span();
@@ -629,16 +606,7 @@ fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> (Jwt, Option<crate::
             format!("{leeway} is out of range: use 0 to 300"),
         );
     }
-    let config = Jwt {
-        algorithms: j.algorithms.get_ref().clone(),
-        secret: j.secret.as_ref().map(|_| "(set)".to_string()),
-        secret_env: j.secret_env.clone(),
-        public_key: j.public_key.as_ref().map(|p| resolve(base, p)),
-        issuer: j.issuer.clone(),
-        audience: j.audience.clone(),
-        tenant_claim: j.tenant_claim.clone(),
-    };
-    let verifier = (ok && !algorithms.is_empty()).then(|| {
+    (ok && !algorithms.is_empty()).then(|| {
         jwt::Verifier::new(jwt::Settings {
             algorithms,
             keys,
@@ -648,13 +616,12 @@ fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> (Jwt, Option<crate::
             plan_claim: j.plan_claim,
             leeway_secs: leeway,
         })
-    });
-    (config, verifier)
+    })
 }
 
 /// `[[api_keys]]` entries, from the config or from a keys file.
-fn api_keys(c: &mut Check, list: Vec<Spanned<raw::ApiKey>>, prefix: &str) -> Vec<ApiKey> {
-    let mut out: Vec<ApiKey> = Vec::new();
+fn api_keys(c: &mut Check, list: Vec<Spanned<raw::ApiKey>>, prefix: &str) -> Vec<crate::identity::ApiKey> {
+    let mut out: Vec<crate::identity::ApiKey> = Vec::new();
     for (n, k) in list.into_iter().enumerate() {
         let span = k.span();
         let k = k.into_inner();
@@ -692,11 +659,11 @@ fn api_keys(c: &mut Check, list: Vec<Spanned<raw::ApiKey>>, prefix: &str) -> Vec
             if out.iter().any(|o| o.sha256 == sha256) {
                 c.at(span, format!("{prefix}[{n}]"), "the same key is listed twice");
             }
-            out.push(ApiKey {
+            out.push(crate::identity::ApiKey {
                 sha256,
-                id: k.id,
-                tenant: k.tenant,
-                plan: k.plan,
+                id: k.id.map(Arc::from),
+                tenant: k.tenant.map(Arc::from),
+                plan: k.plan.map(Arc::from),
             });
         }
     }
@@ -705,7 +672,7 @@ fn api_keys(c: &mut Check, list: Vec<Spanned<raw::ApiKey>>, prefix: &str) -> Vec
 
 /// Keys kept outside gateway.toml (so secrets can live elsewhere): a TOML
 /// file of `[[api_keys]]` tables. Its problems name its own file and lines.
-fn api_keys_file(c: &mut Check, file: &Spanned<String>, base: &Path) -> Vec<ApiKey> {
+fn api_keys_file(c: &mut Check, file: &Spanned<String>, base: &Path) -> Vec<crate::identity::ApiKey> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct KeysFile {

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 pub use error::{ConfigError, Problem};
@@ -35,7 +34,8 @@ pub struct Config {
     pub tls: Option<Tls>,
     pub store: Store,
     pub leasing: Leasing,
-    pub identity: Identity,
+    /// The identity waterfall, compiled from `[identity]`.
+    pub identity: crate::identity::Resolver,
     pub upstreams: Vec<Arc<Upstream>>,
     pub routes: RouteTable,
     pub limits: Vec<Arc<Limit>>,
@@ -150,47 +150,6 @@ pub struct Leasing {
     pub max_fraction: f64,
     /// Longest local block after a refusal.
     pub max_block: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub trusted_proxies: Vec<IpNet>,
-    pub ipv4_prefix: u8,
-    pub ipv6_prefix: u8,
-    pub jwt: Option<Jwt>,
-    pub api_keys: Vec<ApiKey>,
-    /// The waterfall, compiled.
-    pub resolver: crate::identity::Resolver,
-}
-
-#[derive(Debug, Clone)]
-pub struct Jwt {
-    pub algorithms: Vec<String>,
-    pub secret: Option<String>,
-    pub secret_env: Option<String>,
-    pub public_key: Option<PathBuf>,
-    pub issuer: Option<String>,
-    pub audience: Option<String>,
-    pub tenant_claim: Option<String>,
-}
-
-#[derive(Clone)]
-pub struct ApiKey {
-    /// SHA-256 of the key; the key itself is never kept.
-    pub sha256: [u8; 32],
-    pub id: Option<String>,
-    pub tenant: Option<String>,
-    pub plan: Option<String>,
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKey")
-            .field("id", &self.id)
-            .field("tenant", &self.tenant)
-            .field("plan", &self.plan)
-            .finish_non_exhaustive()
-    }
 }
 
 pub use crate::quota::Algorithm;

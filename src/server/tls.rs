@@ -81,7 +81,6 @@ pub async fn accept(
         ja4,
         client_hello,
         alpn: session.alpn_protocol().map(<[u8]>::to_vec),
-        server_name: session.server_name().map(str::to_string),
     };
     Ok((stream, info))
 }
