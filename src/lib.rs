@@ -11,6 +11,7 @@ pub mod connection;
 pub mod fingerprint;
 pub mod gateway;
 pub mod identity;
+pub mod int_hash;
 pub mod limit;
 pub mod metrics;
 pub mod problem;

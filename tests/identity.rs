@@ -214,6 +214,19 @@ fn jwt(claims: serde_json::Value) -> String {
     jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
 }
 
+/// The test config with HS256 JWTs signed by `dev-only-secret`, plus `extra`
+/// `[identity.jwt]` keys.
+fn with_jwt(target: &str, extra: &str) -> String {
+    let jwt = format!("[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"\n{extra}\n\n");
+    config(target, "", "").replace("[[identity.api_keys]]", &format!("{jwt}[[identity.api_keys]]"))
+}
+
+/// `token`'s claims under an unsigned `{"alg":"none","typ":"JWT"}` header.
+fn none_token(token: &str) -> String {
+    let claims = token.split('.').nth(1).unwrap();
+    format!("Bearer eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{claims}.")
+}
+
 fn epoch() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -224,10 +237,7 @@ fn epoch() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verified_jwts_lend_their_sub_and_forged_ones_lend_nothing() {
     let up = upstream::start("a").await;
-    let jwt_cfg = "[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"\naudience = \"api\"\ntenant_claim = \"tenant\"";
-    let gw = Gateway::start(
-        &config(&up.target(), "", "").replace("[[identity.api_keys]]", &format!("{jwt_cfg}\n\n[[identity.api_keys]]")),
-    );
+    let gw = Gateway::start(&with_jwt(&up.target(), "audience = \"api\"\ntenant_claim = \"tenant\""));
     let mut c = client::http1(gw.http()).await;
     let good = jwt(serde_json::json!({"sub": "alice", "aud": "api", "exp": epoch() + 600, "tenant": "acme"}));
     let (status, v) = get(&mut c, &[("authorization", &format!("Bearer {good}"))]).await;
@@ -268,10 +278,7 @@ fn jwt_config_problems_are_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alice_is_limited_bob_is_not_and_none_tokens_are_nobody() {
     let up = upstream::start("a").await;
-    let jwt_cfg = "[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"";
-    let gw = Gateway::start(
-        &config(&up.target(), "", "").replace("[[identity.api_keys]]", &format!("{jwt_cfg}\n\n[[identity.api_keys]]")),
-    );
+    let gw = Gateway::start(&with_jwt(&up.target(), ""));
     let mut c = client::http1(gw.http()).await;
     let bearer = |sub: &str| format!("Bearer {}", jwt(serde_json::json!({"sub": sub, "exp": epoch() + 600})));
     let (alice, bob) = (bearer("alice"), bearer("bob"));
@@ -286,26 +293,7 @@ async fn alice_is_limited_bob_is_not_and_none_tokens_are_nobody() {
     let (status, v) = get(&mut c, &[("authorization", &bob)]).await;
     assert_eq!((status, seen_identity(&v).as_str()), (StatusCode::OK, "user:bob"));
     // alg none claiming to be bob gets nobody's bucket but the subnet's.
-    let b64 = |s: &str| {
-        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-        let bytes = s.as_bytes();
-        let mut out = String::new();
-        for chunk in bytes.chunks(3) {
-            let n = chunk
-                .iter()
-                .enumerate()
-                .fold(0u32, |acc, (i, &b)| acc | (u32::from(b) << (16 - 8 * i)));
-            for i in 0..=chunk.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            }
-        }
-        out
-    };
-    let none = format!(
-        "Bearer {}.{}.",
-        b64(r#"{"alg":"none","typ":"JWT"}"#),
-        b64(&serde_json::json!({"sub": "bob", "exp": epoch() + 600}).to_string())
-    );
+    let none = none_token(&bob["Bearer ".len()..]);
     let (_, v) = get(&mut c, &[("authorization", &none)]).await;
     assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
 }

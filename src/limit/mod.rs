@@ -143,25 +143,7 @@ const SHARDS: usize = 64;
 /// holds no strings, so a lookup touches the table and the lease, nothing
 /// else. Two keys would share a lease only on a full 64-bit collision under
 /// a per-process random seed (about 1 in 10^7 for a million live keys).
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl std::hash::Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        // The shard took the top bits; mix so the table sees all of them.
-        (self.0 ^ (self.0 >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Shard = RwLock<HashMap<u64, Arc<Lease>, std::hash::BuildHasherDefault<Prehashed>>>;
+type Shard = RwLock<crate::int_hash::IntMap<u64, Arc<Lease>>>;
 
 /// Leases by key hash, sharded so unrelated keys rarely share a lock; the
 /// lock is held only for the lookup and the atomic spend, never across an

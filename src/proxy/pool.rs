@@ -7,8 +7,7 @@
 //! read response can never leak into the next request.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -22,6 +21,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::int_hash::IntMap;
 use crate::upstream::Upstream;
 
 /// (upstream id, target index): one pool per target of each compiled upstream.
@@ -33,29 +33,8 @@ struct Idle {
     since: Instant,
 }
 
-/// Keys are already unique small integers; hashing them again is waste.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = self.0.rotate_left(29) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
-
 thread_local! {
-    static IDLE: RefCell<HashMap<Key, VecDeque<Idle>, BuildHasherDefault<KeyHasher>>> = RefCell::default();
+    static IDLE: RefCell<IntMap<Key, VecDeque<Idle>>> = RefCell::default();
 }
 
 #[derive(Debug, thiserror::Error)]
