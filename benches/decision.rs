@@ -61,6 +61,7 @@ fn setup() -> Setup {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
         max_keys: 1_000_000,
+        fleet_size: 1,
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());
     let rate = Rate {
@@ -78,6 +79,9 @@ fn setup() -> Setup {
         enforce_after: None,
         plans: vec![],
         tiers: None,
+        fallback_rate: None,
+        shards: 1,
+        shard_by: leasegate::config::ShardBy::Ip,
     });
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let identities = (0..KEYS)
@@ -103,7 +107,7 @@ impl Setup {
             ip: self.ip,
             headers: &self.headers,
         };
-        now(&self.rt, self.limiter.check(&self.limits, &[0], &facts))
+        now(&self.rt, self.limiter.check(&self.limits, &[0], &facts, true))
             .refused
             .is_none()
     }

@@ -10,6 +10,8 @@ need() { command -v "$1" >/dev/null 2>&1 || missing+=("$1 (Debian/Ubuntu: apt-ge
 need cargo "cargo, or https://rustup.rs"
 need curl curl
 need openssl openssl
+need redis-server redis-server
+need redis-cli redis-tools
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "scripts/test.sh: missing tools the tests need:" >&2

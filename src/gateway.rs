@@ -275,7 +275,10 @@ impl Gateway {
             Some(verdict) => verdict,
             // Boxed: the waiting path is rare, and inline it would make every
             // request's future (moved into hyper's box per request) larger.
-            None => Box::pin(self.limiter.check(&snapshot.limits, &which, &facts)).await,
+            None => {
+                let fail_open = route.on_store_failure == StoreFailure::Allow;
+                Box::pin(self.limiter.check(&snapshot.limits, &which, &facts, fail_open)).await
+            }
         }
     }
 
@@ -290,12 +293,15 @@ impl Gateway {
             return Some(resp);
         }
         if let Some(e) = &verdict.store_error {
-            let reason = match e {
-                StoreError::Timeout(_) => "store_timeout",
-                StoreError::Unavailable(_) => "store_circuit_open",
-                StoreError::Failed(_) => "store_error",
+            let (reason, retry_after_ms) = match e {
+                StoreError::CircuitOpen { retry_after_ms } => ("store_circuit_open", *retry_after_ms),
+                StoreError::Timeout(_) => ("store_timeout", 0),
+                StoreError::Unavailable(_) | StoreError::Failed(_) => ("store_error", 0),
             };
-            tracing::warn!(route = %route.name, error = %e, "quota store failed");
+            // An open circuit is logged once, by the guard, not per request.
+            if reason != "store_circuit_open" {
+                tracing::debug!(route = %route.name, error = %e, "quota store failed");
+            }
             return match route.on_store_failure {
                 StoreFailure::Allow => {
                     self.metrics.bypassed.get_or_create(&ReasonLabels { reason }).inc();
@@ -304,7 +310,7 @@ impl Gateway {
                 StoreFailure::Deny => {
                     // The request is not served: tokens other limits took go back.
                     self.limiter.undo(verdict);
-                    Some(problem::store_unavailable(1))
+                    Some(problem::store_unavailable(retry_after_ms.div_ceil(1_000).max(1)))
                 }
             };
         }

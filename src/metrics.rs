@@ -7,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,6 +35,12 @@ pub struct UpstreamErrorLabels {
 pub struct DecisionLabels {
     pub limit: String,
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreCallLabels {
+    pub op: &'static str,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,6 +115,9 @@ pub struct Metrics {
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
     pub config_reloads: Family<ResultLabels, Counter>,
+    pub store_calls: Family<StoreCallLabels, Counter>,
+    pub store_call_seconds: Histogram,
+    pub circuit_open: Gauge,
 }
 
 impl Default for Metrics {
@@ -174,7 +184,32 @@ impl Metrics {
             "Config reloads, by result",
             config_reloads.clone(),
         );
+        let store_calls = Family::default();
+        registry.register(
+            "leasegate_store_calls",
+            "Calls to the quota store, by operation and result",
+            store_calls.clone(),
+        );
+        // 50 µs .. ~100 ms: loopback Redis answers in tens of microseconds,
+        // the default deadline is 5 ms.
+        let store_call_seconds = Histogram::new([
+            0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
+        ]);
+        registry.register(
+            "leasegate_store_call_seconds",
+            "Duration of quota store calls, as the caller saw them (at most the deadline)",
+            store_call_seconds.clone(),
+        );
+        let circuit_open = Gauge::default();
+        registry.register(
+            "leasegate_circuit_open",
+            "1 while the store circuit breaker is open (no store calls are made), else 0",
+            circuit_open.clone(),
+        );
         Metrics {
+            store_calls,
+            store_call_seconds,
+            circuit_open,
             config_reloads,
             registry,
             connections_open,

@@ -371,10 +371,17 @@ fn store(c: &mut Check, s: raw::Store) -> Store {
         }
     };
     let max_keys = in_range(c, &s.max_keys, "store.max_keys", 1_000, 100_000_000, 1_000_000);
+    let fleet_size = in_range(c, &s.fleet_size, "store.fleet_size", 1, 10_000, 1);
+    let breaker = crate::store::guard::BreakerSettings {
+        failures: in_range(c, &s.breaker.failures, "store.breaker.failures", 1, 1_000, 3),
+        open_ms: in_range(c, &s.breaker.open_ms, "store.breaker.open_ms", 10, 600_000, 2_000),
+    };
     Store {
         backend,
         timeout: Duration::from_millis(timeout),
         max_keys,
+        fleet_size,
+        breaker,
     }
 }
 
@@ -928,7 +935,65 @@ fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
             }
             tiers
         });
+        let fallback_rate = l
+            .fallback_rate
+            .as_ref()
+            .and_then(|r| match r.get_ref().parse::<Rate>() {
+                Ok(rate) if too_big(rate.count, &rate) => {
+                    c.at(
+                        r.span(),
+                        format!("{key}.fallback_rate"),
+                        "count × period is too large (keep it below 2^53 token-milliseconds)",
+                    );
+                    None
+                }
+                Ok(rate) => Some(rate),
+                Err(e) => {
+                    c.at(
+                        r.span(),
+                        format!("{key}.fallback_rate"),
+                        format!("{:?}: {e}", r.get_ref()),
+                    );
+                    None
+                }
+            });
+        let shards = in_range(c, &l.shards, &format!("{key}.shards"), 1, 1_000, 1);
+        // Every sub-bucket needs at least one token of every quota.
+        let smallest = plans
+            .iter()
+            .map(|(_, r)| r.count)
+            .chain([rate.count, burst])
+            .min()
+            .unwrap_or(1);
+        if u64::from(shards) > smallest {
+            let span = l.shards.as_ref().map_or(0..0, Spanned::span);
+            c.at(
+                span,
+                format!("{key}.shards"),
+                format!("{shards} sub-buckets for a quota of {smallest}: each needs at least one token"),
+            );
+        }
+        let shard_by = match l.shard_by.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+            None | Some(("ip", _)) => ShardBy::Ip,
+            Some(("identity", _)) => ShardBy::Identity,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    format!("{key}.shard_by"),
+                    format!("unknown shard_by {other:?}: use \"ip\" or \"identity\""),
+                );
+                ShardBy::Ip
+            }
+        };
+        if shards == 1 {
+            if let Some(sb) = &l.shard_by {
+                c.at(sb.span(), format!("{key}.shard_by"), "applies only with shards > 1");
+            }
+        }
         out.push(Limit {
+            fallback_rate,
+            shards,
+            shard_by,
             tiers,
             name,
             algorithm,

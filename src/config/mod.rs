@@ -138,6 +138,10 @@ pub struct Store {
     pub timeout: Duration,
     /// Most keys the memory store tracks.
     pub max_keys: usize,
+    /// How many instances share the store: the default fallback rate of a
+    /// limit while the store is away is its rate divided by this.
+    pub fleet_size: u64,
+    pub breaker: crate::store::guard::BreakerSettings,
 }
 
 #[derive(Debug, Clone)]
@@ -187,6 +191,19 @@ pub struct Limit {
     pub plans: Vec<(String, Rate)>,
     /// Identity tiers this limit applies to; `None`: all.
     pub tiers: Option<Vec<crate::identity::Tier>>,
+    /// Rate of the local fallback bucket while the store is away; `None`:
+    /// the limit's own rate divided by `[store] fleet_size`.
+    pub fallback_rate: Option<Rate>,
+    /// Sub-buckets per key (1: not sharded).
+    pub shards: u32,
+    pub shard_by: ShardBy,
+}
+
+/// What picks a request's sub-bucket of a sharded limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardBy {
+    Ip,
+    Identity,
 }
 
 impl Limit {
@@ -201,6 +218,16 @@ impl Limit {
         match plan.and_then(|p| self.plans.iter().find(|(name, _)| name == p)) {
             Some((_, rate)) => crate::quota::Spec::new(self.algorithm, *rate, rate.count),
             None => self.spec(),
+        }
+    }
+
+    /// The quota of the local fallback bucket for a key of `spec` while the
+    /// store is away: `fallback_rate` when set, else `spec` divided over the
+    /// fleet (`[store] fleet_size`).
+    pub fn fallback_spec(&self, spec: &crate::quota::Spec, fleet_size: u64) -> crate::quota::Spec {
+        match self.fallback_rate {
+            Some(rate) => crate::quota::Spec::new(self.algorithm, rate, rate.count),
+            None => spec.divided(fleet_size),
         }
     }
 }

@@ -67,6 +67,16 @@ pub struct Store {
     pub cluster: Option<Spanned<Vec<String>>>,
     pub timeout_ms: Option<Spanned<u64>>,
     pub max_keys: Option<Spanned<usize>>,
+    pub fleet_size: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub breaker: Breaker,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Breaker {
+    pub failures: Option<Spanned<u32>>,
+    pub open_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -168,4 +178,7 @@ pub struct Limit {
     #[serde(default)]
     pub plans: BTreeMap<String, Spanned<String>>,
     pub tiers: Option<Spanned<Vec<String>>>,
+    pub fallback_rate: Option<Spanned<String>>,
+    pub shards: Option<Spanned<u32>>,
+    pub shard_by: Option<Spanned<String>>,
 }

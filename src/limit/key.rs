@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use http::HeaderMap;
 
-use crate::config::KeyPart;
+use crate::config::{KeyPart, ShardBy};
 
 /// What a request offers for key derivation.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +79,28 @@ pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart
             },
         }
     }
+}
+
+/// The sub-bucket of a sharded limit that a request goes to: a stable hash
+/// of the client (its IP, or its identity), the same on every instance.
+pub fn shard(by: ShardBy, shards: u32, facts: &Facts<'_>) -> u32 {
+    let h = match by {
+        ShardBy::Ip => match facts.ip.to_canonical() {
+            IpAddr::V4(v4) => fnv1a(&v4.octets()),
+            IpAddr::V6(v6) => fnv1a(&v6.octets()),
+        },
+        ShardBy::Identity => fnv1a(facts.identity.as_bytes()),
+    };
+    (h % u64::from(shards.max(1))) as u32
+}
+
+/// Puts the sub-bucket inside the hash tag: `rl:{a:b}` → `rl:{a:b:s07}`,
+/// so each sub-bucket has its own slot in a cluster.
+pub fn push_shard(out: &mut String, shard: u32) {
+    if out.ends_with('}') {
+        out.pop();
+    }
+    let _ = write!(out, ":s{shard:02}}}");
 }
 
 fn push_value(out: &mut String, v: &[u8]) {

@@ -73,12 +73,19 @@ impl LimitRuntime {
         self.counters[i].inc();
     }
 
-    fn spec_for(&self, plan: Option<&str>) -> Spec {
-        if plan.is_none() || self.config.plans.is_empty() {
+    /// The quota of a request's key, and its sub-bucket when the limit is
+    /// sharded.
+    fn spec_for(&self, facts: &Facts<'_>) -> (Spec, Option<u32>) {
+        let spec = if facts.plan.is_none() || self.config.plans.is_empty() {
             self.spec
         } else {
-            self.config.spec_for(plan)
+            self.config.spec_for(facts.plan)
+        };
+        if self.config.shards <= 1 {
+            return (spec, None);
         }
+        let shard = key::shard(self.config.shard_by, self.config.shards, facts);
+        (spec.share(shard, self.config.shards), Some(shard))
     }
 }
 
@@ -119,6 +126,8 @@ pub struct Settings {
     pub max_block_ms: u64,
     /// Most keys with a local lease (`[store] max_keys`, per shard).
     pub max_keys: usize,
+    /// `[store] fleet_size`: divides a limit's rate for the fallback bucket.
+    pub fleet_size: u64,
 }
 
 impl Settings {
@@ -133,6 +142,7 @@ impl Settings {
             },
             max_block_ms: c.leasing.max_block.as_millis() as u64,
             max_keys: c.store.max_keys,
+            fleet_size: c.store.fleet_size,
         }
     }
 }
@@ -218,6 +228,9 @@ pub fn monotonic_clock() -> Clock {
 /// The decision engine shared by every worker.
 pub struct Limiter {
     store: Arc<dyn QuotaStore>,
+    /// Local buckets that decide for fail-open routes while the store is
+    /// away; bounded like the embedded store.
+    fallback: crate::store::memory::MemoryStore,
     leases: LeaseMap,
     settings: arc_swap::ArcSwap<Settings>,
     clock: Clock,
@@ -227,6 +240,7 @@ impl Limiter {
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
+            fallback: crate::store::memory::MemoryStore::new(settings.max_keys),
             leases: LeaseMap::new(settings.max_keys),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
@@ -251,15 +265,21 @@ impl Limiter {
     }
 
     /// The hash of `limit`'s key for `facts`, without building the key.
-    fn key_hash(&self, limit: &LimitRuntime, facts: &Facts<'_>) -> u64 {
+    fn key_hash(&self, limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> u64 {
         let mut hasher = self.leases.hasher.build_hasher();
         key::hash_into(&mut hasher, &limit.config.name, &limit.config.by, facts);
+        if let Some(s) = shard {
+            hasher.write_u32(s);
+        }
         hasher.finish()
     }
 
-    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>) -> Arc<str> {
+    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> Arc<str> {
         let mut k = String::with_capacity(64);
         key::derive(&mut k, &limit.config.name, &limit.config.by, facts);
+        if let Some(s) = shard {
+            key::push_shard(&mut k, s);
+        }
         Arc::from(k)
     }
 
@@ -276,8 +296,8 @@ impl Limiter {
         let now = self.now_ms();
         let mut verdict = Verdict::default();
         for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
-            let spec = limit.spec_for(facts.plan);
-            let h = self.key_hash(limit, facts);
+            let (spec, shard) = limit.spec_for(facts);
+            let h = self.key_hash(limit, facts, shard);
             let Some((remaining, reset_ms)) = self.take_local(h, spec, now) else {
                 self.undo(&verdict);
                 return None;
@@ -328,21 +348,28 @@ impl Limiter {
     /// Decides a request against `which` of `all` (in order). All must admit;
     /// a request refused by one limit gives back what earlier ones took.
     /// Waits for the store only for a limit with no token at hand. Callers
-    /// try [`Limiter::try_check`] first.
-    pub async fn check(self: &Arc<Self>, all: &[Arc<LimitRuntime>], which: &[usize], facts: &Facts<'_>) -> Verdict {
+    /// try [`Limiter::try_check`] first. When the store fails and the route
+    /// fails open, the key's local fallback bucket decides instead.
+    pub async fn check(
+        self: &Arc<Self>,
+        all: &[Arc<LimitRuntime>],
+        which: &[usize],
+        facts: &Facts<'_>,
+        fail_open: bool,
+    ) -> Verdict {
         let settings = self.settings();
         let mut verdict = Verdict::default();
         for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
-            let spec = limit.spec_for(facts.plan);
+            let (spec, shard) = limit.spec_for(facts);
             let now = self.now_ms();
-            let h = self.key_hash(limit, facts);
+            let h = self.key_hash(limit, facts, shard);
             let lv = match self.take_local(h, spec, now) {
                 Some((remaining, reset_ms)) => {
                     verdict.taken.push(h);
                     admitted(i, &spec, remaining, reset_ms)
                 }
                 None => {
-                    let key = Self::key_string(limit, facts);
+                    let key = Self::key_string(limit, facts, shard);
                     match self.slow_path(h, &key, &spec, now, &settings).await {
                         Ok(Some((remaining, reset_ms))) => {
                             verdict.taken.push(h);
@@ -350,10 +377,14 @@ impl Limiter {
                         }
                         Ok(None) => self.refused(i, limit, h, &key, &spec),
                         Err(e) => {
-                            // No verdict for this limit: the route's
-                            // on_store_failure decides; later limits still run.
+                            // The route's on_store_failure decides: a
+                            // fail-closed route answers 503 whatever later
+                            // limits say; a fail-open one asks the fallback.
                             verdict.store_error = Some(e);
-                            continue;
+                            if !fail_open {
+                                continue;
+                            }
+                            self.fallback(i, limit, &key, &spec, &settings)
                         }
                     }
                 }
@@ -370,6 +401,31 @@ impl Limiter {
             }
         }
         verdict
+    }
+
+    /// The verdict of the local fallback bucket of `key`: its quota is the
+    /// limit's `fallback_rate`, or the key's quota divided over the fleet.
+    fn fallback(&self, i: usize, limit: &LimitRuntime, key: &str, spec: &Spec, settings: &Settings) -> LimitVerdict {
+        let fallback = limit.config.fallback_spec(spec, settings.fleet_size);
+        let grant = self.fallback.acquire_now(key, &fallback, 1).unwrap_or_default();
+        let (outcome, reset_ms) = if grant.granted > 0 {
+            (Outcome::Admitted, grant.reset_ms)
+        } else {
+            (
+                stage::on_refusal(limit.config.mode, limit.enforcing),
+                grant.retry_after_ms,
+            )
+        };
+        LimitVerdict {
+            limit: i,
+            outcome,
+            quota: fallback.count,
+            window_secs: fallback.window_secs(),
+            remaining: grant.remaining.min(fallback.count),
+            reset_ms,
+            retry_after_ms: grant.retry_after_ms,
+            over_percent: if grant.granted > 0 { 0 } else { 100 },
+        }
     }
 
     /// The verdict of a limit whose key is refused (by the store or by the
@@ -636,6 +692,9 @@ mod tests {
             enforce_after: None,
             plans: vec![],
             tiers: None,
+            fallback_rate: None,
+            shards: 1,
+            shard_by: crate::config::ShardBy::Ip,
         });
         Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
     }
@@ -650,6 +709,7 @@ mod tests {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
             max_keys: 100_000,
+            fleet_size: 1,
         };
         (store.clone(), Limiter::new(store, settings, monotonic_clock()))
     }
@@ -671,22 +731,22 @@ mod tests {
         let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
         for i in 0..5 {
-            let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+            let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
             assert_eq!(v.refused, None, "request {i}");
             assert_eq!(v.limits[0].remaining, 4 - i);
         }
-        let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
         assert_eq!(v.refused, Some(0));
         assert_eq!(v.limits[0].retry_after_ms.div_ceil(1000), 12);
         let calls = store.acquires.load(Ordering::SeqCst);
         // A burst of refusals on the blocked key costs no store call.
         for _ in 0..1_000 {
-            let v = limiter.check(&limits, &[0], &facts("a", &h)).await;
+            let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
             assert_eq!(v.refused, Some(0));
         }
         assert_eq!(store.acquires.load(Ordering::SeqCst), calls);
         // Another identity is independent.
-        let v = limiter.check(&limits, &[0], &facts("b", &h)).await;
+        let v = limiter.check(&limits, &[0], &facts("b", &h), true).await;
         assert_eq!(v.refused, None);
     }
 
@@ -699,16 +759,24 @@ mod tests {
         ];
         let h = http::HeaderMap::new();
         for _ in 0..2 {
-            assert_eq!(limiter.check(&limits, &[0, 1], &facts("a", &h)).await.refused, None);
+            assert_eq!(
+                limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+                None
+            );
         }
         for _ in 0..5 {
-            let v = limiter.check(&limits, &[0, 1], &facts("a", &h)).await;
+            let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
             assert_eq!(v.refused, Some(1));
         }
         // "wide" spent only on the 2 admitted requests: 8 left for its own route.
         let mut admitted = 0;
         for _ in 0..20 {
-            if limiter.check(&limits, &[0], &facts("a", &h)).await.refused.is_none() {
+            if limiter
+                .check(&limits, &[0], &facts("a", &h), true)
+                .await
+                .refused
+                .is_none()
+            {
                 admitted += 1;
             }
         }
@@ -725,7 +793,7 @@ mod tests {
         let h = http::HeaderMap::new();
         let mut outcomes = Vec::new();
         for _ in 0..5 {
-            let v = limiter.check(&limits, &[0, 1], &facts("a", &h)).await;
+            let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
             assert_eq!(v.refused, None);
             outcomes.push((v.limits[0].outcome, v.limits[1].outcome));
         }
@@ -740,7 +808,7 @@ mod tests {
         let limits = vec![limit("big", "1000000/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
         for _ in 0..20_000 {
-            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h)).await.refused, None);
+            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
             tokio::task::yield_now().await; // let background refills run
         }
         let calls = store.acquires.load(Ordering::SeqCst);
@@ -757,10 +825,11 @@ mod tests {
             },
             max_block_ms: 5_000,
             max_keys: 100_000,
+            fleet_size: 1,
         });
         let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
-        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h)).await.refused, None);
+        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
         tokio::time::sleep(Duration::from_millis(5)).await;
         limiter.sweep(60_000).await;
         assert_eq!(store.releases.load(Ordering::SeqCst), 1);
@@ -776,14 +845,15 @@ mod tests {
             sizing: Sizing::default(),
             max_block_ms: 3_600_000,
             max_keys: 1_024,
+            fleet_size: 1,
         };
         let limiter = Limiter::new(store, settings, monotonic_clock());
         let limits = vec![limit("one", "1/h", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
         for i in 0..20_000 {
             let id = format!("subnet:2001:db8:{i:x}::/64");
-            limiter.check(&limits, &[0], &facts(&id, &h)).await;
-            limiter.check(&limits, &[0], &facts(&id, &h)).await; // refused and blocked for an hour
+            limiter.check(&limits, &[0], &facts(&id, &h), true).await;
+            limiter.check(&limits, &[0], &facts(&id, &h), true).await; // refused and blocked for an hour
         }
         assert!(
             limiter.tracked_keys() <= 1_024 + SHARDS,
@@ -803,7 +873,12 @@ mod tests {
                 tokio::spawn(async move {
                     let h = http::HeaderMap::new();
                     for _ in 0..100_000 {
-                        if limiter.check(&limits, &[0], &facts("hot", &h)).await.refused.is_none() {
+                        if limiter
+                            .check(&limits, &[0], &facts("hot", &h), true)
+                            .await
+                            .refused
+                            .is_none()
+                        {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
                     }

@@ -52,6 +52,31 @@ impl Spec {
         self.period_ms
     }
 
+    /// Sub-bucket `index` of `shards`: its share of the count and the
+    /// capacity, the remainders going to the first sub-buckets, so the
+    /// shares add up to the whole exactly.
+    pub fn share(&self, index: u32, shards: u32) -> Spec {
+        let n = u64::from(shards.max(1));
+        let i = u64::from(index) % n;
+        let part = |total: u64| (total / n + u64::from(i < total % n)).max(1);
+        Spec {
+            count: part(self.count),
+            capacity: part(self.capacity),
+            ..*self
+        }
+    }
+
+    /// `1/instances` of this quota (rounded up, at least 1): what one
+    /// instance of a fleet may admit on its own while the store is away.
+    pub fn divided(&self, instances: u64) -> Spec {
+        let n = instances.max(1);
+        Spec {
+            count: self.count.div_ceil(n).max(1),
+            capacity: self.capacity.div_ceil(n).max(1),
+            ..*self
+        }
+    }
+
     /// The window advertised in `RateLimit-Policy`, in whole seconds (≥ 1).
     pub fn window_secs(&self) -> u64 {
         self.period_ms.div_ceil(1000).max(1)
@@ -268,6 +293,21 @@ mod tests {
         assert_eq!(rate("5/0s"), Err(RateError::ZeroPeriod));
         assert_eq!(rate("5/"), Err(RateError::Period("".into())));
         assert!(matches!(rate("5/99999999999999999999s"), Err(RateError::Period(_))));
+    }
+
+    #[test]
+    fn shares_add_up_to_the_whole() {
+        let spec = Spec::new(Algorithm::TokenBucket, rate("100/min").unwrap(), 250);
+        for shards in [1u32, 3, 7, 8, 100] {
+            let parts: Vec<Spec> = (0..shards).map(|i| spec.share(i, shards)).collect();
+            assert_eq!(parts.iter().map(|p| p.count).sum::<u64>(), 100, "{shards}");
+            assert_eq!(parts.iter().map(|p| p.capacity).sum::<u64>(), 250, "{shards}");
+            assert!(parts.iter().all(|p| p.period_ms() == 60_000));
+        }
+        assert_eq!(spec.share(0, 3).count, 34);
+        assert_eq!(spec.share(2, 3).count, 33);
+        assert_eq!(spec.divided(3).count, 34);
+        assert_eq!(spec.divided(1_000).capacity, 1);
     }
 
     #[test]

@@ -72,7 +72,9 @@ use crate::config::{Config, StoreBackend};
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
+use crate::store::guard::Guarded;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSetupError, RedisStore, Target};
 use crate::store::QuotaStore;
 use opening::Opening;
 
@@ -89,16 +91,25 @@ pub enum ServeError {
     Runtime(#[source] io::Error),
     #[error("listeners.https is set but [tls] is missing")]
     NoTls,
-    #[error("store backend {0:?} is not available in this build; use backend = \"memory\"")]
-    StoreUnavailable(&'static str),
+    #[error(transparent)]
+    Redis(#[from] RedisSetupError),
 }
 
-/// The quota store the config asks for.
-fn store(config: &Config) -> Result<Arc<dyn QuotaStore>, ServeError> {
-    match &config.store.backend {
-        StoreBackend::Memory => Ok(Arc::new(MemoryStore::new(config.store.max_keys))),
-        StoreBackend::Redis { .. } | StoreBackend::RedisCluster { .. } => Err(ServeError::StoreUnavailable("redis")),
-    }
+/// The quota store the config asks for, behind the guard (deadline,
+/// breaker, store metrics). Returns at once even if Redis is down.
+fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<dyn QuotaStore>, ServeError> {
+    let inner: Arc<dyn QuotaStore> = match &config.store.backend {
+        StoreBackend::Memory => Arc::new(MemoryStore::new(config.store.max_keys)),
+        StoreBackend::Redis { url } => Arc::new(RedisStore::start(&Target::Node(url.clone()))?),
+        StoreBackend::RedisCluster { seeds } => Arc::new(RedisStore::start(&Target::Cluster(seeds.clone()))?),
+    };
+    Ok(Arc::new(Guarded::new(
+        inner,
+        config.store.timeout,
+        config.store.breaker,
+        crate::limit::monotonic_clock(),
+        metrics.clone(),
+    )))
 }
 
 /// Returns expired leases to the store and forgets idle keys, for as long
@@ -153,7 +164,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     };
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
-    let store = store(&config)?;
+    let store = store(&config, &metrics)?;
     let store_name = store.name();
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
@@ -234,8 +245,17 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             }
         })
         .await;
-        let released = shared.gateway.limiter.release_all().await;
-        tracing::info!(released_tokens = released, "stopped");
+        // Unspent leased tokens go back to the shared store, within the
+        // grace period (each call has the store deadline).
+        match tokio::time::timeout(
+            grace.max(Duration::from_millis(100)),
+            shared.gateway.limiter.release_all(),
+        )
+        .await
+        {
+            Ok(released) => tracing::info!(released_tokens = released, "stopped"),
+            Err(_) => tracing::warn!("stopped before every leased token went back to the store"),
+        }
         Ok(())
     })
 }

@@ -5,7 +5,9 @@
 //! core talks to a store only when it has no local token at hand, so store
 //! calls are rare and may be boxed.
 
+pub mod guard;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +24,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store error: {0}")]
     Failed(String),
+    /// The guard's breaker is open: no call was made.
+    #[error("store circuit open; next probe in {retry_after_ms} ms")]
+    CircuitOpen { retry_after_ms: u64 },
 }
 
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.

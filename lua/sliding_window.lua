@@ -1,0 +1,66 @@
+-- Sliding-window acquire: take up to `want` requests' worth at KEYS[1].
+--
+-- ARGV: limit, period_ms, want. At most `limit` requests per period over a
+-- weighted sliding window: the previous aligned window counts in proportion
+-- to how much of it the sliding window still covers. This is
+-- src/quota/sliding_window.rs on Redis: windows aligned to multiples of the
+-- period since the epoch, estimates scaled by period_ms, integer math
+-- (exact in doubles below 2^53). Time is Redis's own clock.
+--
+-- State: hash {win = start of the current window in ms, cur, prev}.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms}.
+
+local limit = tonumber(ARGV[1])
+local p = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+local start = now - now % p
+
+local state = redis.call('HMGET', KEYS[1], 'win', 'cur', 'prev')
+local win, cur, prev = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
+if win == nil or cur == nil or prev == nil then
+  redis.call('DEL', KEYS[1]) -- new, expired, or another algorithm's hash
+  win, cur, prev = start, 0, 0
+elseif win + p == start then
+  win, cur, prev = start, 0, cur -- the window turned once
+elseif win < start then
+  win, cur, prev = start, 0, 0 -- it turned twice or more
+end -- win == start, or a window from the future (clock skew): as is
+
+-- Scaled estimate of the requests in the sliding window ending now.
+local into = math.min(math.max(now - win, 0), p)
+local function estimate() return prev * (p - into) + cur * p end
+
+local budget = limit * p
+local granted = math.min(want, idiv(math.max(budget - estimate(), 0), p))
+cur = cur + granted
+local remaining = idiv(math.max(budget - estimate(), 0), p)
+
+-- When refused: the milliseconds until one more request fits.
+local function retry_after()
+  if cur < limit then
+    -- Later in this window: prev * (p - e) <= (limit - 1 - cur) * p.
+    if prev == 0 then return 1 end
+    local e = math.max(p - idiv((limit - 1 - cur) * p, prev), 0)
+    if e < p then return math.max(e - into, 1) end
+  end
+  -- In the next window, cur becomes prev: cur * (p - e) <= (limit - 1) * p.
+  local e = 0
+  if cur > 0 then e = math.max(p - idiv((limit - 1) * p, cur), 0) end
+  return (p - into) + e
+end
+
+redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
+-- Forgetting the state changes nothing once two windows have passed.
+redis.call('PEXPIRE', KEYS[1], math.max(win + 2 * p - now, 1))
+local retry = 0
+if granted == 0 then retry = retry_after() end
+return {granted, remaining, math.max(win + p - now, 0), retry}

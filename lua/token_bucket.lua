@@ -1,0 +1,53 @@
+-- Token bucket acquire: take up to `want` tokens from the bucket at KEYS[1].
+--
+-- ARGV: count, period_ms, capacity, want. The bucket gains `count` tokens
+-- per `period_ms`, up to `capacity`. This is src/quota/token_bucket.rs on
+-- Redis: integer math, the level kept in units where one token is
+-- period_ms units and each millisecond adds `count` units (every value
+-- stays below 2^53, so doubles are exact). Time is Redis's own clock.
+--
+-- State: hash {tokens = level in units, ts = when measured, in ms}. A
+-- missing key is a full bucket.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms}; retry_after_ms is
+-- the exact wait for one whole token, and only when nothing was granted.
+
+local count = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local want = tonumber(ARGV[4])
+
+-- floor(a / b) for integers below 2^53, corrected for rounding.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function ceil_div(a, b) return idiv(a + b - 1, b) end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+local cap = capacity * period
+
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local units, ts = tonumber(state[1]), tonumber(state[2])
+if units == nil or ts == nil then
+  -- New, expired, or a hash of another algorithm: start full and clean.
+  redis.call('DEL', KEYS[1])
+  units, ts = cap, now
+elseif now > ts then
+  -- Refill for the time elapsed; a clock that went back refills nothing.
+  units = math.min(cap, units + (now - ts) * count)
+  ts = now
+end
+
+local granted = math.min(want, idiv(units, period))
+units = units - granted * period
+local retry_after = 0
+if granted == 0 and units < period then
+  retry_after = ceil_div(period - units, count)
+end
+
+redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
+-- Full again after ceil(cap / count) ms; keep the state twice that long.
+redis.call('PEXPIRE', KEYS[1], math.max(2 * ceil_div(cap, count), 1000))
+return {granted, idiv(units, period), ceil_div(cap - units, count), retry_after}

@@ -1,0 +1,318 @@
+//! The guard around a quota store: a deadline on every call and a circuit
+//! breaker, so a dead or hung store costs a request at most the deadline,
+//! and after a few failures nothing at all.
+//!
+//! [`Breaker`] is the pure state machine (time comes in as arguments);
+//! [`Guarded`] is the thin shell that applies it, the deadline and the
+//! store metrics to any [`QuotaStore`]. A call the store answers at once
+//! (the embedded store) is never given a timer.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use super::{BoxFuture, QuotaStore, StoreError};
+use crate::limit::Clock;
+use crate::metrics::{Metrics, StoreCallLabels};
+use crate::quota::{Grant, Spec};
+
+/// `[store.breaker]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// Consecutive failures that open the breaker.
+    pub failures: u32,
+    /// How long it stays open before one probe may pass.
+    pub open_ms: u64,
+}
+
+/// What the breaker lets a caller do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Closed: call the store.
+    Call,
+    /// Half-open: this caller is the one probe; its result decides.
+    Probe,
+    /// Open: no store call; the breaker may close in this many ms.
+    Open { retry_after_ms: u64 },
+}
+
+/// Closed → (failures in a row) → open → (open_ms later) half-open, one
+/// probe → closed on success, open again on failure. Lock-free: callers on
+/// every worker share one.
+#[derive(Debug)]
+pub struct Breaker {
+    settings: BreakerSettings,
+    failures: AtomicU32,
+    /// When the breaker may half-open, in monotonic ms; 0 while closed.
+    open_until: AtomicU64,
+    probing: AtomicBool,
+}
+
+impl Breaker {
+    pub fn new(settings: BreakerSettings) -> Breaker {
+        Breaker {
+            settings: BreakerSettings {
+                failures: settings.failures.max(1),
+                open_ms: settings.open_ms.max(1),
+            },
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    pub fn admit(&self, now_ms: u64) -> Admission {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Admission::Call;
+        }
+        if now_ms < until {
+            return Admission::Open {
+                retry_after_ms: until - now_ms,
+            };
+        }
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            Admission::Probe
+        } else {
+            // Another caller is probing; its answer comes within a deadline.
+            Admission::Open { retry_after_ms: 0 }
+        }
+    }
+
+    /// Records a call's success. Returns true when this closed the breaker.
+    pub fn succeeded(&self) -> bool {
+        self.failures.store(0, Ordering::Relaxed);
+        let was_open = self.open_until.swap(0, Ordering::AcqRel) != 0;
+        self.probing.store(false, Ordering::Release);
+        was_open
+    }
+
+    /// Records a call's failure. Returns true when this opened the breaker.
+    pub fn failed(&self, now_ms: u64, probe: bool) -> bool {
+        let until = now_ms.saturating_add(self.settings.open_ms).max(1);
+        if probe {
+            self.open_until.store(until, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            return false; // it was open already
+        }
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.settings.failures && self.open_until.load(Ordering::Acquire) == 0 {
+            return self
+                .open_until
+                .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        }
+        false
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+}
+
+/// Any store, behind a deadline and a breaker, with its calls counted.
+pub struct Guarded {
+    inner: Arc<dyn QuotaStore>,
+    deadline: Duration,
+    breaker: Breaker,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+}
+
+impl Guarded {
+    pub fn new(
+        inner: Arc<dyn QuotaStore>,
+        deadline: Duration,
+        breaker: BreakerSettings,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+    ) -> Guarded {
+        Guarded {
+            inner,
+            deadline,
+            breaker: Breaker::new(breaker),
+            clock,
+            metrics,
+        }
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    async fn guard<'a, T>(
+        &'a self,
+        op: &'static str,
+        call: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let probe = match self.breaker.admit((self.clock)()) {
+            Admission::Call => false,
+            Admission::Probe => true,
+            Admission::Open { retry_after_ms } => return Err(StoreError::CircuitOpen { retry_after_ms }),
+        };
+        let started = Instant::now();
+        let mut call = call();
+        // An answer at hand needs no timer.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => match tokio::time::timeout(self.deadline, call).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
+            },
+        };
+        self.metrics.store_call_seconds.observe(started.elapsed().as_secs_f64());
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(StoreError::Timeout(_)) => "timeout",
+            Err(_) => "error",
+        };
+        self.metrics
+            .store_calls
+            .get_or_create(&StoreCallLabels { op, result: label })
+            .inc();
+        match &result {
+            Ok(_) => {
+                if self.breaker.succeeded() {
+                    self.metrics.circuit_open.set(0);
+                    tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
+                }
+            }
+            Err(e) => {
+                if self.breaker.failed((self.clock)(), probe) {
+                    self.metrics.circuit_open.set(1);
+                    tracing::warn!(store = self.inner.name(), error = %e, "store failing; circuit open");
+                }
+            }
+        }
+        result
+    }
+}
+
+impl QuotaStore for Guarded {
+    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        Box::pin(self.guard("acquire", move || self.inner.acquire(key, spec, want)))
+    }
+
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.guard("release", move || self.inner.release(key, spec, unused)))
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker::new(BreakerSettings {
+            failures: 3,
+            open_ms: 2_000,
+        })
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_only() {
+        let b = breaker();
+        assert!(!b.failed(10, false));
+        assert!(!b.failed(11, false));
+        assert!(!b.succeeded()); // a success resets the count
+        assert!(!b.failed(12, false));
+        assert!(!b.failed(13, false));
+        assert_eq!(b.admit(14), Admission::Call);
+        assert!(b.failed(14, false)); // the third in a row
+        assert!(b.is_open());
+        assert_eq!(b.admit(15), Admission::Open { retry_after_ms: 1_999 });
+        assert!(!b.failed(16, false)); // late failures do not re-open
+    }
+
+    #[test]
+    fn lets_exactly_one_probe_through_after_the_cool_down() {
+        let b = breaker();
+        for t in 0..3 {
+            b.failed(t, false);
+        }
+        assert_eq!(b.admit(2_001), Admission::Open { retry_after_ms: 1 });
+        assert_eq!(b.admit(2_002), Admission::Probe);
+        assert_eq!(b.admit(2_002), Admission::Open { retry_after_ms: 0 });
+        assert_eq!(b.admit(2_500), Admission::Open { retry_after_ms: 0 });
+        // The probe fails: open for another full period.
+        assert!(!b.failed(2_600, true));
+        assert_eq!(b.admit(2_601), Admission::Open { retry_after_ms: 1_999 });
+        assert_eq!(b.admit(4_600), Admission::Probe);
+        // The probe succeeds: closed, and the count starts over.
+        assert!(b.succeeded());
+        assert!(!b.is_open());
+        assert_eq!(b.admit(4_601), Admission::Call);
+        assert!(!b.failed(4_602, false));
+        assert_eq!(b.admit(4_603), Admission::Call);
+    }
+
+    #[test]
+    fn a_single_failure_setting_opens_at_once() {
+        let b = Breaker::new(BreakerSettings {
+            failures: 0, // treated as 1
+            open_ms: 0,  // treated as 1
+        });
+        assert!(b.failed(100, false));
+        assert_eq!(b.admit(100), Admission::Open { retry_after_ms: 1 });
+        assert_eq!(b.admit(101), Admission::Probe);
+    }
+
+    /// A store that never answers.
+    struct Hung;
+    impl QuotaStore for Hung {
+        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            Box::pin(std::future::pending())
+        }
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+            Box::pin(std::future::pending())
+        }
+        fn name(&self) -> &'static str {
+            "hung"
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_store_costs_the_deadline_then_nothing() {
+        let metrics = Arc::new(Metrics::new());
+        let now = Arc::new(AtomicU64::new(1_000));
+        let clock_now = now.clone();
+        let guarded = Guarded::new(
+            Arc::new(Hung),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 2_000,
+            },
+            Arc::new(move || clock_now.load(Ordering::Relaxed)),
+            metrics.clone(),
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
+        for _ in 0..3 {
+            let started = tokio::time::Instant::now();
+            assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+            assert_eq!(started.elapsed(), Duration::from_millis(5));
+        }
+        assert_eq!(metrics.circuit_open.get(), 1);
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            guarded.acquire("k", &spec, 1).await,
+            Err(StoreError::CircuitOpen { retry_after_ms: 2_000 })
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"leasegate_store_calls_total{op="acquire",result="timeout"} 3"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! Real `redis-server` processes on ephemeral ports: one node, or a Redis
+//! Cluster of three masters made with `redis-cli --cluster create`. Killed
+//! on drop; nothing is kept on disk.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{require_tool, TempDir};
+
+/// One `redis-server`.
+pub struct Redis {
+    child: Option<Child>,
+    pub port: u16,
+    dir: TempDir,
+    cluster: bool,
+}
+
+/// A port that is free, and (for cluster nodes) whose bus port +10000 is too.
+fn free_port(cluster: bool) -> u16 {
+    for _ in 0..200 {
+        let port = fastrand::u16(20_000..50_000);
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && (!cluster || free(port + 10_000)) {
+            return port;
+        }
+    }
+    panic!("no free port for redis-server");
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Self::start_node(false)
+    }
+
+    /// A node on a given port (e.g. one a gateway already points at).
+    pub fn start_on(port: u16) -> Redis {
+        Self::start_at(port, false)
+    }
+
+    fn start_node(cluster: bool) -> Redis {
+        Self::start_at(free_port(cluster), cluster)
+    }
+
+    fn start_at(port: u16, cluster: bool) -> Redis {
+        require_tool("redis-server", "apt-get install -y redis-server");
+        require_tool("redis-cli", "apt-get install -y redis-tools");
+        let mut r = Redis {
+            child: None,
+            port,
+            dir: TempDir::new(),
+            cluster,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path());
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .arg("--cluster-config-file")
+                .arg(self.dir.path().join("nodes.conf"));
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.cli(&["PING"]).trim() != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not answer PING",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `redis-cli` against this node; returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Calls of `cmd` (e.g. `evalsha`) this node has served, from
+    /// `INFO commandstats`.
+    pub fn calls(&self, cmd: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{cmd}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Every script call (EVALSHA and EVAL) so far.
+    pub fn script_calls(&self) -> u64 {
+        self.calls("evalsha") + self.calls("eval")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("redis-server runs").id()
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args(["-s", name, &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -s {name} redis-server failed");
+    }
+
+    /// SIGKILL: the server dies with everything in it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a fresh, empty server on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = Command::new("kill")
+                .args(["-s", "CONT", &self.pid().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of three masters, no replicas.
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        let nodes: Vec<Redis> = (0..3).map(|_| Redis::start_node(true)).collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the cluster did not reach state ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Cluster { nodes }
+    }
+
+    /// TOML list of seed URLs.
+    pub fn seeds_toml(&self) -> String {
+        let urls: Vec<String> = self.nodes.iter().map(|n| format!("\"{}\"", n.url())).collect();
+        format!("[{}]", urls.join(", "))
+    }
+
+    /// Keys stored on each master (DBSIZE).
+    pub fn key_counts(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| n.cli(&["DBSIZE"]).trim().parse().unwrap_or(0))
+            .collect()
+    }
+}
