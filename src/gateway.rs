@@ -17,7 +17,7 @@ use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::key::Facts;
 use crate::limit::stage::{self, Outcome};
 use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
-use crate::metrics::{Metrics, ReasonLabels, UpstreamErrorLabels};
+use crate::metrics::{Metrics, ReasonLabels, RouteMetrics, UpstreamErrorLabels};
 use crate::problem::{self, RequestError, Source};
 use crate::proxy::{self, X_REQUEST_ID};
 use crate::route::{Action, DirectResponse, Route, StoreFailure};
@@ -30,6 +30,10 @@ use smallvec::SmallVec;
 pub struct Snapshot {
     pub config: Arc<Config>,
     pub limits: Vec<Arc<LimitRuntime>>,
+    /// Request metrics per route, in route order.
+    routes: Vec<RouteMetrics>,
+    /// Request metrics of requests no route matched.
+    unrouted: RouteMetrics,
 }
 
 impl Snapshot {
@@ -39,7 +43,14 @@ impl Snapshot {
             .iter()
             .map(|l| Arc::new(LimitRuntime::new(l.clone(), &config.gateway.instance_id, metrics)))
             .collect();
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| RouteMetrics::new(metrics, &r.name))
+            .collect();
         Snapshot {
+            routes,
+            unrouted: RouteMetrics::new(metrics, "none"),
             config: Arc::new(config),
             limits,
         }
@@ -116,35 +127,44 @@ impl Gateway {
     /// every error becomes a response.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load_full();
-        if snapshot.config.gateway.access_log == AccessLog::Off {
-            return self.serve(snapshot, req, conn, None).await;
-        }
         let started = std::time::Instant::now();
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let mut record = Record::default();
-        let resp = self.serve(snapshot, req, conn, Some(&mut record)).await;
-        tracing::info!(
-            target: "access",
-            request_id = resp.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or(""),
-            route = record.route.as_deref().unwrap_or("-"),
-            method = method.as_str(),
-            path = %path,
-            status = resp.status().as_u16(),
-            identity = record.identity.as_deref().unwrap_or("-"),
-            limit = if record.outcome.is_empty() { "-" } else { record.outcome },
-            upstream = record.upstream.as_deref().unwrap_or("-"),
-            ms = started.elapsed().as_secs_f64() * 1_000.0,
-        );
+        let mut route = None;
+        let resp = if snapshot.config.gateway.access_log == AccessLog::Off {
+            self.serve(&snapshot, req, conn, None, &mut route).await
+        } else {
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let mut record = Record::default();
+            let resp = self.serve(&snapshot, req, conn, Some(&mut record), &mut route).await;
+            tracing::info!(
+                target: "access",
+                request_id = resp.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or(""),
+                route = record.route.as_deref().unwrap_or("-"),
+                method = method.as_str(),
+                path = %path,
+                status = resp.status().as_u16(),
+                identity = record.identity.as_deref().unwrap_or("-"),
+                limit = if record.outcome.is_empty() { "-" } else { record.outcome },
+                upstream = record.upstream.as_deref().unwrap_or("-"),
+                ms = started.elapsed().as_secs_f64() * 1_000.0,
+            );
+            resp
+        };
+        route
+            .and_then(|i| snapshot.routes.get(i))
+            .unwrap_or(&snapshot.unrouted)
+            .record(&self.metrics, resp.status().as_u16(), started.elapsed());
         resp
     }
 
+    /// Serves one request; `route_index` learns which route matched.
     async fn serve(
         &self,
-        snapshot: Arc<Snapshot>,
+        snapshot: &Snapshot,
         req: Request<Incoming>,
         conn: &ConnInfo,
         mut record: Option<&mut Record>,
+        route_index: &mut Option<usize>,
     ) -> Response<Body> {
         let request_id = request_id(req.headers());
         let host = req
@@ -152,11 +172,8 @@ impl Gateway {
             .authority()
             .map(|a| a.as_str())
             .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
-        let route = snapshot
-            .config
-            .routes
-            .find(host, req.method(), req.uri().path())
-            .cloned();
+        *route_index = snapshot.config.routes.position(host, req.method(), req.uri().path());
+        let route = route_index.and_then(|i| snapshot.config.routes.get(i)).cloned();
         if let (Some(r), Some(route)) = (record.as_deref_mut(), &route) {
             r.route = Some(route.name.clone());
             if let Action::Forward(u) = &route.action {
@@ -201,11 +218,11 @@ impl Gateway {
         };
         let verdict = match (&route, &identity) {
             (Some(route), Some(identity)) if !route.limits.is_empty() => {
-                let verdict = self.decide(&snapshot, route, &req, identity).await;
+                let verdict = self.decide(snapshot, route, &req, identity).await;
                 if let Some(r) = record {
                     r.outcome = verdict_outcome(&verdict);
                 }
-                if let Some(mut refusal) = self.refusal(&snapshot, route, &verdict) {
+                if let Some(mut refusal) = self.refusal(snapshot, route, &verdict) {
                     refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                     return refusal;
                 }
@@ -236,7 +253,7 @@ impl Gateway {
             }
         };
         if let Some(verdict) = &verdict {
-            add_limit_headers(resp.headers_mut(), &snapshot, verdict, None);
+            add_limit_headers(resp.headers_mut(), snapshot, verdict, None);
         }
         resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
         resp

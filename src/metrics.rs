@@ -44,6 +44,13 @@ pub struct StoreCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// A configured route name, or `none` (no route matched).
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
 }
@@ -105,8 +112,125 @@ impl prometheus_client::encoding::EncodeMetric for StripedCounter {
     }
 }
 
+/// Upper bounds of request latency buckets, in seconds (+Inf is implied).
+const LATENCY_BOUNDS: [f64; 14] = [
+    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// A latency histogram striped like [`StripedCounter`]: every request
+/// observes one, from every worker, without a lock or a shared cache line.
+#[derive(Debug, Default, Clone)]
+pub struct StripedHistogram {
+    stripes: std::sync::Arc<[HistogramStripe; STRIPES]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct HistogramStripe {
+    /// Per bucket (not cumulative); the last is +Inf.
+    buckets: [std::sync::atomic::AtomicU64; LATENCY_BOUNDS.len() + 1],
+    sum_nanos: std::sync::atomic::AtomicU64,
+}
+
+impl StripedHistogram {
+    pub fn observe(&self, elapsed: std::time::Duration) {
+        let secs = elapsed.as_secs_f64();
+        let bucket = LATENCY_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        let stripe = &self.stripes[STRIPE.with(|s| *s)];
+        stripe.buckets[bucket].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        stripe.sum_nanos.fetch_add(
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// (sum in seconds, count, per-bucket counts with their upper bounds).
+    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BOUNDS.iter().map(|b| (*b, 0)).chain([(f64::MAX, 0)]).collect();
+        let mut sum = 0u64;
+        for stripe in self.stripes.iter() {
+            for (i, b) in stripe.buckets.iter().enumerate() {
+                buckets[i].1 += b.load(std::sync::atomic::Ordering::Relaxed);
+            }
+            sum = sum.saturating_add(stripe.sum_nanos.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        let count = buckets.iter().map(|b| b.1).sum();
+        (sum as f64 / 1e9, count, buckets)
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for StripedHistogram {
+    const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
+}
+
+impl prometheus_client::encoding::EncodeMetric for StripedHistogram {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.snapshot();
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        <Self as prometheus_client::metrics::TypedMetric>::TYPE
+    }
+}
+
+/// Statuses whose request metrics a route resolves once, at config load:
+/// a request finds its handles by a short scan, without building labels.
+const COMMON_STATUSES: [u16; 16] = [
+    200, 201, 204, 301, 302, 304, 400, 401, 403, 404, 429, 431, 500, 502, 503, 504,
+];
+
+/// One route's request counter and latency histogram per status.
+pub struct RouteMetrics {
+    route: String,
+    common: Vec<(u16, StripedCounter, StripedHistogram)>,
+}
+
+impl RouteMetrics {
+    pub fn new(metrics: &Metrics, route: &str) -> RouteMetrics {
+        let common = COMMON_STATUSES
+            .iter()
+            .map(|&status| {
+                let labels = RequestLabels {
+                    route: route.to_string(),
+                    status,
+                };
+                (
+                    status,
+                    metrics.requests.get_or_create(&labels).clone(),
+                    metrics.request_seconds.get_or_create(&labels).clone(),
+                )
+            })
+            .collect();
+        RouteMetrics {
+            route: route.to_string(),
+            common,
+        }
+    }
+
+    pub fn record(&self, metrics: &Metrics, status: u16, elapsed: std::time::Duration) {
+        if let Some((_, count, latency)) = self.common.iter().find(|(s, _, _)| *s == status) {
+            count.inc();
+            latency.observe(elapsed);
+            return;
+        }
+        let labels = RequestLabels {
+            route: self.route.clone(),
+            status,
+        };
+        metrics.requests.get_or_create(&labels).inc();
+        metrics.request_seconds.get_or_create(&labels).observe(elapsed);
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub requests: Family<RequestLabels, StripedCounter>,
+    pub request_seconds: Family<RequestLabels, StripedHistogram>,
+    pub lease_tokens: Histogram,
     pub connections_open: Gauge,
     pub connections_accepted: Family<ListenerLabels, Counter>,
     pub tls_handshake_failures: Family<ReasonLabels, Counter>,
@@ -206,7 +330,28 @@ impl Metrics {
             "1 while the store circuit breaker is open (no store calls are made), else 0",
             circuit_open.clone(),
         );
+        let requests = Family::default();
+        registry.register(
+            "leasegate_requests",
+            "Requests answered, by route and status",
+            requests.clone(),
+        );
+        let request_seconds = Family::default();
+        registry.register(
+            "leasegate_request_duration_seconds",
+            "Time from request head to response head, by route and status",
+            request_seconds.clone(),
+        );
+        let lease_tokens = Histogram::new([1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1_000.0, 5_000.0]);
+        registry.register(
+            "leasegate_lease_tokens",
+            "Tokens the store granted per lease acquire (the lease size)",
+            lease_tokens.clone(),
+        );
         Metrics {
+            requests,
+            request_seconds,
+            lease_tokens,
             store_calls,
             store_call_seconds,
             circuit_open,

@@ -67,14 +67,24 @@ impl RouteTable {
 
     /// The best route for a request. `host` may carry a port and any case.
     pub fn find(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&Arc<Route>> {
+        self.position(host, method, path).and_then(|i| self.routes.get(i))
+    }
+
+    /// The index (in match order) of the route that matches.
+    pub fn position(&self, host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
         let host = host.map(strip_port);
-        self.routes.iter().find(|r| {
+        self.routes.iter().position(|r| {
             path.starts_with(r.path_prefix.as_str())
                 && r.host
                     .as_deref()
                     .is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)))
                 && r.methods.as_ref().is_none_or(|m| m.contains(method))
         })
+    }
+
+    /// The route at `index` (from [`Routes::position`]).
+    pub fn get(&self, index: usize) -> Option<&Arc<Route>> {
+        self.routes.get(index)
     }
 
     /// Routes in match order.

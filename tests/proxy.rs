@@ -478,15 +478,29 @@ async fn admin_endpoints_tell_the_truth() {
     let up = upstream::start("a").await;
     let gw = Gateway::start(&config(&[up.target()], ""));
     assert_eq!(admin_get(&gw, "/healthz").await, "ok\n");
-    assert_eq!(admin_get(&gw, "/readyz").await, "ready\n");
+    assert_eq!(admin_get(&gw, "/readyz").await, "ready\nstore memory: ok\n");
     let v: serde_json::Value = serde_json::from_str(&admin_get(&gw, "/config").await).unwrap();
     let file = std::fs::read(&gw.config).unwrap();
     let sha: String = Sha256::digest(&file).iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(v["sha256"], sha.as_str());
     assert_eq!(v["routes"].as_array().unwrap().len(), 3);
     assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
+    // Requests are counted and timed per route and status.
+    let mut c = client::http1(gw.http()).await;
+    client::send(&mut c, client::get("/direct")).await;
+    client::text(client::send(&mut c, client::get("/headers")).await).await;
     let metrics = admin_get(&gw, "/metrics").await;
     assert!(metrics.contains("leasegate_connections_open"), "{metrics}");
+    for want in [
+        r#"leasegate_requests_total{route="direct",status="201"} 1"#,
+        r#"leasegate_request_duration_seconds_count{route="direct",status="201"} 1"#,
+        r#"leasegate_request_duration_seconds_bucket{le="+Inf",route="direct",status="201"} 1"#,
+        r#"leasegate_requests_total{route="api",status="200"} 1"#,
+        "leasegate_circuit_open 0",
+        "# TYPE leasegate_store_call_seconds histogram",
+    ] {
+        assert!(metrics.contains(want), "{want} in {metrics}");
+    }
     assert!(metrics.ends_with("# EOF\n"));
 }
 

@@ -259,6 +259,11 @@ impl Limiter {
         (self.clock)()
     }
 
+    /// The store's name (`memory`, `redis`).
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
+    }
+
     /// Keys with a lease now.
     pub fn tracked_keys(&self) -> usize {
         self.leases.len()

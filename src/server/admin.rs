@@ -54,7 +54,21 @@ fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if gateway.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
-        "/readyz" => text(StatusCode::OK, "text/plain", "ready\n".into()),
+        // A store outage does not fail readiness: every instance shares the
+        // store, so it would take the whole fleet out of its load balancer,
+        // fail-open routes included. The body says how the store is.
+        "/readyz" => {
+            let store = if gateway.metrics.circuit_open.get() == 1 {
+                "circuit open: fail-open routes use their fallback buckets, fail-closed routes answer 503"
+            } else {
+                "ok"
+            };
+            text(
+                StatusCode::OK,
+                "text/plain",
+                format!("ready\nstore {}: {store}\n", gateway.limiter.store_name()),
+            )
+        }
         "/metrics" => text(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",

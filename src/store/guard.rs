@@ -196,7 +196,15 @@ impl Guarded {
 
 impl QuotaStore for Guarded {
     fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        Box::pin(self.guard("acquire", move || self.inner.acquire(key, spec, want)))
+        Box::pin(async move {
+            let grant = self
+                .guard("acquire", move || self.inner.acquire(key, spec, want))
+                .await?;
+            if grant.granted > 0 {
+                self.metrics.lease_tokens.observe(grant.granted as f64);
+            }
+            Ok(grant)
+        })
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {

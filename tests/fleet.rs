@@ -1,0 +1,247 @@
+//! A fleet of real gateways sharing one real Redis (or a Redis Cluster):
+//! one limit enforced together within the lease bound, few Redis calls per
+//! request, keys spread over a cluster, sub-sharded hot keys.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::redis::{Cluster, Redis};
+use support::{client, Gateway};
+
+fn config(store: &str, leasing: &str, limit: &str) -> String {
+    format!(
+        r#"
+[gateway]
+workers = 1
+
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+{store}
+timeout_ms = 50
+
+[leasing]
+{leasing}
+
+[identity]
+ipv4_prefix = 32
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+response = {{ status = 200, body = "ok" }}
+limits = ["fleet"]
+
+[[limits]]
+name = "fleet"
+{limit}
+"#
+    )
+}
+
+/// An HTTP/1.1 client connecting from `source` (any 127.0.0.0/8 address).
+async fn client_from(source: &str, gw: SocketAddr) -> client::Sender1 {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let stream = socket.connect(gw).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// Starts a gateway and waits until it has reached Redis, so no request
+/// meets the store before it is connected.
+fn start(text: &str) -> Gateway {
+    let gw = Gateway::start(text);
+    assert!(
+        gw.wait_for_log("connected to Redis", Duration::from_secs(20)),
+        "the gateway never reached Redis:\n{}",
+        gw.log()
+    );
+    gw
+}
+
+async fn status(c: &mut client::Sender1) -> StatusCode {
+    client::text(client::send(c, client::get("/")).await).await.0
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    limited: AtomicU64,
+    other: AtomicU64,
+}
+
+/// Drives every gateway with `per_gateway` keep-alive connections, as fast
+/// as they answer, for `secs`. Returns the tally and the time it took.
+async fn drive(gateways: &[SocketAddr], per_gateway: usize, secs: f64) -> (Arc<Tally>, Duration) {
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for &gw in gateways {
+        for _ in 0..per_gateway {
+            let tally = tally.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut c = client::http1(gw).await;
+                while Instant::now() < until {
+                    let counter = match status(&mut c).await {
+                        StatusCode::OK => &tally.ok,
+                        StatusCode::TOO_MANY_REQUESTS => &tally.limited,
+                        _ => &tally.other,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (tally, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_enforce_one_limit_within_the_lease_bound() {
+    let redis = Redis::start();
+    let text = config(
+        &format!("url = \"{}\"", redis.url()),
+        "min = 5\nmax = 20\nlookahead_ms = 250\nttl_ms = 1000",
+        "rate = \"100/s\"\nburst = 100\nby = [\"route\"]",
+    );
+    let fleet: Vec<Gateway> = (0..3).map(|_| start(&text)).collect();
+    let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
+    let (tally, elapsed) = drive(&addrs, 2, 3.0).await;
+    let ok = tally.ok.load(Ordering::Relaxed);
+    let limited = tally.limited.load(Ordering::Relaxed);
+    assert_eq!(tally.other.load(Ordering::Relaxed), 0);
+    // The bucket starts full (100) and refills at 100/s for the time driven.
+    let allowance = 100.0 + 100.0 * elapsed.as_secs_f64();
+    let bound = allowance + 3.0 * 20.0;
+    println!("admitted {ok}, limited {limited}, allowance {allowance:.0}, bound {bound:.0}, in {elapsed:?}");
+    assert!(
+        limited > 2 * ok,
+        "drive at several times the limit: {ok} ok, {limited} limited"
+    );
+    assert!(
+        ok as f64 >= 0.9 * allowance,
+        "admitted {ok} < 0.9 × allowance {allowance:.0}"
+    );
+    assert!(
+        ok as f64 <= bound,
+        "admitted {ok} > allowance + 3 × max lease = {bound:.0}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_keeps_redis_calls_per_request_low() {
+    let redis = Redis::start();
+    let text = config(
+        &format!("url = \"{}\"", redis.url()),
+        "min = 5\nmax = 500\nlookahead_ms = 250\nttl_ms = 1000",
+        "rate = \"1000000/s\"\nby = [\"route\"]",
+    );
+    let fleet: Vec<Gateway> = (0..3).map(|_| start(&text)).collect();
+    let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
+    let before = redis.script_calls();
+    let (tally, _) = drive(&addrs, 2, 2.0).await;
+    let requests = tally.ok.load(Ordering::Relaxed);
+    assert_eq!(
+        tally.limited.load(Ordering::Relaxed) + tally.other.load(Ordering::Relaxed),
+        0
+    );
+    let calls = redis.script_calls() - before;
+    let per_request = calls as f64 / requests as f64;
+    println!("{requests} requests, {calls} Redis script calls: {per_request:.4} per request");
+    assert!(requests > 1_000, "too few requests to judge: {requests}");
+    assert!(per_request <= 0.05, "{calls} calls for {requests} requests");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_spreads_keys_over_its_masters_and_each_limit_is_exact() {
+    let cluster = Cluster::start();
+    let text = config(
+        &format!("cluster = {}", cluster.seeds_toml()),
+        "min = 1\nmax = 10",
+        "rate = \"5/h\"",
+    );
+    let gw = start(&text);
+    // 40 clients (identity = their /32 subnet), 7 requests each: 5 admitted.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let addr = gw.http();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client_from(&format!("127.0.{}.{}", i / 200, 10 + i % 200), addr).await;
+            let mut ok = 0;
+            for _ in 0..7 {
+                if status(&mut c).await == StatusCode::OK {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 5, "each client's limit is exact");
+    }
+    let counts = cluster.key_counts();
+    println!("keys per master: {counts:?}");
+    assert_eq!(counts.iter().sum::<u64>(), 40);
+    assert!(
+        counts.iter().all(|&n| n >= 3),
+        "keys spread over every master: {counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_limit_splits_one_key_into_sub_buckets() {
+    let cluster = Cluster::start();
+    let text = config(
+        &format!("cluster = {}", cluster.seeds_toml()),
+        "min = 1\nmax = 10",
+        "rate = \"40/h\"\nby = [\"route\"]\nshards = 4",
+    );
+    let gw = start(&text);
+    // 32 client addresses, each sending until refused twice.
+    let mut admitted = 0;
+    for i in 0..32 {
+        let mut c = client_from(&format!("127.0.3.{}", 10 + i), gw.http()).await;
+        for _ in 0..30 {
+            if status(&mut c).await == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+    }
+    // One sub-bucket per key: rl:{fleet:api:sNN}, 10 tokens each.
+    let mut sub_buckets = Vec::new();
+    for node in &cluster.nodes {
+        for k in node.cli(&["KEYS", "rl:*"]).lines().filter(|l| !l.is_empty()) {
+            sub_buckets.push(k.to_string());
+        }
+    }
+    sub_buckets.sort();
+    println!("admitted {admitted} through {sub_buckets:?}");
+    assert!(sub_buckets
+        .iter()
+        .all(|k| k.starts_with("rl:{fleet:api:s0") && k.ends_with('}')));
+    // Each sub-bucket a client reached gave exactly its share: the limit
+    // holds exactly; clients that hash together share one quarter.
+    assert_eq!(admitted, 10 * sub_buckets.len() as u64);
+    assert!(
+        sub_buckets.len() >= 3,
+        "32 addresses reach most of 4 sub-buckets: {sub_buckets:?}"
+    );
+    let masters_used = cluster.key_counts().iter().filter(|&&n| n > 0).count();
+    assert!(masters_used >= 2, "sub-buckets live on different slots");
+}

@@ -1,0 +1,237 @@
+//! Redis dies (SIGKILL) or hangs (SIGSTOP) under a real gateway: every
+//! request is still answered quickly, fail-open routes admit against their
+//! fallback bucket and say so in metrics, fail-closed routes answer 503 with
+//! Retry-After, and enforcement resumes when Redis is back.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::redis::Redis;
+use support::{client, Gateway};
+
+fn config(redis: &Redis) -> String {
+    format!(
+        r#"
+[gateway]
+workers = 1
+
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{url}"
+timeout_ms = 5
+
+[store.breaker]
+failures = 3
+open_ms = 1000
+
+[leasing]
+min = 1
+max = 5
+
+[[routes]]
+name = "open"
+path_prefix = "/open"
+response = {{ status = 200, body = "ok" }}
+limits = ["roomy"]
+on_store_failure = "allow"
+
+[[routes]]
+name = "closed"
+path_prefix = "/closed"
+response = {{ status = 200, body = "ok" }}
+limits = ["roomy"]
+on_store_failure = "deny"
+
+[[routes]]
+name = "low"
+path_prefix = "/low"
+response = {{ status = 200, body = "ok" }}
+limits = ["low"]
+on_store_failure = "allow"
+
+[[limits]]
+name = "roomy"
+rate = "100000/s"
+by = ["route"]
+
+[[limits]]
+name = "low"
+rate = "4/h"
+by = ["route"]
+fallback_rate = "2/h"
+"#,
+        url = redis.url()
+    )
+}
+
+fn start(redis: &Redis) -> Gateway {
+    let gw = Gateway::start(&config(redis));
+    assert!(
+        gw.wait_for_log("connected to Redis", Duration::from_secs(20)),
+        "{}",
+        gw.log()
+    );
+    gw
+}
+
+/// Sends one request; returns its status, Retry-After and how long it took.
+async fn request(c: &mut client::Sender1, path: &str) -> (StatusCode, Option<u64>, Duration) {
+    let started = Instant::now();
+    let (status, headers, _) = client::text(client::send(c, client::get(path)).await).await;
+    let retry_after = headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    (status, retry_after, started.elapsed())
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    let mut c = client::http1(gw.admin()).await;
+    client::text(client::send(&mut c, client::get("/metrics")).await)
+        .await
+        .2
+}
+
+/// The value of the sample that starts with `name` (labels included), or 0.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Drives both routes for `secs` while the store is away; checks every
+/// answer and its latency. Returns (open 200s, closed 503s).
+async fn drive_outage(c: &mut client::Sender1, secs: f64) -> (u64, u64) {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let (mut open_ok, mut closed_503) = (0, 0);
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        let (status, _, took) = request(c, "/open").await;
+        assert_eq!(status, StatusCode::OK, "a fail-open route keeps answering 200");
+        open_ok += 1;
+        slowest = slowest.max(took);
+        let (status, retry_after, took) = request(c, "/closed").await;
+        slowest = slowest.max(took);
+        match status {
+            // Tokens leased before the outage are still spent.
+            StatusCode::OK => {}
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(retry_after.is_some_and(|s| s >= 1), "503 carries Retry-After");
+                closed_503 += 1;
+            }
+            other => panic!("unexpected {other} on the fail-closed route"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(slowest < Duration::from_millis(100), "slowest answer took {slowest:?}");
+    println!("outage: {open_ok} admitted on the open route, {closed_503} 503s, slowest {slowest:?}");
+    (open_ok, closed_503)
+}
+
+/// After Redis is back: the breaker closes and the fail-closed route is
+/// served again, within a few seconds.
+async fn wait_for_recovery(gw: &Gateway, c: &mut client::Sender1) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = request(c, "/closed").await;
+        if status == StatusCode::OK && sample(&metrics(gw).await, "leasegate_circuit_open ") == 0.0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "enforcement did not resume:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
+    let mut redis = Redis::start();
+    let gw = start(&redis);
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+    assert_eq!(request(&mut c, "/closed").await.0, StatusCode::OK);
+
+    redis.kill();
+    let (_, closed_503) = drive_outage(&mut c, 2.0).await;
+    assert!(closed_503 > 0, "the fail-closed route answered 503");
+    // The fallback bucket of a fail-open route still limits: 2 per hour.
+    let low: Vec<StatusCode> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(request(&mut c, "/low").await.0);
+        }
+        v
+    };
+    assert_eq!(
+        low,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let m = metrics(&gw).await;
+    assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0, "{m}");
+    let mut admin = client::http1(gw.admin()).await;
+    let (status, _, ready) = client::text(client::send(&mut admin, client::get("/readyz")).await).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a store outage does not take the fleet out of its balancer"
+    );
+    assert!(ready.contains("store redis: circuit open"), "{ready}");
+    let bypassed = sample(&m, r#"rate_limit_bypassed_total{reason="store_circuit_open"} "#)
+        + sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#);
+    assert!(bypassed > 0.0, "{m}");
+    // Refused connections fail at once, a reconnect in progress by the deadline.
+    let failed = sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#)
+        + sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#);
+    assert!(failed >= 3.0, "{m}");
+
+    // A fresh Redis on the same port: enforcement resumes, from Redis.
+    redis.restart();
+    wait_for_recovery(&gw, &mut c).await;
+    let low: Vec<StatusCode> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(request(&mut c, "/low").await.0);
+        }
+        v
+    };
+    assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
+    assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(redis.cli(&["EXISTS", "rl:{low:low}"]).trim(), "1");
+}
+
+#[tokio::test]
+async fn a_frozen_redis_times_out_then_opens_the_circuit() {
+    let redis = Redis::start();
+    let gw = start(&redis);
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(request(&mut c, "/closed").await.0, StatusCode::OK);
+
+    redis.freeze();
+    let (_, closed_503) = drive_outage(&mut c, 2.0).await;
+    assert!(closed_503 > 0);
+    let m = metrics(&gw).await;
+    assert!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#) >= 1.0,
+        "hung calls fail by the deadline:\n{m}"
+    );
+    assert!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_circuit_open"} "#) >= 1.0,
+        "then the circuit opens:\n{m}"
+    );
+    assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#) >= 3.0);
+    assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0);
+
+    redis.thaw();
+    wait_for_recovery(&gw, &mut c).await;
+}
