@@ -293,7 +293,7 @@ impl Metrics {
         let bypassed = Family::default();
         registry.register(
             "rate_limit_bypassed",
-            "Requests admitted without a limit decision because the store failed, by reason",
+            "Requests admitted by a local fallback bucket because the quota store failed, by reason",
             bypassed.clone(),
         );
         let lease_keys = Gauge::default();

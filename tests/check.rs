@@ -261,3 +261,70 @@ fn run_refuses_an_invalid_config_before_listening() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("limits[0].rate"));
 }
+
+#[test]
+fn shards_must_leave_every_sub_bucket_a_token() {
+    refused(
+        &format!("{BASE}shards = 200\n"),
+        17,
+        "limits[0].shards",
+        "200 sub-buckets for a quota of 100",
+    );
+    refused(
+        &format!("{BASE}shard_by = \"ip\"\n"),
+        17,
+        "limits[0].shard_by",
+        "applies only with shards > 1",
+    );
+    refused(
+        &format!("{BASE}shards = 4\nshard_by = \"moon\"\n"),
+        18,
+        "limits[0].shard_by",
+        "unknown shard_by \"moon\"",
+    );
+    let (code, _, stderr, _dir) = support::check(&format!("{BASE}shards = 4\nshard_by = \"identity\"\n"));
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn bad_fallback_rate() {
+    refused(
+        &format!("{BASE}fallback_rate = \"5/fortnight\"\n"),
+        17,
+        "limits[0].fallback_rate",
+        "unknown period",
+    );
+}
+
+#[test]
+fn redis_addresses_the_client_cannot_dial_are_refused() {
+    let store = |lines: &str| format!("{BASE}\n[store]\nbackend = \"redis\"\n{lines}\n");
+    refused(
+        &store("url = \"rediss://:hunter2@redis.example:6380\""),
+        20,
+        "store.url",
+        "TLS to Redis (rediss://) is not supported",
+    );
+    let (_, _, stderr, _dir) = support::check(&store("url = \"rediss://:hunter2@redis.example:6380\""));
+    assert!(
+        !stderr.contains("hunter2"),
+        "passwords never reach the terminal: {stderr}"
+    );
+    refused(
+        &store("cluster = [\"redis+unix:///tmp/r.sock\"]"),
+        20,
+        "store.cluster",
+        "cluster seeds must be redis://host:port",
+    );
+    refused(&store("url = \"redis://\""), 20, "store.url", "\"redis://\"");
+    refused(
+        &format!("{BASE}\n[store.breaker]\nfailures = 0\n"),
+        19,
+        "store.breaker.failures",
+        "",
+    );
+    let (code, _, stderr, _dir) = support::check(&store(
+        "url = \"redis://127.0.0.1:6379/0\"\nfleet_size = 3\ntimeout_ms = 5\n[store.breaker]\nfailures = 5\nopen_ms = 500",
+    ));
+    assert_eq!(code, 0, "{stderr}");
+}

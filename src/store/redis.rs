@@ -132,7 +132,10 @@ impl RedisStore {
                     .min_retry_wait(10)
                     .max_retry_wait(200)
                     .build()
-                    .map_err(|e| RedisSetupError::Address(seeds.join(","), e))?;
+                    .map_err(|e| {
+                        let shown: Vec<String> = seeds.iter().map(|s| redact(s)).collect();
+                        RedisSetupError::Address(shown.join(","), e)
+                    })?;
                 let slot = connection.clone();
                 io.spawn(async move {
                     let mut wait = Duration::from_millis(100);

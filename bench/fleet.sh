@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# A fleet of leasegate instances sharing one Redis, against the same fleet on
+# the embedded store, a single instance, and the per-request approach (one
+# Redis script call per request: leasing min = max = 1).
+#
+#   bench/fleet.sh [seconds per run] [instances] [connections per instance]
+#
+# Every instance serves a direct response (no upstream: this measures the
+# gateway and its limiter) with one limit on one hot key shared by the whole
+# fleet. Load: one wrk per instance, all at once. Reports requests/s (sum),
+# the worst p99, Redis script calls per request (INFO commandstats), and, for
+# a limit the load exceeds, requests admitted against the allowance.
+# Installs wrk and redis-server from the system packages if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${1:-8}
+INSTANCES=${2:-2}
+CONNS=${3:-32}
+REDIS_PORT=18390
+BASE_PORT=18400
+
+if ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
+  echo "installing wrk and redis-server..." >&2
+  apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null
+fi
+cargo build --release --quiet
+
+work=$(mktemp -d)
+pids=()
+gw_pids=()
+cleanup() {
+  for p in "${gw_pids[@]}" "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >/dev/null & pids+=($!)
+for _ in $(seq 50); do redis-cli -p $REDIS_PORT ping >/dev/null 2>&1 && break; sleep 0.1; done
+script_calls() {
+  redis-cli -p $REDIS_PORT info commandstats |
+    awk -F'[=:,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+}
+
+# config NAME STORE LEASING RATE -> writes $work/NAME-i.toml for each instance
+config() {
+  local name=$1 store=$2 leasing=$3 rate=$4 i
+  for i in $(seq 0 $((INSTANCES - 1))); do
+    cat > "$work/$name-$i.toml" <<CONF
+[gateway]
+workers = 1
+access_log = "off"
+instance_id = "bench-$i"
+[listeners]
+http = "127.0.0.1:$((BASE_PORT + 2 * i))"
+admin = "127.0.0.1:$((BASE_PORT + 2 * i + 1))"
+[store]
+$store
+[leasing]
+$leasing
+[[routes]]
+name = "hot"
+path_prefix = "/"
+response = { status = 200, body = "ok" }
+limits = ["hot"]
+[[limits]]
+name = "hot"
+rate = "$rate"
+by = ["route"]
+CONF
+  done
+}
+
+start() { # name count
+  local i
+  gw_pids=()
+  for i in $(seq 0 $(($2 - 1))); do
+    LEASEGATE_LOG=warn ./target/release/leasegate run --config "$work/$1-$i.toml" & gw_pids+=($!)
+  done
+  for i in $(seq 0 $(($2 - 1))); do
+    local port=$((BASE_PORT + 2 * i))
+    for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
+  done
+}
+
+# Requests admitted by fallback buckets (store timeouts, errors, open
+# circuit), summed over the running instances.
+bypassed() {
+  local i n=0
+  for i in $(seq 0 $((${#gw_pids[@]} - 1))); do
+    n=$((n + $(curl -fsS "http://127.0.0.1:$((BASE_PORT + 2 * i + 1))/metrics" |
+      awk '/^rate_limit_bypassed_total/ {n += $2} END {printf "%d", n}')))
+  done
+  echo $n
+}
+
+stop() {
+  for p in "${gw_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${gw_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  gw_pids=()
+}
+
+# load count -> "rps p99_ms requests non2xx elapsed_s"
+load() {
+  local i started ended wrks=()
+  started=$(date +%s.%N)
+  for i in $(seq 0 $(($1 - 1))); do
+    wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$((BASE_PORT + 2 * i))/" > "$work/wrk-$i.out" &
+    wrks+=($!)
+  done
+  wait "${wrks[@]}"
+  ended=$(date +%s.%N)
+  cat "$work"/wrk-*.out | awk -v el="$(awk -v a="$started" -v b="$ended" 'BEGIN {print b - a}')" '
+    /^Requests\/sec:/ {rps += $2}
+    $1 == "99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; if (v > p99) p99 = v}
+    /requests in/ {reqs += $1}
+    /Non-2xx/ {bad += $5}
+    END {printf "%.0f %.2f %d %d %.2f\n", rps, p99, reqs, bad, el}'
+  rm -f "$work"/wrk-*.out
+}
+
+REDIS="backend = \"redis\"
+url = \"redis://127.0.0.1:$REDIS_PORT\"
+timeout_ms = 5
+fleet_size = $INSTANCES"
+MEMORY='backend = "memory"'
+LEASING='min = 5
+max = 500
+lookahead_ms = 250
+ttl_ms = 1000'
+PER_REQUEST='min = 1
+max = 1
+max_block_ms = 1'
+HIGH="100000000/s"
+
+echo "| fleet | requests/s (sum) | worst p99 ms | Redis calls per request | bypassed (store failures) |"
+echo "|---|---|---|---|---|"
+row() { # label name count
+  local before after rps p99 reqs bad el skipped
+  start "$2" "$3"
+  load "$3" >/dev/null   # warm-up
+  before=$(script_calls)
+  skipped=$(bypassed)
+  read -r rps p99 reqs bad el < <(load "$3")
+  after=$(script_calls)
+  skipped=$(($(bypassed) - skipped))
+  stop
+  echo "| $1 | $rps | $p99 | $(awk -v c=$((after - before)) -v n="$reqs" 'BEGIN {printf "%.4f", c / n}') | $skipped |"
+}
+config memory "$MEMORY" "$LEASING" "$HIGH"
+row "1 instance, memory store" memory 1
+row "$INSTANCES instances, memory store each" memory "$INSTANCES"
+config leased "$REDIS" "$LEASING" "$HIGH"
+row "$INSTANCES instances, one Redis, leased" leased "$INSTANCES"
+config perreq "$REDIS" "$PER_REQUEST" "$HIGH"
+row "$INSTANCES instances, one Redis, one call per request" perreq "$INSTANCES"
+
+# Accuracy: a limit the load exceeds several times over.
+LIMIT=${LIMIT:-5000}
+config limited "$REDIS" "$LEASING" "$LIMIT/s"
+redis-cli -p $REDIS_PORT flushall >/dev/null
+start limited "$INSTANCES"
+# The probes of start() took a few tokens; count from a fresh bucket.
+redis-cli -p $REDIS_PORT flushall >/dev/null
+read -r rps p99 reqs bad el < <(load "$INSTANCES")
+skipped=$(bypassed)
+stop
+admitted=$((reqs - bad))
+echo
+echo "Limit $LIMIT/s (burst $LIMIT) on one key across $INSTANCES instances, ${el}s of load at $rps req/s:"
+awk -v a="$admitted" -v l="$LIMIT" -v el="$el" -v n="$INSTANCES" 'BEGIN {
+  allowance = l + l * el
+  printf "admitted %d, allowance %.0f (burst + rate × time), admitted/allowance %.3f, bound allowance + %d × 500 = %.0f\n",
+    a, allowance, a / allowance, n, allowance + n * 500 }'
+echo "of which admitted by fallback buckets while the store was failing: $skipped"
+echo
+echo "wrk -t1 -c$CONNS -d${DURATION}s per instance; $(nproc) CPUs, $(uname -r); redis $(redis-server --version | awk '{print $3}')"
