@@ -21,6 +21,9 @@ use crate::metrics::ResultLabels;
 pub struct Reloader {
     path: PathBuf,
     gateway: Arc<Gateway>,
+    /// SHA-256 of the bytes last tried (by the watcher or by SIGHUP), so a
+    /// file is reloaded once per edit whatever triggered it.
+    last_tried: std::sync::Mutex<Option<[u8; 32]>>,
 }
 
 /// Why a reload was asked for.
@@ -32,11 +35,27 @@ pub enum Trigger {
 
 impl Reloader {
     pub fn new(path: PathBuf, gateway: Arc<Gateway>) -> Reloader {
-        Reloader { path, gateway }
+        let last_tried = std::sync::Mutex::new(std::fs::read(&path).ok().map(|b| Sha256::digest(&b).into()));
+        Reloader {
+            path,
+            gateway,
+            last_tried,
+        }
+    }
+
+    fn remember(&self, hash: Option<[u8; 32]>) {
+        if let Ok(mut last) = self.last_tried.lock() {
+            *last = hash;
+        }
+    }
+
+    fn last_tried(&self) -> Option<[u8; 32]> {
+        self.last_tried.lock().ok().and_then(|l| *l)
     }
 
     /// Reads, validates and applies the file. Counts `ok` or `error`.
     pub async fn reload(&self, trigger: Trigger) -> bool {
+        self.remember(self.hash());
         let result = super::load(&self.path);
         let outcome = match result {
             Ok(config) => {
@@ -97,12 +116,14 @@ impl Reloader {
         if old.store.backend != new.store.backend {
             tracing::warn!("[store] backend changed: it applies after a restart");
         }
+        if (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker) {
+            tracing::warn!("[store] timeout_ms or [store.breaker] changed: they apply after a restart");
+        }
     }
 
     /// Polls the file and reloads when its bytes change. Runs forever.
     pub async fn watch(self: Arc<Self>) {
         let mut seen = self.fingerprint();
-        let mut last_hash = self.hash();
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = self.fingerprint();
@@ -111,8 +132,7 @@ impl Reloader {
             }
             seen = now;
             let hash = self.hash();
-            if hash.is_some() && hash != last_hash {
-                last_hash = hash;
+            if hash.is_some() && hash != self.last_tried() {
                 self.reload(Trigger::FileChanged).await;
             }
         }

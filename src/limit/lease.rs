@@ -95,8 +95,10 @@ pub struct Lease {
     pub(crate) over: AtomicU64,
     /// Last store call or refusal, ms (idle leases are forgotten).
     pub(crate) touched: AtomicU64,
-    /// One background refill at a time.
+    /// One store call for this key at a time (a request's or a refill).
     refilling: AtomicBool,
+    /// Wakes the requests waiting for that call's answer.
+    arrived: tokio::sync::Notify,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
@@ -230,15 +232,45 @@ impl Lease {
         self.reset_at.load(Ordering::Relaxed).saturating_sub(now_ms)
     }
 
-    /// Claims the single background refill slot.
-    pub fn start_refill(&self) -> bool {
+    /// Claims the key's single store-call slot; released when the returned
+    /// guard drops (also when the call's future is dropped midway), which
+    /// wakes the requests waiting for it.
+    pub fn start_refill(&self) -> Option<RefillSlot<'_>> {
         self.refilling
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
+            // Lazily: a slot made for a failed claim would free the flag on drop.
+            .then(|| RefillSlot(self))
     }
 
-    pub fn end_refill(&self) {
-        self.refilling.store(false, Ordering::Release);
+    /// Whether a store call for this key is in flight.
+    pub fn refill_in_flight(&self) -> bool {
+        self.refilling.load(Ordering::Acquire)
+    }
+
+    /// Waits until the store call in flight for this key ends, or claims the
+    /// slot if none is (then the caller makes the call).
+    pub async fn wait_for_refill(&self) -> Option<RefillSlot<'_>> {
+        let arrived = self.arrived.notified();
+        tokio::pin!(arrived);
+        // Registered before the check: an end between the two still wakes us.
+        arrived.as_mut().enable();
+        if let Some(slot) = self.start_refill() {
+            return Some(slot);
+        }
+        arrived.await;
+        None
+    }
+}
+
+/// The store-call slot of a lease, held while its call is in flight.
+#[derive(Debug)]
+pub struct RefillSlot<'a>(&'a Lease);
+
+impl Drop for RefillSlot<'_> {
+    fn drop(&mut self) {
+        self.0.refilling.store(false, Ordering::Release);
+        self.0.arrived.notify_waiters();
     }
 }
 
@@ -323,9 +355,10 @@ mod tests {
     #[test]
     fn one_refill_at_a_time() {
         let lease = Lease::default();
-        assert!(lease.start_refill());
-        assert!(!lease.start_refill());
-        lease.end_refill();
-        assert!(lease.start_refill());
+        let slot = lease.start_refill();
+        assert!(slot.is_some());
+        assert!(lease.start_refill().is_none());
+        drop(slot);
+        assert!(lease.start_refill().is_some());
     }
 }

@@ -500,6 +500,27 @@ impl Limiter {
         if blocked::remaining(&lease, now).is_some() {
             return Ok(None);
         }
+        // One store call per key at a time: requests that find one in
+        // flight wait for its answer instead of adding theirs (a hot key
+        // coming out of a block would otherwise send one call per waiting
+        // request). A call that brought nothing for them lets them claim
+        // the slot; after a few rounds they call anyway rather than queue.
+        let mut slot = None;
+        for _ in 0..3 {
+            if let Some(s) = lease.wait_for_refill().await {
+                slot = Some(s);
+                break;
+            }
+            let now = self.now_ms();
+            if lease.try_take(now) {
+                return Ok(Some((lease.remaining(), lease.reset_ms(now))));
+            }
+            if blocked::remaining(&lease, now).is_some() {
+                return Ok(None);
+            }
+        }
+        let _slot = slot;
+        let now = self.now_ms();
         let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
         lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
         lease.set_spec(*spec);
@@ -527,11 +548,15 @@ impl Limiter {
     /// that must wait (Redis) finishes in a background task, so no request
     /// waits for it.
     fn refill_in_background(self: &Arc<Self>, lease: Arc<Lease>, spec: Spec) {
-        if !lease.start_refill() {
+        if lease.refill_in_flight() {
             return;
         }
         let this = self.clone();
         let mut refill = Box::pin(async move {
+            // Released when this ends, or if the task is dropped midway.
+            let Some(_slot) = lease.start_refill() else {
+                return;
+            };
             let settings = this.settings();
             let now = this.now_ms();
             let size = lease.next_size(&settings.sizing, spec.capacity, now, 0);
@@ -550,7 +575,6 @@ impl Limiter {
                 Ok(g) => lease.refused(g.reset_ms.max(g.retry_after_ms), this.now_ms()),
                 Err(e) => tracing::debug!(key = lease.key(), error = %e, "background lease refill failed"),
             }
-            lease.end_refill();
         });
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if refill.as_mut().poll(&mut cx).is_pending() {
@@ -728,6 +752,85 @@ mod tests {
             ip: "127.0.0.1".parse().unwrap(),
             headers,
         }
+    }
+
+    /// A store that answers after a delay, like one across a network.
+    struct Slow(Counting);
+
+    impl QuotaStore for Slow {
+        fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                self.0.acquire(key, spec, want).await
+            })
+        }
+        fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.0.release(key, spec, unused)
+        }
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_without_tokens_share_one_store_call() {
+        let store = Arc::new(Slow(Counting {
+            inner: MemoryStore::new(1_000),
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+        }));
+        let settings = Settings {
+            sizing: Sizing {
+                min: 50,
+                ..Sizing::default()
+            },
+            max_block_ms: 5_000,
+            max_keys: 100_000,
+            fleet_size: 1,
+        };
+        let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
+        let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let (limiter, limits) = (limiter.clone(), limits.clone());
+            tasks.push(tokio::spawn(async move {
+                let h = http::HeaderMap::new();
+                limiter.check(&limits, &[0], &facts("hot", &h), true).await.refused
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), None);
+        }
+        // One call brought 50 tokens for all twenty (a background refill
+        // may follow once the lease runs low).
+        assert!(store.0.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.0.acquires);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_frees_its_keys_store_call_slot() {
+        let store = Arc::new(Slow(Counting {
+            inner: MemoryStore::new(1_000),
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+        }));
+        let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+        let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        // A client that goes away while its store call is in flight...
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(2),
+            limiter.check(&limits, &[0], &facts("k", &h), true),
+        )
+        .await;
+        assert!(abandoned.is_err());
+        // ...leaves the key free for the next request.
+        let v = tokio::time::timeout(
+            Duration::from_secs(1),
+            limiter.check(&limits, &[0], &facts("k", &h), true),
+        )
+        .await
+        .expect("no request waits on an abandoned call");
+        assert_eq!(v.refused, None);
     }
 
     #[tokio::test]
