@@ -16,6 +16,7 @@ use super::{BoxFuture, QuotaStore, StoreError};
 use crate::limit::Clock;
 use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
+use prometheus_client::metrics::counter::Counter;
 
 /// `[store.breaker]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +123,12 @@ pub struct Guarded {
     breaker: Breaker,
     clock: Clock,
     metrics: Arc<Metrics>,
+    /// `leasegate_store_calls_total` by [op][result], resolved once.
+    calls: [[Counter; 3]; 2],
 }
+
+const OPS: [&str; 2] = ["acquire", "release"];
+const RESULTS: [&str; 3] = ["ok", "timeout", "error"];
 
 impl Guarded {
     pub fn new(
@@ -132,12 +138,21 @@ impl Guarded {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> Guarded {
+        let calls = OPS.map(|op| {
+            RESULTS.map(|result| {
+                metrics
+                    .store_calls
+                    .get_or_create(&StoreCallLabels { op, result })
+                    .clone()
+            })
+        });
         Guarded {
             inner,
             deadline,
             breaker: Breaker::new(breaker),
             clock,
             metrics,
+            calls,
         }
     }
 
@@ -145,9 +160,10 @@ impl Guarded {
         &self.breaker
     }
 
+    /// `op`: 0 acquire, 1 release (an index into [`OPS`]).
     async fn guard<'a, T>(
         &'a self,
-        op: &'static str,
+        op: usize,
         call: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let probe = match self.breaker.admit((self.clock)()) {
@@ -167,15 +183,12 @@ impl Guarded {
             },
         };
         self.metrics.store_call_seconds.observe(started.elapsed().as_secs_f64());
-        let label = match &result {
-            Ok(_) => "ok",
-            Err(StoreError::Timeout(_)) => "timeout",
-            Err(_) => "error",
+        let outcome = match &result {
+            Ok(_) => 0,
+            Err(StoreError::Timeout(_)) => 1,
+            Err(_) => 2,
         };
-        self.metrics
-            .store_calls
-            .get_or_create(&StoreCallLabels { op, result: label })
-            .inc();
+        self.calls[op % 2][outcome].inc();
         match &result {
             Ok(_) => {
                 if self.breaker.succeeded() {
@@ -197,9 +210,7 @@ impl Guarded {
 impl QuotaStore for Guarded {
     fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
         Box::pin(async move {
-            let grant = self
-                .guard("acquire", move || self.inner.acquire(key, spec, want))
-                .await?;
+            let grant = self.guard(0, move || self.inner.acquire(key, spec, want)).await?;
             if grant.granted > 0 {
                 self.metrics.lease_tokens.observe(grant.granted as f64);
             }
@@ -208,7 +219,7 @@ impl QuotaStore for Guarded {
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.guard("release", move || self.inner.release(key, spec, unused)))
+        Box::pin(self.guard(1, move || self.inner.release(key, spec, unused)))
     }
 
     fn name(&self) -> &'static str {
