@@ -34,6 +34,9 @@ use stage::Outcome;
 pub struct LimitRuntime {
     pub config: Arc<Limit>,
     pub spec: Spec,
+    /// `config.shards`, kept beside `spec` so an unsharded decision does
+    /// not touch the config at all.
+    shards: u32,
     /// Whether a canary limit enforces on this instance.
     pub enforcing: bool,
     counters: [StripedCounter; 4],
@@ -52,6 +55,7 @@ impl LimitRuntime {
         };
         LimitRuntime {
             spec: config.spec(),
+            shards: config.shards,
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
             counters: [
                 counter(Outcome::Admitted),
@@ -81,11 +85,11 @@ impl LimitRuntime {
         } else {
             self.config.spec_for(facts.plan)
         };
-        if self.config.shards <= 1 {
+        if self.shards <= 1 {
             return (spec, None);
         }
-        let shard = key::shard(self.config.shard_by, self.config.shards, facts);
-        (spec.share(shard, self.config.shards), Some(shard))
+        let shard = key::shard(self.config.shard_by, self.shards, facts);
+        (spec.share(shard, self.shards), Some(shard))
     }
 }
 
