@@ -35,7 +35,9 @@ pub enum Trigger {
 
 impl Reloader {
     pub fn new(path: PathBuf, gateway: Arc<Gateway>) -> Reloader {
-        let last_tried = std::sync::Mutex::new(std::fs::read(&path).ok().map(|b| Sha256::digest(&b).into()));
+        // The bytes of the config in force: an edit made between loading
+        // and watching is still seen.
+        let last_tried = std::sync::Mutex::new(Some(gateway.config().source.sha256));
         Reloader {
             path,
             gateway,
@@ -123,7 +125,9 @@ impl Reloader {
 
     /// Polls the file and reloads when its bytes change. Runs forever.
     pub async fn watch(self: Arc<Self>) {
-        let mut seen = self.fingerprint();
+        // No fingerprint yet: the first poll compares the file's hash with
+        // the config in force.
+        let mut seen = None;
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = self.fingerprint();
