@@ -247,3 +247,32 @@ async fn a_sharded_limit_splits_one_key_into_sub_buckets() {
     let masters_used = cluster.key_counts().iter().filter(|&&n| n > 0).count();
     assert!(masters_used >= 2, "sub-buckets live on different slots");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_gives_unspent_leased_tokens_back_to_redis() {
+    let redis = Redis::start();
+    // Leases of 20 tokens out of a bucket of 100 per hour.
+    let text = config(
+        &format!("url = \"{}\"", redis.url()),
+        "min = 20\nmax = 20\nmax_fraction = 1.0",
+        "rate = \"100/h\"\nby = [\"route\"]",
+    );
+    let mut gw = start(&text);
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(status(&mut c).await, StatusCode::OK);
+    let tokens = |redis: &Redis| -> u64 {
+        let units: u64 = redis.cli(&["HGET", "rl:{fleet:api}", "tokens"]).trim().parse().unwrap();
+        units / 3_600_000 // the level is kept in tokens × period_ms
+    };
+    assert_eq!(tokens(&redis), 80, "one lease of 20 taken");
+    drop(c);
+    gw.signal("TERM");
+    let exit = gw.wait_exit(Duration::from_secs(15)).expect("the gateway exits");
+    assert!(exit.success());
+    assert_eq!(
+        tokens(&redis),
+        99,
+        "19 unspent tokens went back: only the one request used one"
+    );
+    assert!(gw.log().contains("released_tokens=19"), "{}", gw.log());
+}

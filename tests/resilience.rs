@@ -13,6 +13,10 @@ use support::redis::Redis;
 use support::{client, Gateway};
 
 fn config(redis: &Redis) -> String {
+    config_for(&redis.url())
+}
+
+fn config_for(url: &str) -> String {
     format!(
         r#"
 [gateway]
@@ -66,8 +70,7 @@ name = "low"
 rate = "4/h"
 by = ["route"]
 fallback_rate = "2/h"
-"#,
-        url = redis.url()
+"#
     )
 }
 
@@ -233,5 +236,24 @@ async fn a_frozen_redis_times_out_then_opens_the_circuit() {
     assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0);
 
     redis.thaw();
+    wait_for_recovery(&gw, &mut c).await;
+}
+
+#[tokio::test]
+async fn a_gateway_started_without_redis_serves_and_enforces_once_redis_comes() {
+    // Redis is not there yet: the gateway starts anyway.
+    let port = support::closed_port();
+    let absent = format!("redis://127.0.0.1:{port}");
+    let text = config_for(&absent);
+    let gw = Gateway::start(&text);
+    let mut c = client::http1(gw.http()).await;
+    let (status, _, took) = request(&mut c, "/open").await;
+    assert_eq!(status, StatusCode::OK, "fail-open routes serve at once");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    let (status, retry_after, _) = request(&mut c, "/closed").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry_after.is_some_and(|s| s >= 1));
+    // Redis arrives on that port: the breaker's next probe finds it.
+    let _redis = Redis::start_on(port);
     wait_for_recovery(&gw, &mut c).await;
 }

@@ -111,6 +111,12 @@ impl Breaker {
         false
     }
 
+    /// A probe that ended without an answer (its caller went away): the
+    /// next caller may probe instead.
+    pub fn probe_abandoned(&self) {
+        self.probing.store(false, Ordering::Release);
+    }
+
     pub fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }
@@ -171,6 +177,11 @@ impl Guarded {
             Admission::Probe => true,
             Admission::Open { retry_after_ms } => return Err(StoreError::CircuitOpen { retry_after_ms }),
         };
+        // A probe whose caller is dropped mid-call must not leave the
+        // breaker waiting for an answer that never comes.
+        let mut abandoned = ProbeWatch {
+            breaker: probe.then_some(&self.breaker),
+        };
         let started = Instant::now();
         let mut call = call();
         // An answer at hand needs no timer.
@@ -189,6 +200,7 @@ impl Guarded {
             Err(_) => 2,
         };
         self.calls[op % 2][outcome].inc();
+        abandoned.breaker = None; // answered: the result below decides
         match &result {
             Ok(_) => {
                 if self.breaker.succeeded() {
@@ -204,6 +216,19 @@ impl Guarded {
             }
         }
         result
+    }
+}
+
+/// Frees the probe slot if the probing call is dropped before its answer.
+struct ProbeWatch<'a> {
+    breaker: Option<&'a Breaker>,
+}
+
+impl Drop for ProbeWatch<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.breaker {
+            b.probe_abandoned();
+        }
     }
 }
 
@@ -273,6 +298,33 @@ mod tests {
         assert_eq!(b.admit(4_601), Admission::Call);
         assert!(!b.failed(4_602, false));
         assert_eq!(b.admit(4_603), Admission::Call);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_whose_caller_goes_away_frees_the_probe_slot() {
+        let metrics = Arc::new(Metrics::new());
+        let now = Arc::new(AtomicU64::new(1_000));
+        let clock_now = now.clone();
+        let guarded = Guarded::new(
+            Arc::new(Hung),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 1,
+                open_ms: 100,
+            },
+            Arc::new(move || clock_now.load(Ordering::Relaxed)),
+            metrics,
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
+        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+        now.store(1_200, Ordering::Relaxed);
+        // The probe starts, and its request is dropped before the deadline.
+        {
+            let probe = guarded.acquire("k", &spec, 1);
+            let _ = tokio::time::timeout(Duration::from_millis(1), probe).await;
+        }
+        // The next caller probes; it is not told "open" forever.
+        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
     }
 
     #[test]
