@@ -48,18 +48,6 @@ name = "fleet"
     )
 }
 
-/// An HTTP/1.1 client connecting from `source` (any 127.0.0.0/8 address).
-async fn client_from(source: &str, gw: SocketAddr) -> client::Sender1 {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-    let stream = socket.connect(gw).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
-}
-
 /// Starts a gateway and waits until it has reached Redis, so no request
 /// meets the store before it is connected.
 fn start(text: &str) -> Gateway {
@@ -184,7 +172,7 @@ async fn a_cluster_spreads_keys_over_its_masters_and_each_limit_is_exact() {
     for i in 0..40 {
         let addr = gw.http();
         tasks.push(tokio::spawn(async move {
-            let mut c = client_from(&format!("127.0.{}.{}", i / 200, 10 + i % 200), addr).await;
+            let mut c = client::http1_from(&format!("127.0.{}.{}", i / 200, 10 + i % 200), addr).await;
             let mut ok = 0;
             for _ in 0..7 {
                 if status(&mut c).await == StatusCode::OK {
@@ -218,7 +206,7 @@ async fn a_sharded_limit_splits_one_key_into_sub_buckets() {
     // 32 client addresses, each sending until refused twice.
     let mut admitted = 0;
     for i in 0..32 {
-        let mut c = client_from(&format!("127.0.3.{}", 10 + i), gw.http()).await;
+        let mut c = client::http1_from(&format!("127.0.3.{}", 10 + i), gw.http()).await;
         for _ in 0..30 {
             if status(&mut c).await == StatusCode::OK {
                 admitted += 1;

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,18 +33,6 @@ limits = [{route_limits}]
 {limits}
 "#
     )
-}
-
-/// An HTTP/1.1 client connecting from `source` (any 127.0.0.0/8 address).
-async fn client_from(source: &str, gw: SocketAddr) -> client::Sender1 {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-    let stream = socket.connect(gw).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
 }
 
 async fn get(c: &mut client::Sender1) -> (StatusCode, HeaderMap, String) {
@@ -107,8 +94,8 @@ async fn five_per_minute_admits_five_then_429s_with_every_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_identities_have_two_buckets() {
     let gw = Gateway::start(&config("[[limits]]\nname = \"two\"\nrate = \"2/min\"\n", "\"two\""));
-    let mut a = client_from("127.0.0.1", gw.http()).await;
-    let mut b = client_from("127.0.0.2", gw.http()).await;
+    let mut a = client::http1_from("127.0.0.1", gw.http()).await;
+    let mut b = client::http1_from("127.0.0.2", gw.http()).await;
     for _ in 0..2 {
         assert_eq!(get(&mut a).await.0, 200);
     }

@@ -302,19 +302,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_whose_caller_goes_away_frees_the_probe_slot() {
-        let metrics = Arc::new(Metrics::new());
-        let now = Arc::new(AtomicU64::new(1_000));
-        let clock_now = now.clone();
-        let guarded = Guarded::new(
-            Arc::new(Hung),
-            Duration::from_millis(5),
-            BreakerSettings {
-                failures: 1,
-                open_ms: 100,
-            },
-            Arc::new(move || clock_now.load(Ordering::Relaxed)),
-            metrics,
-        );
+        let (guarded, now) = hung(1, 100, Arc::new(Metrics::new()));
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
         assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
         now.store(1_200, Ordering::Relaxed);
@@ -338,6 +326,20 @@ mod tests {
         assert_eq!(b.admit(101), Admission::Probe);
     }
 
+    /// A guarded store that never answers, on a clock the test moves.
+    fn hung(failures: u32, open_ms: u64, metrics: Arc<Metrics>) -> (Guarded, Arc<AtomicU64>) {
+        let now = Arc::new(AtomicU64::new(1_000));
+        let clock_now = now.clone();
+        let guarded = Guarded::new(
+            Arc::new(Hung),
+            Duration::from_millis(5),
+            BreakerSettings { failures, open_ms },
+            Arc::new(move || clock_now.load(Ordering::Relaxed)),
+            metrics,
+        );
+        (guarded, now)
+    }
+
     /// A store that never answers.
     struct Hung;
     impl QuotaStore for Hung {
@@ -355,18 +357,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hung_store_costs_the_deadline_then_nothing() {
         let metrics = Arc::new(Metrics::new());
-        let now = Arc::new(AtomicU64::new(1_000));
-        let clock_now = now.clone();
-        let guarded = Guarded::new(
-            Arc::new(Hung),
-            Duration::from_millis(5),
-            BreakerSettings {
-                failures: 3,
-                open_ms: 2_000,
-            },
-            Arc::new(move || clock_now.load(Ordering::Relaxed)),
-            metrics.clone(),
-        );
+        let (guarded, _now) = hung(3, 2_000, metrics.clone());
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
         for _ in 0..3 {
             let started = tokio::time::Instant::now();

@@ -24,6 +24,17 @@ pub async fn http1(addr: SocketAddr) -> Sender1 {
     sender
 }
 
+/// One HTTP/1.1 connection from a chosen source address (any of
+/// 127.0.0.0/8), so one test can be many clients.
+pub async fn http1_from(source: &str, addr: SocketAddr) -> Sender1 {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
 /// HTTP/2 over plain TCP, by prior knowledge.
 pub async fn h2c(addr: SocketAddr) -> Sender2 {
     let stream = TcpStream::connect(addr).await.unwrap();
