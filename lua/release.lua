@@ -27,7 +27,7 @@ if algorithm == 0 then
   local units, ts = tonumber(state[1]), tonumber(state[2])
   if units == nil or ts == nil then return {0, capacity, 0, 0} end
   if now > ts then
-    units = math.min(cap, units + (now - ts) * count)
+    units = units + (now - ts) * count
     ts = now
   end
   units = math.min(cap, units + tokens * period)

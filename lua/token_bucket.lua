@@ -34,10 +34,14 @@ if units == nil or ts == nil then
   -- New, expired, or a hash of another algorithm: start full and clean.
   redis.call('DEL', KEYS[1])
   units, ts = cap, now
-elseif now > ts then
+else
   -- Refill for the time elapsed; a clock that went back refills nothing.
-  units = math.min(cap, units + (now - ts) * count)
-  ts = now
+  -- Capped at the capacity in force, which a reload may have lowered.
+  if now > ts then
+    units = units + (now - ts) * count
+    ts = now
+  end
+  units = math.min(cap, units)
 end
 
 local granted = math.min(want, idiv(units, period))

@@ -187,3 +187,40 @@ async fn a_store_started_without_redis_fails_fast_and_recovers() {
     let _redis = Redis::start_on(port);
     assert_eq!(acquire_retrying(&store, "rl:{x}", &s, 1).await.granted, 1);
 }
+
+#[test]
+fn a_lowered_capacity_caps_a_bucket_measured_this_very_millisecond() {
+    let redis = Redis::start();
+    // A bucket of 100 measured now, then asked under a capacity of 10 in
+    // the same millisecond (a reload lowered the burst): at most 10.
+    redis.cli(&["HSET", "rl:{t:cap}", "tokens", "6000000", "ts", "99999999999999"]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:cap}", &[10, 60_000, 10, 100]);
+    assert_eq!(r[0], 10, "{r:?}");
+    assert_eq!(r[1], 0);
+    assert!(r[2] <= 60_000, "reset is never past a full refill: {r:?}");
+}
+
+/// Tokens granted after the caller gave up (its deadline passed) go back.
+#[tokio::test]
+async fn a_grant_that_arrives_too_late_goes_back_to_the_bucket() {
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::TokenBucket, "100/h", 100);
+    acquire_retrying(&store, "rl:{late}", &s, 1).await; // connected; 99 left
+                                                        // Redis hangs for 300 ms; a caller waits 20 ms for 50 tokens, then leaves.
+    redis.freeze();
+    let call = store.acquire("rl:{late}", &s, 50);
+    assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.thaw();
+    // The script ran once Redis woke, and its 50 tokens were returned.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let units: u64 = redis.cli(&["HGET", "rl:{late}", "tokens"]).trim().parse().unwrap_or(0);
+        if units / 3_600_000 == 99 && redis.calls("evalsha") >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the late grant was not returned: {units}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -57,10 +57,11 @@ impl Reloader {
 
     /// Reads, validates and applies the file. Counts `ok` or `error`.
     pub async fn reload(&self, trigger: Trigger) -> bool {
-        self.remember(self.hash());
         let result = super::load(&self.path);
         let outcome = match result {
             Ok(config) => {
+                // The bytes just loaded, not a second read of the file.
+                self.remember(Some(config.source.sha256));
                 self.warn_about_restart_only_changes(&config);
                 let sha = config.source.sha256_hex();
                 self.gateway.apply(config).await;
@@ -68,6 +69,7 @@ impl Reloader {
                 "ok"
             }
             Err(e) => {
+                self.remember(self.hash());
                 tracing::error!(?trigger, error = %e, "config reload failed: keeping the config in force");
                 "error"
             }

@@ -12,12 +12,14 @@ use super::lease::Lease;
 
 /// Until when a key refused with `retry_after_ms` stays blocked locally.
 pub fn until(now_ms: u64, retry_after_ms: u64, cap_ms: u64) -> u64 {
-    now_ms + retry_after_ms.min(cap_ms).max(1)
+    now_ms.saturating_add(retry_after_ms.min(cap_ms).max(1))
 }
 
 /// Blocks `lease` after a refusal.
 pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
-    lease.retry_at.store(now_ms + retry_after_ms.max(1), Ordering::Relaxed);
+    lease
+        .retry_at
+        .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
     lease
         .blocked_until
         .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);

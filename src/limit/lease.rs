@@ -208,16 +208,17 @@ impl Lease {
         let level = self.tokens.fetch_add(g.tokens, Ordering::AcqRel) + g.tokens;
         self.level_at_grant.store(level, Ordering::Relaxed);
         self.touch(now_ms);
-        self.expires_at.store(now_ms + ttl_ms, Ordering::Relaxed);
+        self.expires_at.store(now_ms.saturating_add(ttl_ms), Ordering::Relaxed);
         self.store_remaining.store(g.remaining, Ordering::Relaxed);
-        self.reset_at.store(now_ms + g.reset_ms, Ordering::Relaxed);
+        self.reset_at
+            .store(now_ms.saturating_add(g.reset_ms), Ordering::Relaxed);
         self.over.store(0, Ordering::Relaxed);
     }
 
     /// Records a store answer that granted nothing.
     pub fn refused(&self, reset_ms: u64, now_ms: u64) {
         self.store_remaining.store(0, Ordering::Relaxed);
-        self.reset_at.store(now_ms + reset_ms, Ordering::Relaxed);
+        self.reset_at.store(now_ms.saturating_add(reset_ms), Ordering::Relaxed);
     }
 
     /// Remaining as the client should see it: what the store had left, plus

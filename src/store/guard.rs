@@ -204,17 +204,18 @@ impl Guarded {
         match &result {
             Ok(_) => {
                 if self.breaker.succeeded() {
-                    self.metrics.circuit_open.set(0);
                     tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
                 }
             }
             Err(e) => {
                 if self.breaker.failed((self.clock)(), probe) {
-                    self.metrics.circuit_open.set(1);
                     tracing::warn!(store = self.inner.name(), error = %e, "store failing; circuit open");
                 }
             }
         }
+        // From the state, not the transition: racing opens and closes
+        // cannot leave the gauge saying the opposite of the breaker.
+        self.metrics.circuit_open.set(i64::from(self.breaker.is_open()));
         result
     }
 }

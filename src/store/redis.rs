@@ -50,14 +50,24 @@ enum Connection {
 }
 
 impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<(u64, u64, u64, u64), RedisError> {
+    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], RedisError> {
         let mut call = script.key(key);
         for a in args {
             call.arg(*a);
         }
-        match self {
-            Connection::Node(c) => call.invoke_async(c).await,
-            Connection::Cluster(c) => call.invoke_async(c).await,
+        let reply: Vec<i64> = match self {
+            Connection::Node(c) => call.invoke_async(c).await?,
+            Connection::Cluster(c) => call.invoke_async(c).await?,
+        };
+        // Scripts answer four integers, never negative; anything else is a
+        // script from another version, not a reason to wrap around.
+        match reply[..] {
+            [a, b, c, d] => Ok([a, b, c, d].map(|v| v.max(0) as u64)),
+            _ => Err(RedisError::from((
+                redis::ErrorKind::Parse,
+                "unexpected script reply",
+                format!("{reply:?}"),
+            ))),
         }
     }
 }
@@ -99,7 +109,10 @@ impl RedisStore {
         let connection = Arc::new(OnceLock::new());
         match target {
             Target::Node(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| RedisSetupError::Address(redact(url), e))?;
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .map_err(|e| RedisSetupError::Address(redact(url), e))?
+                    .set_tcp_settings(tcp_settings());
+                let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(redact(url), e))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
                     .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -128,6 +141,7 @@ impl RedisStore {
                 let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
+                    .tcp_settings(tcp_settings())
                     .retries(2)
                     .min_retry_wait(10)
                     .max_retry_wait(200)
@@ -161,12 +175,16 @@ impl RedisStore {
         })
     }
 
-    /// Runs `script` on the I/O thread.
+    /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
+    /// release arguments (without the count) that return its grant if the
+    /// caller stopped waiting (the deadline passed) before the answer came,
+    /// so tokens taken for nobody go back instead of being lost.
     fn call<'a>(
         &'a self,
         script: &'static Script,
         key: &str,
         args: Vec<u64>,
+        give_back: Option<[u64; 4]>,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let Some(mut connection) = self.connection.get().cloned() else {
             return Box::pin(std::future::ready(Err(StoreError::Unavailable(
@@ -174,17 +192,28 @@ impl RedisStore {
             ))));
         };
         let key = key.to_owned();
-        let task = self.io.spawn(async move { connection.run(script, &key, &args).await });
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.io.spawn(async move {
+            let result = connection.run(script, &key, &args).await;
+            if let Err(Ok([granted, ..])) = answer.send(result) {
+                if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
+                    let args = [algorithm, count, period, capacity, granted];
+                    if let Err(e) = connection.run(&RELEASE, &key, &args).await {
+                        tracing::debug!(%key, error = %e, "returning a late grant failed");
+                    }
+                }
+            }
+        });
         Box::pin(async move {
-            match task.await {
-                Ok(Ok((granted, remaining, reset_ms, retry_after_ms))) => Ok(Grant {
+            match answered.await {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
                 }),
                 Ok(Err(e)) => Err(classify(&e)),
-                Err(e) => Err(StoreError::Failed(format!("Redis call task: {e}"))),
+                Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
             }
         })
     }
@@ -202,31 +231,65 @@ fn classify(e: &RedisError) -> StoreError {
     }
 }
 
+/// `release.lua`'s first argument.
+fn algorithm_code(spec: &Spec) -> u64 {
+    match spec.algorithm {
+        Algorithm::TokenBucket => 0,
+        Algorithm::SlidingWindow => 1,
+    }
+}
+
+/// Fail fast on a peer that vanished without a reset (a host that died, an
+/// address moved in a failover): unacknowledged data or silent keepalives
+/// end the connection within seconds, and the client reconnects, instead of
+/// every call timing out until the kernel gives up many minutes later.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            socket2::TcpKeepalive::new()
+                .with_time(Duration::from_secs(5))
+                .with_interval(Duration::from_secs(2))
+                .with_retries(3),
+        )
+        .set_user_timeout(Duration::from_secs(5))
+}
+
 fn redact(url: &str) -> String {
     crate::config::redact(url)
 }
 
 impl QuotaStore for RedisStore {
     fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
                 key,
                 vec![spec.count, spec.period_ms(), spec.capacity, want],
+                give_back,
             ),
-            Algorithm::SlidingWindow => self.call(&SLIDING_WINDOW, key, vec![spec.capacity, spec.period_ms(), want]),
+            Algorithm::SlidingWindow => self.call(
+                &SLIDING_WINDOW,
+                key,
+                vec![spec.capacity, spec.period_ms(), want],
+                give_back,
+            ),
         }
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let algorithm = match spec.algorithm {
-            Algorithm::TokenBucket => 0,
-            Algorithm::SlidingWindow => 1,
-        };
         let call = self.call(
             &RELEASE,
             key,
-            vec![algorithm, spec.count, spec.period_ms(), spec.capacity, unused],
+            vec![
+                algorithm_code(spec),
+                spec.count,
+                spec.period_ms(),
+                spec.capacity,
+                unused,
+            ],
+            None,
         );
         Box::pin(async move { call.await.map(|_| ()) })
     }
