@@ -99,6 +99,9 @@ pub struct Lease {
     refilling: AtomicBool,
     /// Wakes the requests waiting for that call's answer.
     arrived: tokio::sync::Notify,
+    /// How the last store call for this key failed, if it did: what the
+    /// requests that waited for it answer, instead of calling again.
+    last_failure: std::sync::Mutex<Option<crate::store::StoreError>>,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
@@ -242,6 +245,18 @@ impl Lease {
             .is_ok()
             // Lazily: a slot made for a failed claim would free the flag on drop.
             .then(|| RefillSlot(self))
+    }
+
+    /// Records how the key's store call ended (`None`: it answered).
+    pub fn call_ended(&self, failure: Option<&crate::store::StoreError>) {
+        if let Ok(mut last) = self.last_failure.lock() {
+            *last = failure.cloned();
+        }
+    }
+
+    /// How the last store call for this key failed, if it did.
+    pub fn last_failure(&self) -> Option<crate::store::StoreError> {
+        self.last_failure.lock().ok().and_then(|l| l.clone())
     }
 
     /// Whether a store call for this key is in flight.

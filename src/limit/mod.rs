@@ -132,6 +132,9 @@ pub struct Settings {
     pub max_keys: usize,
     /// `[store] fleet_size`: divides a limit's rate for the fallback bucket.
     pub fleet_size: u64,
+    /// `[store] timeout_ms`: the longest a request waits for another
+    /// request's store call for the same key.
+    pub store_deadline: std::time::Duration,
 }
 
 impl Settings {
@@ -147,6 +150,7 @@ impl Settings {
             max_block_ms: c.leasing.max_block.as_millis() as u64,
             max_keys: c.store.max_keys,
             fleet_size: c.store.fleet_size,
+            store_deadline: c.store.timeout,
         }
     }
 }
@@ -519,16 +523,18 @@ impl Limiter {
             return Ok(None);
         }
         // One store call per key at a time: requests that find one in
-        // flight wait for its answer instead of adding theirs (a hot key
-        // coming out of a block would otherwise send one call per waiting
-        // request). A call that brought nothing for them lets them claim
-        // the slot; after a few rounds they call anyway rather than queue.
-        let mut slot = None;
-        for _ in 0..3 {
-            if let Some(s) = lease.wait_for_refill().await {
-                slot = Some(s);
-                break;
+        // flight wait for its answer (at most the store deadline) instead of
+        // adding theirs (a hot key coming out of a block would otherwise send
+        // one call per waiting request). If that call failed, they fail the
+        // same way at once; if it answered but left them no token, they
+        // make (or wait for) the next one, all within the one deadline.
+        let mut give_up_at = None;
+        let slot = loop {
+            if let Some(slot) = lease.start_refill() {
+                break slot;
             }
+            let at = *give_up_at.get_or_insert_with(|| tokio::time::Instant::now() + settings.store_deadline);
+            let waited = tokio::time::timeout_at(at, lease.wait_for_refill()).await;
             let now = self.now_ms();
             if lease.try_take(now) {
                 return Ok(Some((lease.remaining(), lease.reset_ms(now))));
@@ -536,13 +542,26 @@ impl Limiter {
             if blocked::remaining(&lease, now).is_some() {
                 return Ok(None);
             }
-        }
+            match waited {
+                Err(_) => return Err(StoreError::Timeout(settings.store_deadline.as_millis() as u64)),
+                Ok(Some(slot)) => break slot,
+                Ok(None) => {
+                    if let Some(e) = lease.last_failure() {
+                        return Err(e);
+                    }
+                    // It answered but left no token for this request: claim
+                    // the next call, or wait for it, within the same deadline.
+                }
+            }
+        };
         let _slot = slot;
         let now = self.now_ms();
         let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
         lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
         lease.set_spec(*spec);
-        let grant = self.store.acquire(key, spec, size).await?;
+        let grant = self.store.acquire(key, spec, size).await;
+        lease.call_ended(grant.as_ref().err());
+        let grant = grant?;
         let now = self.now_ms();
         if grant.granted == 0 {
             lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
@@ -580,7 +599,9 @@ impl Limiter {
             let size = lease.next_size(&settings.sizing, spec.capacity, now, 0);
             lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
             lease.set_spec(spec);
-            match this.store.acquire(lease.key(), &spec, size).await {
+            let answer = this.store.acquire(lease.key(), &spec, size).await;
+            lease.call_ended(answer.as_ref().err());
+            match answer {
                 Ok(g) if g.granted > 0 => lease.add(
                     Granted {
                         tokens: g.granted,
@@ -777,6 +798,7 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
+            store_deadline: Duration::from_millis(5),
         };
         (store.clone(), Limiter::new(store, settings, monotonic_clock()))
     }
@@ -825,6 +847,7 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
+            store_deadline: Duration::from_secs(1),
         };
         let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
         let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
@@ -833,15 +856,87 @@ mod tests {
             let (limiter, limits) = (limiter.clone(), limits.clone());
             tasks.push(tokio::spawn(async move {
                 let h = http::HeaderMap::new();
-                limiter.check(&limits, &[0], &facts("hot", &h), true).await.refused
+                let v = limiter.check(&limits, &[0], &facts("hot", &h), true).await;
+                (v.refused, v.store_error)
             }));
         }
         for t in tasks {
-            assert_eq!(t.await.unwrap(), None);
+            assert_eq!(t.await.unwrap(), (None, None));
         }
         // One call brought 50 tokens for all twenty (a background refill
         // may follow once the lease runs low).
         assert!(store.0.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.0.acquires);
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
+        // The store answers in 10 ms; the deadline is 5 ms.
+        let store = Arc::new(Slow(Counting {
+            inner: MemoryStore::new(1_000),
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+        }));
+        let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+        let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+        let first = {
+            let (limiter, limits) = (limiter.clone(), limits.clone());
+            tokio::spawn(async move {
+                let h = http::HeaderMap::new();
+                limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let h = http::HeaderMap::new();
+        let started = std::time::Instant::now();
+        let second = limiter.check(&limits, &[0], &facts("k", &h), false).await;
+        assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
+        assert!(started.elapsed() < Duration::from_millis(9), "{:?}", started.elapsed());
+        // The first request's own call is the store's business (the guard
+        // bounds it in the gateway); it answered here.
+        assert_eq!(first.await.unwrap(), None);
+        assert_eq!(store.0.acquires.load(Ordering::SeqCst), 1);
+    }
+
+    /// A store that fails after a moment, counting its calls.
+    struct Failing(AtomicU64);
+
+    impl QuotaStore for Failing {
+        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                Err(StoreError::Unavailable("down".into()))
+            })
+        }
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
+        let store = Arc::new(Failing(AtomicU64::new(0)));
+        let settings = Settings {
+            store_deadline: Duration::from_secs(1),
+            ..setup().1.settings()
+        };
+        let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
+        let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+        let mut tasks = Vec::new();
+        for _ in 0..5 {
+            let (limiter, limits) = (limiter.clone(), limits.clone());
+            tasks.push(tokio::spawn(async move {
+                let h = http::HeaderMap::new();
+                limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Some(StoreError::Unavailable("down".into())));
+        }
+        assert_eq!(store.0.load(Ordering::SeqCst), 1, "one call for five requests");
     }
 
     #[tokio::test]
@@ -972,6 +1067,7 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
+            store_deadline: Duration::from_millis(5),
         });
         let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
@@ -992,6 +1088,7 @@ mod tests {
             max_block_ms: 3_600_000,
             max_keys: 1_024,
             fleet_size: 1,
+            store_deadline: Duration::from_millis(5),
         };
         let limiter = Limiter::new(store, settings, monotonic_clock());
         let limits = vec![limit("one", "1/h", None, Mode::Enforce)];
