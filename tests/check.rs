@@ -282,8 +282,16 @@ fn shards_must_leave_every_sub_bucket_a_token() {
         "limits[0].shard_by",
         "unknown shard_by \"moon\"",
     );
-    let (code, _, stderr, _dir) = support::check(&format!("{BASE}shards = 4\nshard_by = \"identity\"\n"));
+    let (code, stdout, stderr, _dir) = support::check(&format!(
+        "{BASE}shards = 4\nshard_by = \"identity\"\nfallback_rate = \"10/min\"\n"
+    ));
     assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(
+            "limit     per_client TokenBucket 100/min burst 100 (Enforce), 4 shards by identity, fallback 10/min"
+        ),
+        "{stdout}"
+    );
 }
 
 #[test]

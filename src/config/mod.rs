@@ -335,11 +335,22 @@ impl Config {
             let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
         }
         for lim in &self.limits {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "limit     {} {:?} {} burst {} ({:?})",
                 lim.name, lim.algorithm, lim.rate, lim.burst, lim.mode
             );
+            if lim.shards > 1 {
+                let by = match lim.shard_by {
+                    ShardBy::Ip => "ip",
+                    ShardBy::Identity => "identity",
+                };
+                let _ = write!(s, ", {} shards by {by}", lim.shards);
+            }
+            if let Some(f) = lim.fallback_rate {
+                let _ = write!(s, ", fallback {f}");
+            }
+            s.push('\n');
         }
         s
     }
