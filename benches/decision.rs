@@ -62,7 +62,6 @@ fn setup() -> Setup {
         max_block_ms: 5_000,
         max_keys: 1_000_000,
         fleet_size: 1,
-        store_deadline: Duration::from_millis(5),
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());
     let rate = Rate {

@@ -59,7 +59,6 @@ fn limiter(store: Arc<dyn QuotaStore>) -> Arc<Limiter> {
         max_block_ms: 5_000,
         max_keys: 1_000_000,
         fleet_size: 1,
-        store_deadline: Duration::from_millis(5),
     };
     Limiter::new(store, settings, monotonic_clock())
 }

@@ -132,9 +132,6 @@ pub struct Settings {
     pub max_keys: usize,
     /// `[store] fleet_size`: divides a limit's rate for the fallback bucket.
     pub fleet_size: u64,
-    /// `[store] timeout_ms`: the longest a request waits for another
-    /// request's store call for the same key.
-    pub store_deadline: std::time::Duration,
 }
 
 impl Settings {
@@ -150,7 +147,6 @@ impl Settings {
             max_block_ms: c.leasing.max_block.as_millis() as u64,
             max_keys: c.store.max_keys,
             fleet_size: c.store.fleet_size,
-            store_deadline: c.store.timeout,
         }
     }
 }
@@ -527,30 +523,32 @@ impl Limiter {
         // adding theirs (a hot key coming out of a block would otherwise send
         // one call per waiting request). If that call failed, they fail the
         // same way at once; if it answered but left them no token, they
-        // make (or wait for) the next one, all within the one deadline.
-        let mut give_up_at = None;
-        let slot = loop {
-            if let Some(slot) = lease.start_refill() {
-                break slot;
-            }
-            let at = *give_up_at.get_or_insert_with(|| tokio::time::Instant::now() + settings.store_deadline);
-            let waited = tokio::time::timeout_at(at, lease.wait_for_refill()).await;
-            let now = self.now_ms();
-            if lease.try_take(now) {
-                return Ok(Some((lease.remaining(), lease.reset_ms(now))));
-            }
-            if blocked::remaining(&lease, now).is_some() {
-                return Ok(None);
-            }
-            match waited {
-                Err(_) => return Err(StoreError::Timeout(settings.store_deadline.as_millis() as u64)),
-                Ok(Some(slot)) => break slot,
-                Ok(None) => {
-                    if let Some(e) = lease.last_failure() {
-                        return Err(e);
+        // make their own calls.
+        let slot = match lease.start_refill() {
+            Some(slot) => Some(slot),
+            None => {
+                // Bounded by that call's own deadline (the guard's), and
+                // released early if its request goes away.
+                let waited = lease.wait_for_refill().await;
+                let now = self.now_ms();
+                if lease.try_take(now) {
+                    return Ok(Some((lease.remaining(), lease.reset_ms(now))));
+                }
+                if blocked::remaining(&lease, now).is_some() {
+                    return Ok(None);
+                }
+                match waited {
+                    Some(slot) => Some(slot),
+                    None => {
+                        if let Some(e) = lease.last_failure() {
+                            return Err(e);
+                        }
+                        // It answered but left no token for this request:
+                        // call now, beside any other, rather than queue
+                        // behind one call at a time (leases of one token
+                        // would serialise a busy key).
+                        None
                     }
-                    // It answered but left no token for this request: claim
-                    // the next call, or wait for it, within the same deadline.
                 }
             }
         };
@@ -577,6 +575,15 @@ impl Limiter {
             now,
             settings.sizing.ttl_ms,
         );
+        if grant.remaining == 0 {
+            // The shared bucket is drained: until about one token's refill
+            // time, a request that finds nothing at hand is refused here
+            // rather than asking a store that just said it has nothing
+            // (the requests that waited for this call would otherwise all
+            // ask at once).
+            let per_token = spec.period_ms().div_ceil(spec.count).max(1);
+            blocked::block(&lease, now, per_token, settings.max_block_ms);
+        }
         Ok(Some((lease.remaining(), lease.reset_ms(now))))
     }
 
@@ -798,7 +805,6 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
-            store_deadline: Duration::from_millis(5),
         };
         (store.clone(), Limiter::new(store, settings, monotonic_clock()))
     }
@@ -819,9 +825,11 @@ mod tests {
 
     impl QuotaStore for Slow {
         fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            // Counted when asked, answered 10 ms later.
+            self.0.acquires.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                self.0.acquire(key, spec, want).await
+                self.0.inner.acquire(key, spec, want).await
             })
         }
         fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -847,7 +855,6 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
-            store_deadline: Duration::from_secs(1),
         };
         let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
         let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
@@ -870,13 +877,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
-        // The store answers in 10 ms; the deadline is 5 ms.
-        let store = Arc::new(Slow(Counting {
+        // The store answers in 10 ms; the guard's deadline is 5 ms.
+        let slow = Arc::new(Slow(Counting {
             inner: MemoryStore::new(1_000),
             acquires: AtomicU64::new(0),
             releases: AtomicU64::new(0),
         }));
-        let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+        let store = Arc::new(crate::store::guard::Guarded::new(
+            slow.clone(),
+            Duration::from_millis(5),
+            crate::store::guard::BreakerSettings {
+                failures: 3,
+                open_ms: 1_000,
+            },
+            monotonic_clock(),
+            Arc::new(Metrics::new()),
+        ));
+        let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
         let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
         let first = {
             let (limiter, limits) = (limiter.clone(), limits.clone());
@@ -888,13 +905,12 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         let h = http::HeaderMap::new();
         let started = std::time::Instant::now();
+        // This one waits for the first request's call, which the deadline ends.
         let second = limiter.check(&limits, &[0], &facts("k", &h), false).await;
         assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
         assert!(started.elapsed() < Duration::from_millis(9), "{:?}", started.elapsed());
-        // The first request's own call is the store's business (the guard
-        // bounds it in the gateway); it answered here.
-        assert_eq!(first.await.unwrap(), None);
-        assert_eq!(store.0.acquires.load(Ordering::SeqCst), 1);
+        assert_eq!(first.await.unwrap(), Some(StoreError::Timeout(5)));
+        assert_eq!(slow.0.acquires.load(Ordering::SeqCst), 1, "one call for both");
     }
 
     /// A store that fails after a moment, counting its calls.
@@ -919,10 +935,7 @@ mod tests {
     #[tokio::test]
     async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
         let store = Arc::new(Failing(AtomicU64::new(0)));
-        let settings = Settings {
-            store_deadline: Duration::from_secs(1),
-            ..setup().1.settings()
-        };
+        let settings = setup().1.settings();
         let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
         let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
         let mut tasks = Vec::new();
@@ -1067,7 +1080,6 @@ mod tests {
             max_block_ms: 5_000,
             max_keys: 100_000,
             fleet_size: 1,
-            store_deadline: Duration::from_millis(5),
         });
         let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
         let h = http::HeaderMap::new();
@@ -1088,7 +1100,6 @@ mod tests {
             max_block_ms: 3_600_000,
             max_keys: 1_024,
             fleet_size: 1,
-            store_deadline: Duration::from_millis(5),
         };
         let limiter = Limiter::new(store, settings, monotonic_clock());
         let limits = vec![limit("one", "1/h", None, Mode::Enforce)];

@@ -48,6 +48,8 @@ pub struct Breaker {
     /// When the breaker may half-open, in monotonic ms; 0 while closed.
     open_until: AtomicU64,
     probing: AtomicBool,
+    /// When the last failure was recorded, in monotonic ms.
+    last_failure: AtomicU64,
 }
 
 impl Breaker {
@@ -60,6 +62,7 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            last_failure: AtomicU64::new(0),
         }
     }
 
@@ -93,13 +96,25 @@ impl Breaker {
         was_open
     }
 
-    /// Records a call's failure. Returns true when this opened the breaker.
-    pub fn failed(&self, now_ms: u64, probe: bool) -> bool {
+    /// Records the failure of a call made at `started_ms`. Returns true
+    /// when this opened the breaker.
+    ///
+    /// Only failures one after another count: a call that was already in
+    /// flight when another failure was recorded shared that failure's cause
+    /// (one stall of the store, the network or this host times out every
+    /// call in flight at once), so it does not add to the count. Opening
+    /// takes `failures` calls failing in turn, each made after the last
+    /// failure was seen, which a store that is really down gives at once.
+    pub fn failed(&self, started_ms: u64, now_ms: u64, probe: bool) -> bool {
         let until = now_ms.saturating_add(self.settings.open_ms).max(1);
+        let previous = self.last_failure.fetch_max(now_ms, Ordering::AcqRel);
         if probe {
             self.open_until.store(until, Ordering::Release);
             self.probing.store(false, Ordering::Release);
             return false; // it was open already
+        }
+        if started_ms < previous {
+            return false;
         }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= self.settings.failures && self.open_until.load(Ordering::Acquire) == 0 {
@@ -183,6 +198,7 @@ impl Guarded {
             breaker: probe.then_some(&self.breaker),
         };
         let started = Instant::now();
+        let started_ms = (self.clock)();
         let mut call = call();
         // An answer at hand needs no timer.
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
@@ -208,7 +224,7 @@ impl Guarded {
                 }
             }
             Err(e) => {
-                if self.breaker.failed((self.clock)(), probe) {
+                if self.breaker.failed(started_ms, (self.clock)(), probe) {
                     tracing::warn!(store = self.inner.name(), error = %e, "store failing; circuit open");
                 }
             }
@@ -267,37 +283,51 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_only() {
         let b = breaker();
-        assert!(!b.failed(10, false));
-        assert!(!b.failed(11, false));
+        assert!(!b.failed(10, 10, false));
+        assert!(!b.failed(11, 11, false));
         assert!(!b.succeeded()); // a success resets the count
-        assert!(!b.failed(12, false));
-        assert!(!b.failed(13, false));
+        assert!(!b.failed(12, 12, false));
+        assert!(!b.failed(13, 13, false));
         assert_eq!(b.admit(14), Admission::Call);
-        assert!(b.failed(14, false)); // the third in a row
+        assert!(b.failed(14, 14, false)); // the third in a row
         assert!(b.is_open());
         assert_eq!(b.admit(15), Admission::Open { retry_after_ms: 1_999 });
-        assert!(!b.failed(16, false)); // late failures do not re-open
+        assert!(!b.failed(16, 16, false)); // late failures do not re-open
+    }
+
+    #[test]
+    fn failures_of_calls_in_flight_together_count_once() {
+        let b = breaker();
+        // One stall times out three calls made at 10, 11 and 12 ms together.
+        assert!(!b.failed(10, 20, false));
+        assert!(!b.failed(11, 20, false));
+        assert!(!b.failed(12, 21, false));
+        assert_eq!(b.admit(22), Admission::Call, "one stall is one failure");
+        // Calls made after that, failing in turn: a store that is down.
+        assert!(!b.failed(22, 27, false));
+        assert!(b.failed(28, 33, false));
+        assert!(b.is_open());
     }
 
     #[test]
     fn lets_exactly_one_probe_through_after_the_cool_down() {
         let b = breaker();
         for t in 0..3 {
-            b.failed(t, false);
+            b.failed(t, t, false);
         }
         assert_eq!(b.admit(2_001), Admission::Open { retry_after_ms: 1 });
         assert_eq!(b.admit(2_002), Admission::Probe);
         assert_eq!(b.admit(2_002), Admission::Open { retry_after_ms: 0 });
         assert_eq!(b.admit(2_500), Admission::Open { retry_after_ms: 0 });
         // The probe fails: open for another full period.
-        assert!(!b.failed(2_600, true));
+        assert!(!b.failed(2_600, 2_600, true));
         assert_eq!(b.admit(2_601), Admission::Open { retry_after_ms: 1_999 });
         assert_eq!(b.admit(4_600), Admission::Probe);
         // The probe succeeds: closed, and the count starts over.
         assert!(b.succeeded());
         assert!(!b.is_open());
         assert_eq!(b.admit(4_601), Admission::Call);
-        assert!(!b.failed(4_602, false));
+        assert!(!b.failed(4_602, 4_602, false));
         assert_eq!(b.admit(4_603), Admission::Call);
     }
 
@@ -322,7 +352,7 @@ mod tests {
             failures: 0, // treated as 1
             open_ms: 0,  // treated as 1
         });
-        assert!(b.failed(100, false));
+        assert!(b.failed(100, 100, false));
         assert_eq!(b.admit(100), Admission::Open { retry_after_ms: 1 });
         assert_eq!(b.admit(101), Admission::Probe);
     }
