@@ -244,11 +244,13 @@ impl Lease {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
             // Lazily: a slot made for a failed claim would free the flag on drop.
-            .then(|| RefillSlot(self))
+            .then(|| RefillSlot {
+                lease: self,
+                recorded: std::cell::Cell::new(false),
+            })
     }
 
-    /// Records how the key's store call ended (`None`: it answered).
-    pub fn call_ended(&self, failure: Option<&crate::store::StoreError>) {
+    fn set_last_failure(&self, failure: Option<&crate::store::StoreError>) {
         if let Ok(mut last) = self.last_failure.lock() {
             *last = failure.cloned();
         }
@@ -281,12 +283,29 @@ impl Lease {
 
 /// The store-call slot of a lease, held while its call is in flight.
 #[derive(Debug)]
-pub struct RefillSlot<'a>(&'a Lease);
+pub struct RefillSlot<'a> {
+    lease: &'a Lease,
+    recorded: std::cell::Cell<bool>,
+}
+
+impl RefillSlot<'_> {
+    /// Records how this slot's call ended (`None`: it answered), for the
+    /// requests waiting for it. Only the slot's call speaks for the key.
+    pub fn record(&self, failure: Option<&crate::store::StoreError>) {
+        self.lease.set_last_failure(failure);
+        self.recorded.set(true);
+    }
+}
 
 impl Drop for RefillSlot<'_> {
     fn drop(&mut self) {
-        self.0.refilling.store(false, Ordering::Release);
-        self.0.arrived.notify_waiters();
+        if !self.recorded.get() {
+            // Dropped mid-call: nothing is known, so no older failure may
+            // stand for it; the waiters make their own calls.
+            self.lease.set_last_failure(None);
+        }
+        self.lease.refilling.store(false, Ordering::Release);
+        self.lease.arrived.notify_waiters();
     }
 }
 

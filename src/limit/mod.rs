@@ -552,13 +552,14 @@ impl Limiter {
                 }
             }
         };
-        let _slot = slot;
         let now = self.now_ms();
         let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
         lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
         lease.set_spec(*spec);
         let grant = self.store.acquire(key, spec, size).await;
-        lease.call_ended(grant.as_ref().err());
+        if let Some(slot) = &slot {
+            slot.record(grant.as_ref().err());
+        }
         let grant = grant?;
         let now = self.now_ms();
         if grant.granted == 0 {
@@ -575,15 +576,7 @@ impl Limiter {
             now,
             settings.sizing.ttl_ms,
         );
-        if grant.remaining == 0 {
-            // The shared bucket is drained: until about one token's refill
-            // time, a request that finds nothing at hand is refused here
-            // rather than asking a store that just said it has nothing
-            // (the requests that waited for this call would otherwise all
-            // ask at once).
-            let per_token = spec.period_ms().div_ceil(spec.count).max(1);
-            blocked::block(&lease, now, per_token, settings.max_block_ms);
-        }
+        drained(&lease, spec, grant.remaining, now, settings);
         Ok(Some((lease.remaining(), lease.reset_ms(now))))
     }
 
@@ -598,7 +591,7 @@ impl Limiter {
         let this = self.clone();
         let mut refill = Box::pin(async move {
             // Released when this ends, or if the task is dropped midway.
-            let Some(_slot) = lease.start_refill() else {
+            let Some(slot) = lease.start_refill() else {
                 return;
             };
             let settings = this.settings();
@@ -607,20 +600,32 @@ impl Limiter {
             lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
             lease.set_spec(spec);
             let answer = this.store.acquire(lease.key(), &spec, size).await;
-            lease.call_ended(answer.as_ref().err());
+            slot.record(answer.as_ref().err());
+            let now = this.now_ms();
             match answer {
-                Ok(g) if g.granted > 0 => lease.add(
-                    Granted {
-                        tokens: g.granted,
-                        remaining: g.remaining,
-                        reset_ms: g.reset_ms,
-                    },
-                    this.now_ms(),
-                    settings.sizing.ttl_ms,
-                ),
-                Ok(g) => lease.refused(g.reset_ms.max(g.retry_after_ms), this.now_ms()),
+                Ok(g) if g.granted > 0 => {
+                    lease.add(
+                        Granted {
+                            tokens: g.granted,
+                            remaining: g.remaining,
+                            reset_ms: g.reset_ms,
+                        },
+                        now,
+                        settings.sizing.ttl_ms,
+                    );
+                    drained(&lease, &spec, g.remaining, now, &settings);
+                }
+                // Refused: the tokens at hand are still spent; requests that
+                // find none (and those waiting for this call) are refused
+                // here until the store's retry time, as after a request's
+                // own refusal.
+                Ok(g) => {
+                    lease.refused(g.reset_ms.max(g.retry_after_ms), now);
+                    blocked::block(&lease, now, g.retry_after_ms, settings.max_block_ms);
+                }
                 Err(e) => tracing::debug!(key = lease.key(), error = %e, "background lease refill failed"),
             }
+            drop(slot);
         });
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if refill.as_mut().poll(&mut cx).is_pending() {
@@ -717,6 +722,23 @@ impl Limiter {
             released += done.unwrap_or(0);
         }
         released
+    }
+}
+
+/// After a grant that left the shared bucket `remaining`: if it drained
+/// it, a request that finds nothing at hand is refused here for about one
+/// token's refill time (at most the lease TTL, after which tokens at hand
+/// go back and the store may have more), rather than asking a store that
+/// just said it has nothing: the requests that waited for this call would
+/// otherwise all ask at once.
+fn drained(lease: &Lease, spec: &Spec, remaining: u64, now: u64, settings: &Settings) {
+    if remaining == 0 {
+        let per_token = spec.period_ms().div_ceil(spec.count).max(1);
+        // Clients are told the full refill time of one token (at most that
+        // long until one exists); the local block is the shorter of it, the
+        // lease TTL and max_block_ms.
+        let cap = settings.sizing.ttl_ms.min(settings.max_block_ms);
+        blocked::block(lease, now, per_token, cap);
     }
 }
 
@@ -950,6 +972,64 @@ mod tests {
             assert_eq!(t.await.unwrap(), Some(StoreError::Unavailable("down".into())));
         }
         assert_eq!(store.0.load(Ordering::SeqCst), 1, "one call for five requests");
+    }
+
+    #[tokio::test]
+    async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
+        let (_store, limiter) = setup();
+        limiter.set_settings(Settings {
+            sizing: Sizing {
+                min: 10,
+                max: 10,
+                fraction: 1.0,
+                ttl_ms: 50,
+                ..Sizing::default()
+            },
+            max_block_ms: 5_000,
+            max_keys: 100_000,
+            fleet_size: 1,
+        });
+        // Three per hour: the first request's lease takes all three.
+        let limits = vec![limit("three", "3/h", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        assert_eq!(v.refused, None);
+        // Another instance would now find the bucket empty; this one has two
+        // tokens at hand, then refuses from memory (telling the client the
+        // real wait for a token: 20 minutes).
+        for _ in 0..2 {
+            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        }
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        assert_eq!(v.refused, Some(0));
+        assert_eq!(v.limits[0].retry_after_ms, 1_200_000);
+    }
+
+    #[tokio::test]
+    async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
+        let (_store, limiter) = setup();
+        limiter.set_settings(Settings {
+            sizing: Sizing {
+                min: 10,
+                max: 10,
+                fraction: 1.0,
+                ttl_ms: 50,
+                ..Sizing::default()
+            },
+            max_block_ms: 5_000,
+            max_keys: 100_000,
+            fleet_size: 1,
+        });
+        let limits = vec![limit("three", "3/h", None, Mode::Enforce)];
+        let h = http::HeaderMap::new();
+        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        // The two unspent tokens expire with the lease and go back; the
+        // drained-bucket block is no longer than the TTL, so they serve.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        for i in 0..2 {
+            let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+            assert_eq!(v.refused, None, "request {i}");
+        }
     }
 
     #[tokio::test]

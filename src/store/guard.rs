@@ -48,8 +48,8 @@ pub struct Breaker {
     /// When the breaker may half-open, in monotonic ms; 0 while closed.
     open_until: AtomicU64,
     probing: AtomicBool,
-    /// When the last failure was recorded, in monotonic ms.
-    last_failure: AtomicU64,
+    /// When the last failure that counted was recorded, in monotonic ms.
+    last_counted: AtomicU64,
 }
 
 impl Breaker {
@@ -62,7 +62,7 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
-            last_failure: AtomicU64::new(0),
+            last_counted: AtomicU64::new(0),
         }
     }
 
@@ -107,14 +107,26 @@ impl Breaker {
     /// failure was seen, which a store that is really down gives at once.
     pub fn failed(&self, started_ms: u64, now_ms: u64, probe: bool) -> bool {
         let until = now_ms.saturating_add(self.settings.open_ms).max(1);
-        let previous = self.last_failure.fetch_max(now_ms, Ordering::AcqRel);
         if probe {
             self.open_until.store(until, Ordering::Release);
             self.probing.store(false, Ordering::Release);
             return false; // it was open already
         }
-        if started_ms < previous {
-            return false;
+        // Moved only by failures that count: under steady load a hung store
+        // fails some call every millisecond, and calls made after a counted
+        // failure must still count, or the circuit would never open.
+        let mut counted = self.last_counted.load(Ordering::Acquire);
+        loop {
+            if started_ms < counted {
+                return false; // in flight with a failure already counted
+            }
+            match self
+                .last_counted
+                .compare_exchange(counted, counted.max(now_ms), Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(moved) => counted = moved,
+            }
         }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= self.settings.failures && self.open_until.load(Ordering::Acquire) == 0 {
@@ -307,6 +319,21 @@ mod tests {
         assert!(!b.failed(22, 27, false));
         assert!(b.failed(28, 33, false));
         assert!(b.is_open());
+    }
+
+    #[test]
+    fn a_store_hung_under_steady_load_opens_the_circuit() {
+        // Deadline 5 ms, a call made every millisecond, each timing out.
+        let b = breaker();
+        let mut opened_at = None;
+        for started in 0..100u64 {
+            if b.failed(started, started + 5, false) {
+                opened_at = Some(started + 5);
+                break;
+            }
+        }
+        // Counted at 5 (made at 0), 10 (made at 5), 15 (made at 10).
+        assert_eq!(opened_at, Some(15));
     }
 
     #[test]
