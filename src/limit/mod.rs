@@ -974,8 +974,9 @@ mod tests {
         assert_eq!(store.0.load(Ordering::SeqCst), 1, "one call for five requests");
     }
 
-    #[tokio::test]
-    async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
+    /// Three per hour, leases of ten that live 50 ms: the first request's
+    /// lease takes the whole bucket.
+    fn one_lease_drains_the_bucket() -> (Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
         let (_store, limiter) = setup();
         limiter.set_settings(Settings {
             sizing: Sizing {
@@ -989,8 +990,12 @@ mod tests {
             max_keys: 100_000,
             fleet_size: 1,
         });
-        // Three per hour: the first request's lease takes all three.
-        let limits = vec![limit("three", "3/h", None, Mode::Enforce)];
+        (limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
+    }
+
+    #[tokio::test]
+    async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
+        let (limiter, limits) = one_lease_drains_the_bucket();
         let h = http::HeaderMap::new();
         let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
         assert_eq!(v.refused, None);
@@ -1007,20 +1012,7 @@ mod tests {
 
     #[tokio::test]
     async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
-        let (_store, limiter) = setup();
-        limiter.set_settings(Settings {
-            sizing: Sizing {
-                min: 10,
-                max: 10,
-                fraction: 1.0,
-                ttl_ms: 50,
-                ..Sizing::default()
-            },
-            max_block_ms: 5_000,
-            max_keys: 100_000,
-            fleet_size: 1,
-        });
-        let limits = vec![limit("three", "3/h", None, Mode::Enforce)];
+        let (limiter, limits) = one_lease_drains_the_bucket();
         let h = http::HeaderMap::new();
         assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
         // The two unspent tokens expire with the lease and go back; the
