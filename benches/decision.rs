@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota, RateLimiter};
 use http::HeaderMap;
-use leasegate::config::{KeyPart, Limit, Mode};
+use leasegate::config::Limit;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
 use leasegate::limit::{monotonic_clock, LimitRuntime, Limiter, Settings};
 use leasegate::metrics::Metrics;
-use leasegate::quota::{Algorithm, Rate};
+use leasegate::quota::Rate;
 use leasegate::store::memory::MemoryStore;
 
 const KEYS: usize = 100_000;
@@ -69,19 +69,8 @@ fn setup() -> Setup {
         period: Duration::from_secs(1),
     };
     let limit = Arc::new(Limit {
-        name: "bench".into(),
-        algorithm: Algorithm::TokenBucket,
-        rate,
         burst: 1_000_000_000,
-        by: vec![KeyPart::Identity],
-        mode: Mode::Enforce,
-        canary_percent: 0,
-        enforce_after: None,
-        plans: vec![],
-        tiers: None,
-        fallback_rate: None,
-        shards: 1,
-        shard_by: leasegate::config::ShardBy::Ip,
+        ..Limit::new("bench", rate)
     });
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let identities = (0..KEYS)

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::HeaderMap;
-use leasegate::config::{KeyPart, Limit, Mode, ShardBy};
+use leasegate::config::Limit;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
 use leasegate::limit::{monotonic_clock, LimitRuntime, Limiter, Settings};
@@ -86,21 +86,7 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
-    let limit = Arc::new(Limit {
-        name: "big".into(),
-        algorithm: Algorithm::TokenBucket,
-        rate,
-        burst: rate.count,
-        by: vec![KeyPart::Identity],
-        mode: Mode::Enforce,
-        canary_percent: 0,
-        enforce_after: None,
-        plans: vec![],
-        tiers: None,
-        fallback_rate: None,
-        shards: 1,
-        shard_by: ShardBy::Ip,
-    });
+    let limit = Arc::new(Limit::new("big", rate));
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let headers = HeaderMap::new();
     let facts = Facts {

@@ -53,18 +53,8 @@ fn the_base_config_is_valid_and_summarised() {
 fn the_shipped_configs_are_valid() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let run_check = |path: &std::path::Path| {
-        let out = std::process::Command::new(support::binary())
-            .arg("check")
-            .arg("--config")
-            .arg(path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (code, _, stderr) = support::check_path(path);
+        assert_eq!(code, 0, "{}: {stderr}", path.display());
     };
     run_check(&root.join("gateway.toml"));
     // The compose file mounts certs/ next to the config, as in the container.
@@ -241,12 +231,12 @@ fn missing_listeners_section() {
 
 #[test]
 fn unreadable_file() {
-    let out = std::process::Command::new(support::binary())
-        .args(["check", "--config", "/nonexistent/gateway.toml"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gateway.toml: cannot read the file"));
+    let (code, _, stderr) = support::check_path(std::path::Path::new("/nonexistent/gateway.toml"));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("/nonexistent/gateway.toml: cannot read the file"),
+        "{stderr}"
+    );
 }
 
 #[test]

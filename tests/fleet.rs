@@ -52,18 +52,6 @@ name = "fleet"
     )
 }
 
-/// Starts a gateway and waits until it has reached Redis, so no request
-/// meets the store before it is connected.
-fn start(text: &str) -> Gateway {
-    let gw = Gateway::start(text);
-    assert!(
-        gw.wait_for_log("connected to Redis", Duration::from_secs(20)),
-        "the gateway never reached Redis:\n{}",
-        gw.log()
-    );
-    gw
-}
-
 async fn status(c: &mut client::Sender1) -> StatusCode {
     client::text(client::send(c, client::get("/")).await).await.0
 }
@@ -112,7 +100,7 @@ async fn three_gateways_enforce_one_limit_within_the_lease_bound() {
         "min = 5\nmax = 20\nlookahead_ms = 250\nttl_ms = 1000",
         "rate = \"100/s\"\nburst = 100\nby = [\"route\"]",
     );
-    let fleet: Vec<Gateway> = (0..3).map(|_| start(&text)).collect();
+    let fleet: Vec<Gateway> = (0..3).map(|_| Gateway::start_connected(&text)).collect();
     let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
     let (tally, elapsed) = drive(&addrs, 2, 3.0).await;
     let ok = tally.ok.load(Ordering::Relaxed);
@@ -146,7 +134,7 @@ async fn leasing_keeps_redis_calls_per_request_low() {
         "min = 5\nmax = 500\nlookahead_ms = 250\nttl_ms = 1000",
         "rate = \"1000000/s\"\nby = [\"route\"]",
     );
-    let fleet: Vec<Gateway> = (0..3).map(|_| start(&text)).collect();
+    let fleet: Vec<Gateway> = (0..3).map(|_| Gateway::start_connected(&text)).collect();
     let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
     let before = redis.script_calls();
     let (tally, _) = drive(&addrs, 2, 2.0).await;
@@ -170,7 +158,7 @@ async fn a_cluster_spreads_keys_over_its_masters_and_each_limit_is_exact() {
         "min = 1\nmax = 10",
         "rate = \"5/h\"",
     );
-    let gw = start(&text);
+    let gw = Gateway::start_connected(&text);
     // 40 clients (identity = their /32 subnet), 7 requests each: 5 admitted.
     let mut tasks = Vec::new();
     for i in 0..40 {
@@ -209,7 +197,7 @@ async fn a_sharded_limit_splits_one_key_into_sub_buckets() {
         "min = 1\nmax = 10",
         "rate = \"40/h\"\nby = [\"route\"]\nshards = 4",
     );
-    let gw = start(&text);
+    let gw = Gateway::start_connected(&text);
     // 32 client addresses, each sending until refused twice.
     let mut admitted = 0;
     for i in 0..32 {
@@ -252,7 +240,7 @@ async fn shutdown_gives_unspent_leased_tokens_back_to_redis() {
         "min = 20\nmax = 20\nmax_fraction = 1.0",
         "rate = \"100/h\"\nby = [\"route\"]",
     );
-    let mut gw = start(&text);
+    let mut gw = Gateway::start_connected(&text);
     let mut c = client::http1(gw.http()).await;
     assert_eq!(status(&mut c).await, StatusCode::OK);
     let tokens = |redis: &Redis| -> u64 {

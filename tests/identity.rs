@@ -160,14 +160,8 @@ fn api_keys_can_live_in_their_own_file() {
     dir.write("keys.toml", "[[api_keys]]\nsha256 = \"nothex\"\ntenant = \"t\"\n");
     let text = "[listeners]\nhttp = \"127.0.0.1:0\"\n[identity]\napi_keys_file = \"keys.toml\"\n";
     let path = dir.write("gateway.toml", text);
-    let out = std::process::Command::new(support::binary())
-        .arg("check")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1));
+    let (code, _, stderr) = support::check_path(&path);
+    assert_eq!(code, 1);
     assert!(
         stderr.contains("keys.toml:2: api_keys[0].sha256: must be 64 hex digits"),
         "{stderr}"
@@ -178,13 +172,8 @@ fn api_keys_can_live_in_their_own_file() {
         "keys.toml",
         &format!("[[api_keys]]\nsha256 = \"{digest}\"\nid = \"ci\"\n"),
     );
-    let out = std::process::Command::new(support::binary())
-        .arg("check")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, _, stderr) = support::check_path(&path);
+    assert_eq!(code, 0, "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,13 +39,6 @@ async fn get(c: &mut client::Sender1) -> (StatusCode, HeaderMap, String) {
     client::text(client::send(c, client::get("/")).await).await
 }
 
-async fn metrics(gw: &Gateway) -> String {
-    let mut c = client::http1(gw.admin()).await;
-    client::text(client::send(&mut c, client::get("/metrics")).await)
-        .await
-        .2
-}
-
 fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
     h.get(name)
         .unwrap_or_else(|| panic!("missing {name} in {h:?}"))
@@ -80,7 +73,7 @@ async fn five_per_minute_admits_five_then_429s_with_every_header() {
     assert_eq!((v["status"].as_u64(), v["limit"].as_str()), (Some(429), Some("five")));
     // Still refused, from the local block.
     assert_eq!(get(&mut c).await.0, 429);
-    let m = metrics(&gw).await;
+    let m = gw.metrics().await;
     assert!(
         m.contains(r#"leasegate_decisions_total{limit="five",outcome="admitted"} 5"#),
         "{m}"
@@ -121,7 +114,7 @@ async fn shadow_counts_and_logs_but_the_client_sees_nothing() {
             "shadow must be invisible: {h:?}"
         );
     }
-    let m = metrics(&gw).await;
+    let m = gw.metrics().await;
     assert!(
         m.contains(r#"leasegate_decisions_total{limit="watch",outcome="shadow_limited"} 2"#),
         "{m}"
@@ -150,7 +143,7 @@ async fn soft_warns_only_when_over() {
         header(&h, "ratelimit-warning"),
         "50% over quota; enforcement begins 2027-03-01"
     );
-    let m = metrics(&gw).await;
+    let m = gw.metrics().await;
     assert!(
         m.contains(r#"leasegate_decisions_total{limit="gentle",outcome="soft_limited"} 1"#),
         "{m}"

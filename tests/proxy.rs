@@ -353,7 +353,7 @@ async fn closed_upstream_port_is_a_502_problem() {
     assert_eq!(status, 502);
     assert_eq!(headers["content-type"], "application/problem+json");
     assert!(body.contains("unreachable"), "{body}");
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = gw.admin_get("/metrics").await;
     assert!(
         metrics.contains(r#"leasegate_upstream_errors_total{upstream="backend",kind="unreachable"} 1"#),
         "{metrics}"
@@ -403,13 +403,6 @@ async fn oversized_request_head_is_refused() {
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 431"), "{out}");
     assert_eq!(up.requests.load(Ordering::SeqCst), 0);
-}
-
-async fn admin_get(gw: &Gateway, path: &str) -> String {
-    let mut c = client::http1(gw.admin()).await;
-    let (status, _, body) = client::text(client::send(&mut c, client::get(path)).await).await;
-    assert_eq!(status, 200, "{path}: {body}");
-    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,10 +456,10 @@ async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
         r#"leasegate_tls_handshake_failures_total{reason="timeout"} 1"#,
     ];
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut metrics = admin_get(&gw, "/metrics").await;
+    let mut metrics = gw.admin_get("/metrics").await;
     while !want.iter().all(|w| metrics.contains(w)) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        metrics = admin_get(&gw, "/metrics").await;
+        metrics = gw.admin_get("/metrics").await;
     }
     for w in want {
         assert!(metrics.contains(w), "{w} in {metrics}");
@@ -477,9 +470,9 @@ async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
 async fn admin_endpoints_tell_the_truth() {
     let up = upstream::start("a").await;
     let gw = Gateway::start(&config(&[up.target()], ""));
-    assert_eq!(admin_get(&gw, "/healthz").await, "ok\n");
-    assert_eq!(admin_get(&gw, "/readyz").await, "ready\nstore memory: ok\n");
-    let v: serde_json::Value = serde_json::from_str(&admin_get(&gw, "/config").await).unwrap();
+    assert_eq!(gw.admin_get("/healthz").await, "ok\n");
+    assert_eq!(gw.admin_get("/readyz").await, "ready\nstore memory: ok\n");
+    let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
     let file = std::fs::read(&gw.config).unwrap();
     let sha: String = Sha256::digest(&file).iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(v["sha256"], sha.as_str());
@@ -489,7 +482,7 @@ async fn admin_endpoints_tell_the_truth() {
     let mut c = client::http1(gw.http()).await;
     client::send(&mut c, client::get("/direct")).await;
     client::text(client::send(&mut c, client::get("/headers")).await).await;
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = gw.admin_get("/metrics").await;
     assert!(metrics.contains("leasegate_connections_open"), "{metrics}");
     for want in [
         r#"leasegate_requests_total{route="direct",status="201"} 1"#,

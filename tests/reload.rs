@@ -36,13 +36,8 @@ fn replace(gw: &Gateway, text: &str) {
     std::fs::rename(&tmp, &gw.config).unwrap();
 }
 
-async fn admin(gw: &Gateway, path: &str) -> String {
-    let mut c = client::http1(gw.admin()).await;
-    client::text(client::send(&mut c, client::get(path)).await).await.2
-}
-
 async fn sha(gw: &Gateway) -> String {
-    let v: serde_json::Value = serde_json::from_str(&admin(gw, "/config").await).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
     v["sha256"].as_str().unwrap().to_string()
 }
 
@@ -70,14 +65,14 @@ async fn a_changed_limit_applies_and_broken_files_never_do() {
     // A syntax error, then a semantic error: neither is applied.
     replace(&gw, "[listeners\nhttp = ");
     wait_for("a failed reload", async || {
-        admin(&gw, "/metrics")
+        gw.admin_get("/metrics")
             .await
             .contains(r#"leasegate_config_reloads_total{result="error"} 1"#)
     })
     .await;
     replace(&gw, &config("0/min", ""));
     wait_for("a second failed reload", async || {
-        admin(&gw, "/metrics")
+        gw.admin_get("/metrics")
             .await
             .contains(r#"leasegate_config_reloads_total{result="error"} 2"#)
     })
@@ -94,7 +89,7 @@ async fn a_changed_limit_applies_and_broken_files_never_do() {
     replace(&gw, &config("1000/s", ""));
     wait_for("the new config", async || sha(&gw).await != first).await;
     wait_for("the new limit", async || status(&mut c).await == 200).await;
-    let m = admin(&gw, "/metrics").await;
+    let m = gw.admin_get("/metrics").await;
     assert!(m.contains(r#"leasegate_config_reloads_total{result="ok"} 1"#), "{m}");
 }
 
@@ -104,15 +99,15 @@ async fn sighup_always_reloads_and_counts() {
     let before = sha(&gw).await;
     gw.signal("HUP");
     wait_for("a counted reload", async || {
-        admin(&gw, "/metrics")
+        gw.admin_get("/metrics")
             .await
             .contains(r#"leasegate_config_reloads_total{result="ok"} 1"#)
     })
     .await;
     assert_eq!(sha(&gw).await, before, "same file, same hash");
-    let v: serde_json::Value = serde_json::from_str(&admin(&gw, "/config").await).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
     assert_eq!(v["limits"], serde_json::json!(["l"]));
-    assert_eq!(admin(&gw, "/healthz").await, "ok\n");
+    assert_eq!(gw.admin_get("/healthz").await, "ok\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +118,7 @@ async fn an_edit_followed_by_sighup_is_reloaded_once() {
     std::fs::write(&gw.config, config("20/min", "")).unwrap();
     gw.signal("HUP");
     wait_for("the reload", async || {
-        admin(&gw, "/metrics")
+        gw.admin_get("/metrics")
             .await
             .contains(r#"leasegate_config_reloads_total{result="ok"} 1"#)
     })

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use support::redis::Redis;
-use support::{client, Gateway};
+use support::{client, sample, Gateway};
 
 fn config(redis: &Redis) -> String {
     config_for(&redis.url())
@@ -74,16 +74,6 @@ fallback_rate = "2/h"
     )
 }
 
-fn start(redis: &Redis) -> Gateway {
-    let gw = Gateway::start(&config(redis));
-    assert!(
-        gw.wait_for_log("connected to Redis", Duration::from_secs(20)),
-        "{}",
-        gw.log()
-    );
-    gw
-}
-
 /// Sends one request; returns its status, Retry-After and how long it took.
 async fn request(c: &mut client::Sender1, path: &str) -> (StatusCode, Option<u64>, Duration) {
     let started = Instant::now();
@@ -93,20 +83,6 @@ async fn request(c: &mut client::Sender1, path: &str) -> (StatusCode, Option<u64
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
     (status, retry_after, started.elapsed())
-}
-
-async fn metrics(gw: &Gateway) -> String {
-    let mut c = client::http1(gw.admin()).await;
-    client::text(client::send(&mut c, client::get("/metrics")).await)
-        .await
-        .2
-}
-
-/// The value of the sample that starts with `name` (labels included), or 0.
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
 }
 
 /// Drives both routes for `secs` while the store is away; checks every
@@ -144,7 +120,7 @@ async fn wait_for_recovery(gw: &Gateway, c: &mut client::Sender1) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, _, _) = request(c, "/closed").await;
-        if status == StatusCode::OK && sample(&metrics(gw).await, "leasegate_circuit_open ") == 0.0 {
+        if status == StatusCode::OK && sample(&gw.metrics().await, "leasegate_circuit_open ") == 0.0 {
             return;
         }
         assert!(Instant::now() < deadline, "enforcement did not resume:\n{}", gw.log());
@@ -155,7 +131,7 @@ async fn wait_for_recovery(gw: &Gateway, c: &mut client::Sender1) {
 #[tokio::test]
 async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     let mut redis = Redis::start();
-    let gw = start(&redis);
+    let gw = Gateway::start_connected(&config(&redis));
     let mut c = client::http1(gw.http()).await;
     // A healthy baseline first (a busy machine may slow the first calls).
     wait_for_recovery(&gw, &mut c).await;
@@ -181,7 +157,7 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    let m = metrics(&gw).await;
+    let m = gw.metrics().await;
     assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0, "{m}");
     let mut admin = client::http1(gw.admin()).await;
     let (status, _, ready) = client::text(client::send(&mut admin, client::get("/readyz")).await).await;
@@ -217,14 +193,14 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
 #[tokio::test]
 async fn a_frozen_redis_times_out_then_opens_the_circuit() {
     let redis = Redis::start();
-    let gw = start(&redis);
+    let gw = Gateway::start_connected(&config(&redis));
     let mut c = client::http1(gw.http()).await;
     wait_for_recovery(&gw, &mut c).await;
 
     redis.freeze();
     let (_, closed_503) = drive_outage(&mut c, 2.0).await;
     assert!(closed_503 > 0);
-    let m = metrics(&gw).await;
+    let m = gw.metrics().await;
     assert!(
         sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#) >= 1.0,
         "hung calls fail by the deadline:\n{m}"

@@ -207,6 +207,28 @@ pub enum ShardBy {
 }
 
 impl Limit {
+    /// A token-bucket limit at `rate` with every other key at its default
+    /// (burst = the rate's count, keyed by identity, enforced, no plans,
+    /// tiers, fallback rate or shards): for tests and benchmarks, with
+    /// struct update for the keys they vary.
+    pub fn new(name: &str, rate: Rate) -> Limit {
+        Limit {
+            name: name.to_string(),
+            algorithm: Algorithm::TokenBucket,
+            rate,
+            burst: rate.count,
+            by: vec![KeyPart::Identity],
+            mode: Mode::Enforce,
+            canary_percent: 5,
+            enforce_after: None,
+            plans: vec![],
+            tiers: None,
+            fallback_rate: None,
+            shards: 1,
+            shard_by: ShardBy::Ip,
+        }
+    }
+
     /// The quota for callers without a plan override.
     pub fn spec(&self) -> crate::quota::Spec {
         crate::quota::Spec::new(self.algorithm, self.rate, self.burst)

@@ -768,8 +768,8 @@ fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KeyPart, Mode};
-    use crate::quota::{Algorithm, Grant, Rate};
+    use crate::config::Mode;
+    use crate::quota::{Grant, Rate};
     use crate::store::memory::MemoryStore;
     use crate::store::BoxFuture;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -799,19 +799,9 @@ mod tests {
     fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRuntime> {
         let rate: Rate = rate.parse().unwrap();
         let config = Arc::new(Limit {
-            name: name.into(),
-            algorithm: Algorithm::TokenBucket,
-            rate,
             burst: burst.unwrap_or(rate.count),
-            by: vec![KeyPart::Identity],
             mode,
-            canary_percent: 5,
-            enforce_after: None,
-            plans: vec![],
-            tiers: None,
-            fallback_rate: None,
-            shards: 1,
-            shard_by: crate::config::ShardBy::Ip,
+            ..Limit::new(name, rate)
         });
         Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
     }

@@ -198,6 +198,19 @@ impl Gateway {
         format!("http://{}{path}", self.http())
     }
 
+    /// GET `path` on the admin listener; the body (the status must be 200).
+    pub async fn admin_get(&self, path: &str) -> String {
+        let mut c = client::http1(self.admin()).await;
+        let (status, _, body) = client::text(client::send(&mut c, client::get(path)).await).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        body
+    }
+
+    /// The metrics text from the admin listener.
+    pub async fn metrics(&self) -> String {
+        self.admin_get("/metrics").await
+    }
+
     /// Access-log lines so far.
     pub fn access_log(&self) -> Vec<String> {
         self.access.lock().unwrap().clone()
@@ -247,17 +260,31 @@ impl Drop for Gateway {
 pub fn check(config: &str) -> (i32, String, String, TempDir) {
     let dir = TempDir::new();
     let path = dir.write("gateway.toml", config);
+    let (code, stdout, stderr) = check_path(&path);
+    (code, stdout, stderr, dir)
+}
+
+/// Runs `leasegate check` on a config file; returns (exit code, stdout, stderr).
+pub fn check_path(path: &Path) -> (i32, String, String) {
     let out = Command::new(binary())
         .args(["check", "--config"])
-        .arg(&path)
+        .arg(path)
         .output()
         .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-        dir,
     )
+}
+
+/// The value of the metric sample whose line starts with `name` (labels
+/// included, with the trailing space), or 0 when there is none.
+pub fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
 }
 
 /// A port that nothing listens on (bound, then released).

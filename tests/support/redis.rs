@@ -6,7 +6,21 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{require_tool, TempDir};
+use super::{require_tool, Gateway, TempDir};
+
+impl Gateway {
+    /// Starts a gateway on a Redis store and waits until it has reached
+    /// Redis, so no request meets the store before it is connected.
+    pub fn start_connected(config: &str) -> Gateway {
+        let gw = Gateway::start(config);
+        assert!(
+            gw.wait_for_log("connected to Redis", Duration::from_secs(20)),
+            "the gateway never reached Redis:\n{}",
+            gw.log()
+        );
+        gw
+    }
+}
 
 /// One `redis-server`.
 pub struct Redis {
