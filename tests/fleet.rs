@@ -146,6 +146,13 @@ async fn leasing_keeps_redis_calls_per_request_low() {
     let calls = redis.script_calls() - before;
     let per_request = calls as f64 / requests as f64;
     println!("{requests} requests, {calls} Redis script calls: {per_request:.4} per request");
+    // Each instance reports the lease sizes it was granted.
+    let m = fleet[0].metrics().await;
+    assert!(support::sample(&m, "leasegate_lease_tokens_count ") >= 1.0, "{m}");
+    assert!(
+        support::sample(&m, r#"leasegate_store_calls_total{op="acquire",result="ok"} "#) >= 1.0,
+        "{m}"
+    );
     assert!(requests > 1_000, "too few requests to judge: {requests}");
     assert!(per_request <= 0.05, "{calls} calls for {requests} requests");
 }

@@ -6,6 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
 use support::{client, Gateway};
 
 fn config(rate: &str, extra: &str) -> String {
@@ -34,6 +35,10 @@ fn replace(gw: &Gateway, text: &str) {
     let tmp = gw.config.with_extension("toml.tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, &gw.config).unwrap();
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 async fn sha(gw: &Gateway) -> String {
@@ -135,4 +140,15 @@ async fn an_edit_followed_by_sighup_is_reloaded_once() {
         reloads.last().unwrap().contains("Sighup"),
         "the watcher reloaded what SIGHUP had loaded: {reloads:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_made_right_after_start_is_applied() {
+    let gw = Gateway::start(&config("10/min", ""));
+    // At once, before the watcher may have looked at the file: it must
+    // compare with the config in force, not with what it first sees.
+    replace(&gw, &config("20/min", ""));
+    let edited = hex(&Sha256::digest(config("20/min", "").as_bytes()));
+    wait_for("the edit", async || sha(&gw).await == edited).await;
+    assert!(gw.log().contains("trigger=FileChanged"), "{}", gw.log());
 }

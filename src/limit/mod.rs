@@ -768,7 +768,7 @@ fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Mode;
+    use crate::config::{KeyPart, Mode};
     use crate::quota::{Grant, Rate};
     use crate::store::memory::MemoryStore;
     use crate::store::BoxFuture;
@@ -1012,6 +1012,49 @@ mod tests {
             let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
             assert_eq!(v.refused, None, "request {i}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
+        let store = Arc::new(Failing(AtomicU64::new(0)));
+        let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+        let limits = vec![
+            limit("a", "1000000/s", None, Mode::Enforce),
+            limit("b", "1000000/s", None, Mode::Enforce),
+        ];
+        let h = http::HeaderMap::new();
+        let v = limiter.check(&limits, &[0, 1], &facts("k", &h), false).await;
+        assert!(v.store_error.is_some());
+        assert_eq!(store.0.load(Ordering::SeqCst), 1, "the 503 is decided; b is not asked");
+        // A fail-open route asks both, each decided by its fallback bucket.
+        let v = limiter.check(&limits, &[0, 1], &facts("k2", &h), true).await;
+        assert_eq!(v.limits.len(), 2);
+        assert_eq!(v.refused, None);
+    }
+
+    #[tokio::test]
+    async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
+        let store = Arc::new(Failing(AtomicU64::new(0)));
+        let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+        let rate: Rate = "40/h".parse().unwrap();
+        let config = Arc::new(Limit {
+            by: vec![KeyPart::Route],
+            shards: 4,
+            fallback_rate: Some("8/h".parse().unwrap()),
+            ..Limit::new("sharded", rate)
+        });
+        let limits = vec![Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))];
+        let h = http::HeaderMap::new();
+        // One client, so one sub-bucket: its share of the fallback is 8 / 4.
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let v = limiter.check(&limits, &[0], &facts("k", &h), true).await;
+            assert!(v.store_error.is_some());
+            if v.refused.is_none() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 2);
     }
 
     #[tokio::test]
