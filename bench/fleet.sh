@@ -13,6 +13,7 @@
 # Installs wrk and redis-server from the system packages if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 
 DURATION=${1:-8}
 INSTANCES=${2:-2}
@@ -20,10 +21,7 @@ CONNS=${3:-32}
 REDIS_PORT=18390
 BASE_PORT=18400
 
-if ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
-  echo "installing wrk and redis-server..." >&2
-  apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null
-fi
+need_tools wrk:wrk redis-server:redis-server redis-cli:redis-tools
 cargo build --release --quiet
 
 work=$(mktemp -d)
@@ -111,9 +109,9 @@ load() {
   done
   wait "${wrks[@]}"
   ended=$(date +%s.%N)
-  cat "$work"/wrk-*.out | awk -v el="$(awk -v a="$started" -v b="$ended" 'BEGIN {print b - a}')" '
+  cat "$work"/wrk-*.out | awk -v el="$(awk -v a="$started" -v b="$ended" 'BEGIN {print b - a}')" \
+    -v p99="$(wrk_p99_ms "$work"/wrk-*.out)" '
     /^Requests\/sec:/ {rps += $2}
-    $1 == "99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; if (v > p99) p99 = v}
     /requests in/ {reqs += $1}
     /Non-2xx/ {bad += $5}
     END {printf "%.0f %.2f %d %d %.2f\n", rps, p99, reqs, bad, el}'

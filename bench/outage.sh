@@ -11,15 +11,13 @@
 # worst case for an outage. Installs wrk and redis-server if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 
 DURATION=${1:-8}
 CONNS=${2:-16}
 REDIS_PORT=18490 PORT=18491 ADMIN=18492
 
-if ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
-  echo "installing wrk and redis-server..." >&2
-  apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null
-fi
+need_tools wrk:wrk redis-server:redis-server redis-cli:redis-tools curl:curl
 cargo build --release --quiet
 
 work=$(mktemp -d)
@@ -71,8 +69,6 @@ CONF
 LEASEGATE_LOG=error ./target/release/leasegate run --config "$work/gateway.toml" & pids+=($!)
 for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/open" 2>/dev/null && break; sleep 0.1; done
 
-p99() { awk '$1 == "99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; print v}' "$1"; }
-maxlat() { awk '$1 == "Latency" {v=$4; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; print v}' "$1"; }
 codes() { awk '/Non-2xx/ {print $5} END {}' "$1" | head -1; }
 
 phase() { # label
@@ -84,7 +80,7 @@ phase() { # label
   local ro rc
   ro=$(awk '/^Requests\/sec:/ {print $2}' "$work/open.out")
   rc=$(awk '/^Requests\/sec:/ {print $2}' "$work/closed.out")
-  echo "| $1 | $ro | $(p99 "$work/open.out") | $(maxlat "$work/open.out") | $(codes "$work/open.out") | $rc | $(p99 "$work/closed.out") | $(maxlat "$work/closed.out") | $(codes "$work/closed.out") |"
+  echo "| $1 | $ro | $(wrk_p99_ms "$work/open.out") | $(wrk_max_ms "$work/open.out") | $(codes "$work/open.out") | $rc | $(wrk_p99_ms "$work/closed.out") | $(wrk_max_ms "$work/closed.out") | $(codes "$work/closed.out") |"
 }
 
 echo "| phase | open: req/s | open: p99 ms | open: max ms | open: non-2xx | closed: req/s | closed: p99 ms | closed: max ms | closed: non-2xx (503) |"

@@ -11,16 +11,14 @@
 # Prints a markdown table of medians: requests/s and p99 latency.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 
 DURATION=${1:-8}
 ROUNDS=${2:-3}
 CONNS=${3:-50}
 UP_PORT=18081 NGINX_PORT=18082 LG_PORT=18083 LG_ADMIN=18084 LGL_PORT=18085 LGL_ADMIN=18086
 
-if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
-  echo "installing wrk and nginx..." >&2
-  apt-get update -qq && apt-get install -y -qq wrk nginx >/dev/null
-fi
+need_tools wrk:wrk nginx:nginx curl:curl
 if [ "$(nproc)" -lt 2 ]; then
   echo "bench/proxy.sh needs at least 2 CPUs (proxy on one, load and upstream on the other)" >&2
   exit 1
@@ -122,7 +120,7 @@ run() { # port [proxy pid] -> "rps p99_ms cpu_us_per_request"
   after=$(ticks ${2:-})
   local rps p99 reqs cpu=-
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
-  p99=$(awk '$1 == "99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; print v}' "$work/wrk.out")
+  p99=$(wrk_p99_ms "$work/wrk.out")
   reqs=$(awk '/requests in/ {print $1}' "$work/wrk.out")
   if [ -n "${2:-}" ]; then cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}'); fi
   if grep -q "Non-2xx" "$work/wrk.out"; then echo "non-2xx responses from port $1" >&2; cat "$work/wrk.out" >&2; exit 1; fi

@@ -2,7 +2,6 @@
 //! Cluster of three masters made with `redis-cli --cluster create`. Killed
 //! on drop; nothing is kept on disk.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -163,10 +162,6 @@ impl Redis {
 
     pub fn thaw(&self) {
         self.signal("CONT");
-    }
-
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
     }
 }
 
