@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use leasegate::quota::{Algorithm, Grant, Rate, Spec};
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
-use leasegate::store::{QuotaStore, StoreError};
+use leasegate::store::{QuotaStore, StoreError, Unspent};
 use support::redis::Redis;
 
 fn spec(algorithm: Algorithm, rate: &str, capacity: u64) -> Spec {
@@ -39,7 +39,7 @@ fn eval(redis: &Redis, script: &str, key: &str, args: &[u64]) -> Vec<u64> {
 async fn acquire_retrying(store: &RedisStore, key: &str, spec: &Spec, want: u64) -> Grant {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.acquire(key, spec, want).await {
+        match store.acquire(key, spec, want, Unspent::default()).await {
             Ok(g) => return g,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -133,13 +133,33 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         let key = format!("rl:{{diff:{which}:{}}}", rng.u8(..3));
         if rng.u8(..4) == 0 {
             let n = rng.u64(1..8);
-            store.release(&key, spec, n).await.unwrap();
-            memory.release(&key, spec, n).await.unwrap();
+            store
+                .release(
+                    &key,
+                    spec,
+                    Unspent {
+                        tokens: n,
+                        window_ms: 0,
+                    },
+                )
+                .await
+                .unwrap();
+            memory
+                .release(
+                    &key,
+                    spec,
+                    Unspent {
+                        tokens: n,
+                        window_ms: 0,
+                    },
+                )
+                .await
+                .unwrap();
             continue;
         }
         let want = rng.u64(1..12);
         let r = acquire_retrying(&store, &key, spec, want).await;
-        let m = memory.acquire(&key, spec, want).await.unwrap();
+        let m = memory.acquire(&key, spec, want, Unspent::default()).await.unwrap();
         assert_eq!(
             (r.granted, r.remaining),
             (m.granted, m.remaining),
@@ -166,7 +186,7 @@ async fn a_restarted_redis_starts_with_a_full_bucket_and_reloads_the_scripts() {
     assert_eq!(g.granted, 10, "a fresh bucket starts full");
     // A flushed script cache is reloaded transparently too.
     redis.cli(&["SCRIPT", "FLUSH"]);
-    let g = store.acquire("rl:{r:b}", &s, 3).await.unwrap();
+    let g = store.acquire("rl:{r:b}", &s, 3, Unspent::default()).await.unwrap();
     assert_eq!(g.granted, 3);
     assert!(redis.calls("script|load") + redis.calls("eval") >= 1);
 }
@@ -177,7 +197,7 @@ async fn a_store_started_without_redis_fails_fast_and_recovers() {
     let store = RedisStore::start(&Target::Node(format!("redis://127.0.0.1:{port}"))).unwrap();
     let s = spec(Algorithm::TokenBucket, "10/min", 10);
     let started = Instant::now();
-    let err = store.acquire("rl:{x}", &s, 1).await.unwrap_err();
+    let err = store.acquire("rl:{x}", &s, 1, Unspent::default()).await.unwrap_err();
     assert!(
         matches!(err, StoreError::Unavailable(_) | StoreError::Failed(_)),
         "{err:?}"
@@ -209,7 +229,7 @@ async fn a_grant_that_arrives_too_late_goes_back_to_the_bucket() {
     acquire_retrying(&store, "rl:{late}", &s, 1).await; // connected; 99 left
                                                         // Redis hangs for 300 ms; a caller waits 20 ms for 50 tokens, then leaves.
     redis.freeze();
-    let call = store.acquire("rl:{late}", &s, 50);
+    let call = store.acquire("rl:{late}", &s, 50, Unspent::default());
     assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.thaw();

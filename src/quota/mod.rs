@@ -94,6 +94,8 @@ pub struct Grant {
     pub reset_ms: u64,
     /// When nothing was granted: milliseconds until one token will be.
     pub retry_after_ms: u64,
+    /// Sliding window: the start of the window the grant was counted in.
+    pub window_ms: u64,
 }
 
 /// The stored state of one key, whichever the algorithm.

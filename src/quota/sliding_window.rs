@@ -65,7 +65,12 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         granted,
         remaining,
         reset_ms: window_end.saturating_sub(now_ms),
-        retry_after_ms: if granted == 0 { retry_after(&s, spec, now_ms) } else { 0 },
+        retry_after_ms: if remaining == 0 {
+            retry_after(&s, spec, now_ms)
+        } else {
+            0
+        },
+        window_ms: s.window_ms,
     };
     (s, grant)
 }

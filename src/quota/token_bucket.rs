@@ -28,12 +28,13 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         granted,
         remaining: units / per_token,
         reset_ms: ceil_div(cap - units, spec.count),
-        // Only when nothing was granted: the time until one whole token exists.
-        retry_after_ms: if granted == 0 && units < per_token {
+        // When no whole token is left: the time until one exists.
+        retry_after_ms: if units < per_token {
             ceil_div(per_token - units, spec.count)
         } else {
             0
         },
+        window_ms: 0,
     };
     (
         State {

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{BoxFuture, QuotaStore, StoreError};
+use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::quota::{self, Grant, Spec, State};
 
 const SHARDS: usize = 64;
@@ -202,13 +202,24 @@ impl MemoryStore {
 }
 
 impl QuotaStore for MemoryStore {
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let result = self.acquire_now(key, spec, want);
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let result = if unspent.tokens > 0 {
+            self.release_now(key, spec, unspent.tokens)
+                .and_then(|()| self.acquire_now(key, spec, want))
+        } else {
+            self.acquire_now(key, spec, want)
+        };
         Box::pin(std::future::ready(result))
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let result = self.release_now(key, spec, unused);
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        let result = self.release_now(key, spec, unspent.tokens);
         Box::pin(std::future::ready(result))
     }
 

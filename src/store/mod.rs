@@ -29,14 +29,29 @@ pub enum StoreError {
     CircuitOpen { retry_after_ms: u64 },
 }
 
+/// Unspent leased tokens going back to the store, and the window they were
+/// taken in (`Grant::window_ms`; 0 for a token bucket).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unspent {
+    pub tokens: u64,
+    pub window_ms: u64,
+}
+
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.
 pub trait QuotaStore: Send + Sync + 'static {
     /// Takes up to `want` tokens from `key`'s bucket: grants
     /// `min(want, available)`, and when it grants none says when one will be.
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>>;
+    /// Gives back `unspent` first (when it holds tokens): one atomic step.
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
 
-    /// Gives back `unused` tokens (an unspent lease), clamped to capacity.
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Gives back unspent tokens (of a lease), clamped to capacity.
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;

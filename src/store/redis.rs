@@ -22,7 +22,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
 
-use super::{BoxFuture, QuotaStore, StoreError};
+use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::quota::{Algorithm, Grant, Spec};
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_bucket.lua")));
@@ -211,6 +211,7 @@ impl RedisStore {
                     remaining,
                     reset_ms,
                     retry_after_ms,
+                    window_ms: 0,
                 }),
                 Ok(Err(e)) => Err(classify(&e)),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
@@ -260,7 +261,19 @@ fn redact(url: &str) -> String {
 }
 
 impl QuotaStore for RedisStore {
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        if unspent.tokens > 0 {
+            return Box::pin(async move {
+                self.release(key, spec, unspent).await?;
+                self.acquire(key, spec, want, Unspent::default()).await
+            });
+        }
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
@@ -278,7 +291,8 @@ impl QuotaStore for RedisStore {
         }
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        let unused = unspent.tokens;
         let call = self.call(
             &RELEASE,
             key,
