@@ -197,11 +197,12 @@ impl Lease {
 
     /// The size of the next lease, updating the rate estimate from what was
     /// spent since the last grant. `returned` counts tokens taken back
-    /// unspent (expired) since then.
-    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64) -> u64 {
+    /// unspent (expired) since then; `asking` is 1 when a request without a
+    /// token is asking (its hit counts too), 0 for a background refill.
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64, asking: u64) -> u64 {
         let level = self.level_at_grant.swap(0, Ordering::Relaxed);
         // Spent since the grant, plus the request asking now.
-        let hits = level.saturating_sub(self.available() + returned) + 1;
+        let hits = level.saturating_sub(self.available() + returned) + asking;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
         if since != 0 {
             self.record_admitted(hits, now_ms);
@@ -439,7 +440,7 @@ mod tests {
         let s = Sizing::default();
         let lease = Lease::default();
         let mut now = 1_000;
-        lease.next_size(&s, 1_000_000, now, 0);
+        lease.next_size(&s, 1_000_000, now, 0, 1);
         let grant = |lease: &Lease, now| {
             lease.add(
                 Granted {
@@ -459,7 +460,7 @@ mod tests {
                 lease.try_take(now);
             }
             now += 100; // 4,000 qps
-            sizes.push(lease.next_size(&s, 1_000_000, now, 0));
+            sizes.push(lease.next_size(&s, 1_000_000, now, 0, 1));
         }
         assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
         assert_eq!(*sizes.last().unwrap(), 500);
@@ -467,7 +468,7 @@ mod tests {
         for _ in 0..8 {
             grant(&lease, now);
             now += 1_000; // 1 qps: the asking request only
-            decaying.push(lease.next_size(&s, 1_000_000, now, 0));
+            decaying.push(lease.next_size(&s, 1_000_000, now, 0, 1));
         }
         assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
         assert_eq!(*decaying.last().unwrap(), 5);

@@ -123,7 +123,8 @@ impl Limiter {
             tokens: expired,
             window_ms: lease.window_ms(),
         };
-        let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
+        let own = u64::from(caller == Caller::Request);
+        let size = lease.next_size(&settings.sizing, spec.capacity, now, expired, own);
         lease.size_hint.store(size, Ordering::Relaxed);
         // Enough for the requests in line (up to `max`), else the sized lease.
         let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
@@ -139,7 +140,6 @@ impl Limiter {
             blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
             return Ok(false);
         }
-        let own = u64::from(caller == Caller::Request);
         lease.add(
             Granted {
                 tokens: grant.granted - own,

@@ -6,11 +6,55 @@ use crate::store::{BoxFuture, Unspent};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// A memory store that counts its calls.
+mod hard_paths;
+
+/// A memory store that counts its calls and what went through them.
 struct Counting {
     inner: MemoryStore,
     acquires: AtomicU64,
     releases: AtomicU64,
+    /// Tokens granted, and tokens given back (by release or with an acquire).
+    granted: AtomicU64,
+    returned: AtomicU64,
+    /// What each acquire asked for.
+    wants: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Counting {
+    fn new(inner: MemoryStore) -> Counting {
+        Counting {
+            inner,
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            wants: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Counting {
+    /// Counts a call and what it asks for.
+    fn asked(&self, want: u64) {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.wants.lock().unwrap().push(want);
+    }
+
+    /// Answers a call: gives `unspent` back, then grants.
+    fn answer(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
+        self.returned.fetch_add(unspent.tokens, Ordering::SeqCst);
+        let answer = if unspent.tokens > 0 {
+            self.inner
+                .release_now(key, spec, unspent.tokens)
+                .and_then(|()| self.inner.acquire_now(key, spec, want))
+        } else {
+            self.inner.acquire_now(key, spec, want)
+        };
+        if let Ok(g) = &answer {
+            self.granted.fetch_add(g.granted, Ordering::SeqCst);
+        }
+        answer
+    }
 }
 
 impl QuotaStore for Counting {
@@ -21,11 +65,12 @@ impl QuotaStore for Counting {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(key, spec, want, unspent)
+        self.asked(want);
+        Box::pin(std::future::ready(self.answer(key, spec, want, unspent)))
     }
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         self.releases.fetch_add(1, Ordering::SeqCst);
+        self.returned.fetch_add(unused.tokens, Ordering::SeqCst);
         self.inner.release(key, spec, unused)
     }
     fn name(&self) -> &'static str {
@@ -44,11 +89,7 @@ fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRun
 }
 
 fn setup() -> (Arc<Counting>, Arc<Limiter>) {
-    let store = Arc::new(Counting {
-        inner: MemoryStore::new(10_000),
-        acquires: AtomicU64::new(0),
-        releases: AtomicU64::new(0),
-    });
+    let store = Arc::new(Counting::new(MemoryStore::new(10_000)));
     let settings = Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
@@ -70,8 +111,8 @@ fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
     }
 }
 
-/// A store that answers after a delay, like one across a network.
-struct Slow(Counting);
+/// A store that answers after a delay (ms), like one across a network.
+struct Slow(Counting, u64);
 
 impl QuotaStore for Slow {
     fn acquire<'a>(
@@ -81,11 +122,11 @@ impl QuotaStore for Slow {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        // Counted when asked, answered 10 ms later.
-        self.0.acquires.fetch_add(1, Ordering::SeqCst);
+        // Counted when asked, answered later.
+        self.0.asked(want);
         Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            self.0.inner.acquire(key, spec, want, unspent).await
+            tokio::time::sleep(Duration::from_millis(self.1)).await;
+            self.0.answer(key, spec, want, unspent)
         })
     }
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -98,11 +139,7 @@ impl QuotaStore for Slow {
 
 #[tokio::test]
 async fn concurrent_requests_without_tokens_share_one_store_call() {
-    let store = Arc::new(Slow(Counting {
-        inner: MemoryStore::new(1_000),
-        acquires: AtomicU64::new(0),
-        releases: AtomicU64::new(0),
-    }));
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let settings = Settings {
         sizing: Sizing {
             min: 50,
@@ -135,11 +172,7 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
 #[tokio::test]
 async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
     // The store answers in 10 ms; the guard's deadline is 5 ms.
-    let slow = Arc::new(Slow(Counting {
-        inner: MemoryStore::new(1_000),
-        acquires: AtomicU64::new(0),
-        releases: AtomicU64::new(0),
-    }));
+    let slow = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let store = Arc::new(crate::store::guard::Guarded::new(
         slow.clone(),
         Duration::from_millis(5),
@@ -305,11 +338,7 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
 
 #[tokio::test]
 async fn a_dropped_request_frees_its_keys_store_call_slot() {
-    let store = Arc::new(Slow(Counting {
-        inner: MemoryStore::new(1_000),
-        acquires: AtomicU64::new(0),
-        releases: AtomicU64::new(0),
-    }));
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
     let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
