@@ -172,6 +172,10 @@ pub enum KeyPart {
     Tenant,
     Route,
     Ip,
+    /// The client's network, /24 (IPv4) or /64 (IPv6), whatever its
+    /// identity tier: a ceiling that a client minting identities (random
+    /// header names under one TLS fingerprint) cannot escape.
+    Subnet,
     Header(http::HeaderName),
 }
 

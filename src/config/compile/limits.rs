@@ -236,6 +236,7 @@ fn key_part(p: &str) -> Result<KeyPart, String> {
         "tenant" => KeyPart::Tenant,
         "route" => KeyPart::Route,
         "ip" => KeyPart::Ip,
+        "subnet" => KeyPart::Subnet,
         _ => match p.strip_prefix("header:") {
             Some(h) => KeyPart::Header(
                 HeaderName::from_bytes(h.trim().as_bytes())
@@ -243,7 +244,7 @@ fn key_part(p: &str) -> Result<KeyPart, String> {
             ),
             None => {
                 return Err(format!(
-                    "unknown key part {p:?}: use identity, tenant, route, ip or header:NAME"
+                    "unknown key part {p:?}: use identity, tenant, route, ip, subnet or header:NAME"
                 ))
             }
         },
@@ -296,6 +297,7 @@ mod tests {
     #[test]
     fn key_parts_parse() {
         assert_eq!(key_part("identity"), Ok(KeyPart::Identity));
+        assert_eq!(key_part("subnet"), Ok(KeyPart::Subnet));
         assert_eq!(
             key_part("header:X-Tenant"),
             Ok(KeyPart::Header(HeaderName::from_static("x-tenant")))
