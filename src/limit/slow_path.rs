@@ -53,6 +53,9 @@ impl Limiter {
                 self.release_later(r);
             }
         }
+        // Store calls and refusals mark a key as in use (the sweeper forgets
+        // idle ones); spending a token does not.
+        lease.touch(self.now_ms());
         let budget = Duration::from_millis(settings.deadline_ms.max(1));
         let deadline = tokio::time::Instant::now() + budget;
         // In line from now on: a call made for this key asks for us too.
