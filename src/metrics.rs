@@ -177,6 +177,9 @@ impl prometheus_client::encoding::EncodeMetric for StripedHistogram {
     }
 }
 
+/// Every `reason` of `rate_limit_bypassed_total`, exported from the start.
+pub const BYPASS_REASONS: [&str; 3] = ["store_circuit_open", "store_timeout", "store_error"];
+
 /// Statuses whose request metrics a route resolves once, at config load:
 /// a request finds its handles by a short scan, without building labels.
 const COMMON_STATUSES: [u16; 16] = [
@@ -290,7 +293,12 @@ impl Metrics {
             "Rate-limit decisions, by limit and outcome",
             decisions.clone(),
         );
-        let bypassed = Family::default();
+        let bypassed = Family::<ReasonLabels, Counter>::default();
+        // Alerts divide by and take increases of these: a series born at
+        // its first event would hide that event from `rate` and `increase`.
+        for reason in BYPASS_REASONS {
+            drop(bypassed.get_or_create(&ReasonLabels { reason }));
+        }
         registry.register(
             "rate_limit_bypassed",
             "Requests admitted by a local fallback bucket because the quota store failed, by reason",
@@ -302,7 +310,10 @@ impl Metrics {
             "Keys with a local lease now",
             lease_keys.clone(),
         );
-        let config_reloads = Family::default();
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        for result in ["ok", "error"] {
+            drop(config_reloads.get_or_create(&ResultLabels { result }));
+        }
         registry.register(
             "leasegate_config_reloads",
             "Config reloads, by result",

@@ -129,7 +129,9 @@ async fn a_cold_burst_costs_a_couple_of_store_calls() {
     // max plus one call's grant.
     let max = Sizing::default().max;
     assert!(wants.iter().all(|&w| w <= max), "{wants:?}");
-    let held = limiter.leases.with(limiter_hash(&limiter, &limits[0], "same"), |l| l.available());
+    let held = limiter
+        .leases
+        .with(limiter_hash(&limiter, &limits[0], "same"), |l| l.available());
     assert!(held.unwrap_or(0) <= max, "{held:?}");
 }
 
@@ -232,7 +234,11 @@ async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
         store.returned.load(Ordering::SeqCst),
     );
     assert!(returned > 0);
-    assert_eq!(granted - returned, 3_000 + held, "granted {granted}, returned {returned}, held {held}");
+    assert_eq!(
+        granted - returned,
+        3_000 + held,
+        "granted {granted}, returned {returned}, held {held}"
+    );
 }
 
 #[tokio::test]
@@ -243,7 +249,10 @@ async fn the_warning_measures_how_far_over_across_the_window() {
         assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::Admitted);
     }
     for _ in 0..5 {
-        assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::SoftLimited);
+        assert_eq!(
+            one(&limiter, &limits, "a").await.limits[0].outcome,
+            Outcome::SoftLimited
+        );
     }
     // A token refills and is granted; the key is no less over for it.
     now.fetch_add(6_000, Ordering::SeqCst);
