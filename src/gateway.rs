@@ -10,9 +10,9 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::Body;
-use crate::config::{AccessLog, Config, Mode};
+use crate::config::{AccessLog, Config, Limit, Mode};
 use crate::connection::ConnInfo;
-use crate::identity::{self, Identity};
+use crate::identity::{self, Identity, Tier};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::key::Facts;
 use crate::limit::stage::{self, Outcome};
@@ -20,7 +20,7 @@ use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
 use crate::metrics::{Metrics, ReasonLabels, RouteMetrics, UpstreamErrorLabels};
 use crate::problem::{self, RequestError, Source};
 use crate::proxy::{self, X_REQUEST_ID};
-use crate::route::{Action, DirectResponse, Route, StoreFailure};
+use crate::route::{Action, DirectResponse, Route, RouteTable, StoreFailure};
 use crate::store::{QuotaStore, StoreError};
 use smallvec::SmallVec;
 
@@ -167,12 +167,7 @@ impl Gateway {
         route_index: &mut Option<usize>,
     ) -> Response<Body> {
         let request_id = request_id(req.headers());
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
-        *route_index = snapshot.config.routes.position(host, req.method(), req.uri().path());
+        *route_index = route_index_of(&snapshot.config.routes, &req);
         let route = route_index.and_then(|i| snapshot.config.routes.get(i)).cloned();
         if let (Some(r), Some(route)) = (record.as_deref_mut(), &route) {
             r.route = Some(route.name.clone());
@@ -192,14 +187,7 @@ impl Gateway {
                     peer: conn.peer.ip(),
                     ja4,
                 };
-                // The wall clock matters only for cached JWTs.
-                let now_secs = if req.headers().contains_key(header::AUTHORIZATION) {
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs())
-                } else {
-                    0
-                };
+                let now_secs = identity_clock(req.headers());
                 match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
                     Ok(id) => {
                         if let Some(r) = record.as_deref_mut() {
@@ -270,25 +258,8 @@ impl Gateway {
         req: &Request<Incoming>,
         identity: &Identity,
     ) -> Verdict {
-        let facts = Facts {
-            identity: &identity.value,
-            tenant: identity.tenant.as_deref(),
-            plan: identity.plan.as_deref(),
-            route: &route.name,
-            ip: identity.client_ip,
-            headers: req.headers(),
-        };
-        let which: SmallVec<[usize; 4]> = route
-            .limits
-            .iter()
-            .copied()
-            .filter(|&i| {
-                snapshot
-                    .limits
-                    .get(i)
-                    .is_some_and(|l| l.config.tiers.as_ref().is_none_or(|t| t.contains(&identity.tier)))
-            })
-            .collect();
+        let facts = facts(route, identity, req.headers());
+        let which = applying_limits(&snapshot.config.limits, route, identity.tier);
         // Tokens at hand decide without building a future that waits.
         match self.limiter.try_check(&snapshot.limits, &which, &facts) {
             Some(verdict) => verdict,
@@ -351,6 +322,53 @@ impl Gateway {
             })
             .inc();
     }
+}
+
+/// The route a request matches, by host (the URI's authority, else `Host`),
+/// method and path: its index in `routes`. `leasegate explain` asks this too.
+pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize> {
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
+    routes.position(host, req.method(), req.uri().path())
+}
+
+/// The `now_secs` the identity waterfall gets: the wall clock matters only
+/// for cached JWTs, so a request without `Authorization` does not read it.
+pub fn identity_clock(headers: &HeaderMap) -> u64 {
+    if headers.contains_key(header::AUTHORIZATION) {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    } else {
+        0
+    }
+}
+
+/// What a request offers its limits' keys.
+pub fn facts<'a>(route: &'a Route, identity: &'a Identity, headers: &'a HeaderMap) -> Facts<'a> {
+    Facts {
+        identity: &identity.value,
+        tenant: identity.tenant.as_deref(),
+        plan: identity.plan.as_deref(),
+        route: &route.name,
+        ip: identity.client_ip,
+        headers,
+    }
+}
+
+/// The route's limits that apply to an identity of `tier`, in the route's
+/// order: indices into `limits` (the config's, which a snapshot's limit
+/// runtimes follow one for one).
+pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> SmallVec<[usize; 4]> {
+    route
+        .limits
+        .iter()
+        .copied()
+        .filter(|&i| limits.get(i).is_some_and(|l| l.applies_to(tier)))
+        .collect()
 }
 
 /// What the access log says about a request, filled in as it is served.

@@ -35,6 +35,35 @@ enum Command {
         #[arg(long, default_value = "gateway.toml")]
         config: PathBuf,
     },
+    /// Show what the gateway would do with one request: the route it
+    /// matches, the identity it resolves (and why higher tiers did not
+    /// apply), and every limit that applies with its rate, capacity and store
+    /// key. Runs the gateway's own matching, identity and key code on the
+    /// config; talks to no store. Exit 0 when explained (also when no route
+    /// matches), 1 on bad arguments or an invalid config.
+    #[command(
+        after_help = "Examples:\n  leasegate explain --config gateway.toml GET /v1/orders\n  leasegate explain --header 'X-API-Key: test-key-1' --ip 198.51.100.7 --json POST /v1/orders\n  leasegate explain --header 'Authorization: Bearer eyJ...' --header 'Host: api.example.com' GET /v1/me"
+    )]
+    Explain {
+        #[arg(long, default_value = "gateway.toml")]
+        config: PathBuf,
+        /// A request header, 'Name: value' (repeatable), e.g. 'X-API-Key: K',
+        /// 'Authorization: Bearer JWT', 'Host: H', 'X-Forwarded-For: A'.
+        #[arg(long = "header", short = 'H', value_name = "'NAME: VALUE'")]
+        headers: Vec<String>,
+        /// The client's address, as the TCP peer the gateway sees
+        /// (default 127.0.0.1).
+        #[arg(long, value_name = "ADDR")]
+        ip: Option<String>,
+        /// One JSON object: route, identity, limits[] (name, mode, algorithm,
+        /// rate, capacity, key) and details.
+        #[arg(long)]
+        json: bool,
+        /// The request method, e.g. GET.
+        method: String,
+        /// The request path (with query, if any), e.g. /v1/orders.
+        path: String,
+    },
     /// Print the JA4/JA3 fingerprints of a TLS ClientHello as JSON.
     Fingerprint {
         /// The ClientHello in hex: a whole record (16 03 ..) or a bare
@@ -45,8 +74,24 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1 like every other bad input; --help and --version 0.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::FAILURE;
+        }
+    };
     match cli.command {
+        Command::Explain {
+            config,
+            headers,
+            ip,
+            json,
+            method,
+            path,
+        } => explain(&config, &headers, ip.as_deref(), json, &method, &path),
         Command::Check { config } => match leasegate::config::load(&config) {
             Ok(c) => {
                 print!("{}", c.summary());
@@ -92,6 +137,41 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn explain(
+    config: &std::path::Path,
+    headers: &[String],
+    ip: Option<&str>,
+    json: bool,
+    method: &str,
+    path: &str,
+) -> ExitCode {
+    let probe = match leasegate::explain::Probe::parse(method, path, headers, ip) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("leasegate explain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let loaded = match leasegate::config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("leasegate explain: {}: invalid config", config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let now_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let explained = leasegate::explain::explain(&loaded, &probe, now_secs);
+    if json {
+        println!("{}", explained.to_json());
+    } else {
+        print!("{}", explained.to_text());
+    }
+    ExitCode::SUCCESS
 }
 
 /// Diagnostics go to stderr (text, `LEASEGATE_LOG` filter); the access

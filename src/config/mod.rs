@@ -233,6 +233,12 @@ impl Limit {
         }
     }
 
+    /// Whether the limit applies to a request whose identity came from
+    /// `tier` (`tiers` unset: every tier).
+    pub fn applies_to(&self, tier: crate::identity::Tier) -> bool {
+        self.tiers.as_ref().is_none_or(|t| t.contains(&tier))
+    }
+
     /// The quota for callers without a plan override.
     pub fn spec(&self) -> crate::quota::Spec {
         crate::quota::Spec::new(self.algorithm, self.rate, self.burst)

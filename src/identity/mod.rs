@@ -167,6 +167,54 @@ impl Resolver {
         })
     }
 
+    /// Why each tier above `resolved` did not apply to a request, top
+    /// down, for `leasegate explain`. Asks the same questions as
+    /// [`Resolver::resolve`] (the same header parsing, key lookup and JWT
+    /// verification), so the answer cannot drift from the waterfall's.
+    pub fn passed_over(
+        &self,
+        headers: &HeaderMap,
+        conn: Connection<'_>,
+        now_secs: u64,
+        resolved: Tier,
+    ) -> Vec<(Tier, String)> {
+        let mut out = Vec::new();
+        if resolved == Tier::User {
+            return out;
+        }
+        let user = match (&self.jwt, bearer_jwt(headers)) {
+            (None, Some(_)) => "a Bearer JWT was sent, but [identity.jwt] is not configured".to_string(),
+            (None, None) => "no [identity.jwt] configured".to_string(),
+            (Some(_), None) => "no Bearer JWT in Authorization".to_string(),
+            (Some(verifier), Some(token)) => match verifier.verify(token, now_secs) {
+                Err(e) => format!("the Bearer JWT does not count: {e}"),
+                Ok(_) => "the Bearer JWT verifies".to_string(),
+            },
+        };
+        out.push((Tier::User, user));
+        if resolved == Tier::Key {
+            return out;
+        }
+        let key = match api_key(headers) {
+            None => "no X-API-Key, and no Bearer value that is not a JWT".to_string(),
+            Some(presented) if self.find_key(presented).is_none() => {
+                "the API key presented is not configured".to_string()
+            }
+            Some(_) => "the API key is configured".to_string(),
+        };
+        out.push((Tier::Key, key));
+        if resolved == Tier::Fingerprint {
+            return out;
+        }
+        if conn.ja4.is_none() {
+            out.push((
+                Tier::Fingerprint,
+                "not a TLS connection (no ClientHello, no JA4)".to_string(),
+            ));
+        }
+        out
+    }
+
     /// The configured key whose SHA-256 matches, compared in constant time
     /// against every key (no early exit on a match).
     fn find_key(&self, presented: &[u8]) -> Option<&ApiKey> {
