@@ -146,7 +146,8 @@ impl Gateway {
                 identity = record.identity.as_deref().unwrap_or("-"),
                 limit = if record.outcome.is_empty() { "-" } else { record.outcome },
                 upstream = record.upstream.as_deref().unwrap_or("-"),
-                ms = started.elapsed().as_secs_f64() * 1_000.0,
+                // Whole microseconds: 0.263, not 0.26327300000000003.
+                ms = started.elapsed().as_micros() as f64 / 1_000.0,
             );
             resp
         };

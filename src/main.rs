@@ -7,6 +7,30 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use leasegate::config::AccessLog;
 
+const RUN_HELP: &str = "\
+Reload:
+  The config file is watched and a valid edit applies without a restart;
+  SIGHUP re-reads it at once (kill -HUP PID). A file that fails validation is
+  never applied: the config in force keeps serving and the error is logged
+  (metric leasegate_config_reloads_total{result=\"error\"}). Listeners, TLS,
+  workers and [store] need a restart.
+
+Logs:
+  Diagnostics go to stderr, filtered by LEASEGATE_LOG (default \"info\"; e.g.
+  LEASEGATE_LOG=debug, or LEASEGATE_LOG=info,leasegate=debug). The access log,
+  one line per request, goes to stdout ([gateway] access_log = json | text | off).
+
+Signals:
+  SIGTERM or SIGINT: stop accepting, drain in-flight requests for up to
+  [gateway] grace_period_ms, give leased tokens back to the store, exit.
+
+Exit codes:
+  0  stopped by SIGTERM/SIGINT after draining
+  1  could not start: invalid config, a listener that cannot bind, TLS
+     files that cannot be read (the reason is on stderr); or bad arguments
+
+Admin listener: /healthz /readyz /metrics /config. Runbook: docs/operations.md.";
+
 /// mimalloc: measurably cheaper than glibc malloc for the many small,
 /// short-lived allocations of request handling (see docs/benchmarks.md).
 #[global_allocator]
@@ -26,7 +50,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve until SIGINT/SIGTERM, then drain in-flight requests and exit.
+    #[command(after_help = RUN_HELP)]
     Run {
+        /// The config file. Relative paths inside it resolve against its
+        /// directory. Validate it first with `leasegate check`.
         #[arg(long, default_value = "gateway.toml")]
         config: PathBuf,
     },
@@ -129,8 +156,8 @@ fn main() -> ExitCode {
             let _access = init_logging(loaded.gateway.access_log);
             match leasegate::server::run(loaded) {
                 Ok(()) => ExitCode::SUCCESS,
+                // Once, on stderr whatever LEASEGATE_LOG filters out.
                 Err(e) => {
-                    tracing::error!("{e}");
                     eprintln!("leasegate: {e}");
                     ExitCode::FAILURE
                 }
