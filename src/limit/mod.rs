@@ -21,6 +21,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, RwLock};
 
+use crate::clock::Clock;
 use crate::config::{self, Limit};
 use crate::metrics::{DecisionLabels, Metrics, StripedCounter};
 use crate::quota::Spec;
@@ -218,15 +219,6 @@ impl LeaseMap {
     fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().map_or(0, |s| s.len())).sum()
     }
-}
-
-pub type Clock = crate::store::memory::Clock;
-
-/// Milliseconds on a monotonic clock (never 0), for leases and blocks:
-/// wall-clock jumps must not expire or extend them. Coarse: one atomic
-/// load per read (see [`crate::clock`]).
-pub fn monotonic_clock() -> Clock {
-    crate::clock::coarse()
 }
 
 /// The decision engine shared by every worker.
@@ -768,6 +760,7 @@ fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdic
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::monotonic_clock;
     use crate::config::{KeyPart, Mode};
     use crate::quota::{Grant, Rate};
     use crate::store::memory::MemoryStore;

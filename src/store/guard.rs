@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::{BoxFuture, QuotaStore, StoreError};
-use crate::limit::Clock;
+use crate::clock::Clock;
 use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
 use prometheus_client::metrics::counter::Counter;

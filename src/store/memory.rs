@@ -19,25 +19,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{BoxFuture, QuotaStore, StoreError};
+use crate::clock::{system_clock, Clock};
 use crate::quota::{self, Grant, Spec, State};
 
 const SHARDS: usize = 64;
 const SAMPLE: usize = 16;
-
-/// Milliseconds since the Unix epoch; windows align to wall-clock minutes
-/// and hours, as they do in Redis (which uses its own `TIME`).
-pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
-
-pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    })
-}
 
 struct Slot {
     key: Arc<str>,

@@ -255,8 +255,19 @@ fn tcp_settings() -> redis::io::tcp::TcpSettings {
         .set_user_timeout(Duration::from_secs(5))
 }
 
-fn redact(url: &str) -> String {
-    crate::config::redact(url)
+/// `redis://user:secret@host` → `redis://user:***@host`: summaries and logs
+/// never show a password.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
 }
 
 impl QuotaStore for RedisStore {
@@ -296,5 +307,23 @@ impl QuotaStore for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_log_or_summary() {
+        assert_eq!(
+            redact("redis://:hunter2@10.0.0.1:6379/0"),
+            "redis://:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("rediss://app:pw@r.example:6380"),
+            "rediss://app:***@r.example:6380"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }
