@@ -188,6 +188,33 @@ async fn a_store_started_without_redis_fails_fast_and_recovers() {
     assert_eq!(acquire_retrying(&store, "rl:{x}", &s, 1).await.granted, 1);
 }
 
+/// Redis gone, its port refusing: every call fails at once as
+/// `Unavailable` (a store error), never by hanging until a deadline on a
+/// reconnect that backs off; and once Redis is back on that port, the very
+/// next call is served.
+#[tokio::test]
+async fn a_refused_connection_fails_at_once_and_the_next_call_after_a_restart_is_served() {
+    let mut redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::TokenBucket, "100/min", 100);
+    acquire_retrying(&store, "rl:{refused}", &s, 1).await;
+    redis.kill();
+    for call in 0..20 {
+        let started = Instant::now();
+        let result = store.acquire("rl:{refused}", &s, 1).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(result, Err(StoreError::Unavailable(_))),
+            "call {call}: {result:?}"
+        );
+        // The guard's deadline is 5 ms by default; a refusal takes far less.
+        assert!(took < Duration::from_millis(50), "call {call} took {took:?}");
+    }
+    redis.restart();
+    let g = store.acquire("rl:{refused}", &s, 1).await;
+    assert!(matches!(g, Ok(Grant { granted: 1, .. })), "{g:?}");
+}
+
 #[test]
 fn a_lowered_capacity_caps_a_bucket_measured_this_very_millisecond() {
     let redis = Redis::start();

@@ -170,9 +170,8 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     let bypassed = sample(&m, r#"rate_limit_bypassed_total{reason="store_circuit_open"} "#)
         + sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#);
     assert!(bypassed > 0.0, "{m}");
-    // Refused connections fail at once, a reconnect in progress by the deadline.
-    let failed = sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#)
-        + sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#);
+    // Refused connections fail at once.
+    let failed = sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#);
     assert!(failed >= 3.0, "{m}");
 
     // A fresh Redis on the same port: enforcement resumes, from Redis.
@@ -188,6 +187,42 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
     assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(redis.cli(&["EXISTS", "rl:{low:low}"]).trim(), "1");
+}
+
+/// Redis stopped, its port refusing connections: the calls fail at once
+/// and count as `store_error`, not as `store_timeout`. The deadline here is
+/// 100 ms, far above what a refused connect takes on loopback, so a call
+/// that reaches it is one that waited on something (a reconnect backing
+/// off), not one the host was too busy to answer.
+#[tokio::test]
+async fn a_refused_connection_is_a_store_error_not_a_timeout() {
+    let mut redis = Redis::start();
+    let text = config(&redis).replace("timeout_ms = 5", "timeout_ms = 100");
+    let gw = Gateway::start_connected(&text);
+    let mut c = client::http1(gw.http()).await;
+    wait_for_recovery(&gw, &mut c).await;
+
+    redis.kill();
+    let until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < until {
+        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let m = gw.metrics().await;
+    assert!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#) >= 1.0,
+        "a refused connection is a store error:\n{m}"
+    );
+    assert_eq!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#),
+        0.0,
+        "no call waited for the deadline:\n{m}"
+    );
+    for op in ["acquire", "release"] {
+        let timeouts = format!(r#"leasegate_store_calls_total{{op="{op}",result="timeout"}} "#);
+        assert_eq!(sample(&m, &timeouts), 0.0, "{op}:\n{m}");
+    }
+    assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#) >= 1.0);
 }
 
 #[tokio::test]
@@ -211,6 +246,12 @@ async fn a_frozen_redis_times_out_then_opens_the_circuit() {
     );
     assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#) >= 3.0);
     assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0);
+    // A store that does not answer is slow, not broken.
+    assert_eq!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#),
+        0.0,
+        "a frozen Redis is a timeout, not an error:\n{m}"
+    );
 
     redis.thaw();
     wait_for_recovery(&gw, &mut c).await;

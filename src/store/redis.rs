@@ -10,17 +10,30 @@
 //! by EVALSHA and are loaded transparently on NOSCRIPT (after a Redis
 //! restart or a failover).
 //!
-//! Start-up never waits for Redis: a single node is connected lazily (and
-//! reconnected on its own), a cluster is connected by a background task
-//! that retries with backoff; until then calls fail at once with
+//! Start-up never waits for Redis: a single node is dialled on first use
+//! (and a warm-up call), a cluster is connected by a background task that
+//! retries with backoff; until then calls fail with
 //! [`StoreError::Unavailable`], and the guard decides what a request gets.
+//!
+//! A single node's connection is ours, not the redis crate's
+//! `ConnectionManager`: that one makes every call await its reconnect,
+//! which retries with backoff (100 ms and more between attempts), so while
+//! Redis refused connections each call hung until the guard's deadline and
+//! a store that was down was reported as a slow one (`store_timeout`).
+//! Here a call with no connection joins the one connect attempt in flight,
+//! or starts it; a refused connect ends that attempt at once, and its
+//! callers fail with `Unavailable` (`store_error`). A connection that
+//! breaks (reset, closed) is dropped at its first such error. Only the
+//! guard's deadline makes a timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{AsyncConnectionConfig, RedisError, Script};
+use tokio::sync::watch;
 
 use super::{BoxFuture, QuotaStore, StoreError};
 use crate::quota::{Algorithm, Grant, Spec};
@@ -45,30 +58,156 @@ pub enum Target {
 
 #[derive(Clone)]
 enum Connection {
-    Node(ConnectionManager),
+    Node(Arc<Node>),
     Cluster(ClusterConnection),
 }
 
+/// Why a call failed: Redis's own error, or no connection to send it on.
+enum CallError {
+    Redis(RedisError),
+    NotConnected(StoreError),
+}
+
+impl From<RedisError> for CallError {
+    fn from(e: RedisError) -> CallError {
+        CallError::Redis(e)
+    }
+}
+
+impl CallError {
+    fn classify(&self) -> StoreError {
+        match self {
+            CallError::Redis(e) => classify(e),
+            CallError::NotConnected(e) => e.clone(),
+        }
+    }
+}
+
 impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], RedisError> {
+    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], CallError> {
         let mut call = script.key(key);
         for a in args {
             call.arg(*a);
         }
         let reply: Vec<i64> = match self {
-            Connection::Node(c) => call.invoke_async(c).await?,
+            Connection::Node(node) => {
+                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
+                let reply = call.invoke_async(&mut c).await;
+                if let Err(e) = &reply {
+                    node.failed(generation, e);
+                }
+                reply?
+            }
             Connection::Cluster(c) => call.invoke_async(c).await?,
         };
         // Scripts answer four integers, never negative; anything else is a
         // script from another version, not a reason to wrap around.
         match reply[..] {
             [a, b, c, d] => Ok([a, b, c, d].map(|v| v.max(0) as u64)),
-            _ => Err(RedisError::from((
+            _ => Err(CallError::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",
                 format!("{reply:?}"),
-            ))),
+            )))),
         }
+    }
+}
+
+/// One Redis node's connection, dialled on demand. Lives on the I/O
+/// thread: its methods run in tasks there, and so do its dials.
+struct Node {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// Redacted address, for logs.
+    shown: String,
+    link: watch::Sender<Link>,
+    /// Connections made so far: the next one's generation.
+    dialled: AtomicU64,
+    io: tokio::runtime::Handle,
+}
+
+#[derive(Clone)]
+enum Link {
+    /// No connection: never dialled, the connection broke, or the last
+    /// attempt failed (its reason). The next call dials.
+    Down(Option<String>),
+    /// One connect attempt in flight; callers wait for its outcome.
+    Connecting,
+    /// Connected. `generation` tells this connection from later ones, so a
+    /// late failure on an old connection cannot drop a new one.
+    Up {
+        connection: MultiplexedConnection,
+        generation: u64,
+    },
+}
+
+impl Node {
+    /// The connection to send a call on: the one at hand, or the outcome of
+    /// the connect attempt in flight (started here if there is none).
+    async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), StoreError> {
+        // The steady state: one read lock and a clone of a handle.
+        if let Link::Up { connection, generation } = &*self.link.borrow() {
+            return Ok((connection.clone(), *generation));
+        }
+        let mut watching = self.link.subscribe();
+        let dial = self.link.send_if_modified(|link| match link {
+            Link::Down(_) => {
+                *link = Link::Connecting;
+                true
+            }
+            Link::Connecting | Link::Up { .. } => false,
+        });
+        if dial {
+            self.io.spawn(self.clone().dial());
+        }
+        let link = watching
+            .wait_for(|link| !matches!(link, Link::Connecting))
+            .await
+            .map(|link| link.clone())
+            .map_err(|_| StoreError::Failed("the Redis connection state is gone".into()))?;
+        match link {
+            Link::Up { connection, generation } => Ok((connection, generation)),
+            Link::Down(reason) => Err(StoreError::Unavailable(
+                reason.unwrap_or_else(|| "not connected to Redis".into()),
+            )),
+            Link::Connecting => Err(StoreError::Unavailable("connecting to Redis".into())),
+        }
+    }
+
+    /// One connect attempt; its outcome is the new link. No retries and no
+    /// backoff here: the next call (the breaker's probe, once it is open)
+    /// makes the next attempt.
+    async fn dial(self: Arc<Self>) {
+        let result = self.client.get_multiplexed_async_connection_with_config(&self.config).await;
+        self.link.send_modify(|link| {
+            *link = match result {
+                Ok(connection) => {
+                    tracing::info!(redis = %self.shown, "connected to Redis");
+                    let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
+                    Link::Up { connection, generation }
+                }
+                Err(e) => {
+                    tracing::debug!(redis = %self.shown, error = %e, "cannot connect to Redis");
+                    Link::Down(Some(format!("cannot connect to Redis: {e}")))
+                }
+            }
+        });
+    }
+
+    /// A call on connection `generation` failed with `e`: a connection that
+    /// broke is dropped, so the next call dials instead of failing on it.
+    fn failed(&self, generation: u64, e: &RedisError) {
+        if !e.is_unrecoverable_error() {
+            return; // a script error, OOM, a timeout: the connection is fine
+        }
+        self.link.send_if_modified(|link| match link {
+            Link::Up { generation: g, .. } if *g == generation => {
+                tracing::warn!(redis = %self.shown, error = %e, "lost the Redis connection");
+                *link = Link::Down(Some(format!("lost the Redis connection: {e}")));
+                true
+            }
+            _ => false,
+        });
     }
 }
 
@@ -113,27 +252,23 @@ impl RedisStore {
                     .map_err(|e| RedisSetupError::Address(redact(url), e))?
                     .set_tcp_settings(tcp_settings());
                 let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(redact(url), e))?;
-                let config = ConnectionManagerConfig::new()
+                let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                    .set_number_of_retries(3)
-                    .set_max_delay(Duration::from_millis(500));
-                // Lazy: nothing is dialled until the first call, which the
-                // warm-up below makes on the I/O thread.
-                let manager = {
-                    let _on_io = io.enter();
-                    ConnectionManager::new_lazy_with_config(client, config)
-                        .map_err(|e| RedisSetupError::Address(redact(url), e))?
-                };
-                let mut warm = manager.clone();
-                let _ = connection.set(Connection::Node(manager));
-                let url = redact(url);
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                let node = Arc::new(Node {
+                    client,
+                    config,
+                    shown: redact(url),
+                    link: watch::Sender::new(Link::Down(None)),
+                    dialled: AtomicU64::new(0),
+                    io: io.clone(),
+                });
+                let _ = connection.set(Connection::Node(node.clone()));
+                // Warm-up: dial now, on the I/O thread, so the first
+                // request finds a connection.
                 io.spawn(async move {
-                    match redis::cmd("PING").query_async::<String>(&mut warm).await {
-                        Ok(_) => tracing::info!(redis = %url, "connected to Redis"),
-                        Err(e) => {
-                            tracing::warn!(redis = %url, error = %e, "Redis is not reachable yet; retrying on use")
-                        }
+                    if let Err(e) = node.connection().await {
+                        tracing::warn!(redis = %node.shown, error = %e, "Redis is not reachable yet; retrying on use");
                     }
                 });
             }
@@ -199,7 +334,7 @@ impl RedisStore {
                 if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
                     let args = [algorithm, count, period, capacity, granted];
                     if let Err(e) = connection.run(&RELEASE, &key, &args).await {
-                        tracing::debug!(%key, error = %e, "returning a late grant failed");
+                        tracing::debug!(%key, error = %e.classify(), "returning a late grant failed");
                     }
                 }
             }
@@ -212,19 +347,20 @@ impl RedisStore {
                     reset_ms,
                     retry_after_ms,
                 }),
-                Ok(Err(e)) => Err(classify(&e)),
+                Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
             }
         })
     }
 }
 
-/// Connection trouble is `Unavailable`; anything Redis itself said (a
-/// script error, OOM, a cluster redirect that did not settle) is `Failed`.
+/// Connection trouble (refused, reset, closed, and the client's own
+/// connect and reply timeouts, which only a deadline above them lets
+/// anyone see) is `Unavailable`; anything Redis itself said (a script
+/// error, OOM, a cluster redirect that did not settle) is `Failed`. Never
+/// `Timeout`: that is the guard's deadline, and only the deadline's.
 fn classify(e: &RedisError) -> StoreError {
-    if e.is_timeout() {
-        StoreError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64)
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::Unavailable(e.to_string())
     } else {
         StoreError::Failed(e.to_string())
