@@ -216,13 +216,54 @@ async fn a_refused_connection_is_a_store_error_not_a_timeout() {
     assert_eq!(
         sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#),
         0.0,
-        "no call waited for the deadline:\n{m}"
+        "no call waited for the deadline:\n{m}\n{}", gw.log()
     );
     for op in ["acquire", "release"] {
         let timeouts = format!(r#"leasegate_store_calls_total{{op="{op}",result="timeout"}} "#);
         assert_eq!(sample(&m, &timeouts), 0.0, "{op}:\n{m}");
     }
     assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#) >= 1.0);
+}
+
+/// Redis comes back while no request arrives: the breaker's background
+/// probe closes the circuit within about `open_ms` (1 s here), so
+/// `leasegate_circuit_open` (and the alert on it) clears by itself.
+#[tokio::test]
+async fn an_idle_gateway_closes_its_circuit_when_redis_comes_back() {
+    let mut redis = Redis::start();
+    let gw = Gateway::start_connected(&config(&redis));
+    let mut c = client::http1(gw.http()).await;
+    wait_for_recovery(&gw, &mut c).await;
+
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&gw.metrics().await, "leasegate_circuit_open ") != 1.0 {
+        assert!(Instant::now() < deadline, "the circuit never opened:\n{}", gw.log());
+        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(c); // from here on, no request at all
+    // Redis still down: the background probes fail, the circuit stays open.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(sample(&gw.metrics().await, "leasegate_circuit_open "), 1.0);
+
+    redis.restart();
+    let back = Instant::now();
+    loop {
+        let open = sample(&gw.metrics().await, "leasegate_circuit_open ");
+        if open == 0.0 {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_millis(2_000),
+            "still open {:?} after Redis came back:\n{}",
+            back.elapsed(),
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("circuit closed {:?} after Redis came back", back.elapsed());
+    assert!(gw.log().contains("store answered again; circuit closed"));
 }
 
 #[tokio::test]

@@ -40,4 +40,11 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// Whether the store answers, at the cost of one round trip and no
+    /// quota: the guard's background probe while its circuit is open. The
+    /// embedded store always answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }

@@ -354,6 +354,41 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// `PING` on the I/O thread, over the connection calls use (dialling
+    /// it if there is none, as a call would).
+    fn ping_on_io(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let Some(connection) = self.connection.get().cloned() else {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
+                "not connected to Redis yet".into(),
+            ))));
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.io.spawn(async move {
+            let ping = redis::cmd("PING");
+            let result = match connection {
+                Connection::Node(node) => match node.connection().await {
+                    Ok((mut c, generation)) => {
+                        let reply = ping.query_async::<String>(&mut c).await;
+                        if let Err(e) = &reply {
+                            node.failed(generation, e);
+                        }
+                        reply.map_err(|e| classify(&e))
+                    }
+                    Err(e) => Err(e),
+                },
+                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await.map_err(|e| classify(&e)),
+            };
+            let _ = answer.send(result.map(|_| ()));
+        });
+        Box::pin(async move {
+            answered
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Failed("the Redis I/O thread stopped".into())))
+        })
+    }
+}
+
 /// Connection trouble (refused, reset, closed, and the client's own
 /// connect and reply timeouts, which only a deadline above them lets
 /// anyone see) is `Unavailable`; anything Redis itself said (a script
@@ -443,6 +478,10 @@ impl QuotaStore for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.ping_on_io()
     }
 }
 
