@@ -216,7 +216,8 @@ async fn a_refused_connection_is_a_store_error_not_a_timeout() {
     assert_eq!(
         sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#),
         0.0,
-        "no call waited for the deadline:\n{m}\n{}", gw.log()
+        "no call waited for the deadline:\n{m}\n{}",
+        gw.log()
     );
     for op in ["acquire", "release"] {
         let timeouts = format!(r#"leasegate_store_calls_total{{op="{op}",result="timeout"}} "#);
@@ -242,8 +243,9 @@ async fn an_idle_gateway_closes_its_circuit_when_redis_comes_back() {
         assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    drop(c); // from here on, no request at all
-    // Redis still down: the background probes fail, the circuit stays open.
+    // From here on, no request at all. Redis still down: the background
+    // probes fail, and the circuit stays open.
+    drop(c);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(sample(&gw.metrics().await, "leasegate_circuit_open "), 1.0);
 

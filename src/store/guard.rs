@@ -360,10 +360,7 @@ impl Core {
         match result {
             Ok(()) => {
                 if self.breaker.succeeded() {
-                    tracing::info!(
-                        store = self.inner.name(),
-                        "store answered again; circuit closed"
-                    );
+                    tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
                 }
             }
             Err(e) => {
@@ -691,10 +688,7 @@ mod tests {
         let guarded = Guarded::new(
             store.clone(),
             Duration::from_millis(deadline_ms),
-            BreakerSettings {
-                failures,
-                open_ms: 100,
-            },
+            BreakerSettings { failures, open_ms: 100 },
             tokio_clock(jump.clone()),
             metrics.clone(),
         );
@@ -782,9 +776,10 @@ mod tests {
         let (guarded, metrics, jump) = scripted(&store, 1_000, 1);
         let guarded = Arc::new(guarded);
         assert_eq!(guarded.acquire("k", &spec(), 1).await, Err(StoreError::Timeout(1_000)));
-        tokio::time::sleep(Duration::from_millis(1)).await; // the prober sleeps
-        // The breaker's clock passes open_ms before the prober wakes: a
-        // request takes the half-open slot, and its call hangs.
+        // Let the prober go to sleep. Then the breaker's clock passes
+        // open_ms before the prober wakes: a request takes the half-open
+        // slot, and its call hangs.
+        tokio::time::sleep(Duration::from_millis(1)).await;
         jump.store(100, Ordering::Relaxed);
         let g = guarded.clone();
         let request = tokio::spawn(async move { g.acquire("k", &spec(), 1).await });

@@ -178,7 +178,10 @@ impl Node {
     /// backoff here: the next call (the breaker's probe, once it is open)
     /// makes the next attempt.
     async fn dial(self: Arc<Self>) {
-        let result = self.client.get_multiplexed_async_connection_with_config(&self.config).await;
+        let result = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await;
         self.link.send_modify(|link| {
             *link = match result {
                 Ok(connection) => {
