@@ -1,18 +1,28 @@
--- Sliding-window acquire: take up to `want` requests' worth at KEYS[1].
+-- Sliding-window acquire: give back unspent requests' worth, then take up
+-- to `want` at KEYS[1], in one atomic step.
 --
--- ARGV: limit, period_ms, want. At most `limit` requests per period over a
--- weighted sliding window: the previous aligned window counts in proportion
--- to how much of it the sliding window still covers. This is
+-- ARGV: limit, period_ms, want, give_back, give_back_window. At most
+-- `limit` requests per period over a weighted sliding window: the previous
+-- aligned window counts in proportion to how much of it the sliding window
+-- still covers. `give_back` (unspent leased requests, 0 for none) goes back
+-- first to the window they were taken in (`give_back_window`, its start):
+-- off the current count if that is still the current window, off the
+-- previous count if it has turned once, nowhere if older. This is
 -- src/quota/sliding_window.rs on Redis: windows aligned to multiples of the
 -- period since the epoch, estimates scaled by period_ms, integer math
 -- (exact in doubles below 2^53). Time is Redis's own clock.
 --
 -- State: hash {win = start of the current window in ms, cur, prev}.
--- Reply: {granted, remaining, reset_ms, retry_after_ms}.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
+-- retry_after_ms is the exact wait until one more request fits, when
+-- nothing was granted; window_ms is the start of the window the grant was
+-- counted in.
 
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
+local give_back = tonumber(ARGV[4]) or 0
+local give_back_window = tonumber(ARGV[5]) or 0
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -34,6 +44,14 @@ elseif win + p == start then
 elseif win < start then
   win, cur, prev = start, 0, 0 -- it turned twice or more
 end -- win == start, or a window from the future (clock skew): as is
+
+if give_back > 0 then
+  if give_back_window >= win then
+    cur = math.max(cur - give_back, 0)
+  elseif give_back_window + p == win then
+    prev = math.max(prev - give_back, 0)
+  end
+end
 
 -- Scaled estimate of the requests in the sliding window ending now.
 local into = math.min(math.max(now - win, 0), p)
@@ -63,4 +81,4 @@ redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
 redis.call('PEXPIRE', KEYS[1], math.max(win + 2 * p - now, 1))
 local retry = 0
 if granted == 0 then retry = retry_after() end
-return {granted, remaining, math.max(win + p - now, 0), retry}
+return {granted, remaining, math.max(win + p - now, 0), retry, win}

@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 use crate::config::{self, Limit};
 use crate::metrics::{DecisionLabels, Metrics, StripedCounter};
 use crate::quota::Spec;
-use crate::store::{QuotaStore, StoreError};
+use crate::store::{QuotaStore, StoreError, Unspent};
 use key::Facts;
 use lease::{Granted, Lease, Sizing};
 use stage::Outcome;
@@ -430,7 +430,10 @@ impl Limiter {
             // A set fallback_rate is the whole key's: a sub-bucket gets its share.
             fallback = fallback.share(s, limit.shards);
         }
-        let grant = self.fallback.acquire_now(key, &fallback, 1).unwrap_or_default();
+        let grant = self
+            .fallback
+            .acquire_now(key, &fallback, 1, Unspent::default())
+            .unwrap_or_default();
         let (outcome, reset_ms) = if grant.granted > 0 {
             (Outcome::Admitted, grant.reset_ms)
         } else {
@@ -511,7 +514,18 @@ impl Limiter {
         // refuses while they sit here.
         let expired = lease.take_expired(now);
         if expired > 0 {
-            if let Err(e) = self.store.release(key, &lease.spec().unwrap_or(*spec), expired).await {
+            if let Err(e) = self
+                .store
+                .release(
+                    key,
+                    &lease.spec().unwrap_or(*spec),
+                    Unspent {
+                        tokens: expired,
+                        window_ms: 0,
+                    },
+                )
+                .await
+            {
                 tracing::debug!(%key, error = %e, "releasing an expired lease failed");
             }
         }
@@ -556,7 +570,7 @@ impl Limiter {
         let size = lease.next_size(&settings.sizing, spec.capacity, now, expired);
         lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
         lease.set_spec(*spec);
-        let grant = self.store.acquire(key, spec, size).await;
+        let grant = self.store.acquire(key, spec, size, Unspent::default()).await;
         if let Some(slot) = &slot {
             slot.record(grant.as_ref().err());
         }
@@ -599,7 +613,7 @@ impl Limiter {
             let size = lease.next_size(&settings.sizing, spec.capacity, now, 0);
             lease.size_hint.store(size, std::sync::atomic::Ordering::Relaxed);
             lease.set_spec(spec);
-            let answer = this.store.acquire(lease.key(), &spec, size).await;
+            let answer = this.store.acquire(lease.key(), &spec, size, Unspent::default()).await;
             slot.record(answer.as_ref().err());
             let now = this.now_ms();
             match answer {
@@ -652,7 +666,11 @@ impl Limiter {
             });
         }
         for (lease, spec, tokens) in to_release {
-            if let Err(e) = self.store.release(lease.key(), &spec, tokens).await {
+            if let Err(e) = self
+                .store
+                .release(lease.key(), &spec, Unspent { tokens, window_ms: 0 })
+                .await
+            {
                 tracing::debug!(key = lease.key(), error = %e, "releasing an expired lease failed");
             }
         }
@@ -709,7 +727,10 @@ impl Limiter {
             }
             let store = self.store.clone();
             in_flight.spawn(async move {
-                match store.release(lease.key(), &spec, tokens).await {
+                match store
+                    .release(lease.key(), &spec, Unspent { tokens, window_ms: 0 })
+                    .await
+                {
                     Ok(()) => tokens,
                     Err(e) => {
                         tracing::debug!(key = lease.key(), error = %e, "releasing a lease failed");
@@ -783,11 +804,22 @@ mod tests {
     }
 
     impl QuotaStore for Counting {
-        fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            key: &'a str,
+            spec: &'a Spec,
+            want: u64,
+            unspent: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             self.acquires.fetch_add(1, Ordering::SeqCst);
-            self.inner.acquire(key, spec, want)
+            self.inner.acquire(key, spec, want, unspent)
         }
-        fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(
+            &'a self,
+            key: &'a str,
+            spec: &'a Spec,
+            unused: Unspent,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
             self.releases.fetch_add(1, Ordering::SeqCst);
             self.inner.release(key, spec, unused)
         }
@@ -836,15 +868,26 @@ mod tests {
     struct Slow(Counting);
 
     impl QuotaStore for Slow {
-        fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            key: &'a str,
+            spec: &'a Spec,
+            want: u64,
+            unspent: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             // Counted when asked, answered 10 ms later.
             self.0.acquires.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                self.0.inner.acquire(key, spec, want).await
+                self.0.inner.acquire(key, spec, want, unspent).await
             })
         }
-        fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(
+            &'a self,
+            key: &'a str,
+            spec: &'a Spec,
+            unused: Unspent,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
             self.0.release(key, spec, unused)
         }
         fn name(&self) -> &'static str {
@@ -929,14 +972,20 @@ mod tests {
     struct Failing(AtomicU64);
 
     impl QuotaStore for Failing {
-        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            _: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 Err(StoreError::Unavailable("down".into()))
             })
         }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
             Box::pin(async { Ok(()) })
         }
         fn name(&self) -> &'static str {
@@ -1193,7 +1242,10 @@ mod tests {
         limiter.sweep(60_000).await;
         assert_eq!(store.releases.load(Ordering::SeqCst), 1);
         // All 1000 are back in the shared bucket.
-        let g = store.inner.acquire_now("rl:{l:a}", &limits[0].spec, 2_000).unwrap();
+        let g = store
+            .inner
+            .acquire_now("rl:{l:a}", &limits[0].spec, 2_000, Unspent::default())
+            .unwrap();
         assert_eq!(g.granted, 1_000 - 1);
     }
 

@@ -66,14 +66,23 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         remaining,
         reset_ms: window_end.saturating_sub(now_ms),
         retry_after_ms: if granted == 0 { retry_after(&s, spec, now_ms) } else { 0 },
+        window_ms: s.window_ms,
     };
     (s, grant)
 }
 
-/// Gives back unspent requests' worth to the current window.
-pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64) -> State {
+/// Gives back `unused` requests' worth taken in the window starting at
+/// `window_ms` ([`Grant::window_ms`]): off the current count while that
+/// window is still the current one (or a later one: clock skew),
+/// off the previous count once it has turned, and nowhere once it is
+/// older: it no longer weighs on any decision.
+pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64, window_ms: u64) -> State {
     let mut s = roll(state, spec, now_ms);
-    s.current = s.current.saturating_sub(unused);
+    if window_ms >= s.window_ms {
+        s.current = s.current.saturating_sub(unused);
+    } else if window_ms.saturating_add(spec.period_ms()) == s.window_ms {
+        s.previous = s.previous.saturating_sub(unused);
+    }
     s
 }
 
@@ -169,9 +178,26 @@ mod tests {
     #[test]
     fn release_returns_to_the_current_window() {
         let s = spec(10, 1_000);
-        let (st, _) = acquire(None, &s, 0, 6);
-        assert_eq!(release(Some(st), &s, 10, 4).current, 2);
-        assert_eq!(release(Some(st), &s, 10, 40).current, 0);
+        let (st, g) = acquire(None, &s, 0, 6);
+        assert_eq!(g.window_ms, 0);
+        assert_eq!(release(Some(st), &s, 10, 4, g.window_ms).current, 2);
+        assert_eq!(release(Some(st), &s, 10, 40, g.window_ms).current, 0);
+    }
+
+    #[test]
+    fn release_goes_back_to_the_window_it_was_taken_from() {
+        let s = spec(10, 1_000);
+        let (st, g) = acquire(None, &s, 900, 6);
+        let (st, g2) = acquire(Some(st), &s, 1_100, 3);
+        assert_eq!((g.window_ms, g2.window_ms), (0, 1_000));
+        // The window turned: the 6 now weigh as the previous window's.
+        let st = release(Some(st), &s, 1_200, 4, g.window_ms);
+        assert_eq!((st.previous, st.current), (2, 3));
+        let st = release(Some(st), &s, 1_200, 1, g2.window_ms);
+        assert_eq!((st.previous, st.current), (2, 2));
+        // Two windows on, the first no longer counts: nothing to take back.
+        let st = release(Some(st), &s, 2_100, 1, g.window_ms);
+        assert_eq!((st.window_ms, st.previous, st.current), (2_000, 2, 0));
     }
 
     proptest! {

@@ -29,11 +29,8 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         remaining: units / per_token,
         reset_ms: ceil_div(cap - units, spec.count),
         // Only when nothing was granted: the time until one whole token exists.
-        retry_after_ms: if granted == 0 && units < per_token {
-            ceil_div(per_token - units, spec.count)
-        } else {
-            0
-        },
+        retry_after_ms: if granted == 0 { retry_after(units, spec) } else { 0 },
+        window_ms: 0,
     };
     (
         State {
@@ -66,6 +63,17 @@ pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
             let elapsed = now_ms.saturating_sub(s.at_ms);
             s.units.saturating_add(elapsed.saturating_mul(spec.count)).min(cap)
         }
+    }
+}
+
+/// With `units` left: the exact milliseconds until one whole token exists,
+/// or 0 while one does.
+fn retry_after(units: u64, spec: &Spec) -> u64 {
+    let per_token = spec.period_ms();
+    if units < per_token {
+        ceil_div(per_token - units, spec.count)
+    } else {
+        0
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use super::{BoxFuture, QuotaStore, StoreError};
+use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::limit::Clock;
 use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
@@ -262,9 +262,17 @@ impl Drop for ProbeWatch<'_> {
 }
 
 impl QuotaStore for Guarded {
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         Box::pin(async move {
-            let grant = self.guard(0, move || self.inner.acquire(key, spec, want)).await?;
+            let grant = self
+                .guard(0, move || self.inner.acquire(key, spec, want, unspent))
+                .await?;
             if grant.granted > 0 {
                 self.metrics.lease_tokens.observe(grant.granted as f64);
             }
@@ -272,8 +280,8 @@ impl QuotaStore for Guarded {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.guard(1, move || self.inner.release(key, spec, unused)))
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.guard(1, move || self.inner.release(key, spec, unspent)))
     }
 
     fn name(&self) -> &'static str {
@@ -362,15 +370,21 @@ mod tests {
     async fn a_probe_whose_caller_goes_away_frees_the_probe_slot() {
         let (guarded, now) = hung(1, 100, Arc::new(Metrics::new()));
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
-        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+        assert_eq!(
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
+            Err(StoreError::Timeout(5))
+        );
         now.store(1_200, Ordering::Relaxed);
         // The probe starts, and its request is dropped before the deadline.
         {
-            let probe = guarded.acquire("k", &spec, 1);
+            let probe = guarded.acquire("k", &spec, 1, Unspent::default());
             let _ = tokio::time::timeout(Duration::from_millis(1), probe).await;
         }
         // The next caller probes; it is not told "open" forever.
-        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+        assert_eq!(
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
+            Err(StoreError::Timeout(5))
+        );
     }
 
     #[test]
@@ -401,10 +415,16 @@ mod tests {
     /// A store that never answers.
     struct Hung;
     impl QuotaStore for Hung {
-        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            _: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             Box::pin(std::future::pending())
         }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
             Box::pin(std::future::pending())
         }
         fn name(&self) -> &'static str {
@@ -419,13 +439,16 @@ mod tests {
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
         for _ in 0..3 {
             let started = tokio::time::Instant::now();
-            assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+            assert_eq!(
+                guarded.acquire("k", &spec, 1, Unspent::default()).await,
+                Err(StoreError::Timeout(5))
+            );
             assert_eq!(started.elapsed(), Duration::from_millis(5));
         }
         assert_eq!(metrics.circuit_open.get(), 1);
         let started = tokio::time::Instant::now();
         assert_eq!(
-            guarded.acquire("k", &spec, 1).await,
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
             Err(StoreError::CircuitOpen { retry_after_ms: 2_000 })
         );
         assert_eq!(started.elapsed(), Duration::ZERO);
@@ -434,5 +457,39 @@ mod tests {
             text.contains(r#"leasegate_store_calls_total{op="acquire",result="timeout"} 3"#),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn give_backs_pass_through_to_the_store() {
+        let guarded = Guarded::new(
+            Arc::new(crate::store::memory::MemoryStore::new(100)),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 1_000,
+            },
+            Arc::new(|| 0),
+            Arc::new(Metrics::new()),
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "5/h".parse().unwrap(), 5);
+        let none = Unspent::default();
+        assert_eq!(guarded.acquire("k", &spec, 5, none).await.map(|g| g.granted), Ok(5));
+        let two = Unspent {
+            tokens: 2,
+            window_ms: 0,
+        };
+        assert_eq!(guarded.acquire("k", &spec, 3, two).await.map(|g| g.granted), Ok(2));
+        guarded
+            .release(
+                "k",
+                &spec,
+                Unspent {
+                    tokens: 1,
+                    window_ms: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(guarded.acquire("k", &spec, 3, none).await.map(|g| g.granted), Ok(1));
     }
 }
