@@ -14,9 +14,9 @@
 --
 -- State: hash {win = start of the current window in ms, cur, prev}.
 -- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
--- retry_after_ms is the exact wait until one more request fits, when
--- nothing was granted; window_ms is the start of the window the grant was
--- counted in.
+-- retry_after_ms is the exact wait until one more request fits whenever
+-- none does after this grant (granted or not), else 0; window_ms is the
+-- start of the window the grant was counted in.
 
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
@@ -62,7 +62,7 @@ local granted = math.min(want, idiv(math.max(budget - estimate(), 0), p))
 cur = cur + granted
 local remaining = idiv(math.max(budget - estimate(), 0), p)
 
--- When refused: the milliseconds until one more request fits.
+-- When nothing more fits: the milliseconds until one more request does.
 local function retry_after()
   if cur < limit then
     -- Later in this window: prev * (p - e) <= (limit - 1 - cur) * p.
@@ -80,5 +80,5 @@ redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
 -- Forgetting the state changes nothing once two windows have passed.
 redis.call('PEXPIRE', KEYS[1], math.max(win + 2 * p - now, 1))
 local retry = 0
-if granted == 0 then retry = retry_after() end
+if remaining == 0 then retry = retry_after() end
 return {granted, remaining, math.max(win + p - now, 0), retry, win}

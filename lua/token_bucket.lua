@@ -12,8 +12,8 @@
 -- State: hash {tokens = level in units, ts = when measured, in ms}. A
 -- missing key is a full bucket.
 -- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
--- retry_after_ms is the exact wait for one whole token, and only when
--- nothing was granted; window_ms is always 0.
+-- retry_after_ms is the exact wait for one whole token whenever none is
+-- left after this grant (granted or not), else 0; window_ms is always 0.
 
 local count = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
@@ -53,7 +53,7 @@ if give_back > 0 then units = math.min(cap, units + give_back * period) end
 local granted = math.min(want, idiv(units, period))
 units = units - granted * period
 local retry_after = 0
-if granted == 0 and units < period then retry_after = ceil_div(period - units, count) end
+if units < period then retry_after = ceil_div(period - units, count) end
 local reset = ceil_div(cap - units, count)
 
 redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)

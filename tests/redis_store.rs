@@ -77,9 +77,11 @@ fn token_bucket_script_grants_partially_and_says_when_to_retry() {
     };
     assert_eq!((granted, remaining, retry, window), (4, 6, 0, 0));
     assert!((23_990..=24_000).contains(&reset), "{reset}");
-    // Asking for more than is left: a partial grant.
+    // Asking for more than is left: a partial grant, which empties the
+    // bucket and so already says when the next token comes.
     let r = eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 100]);
     assert_eq!((r[0], r[1]), (6, 0));
+    assert!((5_900..=6_000).contains(&r[3]), "{r:?}");
     // Empty: nothing granted, and the exact wait for one token (6 s, less
     // the few ms since the bucket was last measured).
     let r = eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 1]);
@@ -90,6 +92,18 @@ fn token_bucket_script_grants_partially_and_says_when_to_retry() {
     assert!(fields.contains("tokens") && fields.contains("ts"), "{fields}");
     let ttl = pttl(&redis, "rl:{t:a}");
     assert!((119_000..=120_000).contains(&ttl), "{ttl}");
+}
+
+#[test]
+fn token_bucket_script_says_the_real_wait_on_the_grant_that_empties_it() {
+    let redis = Redis::start();
+    // 5/min: one token taken 10 s ago (4 left then, 4 + 5/6 now). Taking 4
+    // leaves 5/6 of a token: the next is 2 s away, not 12.
+    let ts = redis_now_ms(&redis) - 10_000;
+    redis.cli(&["HSET", "rl:{t:e}", "tokens", "240000", "ts", &ts.to_string()]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:e}", &[5, 60_000, 5, 4]);
+    assert_eq!((r[0], r[1]), (4, 0), "{r:?}");
+    assert!((1_900..=2_000).contains(&r[3]), "{r:?}");
 }
 
 #[test]
@@ -133,10 +147,12 @@ fn sliding_window_script_admits_the_limit_per_window() {
     assert_eq!(window % 3_600_000, 0);
     let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 10]);
     assert_eq!((r[0], r[1], r[4]), (2, 0, window));
+    // The 5 of this window still weigh 5 × (1 − e/p) after it turns, so the
+    // next request fits a fifth of a period into the next one: said by the
+    // grant that filled the window, and again by the refusal.
+    assert_eq!(r[3], r[2] + 720_000, "{r:?}");
     let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 1]);
     assert_eq!(r[0], 0);
-    // Refused: the 5 of this window still weigh 5 × (1 − e/p) after it
-    // turns, so the next request fits a fifth of a period into the next one.
     assert_eq!(r[3], r[2] + 720_000, "{r:?}");
     // Release takes back from the window they were taken in, the current one.
     eval(&redis, "release.lua", "rl:{w:a}", &[1, 5, 3_600_000, 5, 2, window]);
@@ -241,6 +257,7 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         let close = |a: u64, b: u64| a.abs_diff(b) <= 2_000;
         assert!(close(r.reset_ms, m.reset_ms), "step {step}: {r:?} {m:?}");
         assert!(close(r.retry_after_ms, m.retry_after_ms), "step {step}: {r:?} {m:?}");
+        assert_eq!(r.retry_after_ms == 0, r.remaining > 0, "step {step}: {r:?}");
     }
 }
 

@@ -92,7 +92,11 @@ pub struct Grant {
     pub remaining: u64,
     /// Milliseconds until the quota is whole again.
     pub reset_ms: u64,
-    /// When nothing was granted: milliseconds until one token will be.
+    /// Whenever no whole token is left after this grant (`remaining == 0`),
+    /// granted or not: the exact milliseconds until one more token (one
+    /// more request) fits, so a client that waits this long is admitted and
+    /// one that comes back a millisecond earlier is not. 0 while
+    /// `remaining > 0`.
     pub retry_after_ms: u64,
     /// Sliding window: the start of the window (on the store's clock) in
     /// which the granted tokens were counted; unspent ones go back to it

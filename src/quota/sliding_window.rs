@@ -65,7 +65,11 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         granted,
         remaining,
         reset_ms: window_end.saturating_sub(now_ms),
-        retry_after_ms: if granted == 0 { retry_after(&s, spec, now_ms) } else { 0 },
+        retry_after_ms: if remaining == 0 {
+            retry_after(&s, spec, now_ms)
+        } else {
+            0
+        },
         window_ms: s.window_ms,
     };
     (s, grant)
@@ -200,6 +204,18 @@ mod tests {
         assert_eq!((st.window_ms, st.previous, st.current), (2_000, 2, 0));
     }
 
+    #[test]
+    fn a_grant_that_fills_the_window_says_when_the_next_fits() {
+        // 5/min: 5 at the start of a window; the fifth grant (not only the
+        // refusal after it) says when a sixth fits: 1/5 into the next one.
+        let s = spec(5, 60_000);
+        let (st, _) = acquire(None, &s, 120_000, 4);
+        let (st, g) = acquire(Some(st), &s, 120_000, 1);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (1, 0, 72_000));
+        assert_eq!(acquire(Some(st), &s, 191_999, 1).1.granted, 0);
+        assert_eq!(acquire(Some(st), &s, 192_000, 1).1.granted, 1);
+    }
+
     proptest! {
         /// Never more than the limit in an aligned window; never more than
         /// twice the limit in any sliding window of one period.
@@ -247,6 +263,34 @@ mod tests {
                         prop_assert_eq!(early.granted, 0);
                     }
                 }
+            }
+        }
+    }
+
+    proptest! {
+        /// Whenever a grant leaves no room (refused or not), over any
+        /// history of requests: coming back exactly
+        /// retry_after later is admitted, a millisecond earlier is not.
+        #[test]
+        fn every_full_grant_says_exactly_when_to_retry(
+            limit in 1u64..50, period_ms in 10u64..100_000,
+            steps in prop::collection::vec((0i64..3_000, 0u64..5), 1..80),
+        ) {
+            let s = spec(limit, period_ms);
+            let (mut st, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (n, g) = acquire(st, &s, now, want);
+                st = Some(n);
+                if g.remaining > 0 {
+                    prop_assert_eq!(g.retry_after_ms, 0);
+                    continue;
+                }
+                prop_assert!(g.retry_after_ms >= 1);
+                let (_, later) = acquire(st, &s, now + g.retry_after_ms, 1);
+                prop_assert_eq!(later.granted, 1, "at +{}", g.retry_after_ms);
+                let (_, early) = acquire(st, &s, now + g.retry_after_ms - 1, 1);
+                prop_assert_eq!(early.granted, 0, "at +{} - 1", g.retry_after_ms);
             }
         }
     }

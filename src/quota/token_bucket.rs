@@ -28,8 +28,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         granted,
         remaining: units / per_token,
         reset_ms: ceil_div(cap - units, spec.count),
-        // Only when nothing was granted: the time until one whole token exists.
-        retry_after_ms: if granted == 0 { retry_after(units, spec) } else { 0 },
+        retry_after_ms: retry_after(units, spec),
         window_ms: 0,
     };
     (
@@ -145,6 +144,20 @@ mod tests {
         assert_eq!(st2.at_ms, 10_000);
     }
 
+    #[test]
+    fn a_grant_that_empties_the_bucket_says_when_the_next_token_comes() {
+        // 5/min, capacity 5: one token per 12 s. One at 0 s, four at 10 s:
+        // the four leave 10 s × 5/60 s = 5/6 of a token, and the sixth
+        // twelfth comes 2 s later (not 12 s, one token's whole refill).
+        let s = spec(5, 60_000, 5);
+        let (st, g) = acquire(None, &s, 0, 1);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (1, 4, 0));
+        let (st, g) = acquire(Some(st), &s, 10_000, 4);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (4, 0, 2_000));
+        assert_eq!(acquire(Some(st), &s, 11_999, 1).1.granted, 0);
+        assert_eq!(acquire(Some(st), &s, 12_000, 1).1.granted, 1);
+    }
+
     proptest! {
         /// Over any run of requests, granted ≤ capacity + refill over the span.
         #[test]
@@ -194,6 +207,32 @@ mod tests {
             prop_assert!(g.remaining <= capacity);
             prop_assert_eq!(g.granted + g.remaining, capacity);
             prop_assert!(is_idle(st, &s, now + g.reset_ms));
+        }
+    }
+
+    proptest! {
+        /// After any grant, refused or not, with no whole token left:
+        /// retry_after is the exact wait for one, over any history of
+        /// requests and clock steps (back and forth).
+        #[test]
+        fn every_empty_grant_says_exactly_when_to_retry(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((0i64..5_000, 0u64..20), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (st, g) = acquire(state, &s, now, want);
+                state = Some(st);
+                if g.remaining > 0 {
+                    prop_assert_eq!(g.retry_after_ms, 0);
+                    continue;
+                }
+                prop_assert!(g.retry_after_ms >= 1);
+                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms, 1).1.granted, 1);
+                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms - 1, 1).1.granted, 0);
+            }
         }
     }
 }

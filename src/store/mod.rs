@@ -34,8 +34,8 @@ pub enum StoreError {
 pub trait QuotaStore: Send + Sync + 'static {
     /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
     ///
-    /// The grant is `min(want, available)`; when it grants none,
-    /// [`Grant::retry_after_ms`] says when one will be. The give-back
+    /// The grant is `min(want, available)`; whenever it leaves no whole
+    /// token, [`Grant::retry_after_ms`] says when one will be. The give-back
     /// is clamped to the capacity and goes to the window the tokens were
     /// taken in, as [`QuotaStore::release`] does. On an error the caller
     /// cannot tell whether it was applied (a call that timed out may still
