@@ -6,7 +6,8 @@
 -- capacity. A sliding window takes them off the count of that window: the
 -- current one if it still is, the previous one if it has turned once,
 -- nothing if older. A missing key (expired: already full, or its windows
--- empty) is left alone. Reply: {0, remaining, reset_ms, 0, window_ms}.
+-- empty) is left alone. Clock steps back are handled as in the acquire
+-- scripts. Reply: {0, remaining, reset_ms, 0, window_ms}.
 
 local algorithm = tonumber(ARGV[1])
 local count = tonumber(ARGV[2])
@@ -30,13 +31,11 @@ if algorithm == 0 then
   local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
   local units, ts = tonumber(state[1]), tonumber(state[2])
   if units == nil or ts == nil then return {0, capacity, 0, 0, 0} end
-  if now > ts then
-    units = units + (now - ts) * count
-    ts = now
-  end
+  -- A clock that went back refills nothing and measures anew from now.
+  if now > ts then units = units + (now - ts) * count end
   units = math.min(cap, units + tokens * period)
   local reset = ceil_div(cap - units, count)
-  redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
+  redis.call('HSET', KEYS[1], 'tokens', units, 'ts', now)
   return {0, idiv(units, period), reset, 0, 0}
 end
 
@@ -49,7 +48,9 @@ if win + p == start then
   win, cur, prev = start, 0, cur
 elseif win < start then
   win, cur, prev = start, 0, 0
-end -- the current window, or one from the future (clock skew): as is
+elseif win > start then
+  win, cur, prev = start, cur + prev, 0 -- from the future: re-anchored
+end
 if window >= win then
   cur = math.max(cur - tokens, 0)
 elseif window + p == win then

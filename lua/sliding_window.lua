@@ -43,7 +43,13 @@ elseif win + p == start then
   win, cur, prev = start, 0, cur -- the window turned once
 elseif win < start then
   win, cur, prev = start, 0, 0 -- it turned twice or more
-end -- win == start, or a window from the future (clock skew): as is
+elseif win > start then
+  -- A window from the future: the clock went back (a failover to a skewed
+  -- replica). Re-anchored to now's window rather than kept until the clock
+  -- catches up; both counts go to the current window, where they weigh
+  -- fully, so no step back lowers the estimate.
+  win, cur, prev = start, cur + prev, 0
+end
 
 if give_back > 0 then
   if give_back_window >= win then

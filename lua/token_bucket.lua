@@ -38,16 +38,17 @@ local units, ts = tonumber(state[1]), tonumber(state[2])
 if units == nil or ts == nil then
   -- New, expired, or a hash of another algorithm: start full and clean.
   redis.call('DEL', KEYS[1])
-  units, ts = cap, now
+  units = cap
 else
-  -- Refill for the time elapsed; a clock that went back refills nothing.
-  -- Capped at the capacity in force, which a reload may have lowered.
-  if now > ts then
-    units = units + (now - ts) * count
-    ts = now
-  end
+  -- Refill for the time elapsed. A clock that went back (a failover to a
+  -- skewed replica) refills nothing, and the level is measured anew at the
+  -- earlier time: refills resume from there, not once the clock has caught
+  -- up with the old ts. Capped at the capacity in force, which a reload
+  -- may have lowered.
+  if now > ts then units = units + (now - ts) * count end
   units = math.min(cap, units)
 end
+ts = now
 if give_back > 0 then units = math.min(cap, units + give_back * period) end
 
 local granted = math.min(want, idiv(units, period))

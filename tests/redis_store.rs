@@ -120,6 +120,28 @@ fn token_bucket_script_gives_back_before_granting() {
 }
 
 #[test]
+fn token_bucket_scripts_re_anchor_a_timestamp_from_the_future() {
+    let redis = Redis::start();
+    // The state says "measured an hour from now" (written before a failover
+    // to a replica whose clock is an hour behind). 10/s: one token per 100 ms.
+    let future = redis_now_ms(&redis) + 3_600_000;
+    redis.cli(&["HSET", "rl:{t:f}", "tokens", "0", "ts", &future.to_string()]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:f}", &[10, 1_000, 10, 1]);
+    assert_eq!(r[0], 0, "nothing refills for a step back: {r:?}");
+    assert!((1..=100).contains(&r[3]), "{r:?}");
+    let ts = field(&redis, "rl:{t:f}", "ts");
+    assert!(ts < future - 3_000_000, "re-anchored to now: {ts}");
+    std::thread::sleep(Duration::from_millis(250));
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:f}", &[10, 1_000, 10, 10]);
+    assert!((2..=3).contains(&r[0]), "refills again at once, not in an hour: {r:?}");
+    // The release script does the same.
+    redis.cli(&["HSET", "rl:{t:f}", "tokens", "0", "ts", &future.to_string()]);
+    let r = eval(&redis, "release.lua", "rl:{t:f}", &[0, 10, 1_000, 10, 1, 0]);
+    assert_eq!(r[1], 1, "{r:?}");
+    assert!(field(&redis, "rl:{t:f}", "ts") < future - 3_000_000);
+}
+
+#[test]
 fn token_bucket_script_refills_and_release_clamps_to_capacity() {
     let redis = Redis::start();
     // 1 token per 100 ms, capacity 5.
@@ -195,6 +217,40 @@ fn sliding_window_release_goes_back_to_the_window_it_came_from() {
         (field(&redis, "rl:{w:o}", "prev"), field(&redis, "rl:{w:o}", "cur")),
         (6, 0)
     );
+}
+
+#[test]
+fn sliding_window_scripts_re_anchor_a_window_from_the_future() {
+    let redis = Redis::start();
+    // 2 per second; the state's window starts an hour from now, full.
+    let p = 1_000;
+    let start = redis_now_ms(&redis) / p * p;
+    let future = (start + 3_600_000).to_string();
+    redis.cli(&["HSET", "rl:{w:f}", "win", &future, "cur", "2", "prev", "0"]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:f}", &[2, p, 1]);
+    assert_eq!(r[0], 0, "{r:?}");
+    // Re-anchored to now's window, its count kept: refused for at most two
+    // periods, not an hour.
+    assert!(r[4] < start + 3_600_000, "{r:?}");
+    assert_eq!(field(&redis, "rl:{w:f}", "win"), r[4]);
+    assert_eq!(field(&redis, "rl:{w:f}", "cur"), 2);
+    assert!((1..=2 * p).contains(&r[3]), "{r:?}");
+    std::thread::sleep(Duration::from_millis(r[3] + 20));
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:f}", &[2, p, 1]);
+    assert_eq!(r[0], 1, "admitted again after retry_after: {r:?}");
+    // A previous count from the future weighs fully, as a monotonic clock
+    // just past that window's start would weigh it: nothing more fits.
+    let day = 86_400_000;
+    let next = (redis_now_ms(&redis) / day * day + day).to_string();
+    redis.cli(&["HSET", "rl:{w:b}", "win", &next, "cur", "0", "prev", "5"]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:b}", &[5, day, 5]);
+    assert_eq!(r[0], 0, "{r:?}");
+    assert_eq!(field(&redis, "rl:{w:b}", "cur"), 5);
+    // The release script re-anchors too.
+    redis.cli(&["HSET", "rl:{w:b}", "win", &next, "cur", "0", "prev", "5"]);
+    eval(&redis, "release.lua", "rl:{w:b}", &[1, 5, day, 5, 1, 0]);
+    assert_eq!(field(&redis, "rl:{w:b}", "win"), redis_now_ms(&redis) / day * day);
+    assert_eq!(field(&redis, "rl:{w:b}", "cur"), 5);
 }
 
 /// Random acquires (with and without give-backs) and releases, the same on

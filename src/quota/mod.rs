@@ -193,6 +193,18 @@ pub fn is_idle(state: &State, spec: &Spec, now_ms: u64) -> bool {
     }
 }
 
+/// Property tests: a clock step, mostly forward, often back, sometimes by
+/// up to an hour either way.
+#[cfg(test)]
+pub(crate) fn clock_step() -> impl proptest::strategy::Strategy<Value = i64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => 0i64..5_000,
+        2 => -5_000i64..0,
+        1 => -3_600_000i64..3_600_000,
+    ]
+}
+
 /// "N requests per period", as written in `gateway.toml` (`"100/min"`, `"10/30s"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {

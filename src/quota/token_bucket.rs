@@ -31,13 +31,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         retry_after_ms: retry_after(units, spec),
         window_ms: 0,
     };
-    (
-        State {
-            units,
-            at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
-        },
-        grant,
-    )
+    (State { units, at_ms: now_ms }, grant)
 }
 
 /// Gives back `tokens` (unspent lease), clamped to the capacity.
@@ -46,14 +40,17 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> S
     let units = level(state, spec, now_ms)
         .saturating_add(tokens.saturating_mul(spec.period_ms()))
         .min(cap);
-    State {
-        units,
-        at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
-    }
+    State { units, at_ms: now_ms }
 }
 
-/// The level at `now_ms`, refilled for the time elapsed. A clock that went
-/// backwards refills nothing.
+/// The level at `now_ms`, refilled for the time elapsed.
+///
+/// A clock that went backwards (NTP stepping the wall clock, Redis `TIME`
+/// after a failover to a skewed replica) refills nothing, and the caller
+/// stores the level measured at `now_ms`, the earlier time: refills resume
+/// from there as the clock moves on, instead of waiting for it to catch up
+/// with the old timestamp. Only forward movement ever refills, so no
+/// sequence of steps admits more than a monotonic clock moving as far.
 pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
     let cap = spec.capacity.saturating_mul(spec.period_ms());
     match state {
@@ -88,7 +85,7 @@ fn ceil_div(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::{Algorithm, Rate};
+    use crate::quota::{self, clock_step, Algorithm, Rate};
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -136,12 +133,17 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_going_backwards_refills_nothing() {
+    fn a_clock_going_backwards_refills_nothing_and_resumes_from_there() {
         let s = spec(1, 1_000, 5);
-        let (st, _) = acquire(None, &s, 10_000, 5);
-        let (st2, g) = acquire(Some(st), &s, 5_000, 1);
+        let (st, _) = acquire(None, &s, 3_600_000, 5);
+        // An hour back: nothing refills, and the state is measured anew.
+        let (st, g) = acquire(Some(st), &s, 0, 1);
         assert_eq!(g.granted, 0);
-        assert_eq!(st2.at_ms, 10_000);
+        assert_eq!(st, State { units: 0, at_ms: 0 });
+        assert_eq!(g.retry_after_ms, 1_000);
+        // One second later (not an hour): a token.
+        let (_, g) = acquire(Some(st), &s, 1_000, 1);
+        assert_eq!(g.granted, 1);
     }
 
     #[test]
@@ -217,7 +219,7 @@ mod tests {
         #[test]
         fn every_empty_grant_says_exactly_when_to_retry(
             count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
-            steps in prop::collection::vec((0i64..5_000, 0u64..20), 1..60),
+            steps in prop::collection::vec((clock_step(), 0u64..20), 1..60),
         ) {
             let s = spec(count, period_ms, capacity);
             let (mut state, mut now) = (None, 10_000_000u64);
@@ -232,6 +234,58 @@ mod tests {
                 prop_assert!(g.retry_after_ms >= 1);
                 prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms, 1).1.granted, 1);
                 prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms - 1, 1).1.granted, 0);
+            }
+        }
+
+        /// No stall: whatever the clock did before (steps back of up to an
+        /// hour included), one period after the latest call a token is
+        /// there again.
+        #[test]
+        fn a_clock_step_back_never_stalls_beyond_one_period(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((clock_step(), 0u64..200), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (st, g) = acquire(state, &s, now, want);
+                state = Some(st);
+                prop_assert!(g.retry_after_ms <= period_ms);
+                prop_assert_eq!(acquire(state, &s, now + period_ms, 1).1.granted, 1);
+            }
+        }
+
+        /// No over-admission: over any clock sequence, the tokens kept
+        /// (granted less given back) never exceed what a monotonic clock
+        /// moving forward by the same total allows: the capacity plus the
+        /// refill over the forward steps alone. Give-backs ride on acquires.
+        #[test]
+        fn clock_steps_never_over_admit(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((clock_step(), 0u64..200, 0u64..4), 1..80),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            let (mut kept, mut held, mut forward) = (0u64, 0u64, 0u64);
+            for (i, (dt, want, back)) in steps.into_iter().enumerate() {
+                if i > 0 {
+                    forward += u64::try_from(dt).unwrap_or(0);
+                    now = now.saturating_add_signed(dt);
+                }
+                let back = back.min(held);
+                let unspent = quota::Unspent { tokens: back, window_ms: 0 };
+                let (st, g) = quota::acquire_returning(state.map(quota::State::Bucket), &s, now, want, unspent);
+                let quota::State::Bucket(st) = st else { panic!("not a bucket") };
+                state = Some(st);
+                held = held - back + g.granted;
+                kept = kept - back + g.granted;
+                // In units: kept × period ≤ capacity × period + count × forward.
+                prop_assert!(
+                    u128::from(kept) * u128::from(period_ms)
+                        <= u128::from(capacity) * u128::from(period_ms) + u128::from(count) * u128::from(forward),
+                    "kept {} after {} ms forward", kept, forward
+                );
             }
         }
     }
