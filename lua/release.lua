@@ -36,6 +36,7 @@ if algorithm == 0 then
   units = math.min(cap, units + tokens * period)
   local reset = ceil_div(cap - units, count)
   redis.call('HSET', KEYS[1], 'tokens', units, 'ts', now)
+  redis.call('PEXPIRE', KEYS[1], reset + 1000)
   return {0, idiv(units, period), reset, 0, 0}
 end
 
@@ -57,4 +58,7 @@ elseif window + p == win then
   prev = math.max(prev - tokens, 0)
 end
 redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
+local ends = win + p
+if cur > 0 then ends = win + 2 * p end
+redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 return {0, 0, math.max(win + p - now, 0), 0, win}

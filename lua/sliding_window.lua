@@ -83,8 +83,11 @@ local function retry_after()
 end
 
 redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
--- Forgetting the state changes nothing once two windows have passed.
-redis.call('PEXPIRE', KEYS[1], math.max(win + 2 * p - now, 1))
+-- Forgetting the state changes nothing once every request it counts has
+-- left the sliding window: two windows on, or one if this one counts none.
+local ends = win + p
+if cur > 0 then ends = win + 2 * p end
+redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 local retry = 0
 if remaining == 0 then retry = retry_after() end
 return {granted, remaining, math.max(win + p - now, 0), retry, win}

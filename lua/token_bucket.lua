@@ -58,6 +58,7 @@ if units < period then retry_after = ceil_div(period - units, count) end
 local reset = ceil_div(cap - units, count)
 
 redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
--- Full again after ceil(cap / count) ms; keep the state twice that long.
-redis.call('PEXPIRE', KEYS[1], math.max(2 * ceil_div(cap, count), 1000))
+-- Full again after `reset` ms, and a missing key is a full bucket: keep the
+-- state that long, and a second more.
+redis.call('PEXPIRE', KEYS[1], reset + 1000)
 return {granted, idiv(units, period), reset, retry_after, 0}

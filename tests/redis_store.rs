@@ -87,11 +87,32 @@ fn token_bucket_script_grants_partially_and_says_when_to_retry() {
     let r = eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 1]);
     assert_eq!(r[0], 0);
     assert!((5_900..=6_000).contains(&r[3]), "{r:?}");
-    // State is a hash with a TTL of about twice the full-refill time (60 s).
+    // State is a hash that lives until the bucket is full again, and a
+    // second more.
     let fields = redis.cli(&["HGETALL", "rl:{t:a}"]);
     assert!(fields.contains("tokens") && fields.contains("ts"), "{fields}");
     let ttl = pttl(&redis, "rl:{t:a}");
-    assert!((119_000..=120_000).contains(&ttl), "{ttl}");
+    assert!(ttl <= r[2] + 1_000 && ttl + 100 >= r[2] + 1_000, "{ttl} {r:?}");
+}
+
+#[test]
+fn a_token_bucket_key_lives_until_full_not_two_refills_from_empty() {
+    let redis = Redis::start();
+    // 1000/day that used five tokens: full again in 5 × 86.4 s, so the key
+    // lives about 433 s, not two days.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:ttl}", &[1_000, 86_400_000, 1_000, 5]);
+    assert_eq!((r[0], r[1], r[2]), (5, 995, 432_000));
+    let ttl = pttl(&redis, "rl:{t:ttl}");
+    assert!((432_000..=433_000).contains(&ttl), "{ttl}");
+    // Giving them back leaves it full: the key may go within a second.
+    eval(
+        &redis,
+        "release.lua",
+        "rl:{t:ttl}",
+        &[0, 1_000, 86_400_000, 1_000, 5, 0],
+    );
+    let ttl = pttl(&redis, "rl:{t:ttl}");
+    assert!(ttl <= 1_000, "{ttl}");
 }
 
 #[test]

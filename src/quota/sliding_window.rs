@@ -127,9 +127,13 @@ fn retry_after(s: &State, spec: &Spec, now_ms: u64) -> u64 {
     to_next + need_e
 }
 
-/// True when the state no longer affects any decision at `now_ms`.
+/// True when the state no longer affects any decision at `now_ms`: both
+/// counts are zero, or every request it counts has left the sliding window
+/// (two windows on; one when the current window counted none).
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
-    now_ms >= state.window_ms + 2 * spec.period_ms()
+    let p = spec.period_ms();
+    let ends = if state.current == 0 { p } else { 2 * p };
+    (state.current == 0 && state.previous == 0) || now_ms >= state.window_ms.saturating_add(ends)
 }
 
 #[cfg(test)]
@@ -175,6 +179,12 @@ mod tests {
         let (st, _) = acquire(None, &s, 500, 3);
         assert!(!is_idle(st, &s, 1_999));
         assert!(is_idle(st, &s, 2_000));
+        // Once the window counts none, only the previous one weighs, and
+        // only until the window ends; with both at zero, nothing does.
+        let turned = roll(Some(st), &s, 1_100);
+        assert!(!is_idle(turned, &s, 1_999));
+        assert!(is_idle(turned, &s, 2_000));
+        assert!(is_idle(roll(None, &s, 2_100), &s, 2_100));
         assert_eq!(
             roll(Some(st), &s, 2_100),
             State {
