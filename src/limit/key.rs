@@ -205,12 +205,27 @@ mod tests {
             ip: ip.parse().unwrap(),
             ..facts(&h)
         };
-        derive(&mut k, "ceiling", &[KeyPart::Subnet], &at("::ffff:198.51.100.7", "fingerprint:1"));
+        derive(
+            &mut k,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("::ffff:198.51.100.7", "fingerprint:1"),
+        );
         assert_eq!(k, "rl:{ceiling:198.51.100.0/24}");
         let mut other = String::new();
-        derive(&mut other, "ceiling", &[KeyPart::Subnet], &at("198.51.100.250", "fingerprint:2"));
+        derive(
+            &mut other,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("198.51.100.250", "fingerprint:2"),
+        );
         assert_eq!(k, other, "fresh identities share their network's bucket");
-        derive(&mut k, "ceiling", &[KeyPart::Subnet], &at("2001:db8:1:2:aaaa::1", "user:x"));
+        derive(
+            &mut k,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("2001:db8:1:2:aaaa::1", "user:x"),
+        );
         assert_eq!(k, "rl:{ceiling:2001:db8:1:2::/64}");
         use std::hash::{BuildHasher, Hasher};
         let rs = foldhash::fast::FixedState::default();
@@ -221,8 +236,14 @@ mod tests {
         };
         let (a, b) = (at("198.51.100.7", "a"), at("198.51.100.9", "b"));
         assert_eq!(hash(&a, &[KeyPart::Subnet]), hash(&b, &[KeyPart::Subnet]));
-        assert_ne!(hash(&a, &[KeyPart::Subnet]), hash(&at("198.51.101.7", "a"), &[KeyPart::Subnet]));
-        assert_ne!(hash(&at("198.51.100.0", "a"), &[KeyPart::Ip]), hash(&a, &[KeyPart::Subnet]));
+        assert_ne!(
+            hash(&a, &[KeyPart::Subnet]),
+            hash(&at("198.51.101.7", "a"), &[KeyPart::Subnet])
+        );
+        assert_ne!(
+            hash(&at("198.51.100.0", "a"), &[KeyPart::Ip]),
+            hash(&a, &[KeyPart::Subnet])
+        );
     }
 
     #[test]

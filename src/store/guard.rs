@@ -458,4 +458,38 @@ mod tests {
             "{text}"
         );
     }
+
+    #[tokio::test]
+    async fn give_backs_pass_through_to_the_store() {
+        let guarded = Guarded::new(
+            Arc::new(crate::store::memory::MemoryStore::new(100)),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 1_000,
+            },
+            Arc::new(|| 0),
+            Arc::new(Metrics::new()),
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "5/h".parse().unwrap(), 5);
+        let none = Unspent::default();
+        assert_eq!(guarded.acquire("k", &spec, 5, none).await.map(|g| g.granted), Ok(5));
+        let two = Unspent {
+            tokens: 2,
+            window_ms: 0,
+        };
+        assert_eq!(guarded.acquire("k", &spec, 3, two).await.map(|g| g.granted), Ok(2));
+        guarded
+            .release(
+                "k",
+                &spec,
+                Unspent {
+                    tokens: 1,
+                    window_ms: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(guarded.acquire("k", &spec, 3, none).await.map(|g| g.granted), Ok(1));
+    }
 }

@@ -50,7 +50,7 @@ enum Connection {
 }
 
 impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], RedisError> {
+    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], RedisError> {
         let mut call = script.key(key);
         for a in args {
             call.arg(*a);
@@ -59,10 +59,10 @@ impl Connection {
             Connection::Node(c) => call.invoke_async(c).await?,
             Connection::Cluster(c) => call.invoke_async(c).await?,
         };
-        // Scripts answer four integers, never negative; anything else is a
+        // Scripts answer five integers, never negative; anything else is a
         // script from another version, not a reason to wrap around.
         match reply[..] {
-            [a, b, c, d] => Ok([a, b, c, d].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e] => Ok([a, b, c, d, e].map(|v| v.max(0) as u64)),
             _ => Err(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",
@@ -176,9 +176,10 @@ impl RedisStore {
     }
 
     /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
-    /// release arguments (without the count) that return its grant if the
-    /// caller stopped waiting (the deadline passed) before the answer came,
-    /// so tokens taken for nobody go back instead of being lost.
+    /// release arguments (without the tokens and their window) that return
+    /// its grant if the caller stopped waiting (the deadline passed) before
+    /// the answer came, so tokens taken for nobody go back, to the window
+    /// they were taken in, instead of being lost.
     fn call<'a>(
         &'a self,
         script: &'static Script,
@@ -195,9 +196,9 @@ impl RedisStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {
             let result = connection.run(script, &key, &args).await;
-            if let Err(Ok([granted, ..])) = answer.send(result) {
+            if let Err(Ok([granted, _, _, _, window_ms])) = answer.send(result) {
                 if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
-                    let args = [algorithm, count, period, capacity, granted];
+                    let args = [algorithm, count, period, capacity, granted, window_ms];
                     if let Err(e) = connection.run(&RELEASE, &key, &args).await {
                         tracing::debug!(%key, error = %e, "returning a late grant failed");
                     }
@@ -206,12 +207,12 @@ impl RedisStore {
         });
         Box::pin(async move {
             match answered.await {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms])) => Ok(Grant {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
-                    window_ms: 0,
+                    window_ms,
                 }),
                 Ok(Err(e)) => Err(classify(&e)),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
@@ -268,31 +269,25 @@ impl QuotaStore for RedisStore {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        if unspent.tokens > 0 {
-            return Box::pin(async move {
-                self.release(key, spec, unspent).await?;
-                self.acquire(key, spec, want, Unspent::default()).await
-            });
-        }
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
+        let Unspent { tokens, window_ms } = unspent;
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
                 key,
-                vec![spec.count, spec.period_ms(), spec.capacity, want],
+                vec![spec.count, spec.period_ms(), spec.capacity, want, tokens],
                 give_back,
             ),
             Algorithm::SlidingWindow => self.call(
                 &SLIDING_WINDOW,
                 key,
-                vec![spec.capacity, spec.period_ms(), want],
+                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
                 give_back,
             ),
         }
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        let unused = unspent.tokens;
         let call = self.call(
             &RELEASE,
             key,
@@ -301,7 +296,8 @@ impl QuotaStore for RedisStore {
                 spec.count,
                 spec.period_ms(),
                 spec.capacity,
-                unused,
+                unspent.tokens,
+                unspent.window_ms,
             ],
             None,
         );

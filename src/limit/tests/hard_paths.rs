@@ -129,7 +129,9 @@ async fn a_cold_burst_costs_a_couple_of_store_calls() {
     // max plus one call's grant.
     let max = Sizing::default().max;
     assert!(wants.iter().all(|&w| w <= max), "{wants:?}");
-    let held = limiter.leases.with(limiter_hash(&limiter, &limits[0], "same"), |l| l.available());
+    let held = limiter
+        .leases
+        .with(limiter_hash(&limiter, &limits[0], "same"), |l| l.available());
     assert!(held.unwrap_or(0) <= max, "{held:?}");
 }
 
@@ -232,7 +234,11 @@ async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
         store.returned.load(Ordering::SeqCst),
     );
     assert!(returned > 0);
-    assert_eq!(granted - returned, 3_000 + held, "granted {granted}, returned {returned}, held {held}");
+    assert_eq!(
+        granted - returned,
+        3_000 + held,
+        "granted {granted}, returned {returned}, held {held}"
+    );
 }
 
 #[tokio::test]
@@ -243,7 +249,10 @@ async fn the_warning_measures_how_far_over_across_the_window() {
         assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::Admitted);
     }
     for _ in 0..5 {
-        assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::SoftLimited);
+        assert_eq!(
+            one(&limiter, &limits, "a").await.limits[0].outcome,
+            Outcome::SoftLimited
+        );
     }
     // A token refills and is granted; the key is no less over for it.
     now.fetch_add(6_000, Ordering::SeqCst);
@@ -303,4 +312,21 @@ async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
     assert!((1_100..=1_200).contains(&per_minute), "{per_minute}");
     // A key this instance had not seen gets the floor, 1 % of the quota.
     assert_eq!(one(&limiter, &limits, "new").await.limits[0].quota, 60);
+}
+
+#[tokio::test]
+async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
+    let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
+    let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    let taken_in = T0 - 10_000; // the window's start
+                                // The window turns and the lease expires unspent: its tokens go back,
+                                // inside the next call, to the window they were counted in.
+    now.fetch_add(2_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    let back = store.unspent.lock().unwrap().clone();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!((back[0].tokens, back[0].window_ms), (4, taken_in));
+    // (Where the store puts them is the store's part: src/quota and
+    // tests/redis_store.rs.)
 }
