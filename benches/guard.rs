@@ -26,7 +26,7 @@ use leasegate::metrics::Metrics;
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};
 use leasegate::store::memory::MemoryStore;
-use leasegate::store::QuotaStore;
+use leasegate::store::{QuotaStore, Unspent};
 
 /// Polls a future that must be ready at once.
 fn now<F: Future>(f: F) -> F::Output {
@@ -60,6 +60,7 @@ fn limiter(store: Arc<dyn QuotaStore>) -> Arc<Limiter> {
         max_block_ms: 5_000,
         max_keys: 1_000_000,
         fleet_size: 1,
+        deadline_ms: 1_000,
     };
     Limiter::new(store, settings, monotonic_clock())
 }
@@ -80,10 +81,10 @@ fn bench(c: &mut Criterion) {
     let plain: Arc<dyn QuotaStore> = Arc::new(MemoryStore::new(1_000));
     let wrapped = guarded(Arc::new(MemoryStore::new(1_000)));
     group.bench_function("memory", |b| {
-        b.iter(|| black_box(now(plain.acquire("rl:{k}", &spec, 1))))
+        b.iter(|| black_box(now(plain.acquire("rl:{k}", &spec, 1, Unspent::default()))))
     });
     group.bench_function("memory behind the guard", |b| {
-        b.iter(|| black_box(now(wrapped.acquire("rl:{k}", &spec, 1))))
+        b.iter(|| black_box(now(wrapped.acquire("rl:{k}", &spec, 1, Unspent::default()))))
     });
     group.finish();
 

@@ -248,6 +248,8 @@ impl Gateway {
                     let route_name = route.as_ref().map_or("", |r| r.name.as_str());
                     tracing::warn!(request_id = ?request_id, route = route_name, error = %e, "upstream error");
                     self.record_upstream_error(&e);
+                } else {
+                    tracing::debug!(request_id = ?request_id, error = %e, "client error");
                 }
                 e.to_response()
             }

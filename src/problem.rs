@@ -23,12 +23,17 @@ pub enum RequestError {
     UpstreamTimeout { upstream: String, timeout_ms: u128 },
     #[error("upstream {upstream:?} failed: {reason}")]
     UpstreamFailed { upstream: String, reason: String },
+    /// The client's request body broke off while it was being forwarded:
+    /// malformed chunked framing (a chunk size that is not hex, or above
+    /// 2^64), or a client that went away mid-body. Its fault, not ours.
+    #[error("the request body could not be read: {reason}")]
+    BadRequestBody { reason: String },
 }
 
 impl RequestError {
     pub fn source(&self) -> Source {
         match self {
-            RequestError::NoRoute => Source::Client,
+            RequestError::NoRoute | RequestError::BadRequestBody { .. } => Source::Client,
             RequestError::UpstreamUnreachable { .. }
             | RequestError::UpstreamTimeout { .. }
             | RequestError::UpstreamFailed { .. } => Source::Upstream,
@@ -38,6 +43,7 @@ impl RequestError {
     pub fn status(&self) -> StatusCode {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
             RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -46,6 +52,7 @@ impl RequestError {
     fn title(&self) -> &'static str {
         match self {
             RequestError::NoRoute => "No route",
+            RequestError::BadRequestBody { .. } => "Bad Request",
             RequestError::UpstreamUnreachable { .. } => "Upstream unreachable",
             RequestError::UpstreamTimeout { .. } => "Upstream timeout",
             RequestError::UpstreamFailed { .. } => "Upstream failed",
@@ -56,7 +63,7 @@ impl RequestError {
     /// or OS error: those are for the log, not for whoever sent the request.
     fn public_detail(&self) -> String {
         match self {
-            RequestError::NoRoute => self.to_string(),
+            RequestError::NoRoute | RequestError::BadRequestBody { .. } => self.to_string(),
             RequestError::UpstreamUnreachable { .. } => "the service behind this route could not be reached".into(),
             RequestError::UpstreamTimeout { .. } => "the service behind this route did not answer in time".into(),
             RequestError::UpstreamFailed { .. } => "the service behind this route failed to answer".into(),
@@ -155,5 +162,10 @@ mod tests {
         assert_eq!(t.source(), Source::Upstream);
         let r = t.to_response();
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+        let body = RequestError::BadRequestBody {
+            reason: "invalid chunk size: overflow".into(),
+        };
+        assert_eq!(body.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(body.source(), Source::Client);
     }
 }

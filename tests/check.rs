@@ -326,3 +326,27 @@ fn redis_addresses_the_client_cannot_dial_are_refused() {
     ));
     assert_eq!(code, 0, "{stderr}");
 }
+
+#[test]
+fn a_generous_fallback_on_a_fail_open_redis_route_is_named() {
+    let redis = |limit_lines: &str, fleet: u64| {
+        format!("{BASE}{limit_lines}\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = {fleet}\n")
+    };
+    // 40/min on each of 3 instances: 120/min while Redis is away, over 100/min.
+    let (code, stdout, stderr, _dir) = support::check(&redis("fallback_rate = \"40/min\"", 3));
+    assert_eq!(code, 0, "a warning, not an error: {stderr}");
+    assert!(
+        stdout.contains("warning   limit per_client: fallback_rate 40/min on each of 3 instance(s)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fail-open route(s): api"), "{stdout}");
+    // 30/min on 3: within the quota. The default fallback: never named.
+    for lines in ["fallback_rate = \"30/min\"", ""] {
+        let (code, stdout, _, _dir) = support::check(&redis(lines, 3));
+        assert_eq!(code, 0);
+        assert!(!stdout.contains("warning"), "{stdout}");
+    }
+    // The memory store has no fallback to speak of.
+    let (_, stdout, _, _dir) = support::check(&format!("{BASE}fallback_rate = \"500/min\"\n"));
+    assert!(!stdout.contains("warning"), "{stdout}");
+}

@@ -405,6 +405,72 @@ async fn oversized_request_head_is_refused() {
     assert_eq!(up.requests.load(Ordering::SeqCst), 0);
 }
 
+/// A chunked request body whose chunk size is not hex, or does not fit in 64
+/// bits, is the client's error: a 400 problem, never a 502 counted against
+/// the upstream. The upstream connection the body broke off on is closed,
+/// not pooled for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunked_body_is_a_400_and_its_upstream_connection_is_dropped() {
+    let up = upstream::start("a").await;
+    // One worker, so one upstream pool: a reused connection would show.
+    let gw = Gateway::start(&config(&[up.target()], "").replace("workers = 2", "workers = 1"));
+
+    // A valid chunked body goes through, and leaves its connection pooled.
+    let out = raw_post_chunked(&gw, "Connection: close\r\n", "5\r\nhello\r\n0\r\n\r\n").await;
+    let hello: String = Sha256::digest(b"hello").iter().map(|b| format!("{b:02x}")).collect();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with(&format!("{hello} 5")), "{out}");
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+
+    // 20 hex digits: above 2^64.
+    for size in ["zz", "ffffffffffffffffffff"] {
+        let before = up.connections.load(Ordering::SeqCst);
+        // No `Connection: close`: the gateway closes by itself, as the
+        // stream's framing is lost.
+        let out = raw_post_chunked(&gw, "", &format!("{size}\r\nhello\r\n0\r\n\r\n")).await;
+        assert!(out.starts_with("HTTP/1.1 400"), "chunk size {size:?}: {out}");
+        assert!(out.contains("content-type: application/problem+json"), "{out}");
+        assert!(out.contains(r#""status":400"#), "{out}");
+        assert!(out.contains("chunk size"), "the detail says what was wrong: {out}");
+
+        // The next request, from a fresh client, is served on a new
+        // upstream connection: the one the bad body broke off on is gone.
+        let mut c = client::http1(gw.http()).await;
+        let (status, _, body) = client::text(client::send(&mut c, client::get("/plain")).await).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, "upstream a ok");
+        assert_eq!(up.connections.load(Ordering::SeqCst), before + 1, "chunk size {size:?}");
+    }
+
+    let metrics = gw.metrics().await;
+    assert!(
+        !metrics.contains("leasegate_upstream_errors_total{"),
+        "a client's bad body is not an upstream error: {metrics}"
+    );
+    assert_eq!(
+        support::sample(&metrics, r#"leasegate_requests_total{route="api",status="400"} "#),
+        2.0
+    );
+    assert_eq!(
+        support::sample(&metrics, r#"leasegate_requests_total{route="api",status="502"} "#),
+        0.0
+    );
+}
+
+/// A chunked POST to the upstream's `/sha256` over a raw connection; all the
+/// gateway sends back until it closes the connection.
+async fn raw_post_chunked(gw: &Gateway, extra_headers: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(gw.http()).await.unwrap();
+    let req = format!("POST /sha256 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n{extra_headers}\r\n{body}");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("the gateway closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
     let up = upstream::start("a").await;

@@ -172,6 +172,10 @@ pub enum KeyPart {
     Tenant,
     Route,
     Ip,
+    /// The client's network, /24 (IPv4) or /64 (IPv6), whatever its
+    /// identity tier: a ceiling that a client minting identities (random
+    /// header names under one TLS fingerprint) cannot escape.
+    Subnet,
     Header(http::HeaderName),
 }
 
@@ -363,6 +367,49 @@ impl Config {
             }
             s.push('\n');
         }
+        for w in self.warnings() {
+            let _ = writeln!(s, "warning   {w}");
+        }
         s
+    }
+
+    /// What is valid but likely not meant: a Redis-backed, fail-open route
+    /// whose limit would let a fleet falling back together admit more than
+    /// the quota (a `fallback_rate` that, on `[store] fleet_size`
+    /// instances, adds up to more than the limit's rate). The default
+    /// fallback is bounded by twice what the fleet was admitting, so it is
+    /// never named here.
+    pub fn warnings(&self) -> Vec<String> {
+        if self.store.backend == StoreBackend::Memory {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, lim) in self.limits.iter().enumerate() {
+            let Some(fallback) = lim.fallback_rate else { continue };
+            if matches!(lim.mode, Mode::Shadow | Mode::Soft) {
+                continue;
+            }
+            let routes: Vec<&str> = self
+                .routes
+                .iter()
+                .filter(|r| r.on_store_failure == crate::route::StoreFailure::Allow && r.limits.contains(&i))
+                .map(|r| r.name.as_str())
+                .collect();
+            let fleet = fallback.per_second() * self.store.fleet_size as f64;
+            if routes.is_empty() || fleet <= lim.rate.per_second() * 1.000_001 {
+                continue;
+            }
+            out.push(format!(
+                "limit {}: fallback_rate {fallback} on each of {} instance(s) ([store] fleet_size) admits up to {:.3}/s \
+                 while the store is away, more than its rate {} ({:.3}/s); fail-open route(s): {}",
+                lim.name,
+                self.store.fleet_size,
+                fleet,
+                lim.rate,
+                lim.rate.per_second(),
+                routes.join(", ")
+            ));
+        }
+        out
     }
 }

@@ -63,6 +63,9 @@ impl Reloader {
                 // The bytes just loaded, not a second read of the file.
                 self.remember(Some(config.source.sha256));
                 self.warn_about_restart_only_changes(&config);
+                for warning in config.warnings() {
+                    tracing::warn!("{warning}");
+                }
                 let sha = config.source.sha256_hex();
                 self.gateway.apply(config).await;
                 tracing::info!(?trigger, sha256 = %sha, "config reloaded");

@@ -41,6 +41,14 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
             KeyPart::Ip => {
                 let _ = write!(out, "{}", facts.ip.to_canonical());
             }
+            KeyPart::Subnet => match subnet(facts.ip) {
+                IpAddr::V4(v4) => {
+                    let _ = write!(out, "{v4}/24");
+                }
+                IpAddr::V6(v6) => {
+                    let _ = write!(out, "{v6}/64");
+                }
+            },
             // Client-chosen values may not contain the part separator, or
             // ("a:b", "c") and ("a", "b:c") would share a key.
             KeyPart::Header(name) => match facts.headers.get(name) {
@@ -72,11 +80,30 @@ pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart
                 IpAddr::V4(v4) => part(hasher, &v4.octets()),
                 IpAddr::V6(v6) => part(hasher, &v6.octets()),
             },
+            // Prefixed so a subnet never hashes like an address.
+            KeyPart::Subnet => match subnet(facts.ip) {
+                IpAddr::V4(v4) => part(hasher, &[&[24u8][..], &v4.octets()].concat()),
+                IpAddr::V6(v6) => part(hasher, &[&[64u8][..], &v6.octets()].concat()),
+            },
             // A missing header gets a length no value can have.
             KeyPart::Header(name) => match facts.headers.get(name) {
                 Some(v) => part(hasher, v.as_bytes()),
                 None => hasher.write_usize(usize::MAX),
             },
+        }
+    }
+}
+
+/// The network of `ip`: its /24 (IPv4, also IPv4-mapped IPv6) or /64.
+pub fn subnet(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            IpAddr::from([a, b, c, 0])
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
         }
     }
 }
@@ -167,6 +194,56 @@ mod tests {
             &facts(&h),
         );
         assert_eq!(k, "rl:{x:-}");
+    }
+
+    #[test]
+    fn the_subnet_part_is_the_clients_network_whatever_its_identity() {
+        let h = HeaderMap::new();
+        let mut k = String::new();
+        let at = |ip: &str, identity: &'static str| Facts {
+            identity,
+            ip: ip.parse().unwrap(),
+            ..facts(&h)
+        };
+        derive(
+            &mut k,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("::ffff:198.51.100.7", "fingerprint:1"),
+        );
+        assert_eq!(k, "rl:{ceiling:198.51.100.0/24}");
+        let mut other = String::new();
+        derive(
+            &mut other,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("198.51.100.250", "fingerprint:2"),
+        );
+        assert_eq!(k, other, "fresh identities share their network's bucket");
+        derive(
+            &mut k,
+            "ceiling",
+            &[KeyPart::Subnet],
+            &at("2001:db8:1:2:aaaa::1", "user:x"),
+        );
+        assert_eq!(k, "rl:{ceiling:2001:db8:1:2::/64}");
+        use std::hash::{BuildHasher, Hasher};
+        let rs = foldhash::fast::FixedState::default();
+        let hash = |f: &Facts<'_>, by: &[KeyPart]| {
+            let mut hasher = rs.build_hasher();
+            hash_into(&mut hasher, "ceiling", by, f);
+            hasher.finish()
+        };
+        let (a, b) = (at("198.51.100.7", "a"), at("198.51.100.9", "b"));
+        assert_eq!(hash(&a, &[KeyPart::Subnet]), hash(&b, &[KeyPart::Subnet]));
+        assert_ne!(
+            hash(&a, &[KeyPart::Subnet]),
+            hash(&at("198.51.101.7", "a"), &[KeyPart::Subnet])
+        );
+        assert_ne!(
+            hash(&at("198.51.100.0", "a"), &[KeyPart::Ip]),
+            hash(&a, &[KeyPart::Subnet])
+        );
     }
 
     #[test]

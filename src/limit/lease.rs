@@ -91,8 +91,22 @@ pub struct Lease {
     /// When the store said a token will be available, ms: what a refused
     /// client is told (the local block may end sooner, to re-ask the store).
     pub(crate) retry_at: AtomicU64,
-    /// Requests refused since the last grant: how far over the quota.
-    pub(crate) over: AtomicU64,
+    /// Requests refused in the current over-quota window: how far over.
+    over: AtomicU64,
+    /// When that window began, ms.
+    over_since: AtomicU64,
+    /// Requests waiting for this key's store call: the call asks for them.
+    waiting: AtomicU64,
+    /// Forgotten by the lease table: tokens added later go back at once.
+    evicted: AtomicBool,
+    /// The store's window of the last grant (sliding window), for giving
+    /// tokens back to the window they were counted in.
+    window_ms: AtomicU64,
+    /// Tokens spent, decayed with a one-minute time constant, as f64 bits:
+    /// this instance's recent admitted rate for the key (the fallback's base).
+    admitted: AtomicU64,
+    /// When `admitted` was last brought up to date, ms.
+    admitted_at: AtomicU64,
     /// Last store call or refusal, ms (idle leases are forgotten).
     pub(crate) touched: AtomicU64,
     /// One store call for this key at a time (a request's or a refill).
@@ -114,6 +128,8 @@ pub struct Granted {
     pub tokens: u64,
     pub remaining: u64,
     pub reset_ms: u64,
+    /// The store's window the tokens were counted in (sliding window).
+    pub window_ms: u64,
 }
 
 impl Lease {
@@ -164,6 +180,16 @@ impl Lease {
         self.tokens.swap(0, Ordering::AcqRel)
     }
 
+    /// Takes up to `n` tokens at hand; returns how many.
+    pub fn take_up_to(&self, n: u64) -> u64 {
+        match self
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t - t.min(n)))
+        {
+            Ok(before) | Err(before) => before.min(n),
+        }
+    }
+
     /// Takes every token at hand (shutdown, changed limit).
     pub fn take_all(&self) -> u64 {
         self.tokens.swap(0, Ordering::AcqRel)
@@ -171,13 +197,22 @@ impl Lease {
 
     /// The size of the next lease, updating the rate estimate from what was
     /// spent since the last grant. `returned` counts tokens taken back
-    /// unspent (expired) since then.
-    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64) -> u64 {
+    /// unspent (expired) since then; `asking` is 1 when a request without a
+    /// token is asking (its hit counts too), 0 for a background refill.
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64, asking: u64) -> u64 {
         let level = self.level_at_grant.swap(0, Ordering::Relaxed);
         // Spent since the grant, plus the request asking now.
-        let hits = level.saturating_sub(self.available() + returned) + 1;
+        let hits = level.saturating_sub(self.available() + returned) + asking;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
-        let elapsed_ms = now_ms.saturating_sub(since).max(1);
+        if since != 0 {
+            self.record_admitted(hits, now_ms);
+        }
+        // A rate is never measured over less than half the lookahead: a
+        // burst of n requests at one instant earns a lease of at most 2n,
+        // not n per millisecond (the wake-up of a queue would otherwise look
+        // like a flood and earn full-size leases). Steady traffic refills at
+        // the low watermark, 3/4 of a lookahead apart, so it is not biased.
+        let elapsed_ms = now_ms.saturating_sub(since).max(sizing.lookahead_ms / 2).max(1);
         let previous = f64::from_bits(self.qps.load(Ordering::Relaxed));
         // A first sample, or one after a long silence, says little: damp it.
         let sample = if since == 0 {
@@ -215,7 +250,68 @@ impl Lease {
         self.store_remaining.store(g.remaining, Ordering::Relaxed);
         self.reset_at
             .store(now_ms.saturating_add(g.reset_ms), Ordering::Relaxed);
-        self.over.store(0, Ordering::Relaxed);
+        self.window_ms.store(g.window_ms, Ordering::Relaxed);
+    }
+
+    /// Counts one more request over the quota and returns how many there
+    /// were in the last `period_ms` (a window, not since the last grant: a
+    /// refill in between does not make a key look less over).
+    pub fn count_over(&self, now_ms: u64, period_ms: u64) -> u64 {
+        let since = self.over_since.load(Ordering::Relaxed);
+        if since == 0 || now_ms.saturating_sub(since) >= period_ms || now_ms < since {
+            self.over_since.store(now_ms.max(1), Ordering::Relaxed);
+            self.over.store(1, Ordering::Relaxed);
+            return 1;
+        }
+        self.over.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The store window the tokens at hand were counted in.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms.load(Ordering::Relaxed)
+    }
+
+    /// Adds `hits` spent tokens to the decayed admitted count.
+    fn record_admitted(&self, hits: u64, now_ms: u64) {
+        let decayed = self.admitted_decayed(now_ms);
+        self.admitted
+            .store((decayed + hits as f64).to_bits(), Ordering::Relaxed);
+        self.admitted_at.store(now_ms, Ordering::Relaxed);
+    }
+
+    fn admitted_decayed(&self, now_ms: u64) -> f64 {
+        let count = f64::from_bits(self.admitted.load(Ordering::Relaxed));
+        let at = self.admitted_at.load(Ordering::Relaxed);
+        let dt = now_ms.saturating_sub(at) as f64;
+        count * (-dt / ADMITTED_TAU_MS).exp()
+    }
+
+    /// This instance's admitted rate for the key, per second, averaged over
+    /// about a minute as of the last store call: while the store is away no
+    /// call updates it, so it stays the rate from before the outage.
+    pub fn admitted_rate(&self) -> f64 {
+        f64::from_bits(self.admitted.load(Ordering::Relaxed)) * 1_000.0 / ADMITTED_TAU_MS
+    }
+
+    /// A request starts waiting for this key's store call; it stops when
+    /// the returned guard drops.
+    pub fn wait_in_line(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(self)
+    }
+
+    /// Requests waiting for this key's store call now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Marks the lease as forgotten by the table.
+    pub fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+    }
+
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
     }
 
     /// Records a store answer that granted nothing.
@@ -246,7 +342,7 @@ impl Lease {
             // Lazily: a slot made for a failed claim would free the flag on drop.
             .then(|| RefillSlot {
                 lease: self,
-                recorded: std::cell::Cell::new(false),
+                recorded: AtomicBool::new(false),
             })
     }
 
@@ -281,11 +377,24 @@ impl Lease {
     }
 }
 
+/// Time constant of the admitted-rate average, ms.
+const ADMITTED_TAU_MS: f64 = 60_000.0;
+
+/// A request waiting in line for a key's store call.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a Lease);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The store-call slot of a lease, held while its call is in flight.
 #[derive(Debug)]
 pub struct RefillSlot<'a> {
     lease: &'a Lease,
-    recorded: std::cell::Cell<bool>,
+    recorded: AtomicBool,
 }
 
 impl RefillSlot<'_> {
@@ -293,13 +402,13 @@ impl RefillSlot<'_> {
     /// requests waiting for it. Only the slot's call speaks for the key.
     pub fn record(&self, failure: Option<&crate::store::StoreError>) {
         self.lease.set_last_failure(failure);
-        self.recorded.set(true);
+        self.recorded.store(true, Ordering::Relaxed);
     }
 }
 
 impl Drop for RefillSlot<'_> {
     fn drop(&mut self) {
-        if !self.recorded.get() {
+        if !self.recorded.load(Ordering::Relaxed) {
             // Dropped mid-call: nothing is known, so no older failure may
             // stand for it; the waiters make their own calls.
             self.lease.set_last_failure(None);
@@ -331,13 +440,14 @@ mod tests {
         let s = Sizing::default();
         let lease = Lease::default();
         let mut now = 1_000;
-        lease.next_size(&s, 1_000_000, now, 0);
+        lease.next_size(&s, 1_000_000, now, 0, 1);
         let grant = |lease: &Lease, now| {
             lease.add(
                 Granted {
                     tokens: 1_000,
                     remaining: 0,
                     reset_ms: 0,
+                    window_ms: 0,
                 },
                 now,
                 60_000,
@@ -350,7 +460,7 @@ mod tests {
                 lease.try_take(now);
             }
             now += 100; // 4,000 qps
-            sizes.push(lease.next_size(&s, 1_000_000, now, 0));
+            sizes.push(lease.next_size(&s, 1_000_000, now, 0, 1));
         }
         assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
         assert_eq!(*sizes.last().unwrap(), 500);
@@ -358,7 +468,7 @@ mod tests {
         for _ in 0..8 {
             grant(&lease, now);
             now += 1_000; // 1 qps: the asking request only
-            decaying.push(lease.next_size(&s, 1_000_000, now, 0));
+            decaying.push(lease.next_size(&s, 1_000_000, now, 0, 1));
         }
         assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
         assert_eq!(*decaying.last().unwrap(), 5);
@@ -373,6 +483,7 @@ mod tests {
                 tokens: 2,
                 remaining: 8,
                 reset_ms: 100,
+                window_ms: 0,
             },
             1_000,
             500,

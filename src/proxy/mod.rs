@@ -96,10 +96,18 @@ pub async fn forward(
                         req = back;
                     }
                     _ => {
-                        return Err(RequestError::UpstreamFailed {
-                            upstream: upstream.name.clone(),
-                            reason: e.into_error().to_string(),
-                        })
+                        // The connection is never checked back in: hyper shut
+                        // it down, and one whose request broke off mid-body
+                        // must not carry another.
+                        drop(sender);
+                        let e = e.into_error();
+                        return Err(match client_body_error(&e) {
+                            Some(reason) => RequestError::BadRequestBody { reason },
+                            None => RequestError::UpstreamFailed {
+                                upstream: upstream.name.clone(),
+                                reason: e.to_string(),
+                            },
+                        });
                     }
                 },
             }
@@ -145,6 +153,25 @@ fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
             reason: e.to_string(),
         },
     }
+}
+
+/// Why the client's request body failed, if that is what ended the
+/// exchange. hyper reports an error of the body it was sending as a "user
+/// body" error whose source is the body's own error: for the client's
+/// `Incoming`, a `hyper::Error` (a malformed chunk size, a client gone
+/// mid-body). Any other failure is the upstream's.
+fn client_body_error(e: &hyper::Error) -> Option<String> {
+    use std::error::Error as _;
+    if !e.is_user() {
+        return None;
+    }
+    let body: &hyper::Error = e.source()?.downcast_ref()?;
+    // The innermost cause says what was wrong ("invalid chunk size: overflow").
+    let mut cause: &dyn std::error::Error = body;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    Some(cause.to_string())
 }
 
 /// `Connection: upgrade` plus an `Upgrade` header.

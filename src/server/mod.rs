@@ -162,6 +162,9 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         (None, Some(_)) => return Err(ServeError::NoTls),
         _ => None,
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
     let store = store(&config, &metrics)?;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use super::{BoxFuture, QuotaStore, StoreError};
+use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
@@ -407,10 +407,18 @@ impl Drop for ProbeWatch<'_> {
 }
 
 impl QuotaStore for Guarded {
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let core = &self.core;
         Box::pin(async move {
-            let grant = core.guard(0, move || core.inner.acquire(key, spec, want)).await?;
+            let grant = core
+                .guard(0, move || core.inner.acquire(key, spec, want, unspent))
+                .await?;
             if grant.granted > 0 {
                 core.metrics.lease_tokens.observe(grant.granted as f64);
             }
@@ -418,9 +426,9 @@ impl QuotaStore for Guarded {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let core = &self.core;
-        Box::pin(core.guard(1, move || core.inner.release(key, spec, unused)))
+        Box::pin(core.guard(1, move || core.inner.release(key, spec, unspent)))
     }
 
     fn name(&self) -> &'static str {
@@ -520,15 +528,21 @@ mod tests {
     async fn a_probe_whose_caller_goes_away_frees_the_probe_slot() {
         let (guarded, now) = hung(1, 100, Arc::new(Metrics::new()));
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
-        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+        assert_eq!(
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
+            Err(StoreError::Timeout(5))
+        );
         now.store(1_200, Ordering::Relaxed);
         // The probe starts, and its request is dropped before the deadline.
         {
-            let probe = guarded.acquire("k", &spec, 1);
+            let probe = guarded.acquire("k", &spec, 1, Unspent::default());
             let _ = tokio::time::timeout(Duration::from_millis(1), probe).await;
         }
         // The next caller probes; it is not told "open" forever.
-        assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+        assert_eq!(
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
+            Err(StoreError::Timeout(5))
+        );
     }
 
     #[test]
@@ -559,10 +573,16 @@ mod tests {
     /// A store that never answers.
     struct Hung;
     impl QuotaStore for Hung {
-        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            _: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             Box::pin(std::future::pending())
         }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
             Box::pin(std::future::pending())
         }
         fn name(&self) -> &'static str {
@@ -655,16 +675,23 @@ mod tests {
     }
 
     impl QuotaStore for Scripted {
-        fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            want: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
             self.acquires.fetch_add(1, Ordering::Relaxed);
             self.answer(Grant {
                 granted: want,
                 remaining: 0,
                 reset_ms: 0,
                 retry_after_ms: 0,
+                window_ms: 0,
             })
         }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
             self.answer(())
         }
         fn name(&self) -> &'static str {
@@ -705,7 +732,7 @@ mod tests {
         store.down.store(true, Ordering::Relaxed);
         let (guarded, metrics, _) = scripted(&store, 5, 3);
         for _ in 0..3 {
-            assert!(guarded.acquire("k", &spec(), 1).await.is_err());
+            assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(metrics.circuit_open.get(), 1);
@@ -726,7 +753,7 @@ mod tests {
         let store = Arc::new(Scripted::default());
         store.down.store(true, Ordering::Relaxed);
         let (guarded, metrics, _) = scripted(&store, 5, 1);
-        assert!(guarded.acquire("k", &spec(), 1).await.is_err());
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
         assert_eq!(metrics.circuit_open.get(), 1);
         tokio::time::sleep(Duration::from_millis(105)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 1);
@@ -744,7 +771,7 @@ mod tests {
         let store = Arc::new(Scripted::default());
         store.down.store(true, Ordering::Relaxed);
         let (guarded, metrics, _) = scripted(&store, 5, 1);
-        assert!(guarded.acquire("k", &spec(), 1).await.is_err());
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
         store.hung.store(true, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(103)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 1);
@@ -761,7 +788,7 @@ mod tests {
         let store = Arc::new(Scripted::default());
         store.down.store(true, Ordering::Relaxed);
         let (guarded, _, _) = scripted(&store, 5, 1);
-        assert!(guarded.acquire("k", &spec(), 1).await.is_err());
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
         drop(guarded);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 0);
@@ -775,14 +802,17 @@ mod tests {
         // Deadline 1 s, open 100 ms: a request's probe outlasts a period.
         let (guarded, metrics, jump) = scripted(&store, 1_000, 1);
         let guarded = Arc::new(guarded);
-        assert_eq!(guarded.acquire("k", &spec(), 1).await, Err(StoreError::Timeout(1_000)));
+        assert_eq!(
+            guarded.acquire("k", &spec(), 1, Unspent::default()).await,
+            Err(StoreError::Timeout(1_000))
+        );
         // Let the prober go to sleep. Then the breaker's clock passes
         // open_ms before the prober wakes: a request takes the half-open
         // slot, and its call hangs.
         tokio::time::sleep(Duration::from_millis(1)).await;
         jump.store(100, Ordering::Relaxed);
         let g = guarded.clone();
-        let request = tokio::spawn(async move { g.acquire("k", &spec(), 1).await });
+        let request = tokio::spawn(async move { g.acquire("k", &spec(), 1, Unspent::default()).await });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(store.acquires.load(Ordering::Relaxed), 2, "the request probes");
         assert_eq!(store.pings.load(Ordering::Relaxed), 0, "the prober waits for it");
@@ -802,13 +832,16 @@ mod tests {
         let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10);
         for _ in 0..3 {
             let started = tokio::time::Instant::now();
-            assert_eq!(guarded.acquire("k", &spec, 1).await, Err(StoreError::Timeout(5)));
+            assert_eq!(
+                guarded.acquire("k", &spec, 1, Unspent::default()).await,
+                Err(StoreError::Timeout(5))
+            );
             assert_eq!(started.elapsed(), Duration::from_millis(5));
         }
         assert_eq!(metrics.circuit_open.get(), 1);
         let started = tokio::time::Instant::now();
         assert_eq!(
-            guarded.acquire("k", &spec, 1).await,
+            guarded.acquire("k", &spec, 1, Unspent::default()).await,
             Err(StoreError::CircuitOpen { retry_after_ms: 2_000 })
         );
         assert_eq!(started.elapsed(), Duration::ZERO);
@@ -817,5 +850,39 @@ mod tests {
             text.contains(r#"leasegate_store_calls_total{op="acquire",result="timeout"} 3"#),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn give_backs_pass_through_to_the_store() {
+        let guarded = Guarded::new(
+            Arc::new(crate::store::memory::MemoryStore::new(100)),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 1_000,
+            },
+            Arc::new(|| 0),
+            Arc::new(Metrics::new()),
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "5/h".parse().unwrap(), 5);
+        let none = Unspent::default();
+        assert_eq!(guarded.acquire("k", &spec, 5, none).await.map(|g| g.granted), Ok(5));
+        let two = Unspent {
+            tokens: 2,
+            window_ms: 0,
+        };
+        assert_eq!(guarded.acquire("k", &spec, 3, two).await.map(|g| g.granted), Ok(2));
+        guarded
+            .release(
+                "k",
+                &spec,
+                Unspent {
+                    tokens: 1,
+                    window_ms: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(guarded.acquire("k", &spec, 3, none).await.map(|g| g.granted), Ok(1));
     }
 }

@@ -12,6 +12,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use crate::quota::Unspent;
 use crate::quota::{Grant, Spec};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -31,12 +32,26 @@ pub enum StoreError {
 
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.
 pub trait QuotaStore: Send + Sync + 'static {
-    /// Takes up to `want` tokens from `key`'s bucket: grants
-    /// `min(want, available)`, and when it grants none says when one will be.
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>>;
+    /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
+    ///
+    /// The grant is `min(want, available)`; whenever it leaves no whole
+    /// token, [`Grant::retry_after_ms`] says when one will be. The give-back
+    /// is clamped to the capacity and goes to the window the tokens were
+    /// taken in, as [`QuotaStore::release`] does. On an error the caller
+    /// cannot tell whether it was applied (a call that timed out may still
+    /// run): it must not give the same tokens back again.
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
 
-    /// Gives back `unused` tokens (an unspent lease), clamped to capacity.
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Gives back `unspent` tokens (a lease's), clamped to capacity. A
+    /// sliding window takes them off the window they were taken in while it
+    /// still counts (current or previous), and nowhere once it is older.
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;

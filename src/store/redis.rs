@@ -35,7 +35,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
-use super::{BoxFuture, QuotaStore, StoreError};
+use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::quota::{Algorithm, Grant, Spec};
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_bucket.lua")));
@@ -84,7 +84,7 @@ impl CallError {
 }
 
 impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], CallError> {
+    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], CallError> {
         let mut call = script.key(key);
         for a in args {
             call.arg(*a);
@@ -100,10 +100,10 @@ impl Connection {
             }
             Connection::Cluster(c) => call.invoke_async(c).await?,
         };
-        // Scripts answer four integers, never negative; anything else is a
+        // Scripts answer five integers, never negative; anything else is a
         // script from another version, not a reason to wrap around.
         match reply[..] {
-            [a, b, c, d] => Ok([a, b, c, d].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e] => Ok([a, b, c, d, e].map(|v| v.max(0) as u64)),
             _ => Err(CallError::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",
@@ -314,9 +314,10 @@ impl RedisStore {
     }
 
     /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
-    /// release arguments (without the count) that return its grant if the
-    /// caller stopped waiting (the deadline passed) before the answer came,
-    /// so tokens taken for nobody go back instead of being lost.
+    /// release arguments (without the tokens and their window) that return
+    /// its grant if the caller stopped waiting (the deadline passed) before
+    /// the answer came, so tokens taken for nobody go back, to the window
+    /// they were taken in, instead of being lost.
     fn call<'a>(
         &'a self,
         script: &'static Script,
@@ -333,9 +334,9 @@ impl RedisStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {
             let result = connection.run(script, &key, &args).await;
-            if let Err(Ok([granted, ..])) = answer.send(result) {
+            if let Err(Ok([granted, _, _, _, window_ms])) = answer.send(result) {
                 if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
-                    let args = [algorithm, count, period, capacity, granted];
+                    let args = [algorithm, count, period, capacity, granted, window_ms];
                     if let Err(e) = connection.run(&RELEASE, &key, &args).await {
                         tracing::debug!(%key, error = %e.classify(), "returning a late grant failed");
                     }
@@ -344,11 +345,12 @@ impl RedisStore {
         });
         Box::pin(async move {
             match answered.await {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms])) => Ok(Grant {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
+                    window_ms,
                 }),
                 Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
@@ -445,25 +447,32 @@ pub fn redact(url: &str) -> String {
 }
 
 impl QuotaStore for RedisStore {
-    fn acquire<'a>(&'a self, key: &'a str, spec: &'a Spec, want: u64) -> BoxFuture<'a, Result<Grant, StoreError>> {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
+        let Unspent { tokens, window_ms } = unspent;
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
                 key,
-                vec![spec.count, spec.period_ms(), spec.capacity, want],
+                vec![spec.count, spec.period_ms(), spec.capacity, want, tokens],
                 give_back,
             ),
             Algorithm::SlidingWindow => self.call(
                 &SLIDING_WINDOW,
                 key,
-                vec![spec.capacity, spec.period_ms(), want],
+                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
                 give_back,
             ),
         }
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let call = self.call(
             &RELEASE,
             key,
@@ -472,7 +481,8 @@ impl QuotaStore for RedisStore {
                 spec.count,
                 spec.period_ms(),
                 spec.capacity,
-                unused,
+                unspent.tokens,
+                unspent.window_ms,
             ],
             None,
         );

@@ -1,0 +1,202 @@
+//! Validation: turns the serde mirror into a compiled [`Config`], collecting
+//! every problem with its line rather than stopping at the first.
+//!
+//! One file per part of the config: `listeners` (listeners and TLS), `store`
+//! (store, Redis URLs, leasing), `identity` (trusted proxies, JWT, API keys),
+//! `upstreams`, `limits` and `routes`. This file holds the [`Check`] that
+//! collects problems, the order of compilation, `[gateway]`, and the helpers
+//! they share.
+
+mod identity;
+mod limits;
+mod listeners;
+mod routes;
+mod store;
+mod upstreams;
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::error::{line_of, Problem};
+use super::{raw, AccessLog, Config, ConfigError, Gateway, HeaderStyle, RouteTable, Source};
+use identity::identity;
+use limits::limits;
+use listeners::{listeners, tls};
+use routes::routes;
+use store::{leasing, store};
+use upstreams::upstreams;
+
+/// Collects problems, each located by a span of the source text.
+struct Check<'a> {
+    file: &'a str,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Check<'_> {
+    fn at(&mut self, span: Range<usize>, key: impl Into<String>, reason: impl Into<String>) {
+        self.problems.push(Problem {
+            file: self.file.to_string(),
+            line: Some(line_of(self.text, span.start)),
+            key: key.into(),
+            reason: reason.into(),
+        });
+    }
+}
+
+pub(super) fn compile(
+    raw: raw::File,
+    source: Source,
+    file: &str,
+    text: &str,
+    base: &Path,
+) -> Result<Config, ConfigError> {
+    let mut c = Check {
+        file,
+        text,
+        problems: Vec::new(),
+    };
+
+    let gateway = gateway(&mut c, raw.gateway);
+    let listeners = listeners(&mut c, &raw.listeners);
+    let tls = match (&raw.tls, listeners.https) {
+        (Some(t), _) => tls(&mut c, t, base),
+        (None, Some(_)) => {
+            let span = raw.listeners.get_ref().https.as_ref().map_or(0..0, Spanned::span);
+            c.at(
+                span,
+                "listeners.https",
+                "an https listener needs a [tls] section with cert and key",
+            );
+            None
+        }
+        (None, None) => None,
+    };
+    let store = store(&mut c, raw.store);
+    let leasing = leasing(&mut c, raw.leasing);
+    let identity = identity(&mut c, raw.identity, base);
+    let upstreams = upstreams(&mut c, raw.upstreams);
+    let limits = limits(&mut c, raw.limits);
+    let routes = routes(&mut c, raw.routes, &upstreams, &limits);
+
+    if !c.problems.is_empty() {
+        return Err(ConfigError::Invalid(c.problems));
+    }
+    Ok(Config {
+        source,
+        gateway,
+        listeners,
+        tls,
+        store,
+        leasing,
+        identity,
+        upstreams,
+        routes: RouteTable::new(routes),
+        limits: limits.into_iter().map(Arc::new).collect(),
+    })
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "leasegate".to_string())
+}
+
+fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
+    c: &mut Check,
+    v: &Option<Spanned<T>>,
+    key: &str,
+    lo: T,
+    hi: T,
+    default: T,
+) -> T {
+    match v {
+        None => default,
+        Some(s) if *s.get_ref() >= lo && *s.get_ref() <= hi => *s.get_ref(),
+        Some(s) => {
+            c.at(
+                s.span(),
+                key,
+                format!("{} is out of range: use {lo} to {hi}", s.get_ref()),
+            );
+            default
+        }
+    }
+}
+
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Gateway {
+        instance_id: g.instance_id.filter(|s| !s.is_empty()).unwrap_or_else(host_name),
+        workers: in_range(c, &g.workers, "gateway.workers", 1, 1024, cpus),
+        grace_period: Duration::from_millis(in_range(
+            c,
+            &g.grace_period_ms,
+            "gateway.grace_period_ms",
+            0,
+            3_600_000,
+            10_000,
+        )),
+        max_connections: in_range(c, &g.max_connections, "gateway.max_connections", 1, 10_000_000, 10_000),
+        // hyper's HTTP/1.1 reader needs at least 8 KiB of buffer.
+        max_header_bytes: in_range(
+            c,
+            &g.max_header_bytes,
+            "gateway.max_header_bytes",
+            8_192,
+            1 << 20,
+            65_536,
+        ),
+        rate_limit_headers: match g.rate_limit_headers.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
+            None | Some(("all", _)) => HeaderStyle::All,
+            Some(("ietf", _)) => HeaderStyle::Ietf,
+            Some(("legacy", _)) => HeaderStyle::Legacy,
+            Some(("none", _)) => HeaderStyle::None,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    "gateway.rate_limit_headers",
+                    format!("{other:?}: use \"all\", \"ietf\", \"legacy\" or \"none\""),
+                );
+                HeaderStyle::All
+            }
+        },
+        access_log: match g.access_log.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
+            None | Some(("json", _)) => AccessLog::Json,
+            Some(("text", _)) => AccessLog::Text,
+            Some(("off", _)) => AccessLog::Off,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    "gateway.access_log",
+                    format!("{other:?}: use \"json\", \"text\" or \"off\""),
+                );
+                AccessLog::Json
+            }
+        },
+        header_read_timeout: Duration::from_millis(in_range(
+            c,
+            &g.header_read_timeout_ms,
+            "gateway.header_read_timeout_ms",
+            1,
+            3_600_000,
+            10_000,
+        )),
+    }
+}

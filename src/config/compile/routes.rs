@@ -1,0 +1,241 @@
+//! `[[routes]]`: matching, action (forward or direct response), limits.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use toml::Spanned;
+
+use super::Check;
+use crate::config::{raw, Limit};
+use crate::route::{Action, DirectResponse, Route, StoreFailure};
+use crate::upstream::Upstream;
+
+pub(super) fn routes(
+    c: &mut Check,
+    list: Vec<Spanned<raw::Route>>,
+    upstreams: &[Arc<Upstream>],
+    limits: &[Limit],
+) -> Vec<Arc<Route>> {
+    let mut out: Vec<Arc<Route>> = Vec::new();
+    let mut names = HashSet::new();
+    for (n, r) in list.into_iter().enumerate() {
+        let span = r.span();
+        let r = r.into_inner();
+        let key = format!("routes[{n}]");
+        let name = r.name.get_ref().clone();
+        if name.is_empty() {
+            c.at(r.name.span(), format!("{key}.name"), "must not be empty");
+        }
+        if !names.insert(name.clone()) {
+            c.at(
+                r.name.span(),
+                format!("{key}.name"),
+                format!("duplicate route name {name:?}"),
+            );
+        }
+        let prefix = r.path_prefix.get_ref().clone();
+        if !prefix.starts_with('/') {
+            c.at(
+                r.path_prefix.span(),
+                format!("{key}.path_prefix"),
+                format!("{prefix:?} must start with '/'"),
+            );
+        }
+        let host = r.host.as_ref().map(|h| h.get_ref().trim().to_ascii_lowercase());
+        if let (Some(h), Some(raw)) = (&host, &r.host) {
+            if h.is_empty()
+                || h.parse::<Authority>().is_err()
+                || h.contains('@')
+                || (h.contains(':') && !(h.starts_with('[') && h.ends_with(']')))
+            {
+                c.at(
+                    raw.span(),
+                    format!("{key}.host"),
+                    format!("{h:?} is not a host name (without port)"),
+                );
+            }
+        }
+        let methods = r.methods.as_ref().map(|m| {
+            let mut out = Vec::new();
+            for name in m.get_ref() {
+                match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => out.push(method),
+                    Err(_) => c.at(
+                        m.span(),
+                        format!("{key}.methods"),
+                        format!("{name:?} is not an HTTP method"),
+                    ),
+                }
+            }
+            if out.is_empty() {
+                c.at(
+                    m.span(),
+                    format!("{key}.methods"),
+                    "list at least one method, or leave methods out",
+                );
+            }
+            out
+        });
+        let action = match (&r.upstream, r.response) {
+            (Some(u), None) => match upstreams.iter().find(|up| up.name == *u.get_ref()) {
+                Some(up) => Some(Action::Forward(up.clone())),
+                None => {
+                    let mut known: Vec<_> = upstreams.iter().map(|up| up.name.as_str()).collect();
+                    known.sort_unstable();
+                    c.at(
+                        u.span(),
+                        format!("{key}.upstream"),
+                        format!(
+                            "unknown upstream {:?} (known: {})",
+                            u.get_ref(),
+                            if known.is_empty() {
+                                "none".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
+                    None
+                }
+            },
+            (None, Some(resp)) => direct_response(c, resp, &key).map(Action::Respond),
+            (Some(_), Some(_)) => {
+                c.at(span.clone(), key.clone(), "set either upstream or response, not both");
+                None
+            }
+            (None, None) => {
+                c.at(
+                    span.clone(),
+                    key.clone(),
+                    "set upstream = \"NAME\" or response = { status = 200, body = \"...\" }",
+                );
+                None
+            }
+        };
+        let mut route_limits: Vec<usize> = Vec::new();
+        for l in &r.limits {
+            if let Some(index) = limits.iter().position(|lim| lim.name == *l.get_ref()) {
+                if route_limits.contains(&index) {
+                    c.at(
+                        l.span(),
+                        format!("{key}.limits"),
+                        format!("limit {:?} is listed twice", l.get_ref()),
+                    );
+                }
+                route_limits.push(index);
+            } else {
+                let known: Vec<_> = limits.iter().map(|l| l.name.as_str()).collect();
+                c.at(
+                    l.span(),
+                    format!("{key}.limits"),
+                    format!(
+                        "unknown limit {:?} (known: {})",
+                        l.get_ref(),
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
+            }
+        }
+        let on_store_failure = match r.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+            None | Some(("allow", _)) => StoreFailure::Allow,
+            Some(("deny", _)) => StoreFailure::Deny,
+            Some((other, span)) => {
+                c.at(
+                    span,
+                    format!("{key}.on_store_failure"),
+                    format!("{other:?}: use \"allow\" or \"deny\""),
+                );
+                StoreFailure::Allow
+            }
+        };
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods))
+        {
+            c.at(
+                r.path_prefix.span(),
+                format!("{key}.path_prefix"),
+                format!(
+                    "route {name:?} matches exactly what route {:?} matches, so it can never be chosen",
+                    other.name
+                ),
+            );
+        }
+        if let Some(action) = action {
+            out.push(Arc::new(Route {
+                name,
+                path_prefix: prefix,
+                host,
+                methods,
+                action,
+                limits: route_limits,
+                on_store_failure,
+            }));
+        }
+    }
+    out
+}
+
+fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.iter().all(|m| b.contains(m)) && b.iter().all(|m| a.contains(m)),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) -> Option<DirectResponse> {
+    let span = r.span();
+    let r = r.into_inner();
+    let status = match StatusCode::from_u16(r.status) {
+        Ok(s) if (200..=599).contains(&s.as_u16()) => Some(s),
+        _ => {
+            c.at(
+                span.clone(),
+                format!("{key}.response.status"),
+                format!("{} is not a final HTTP status (200 to 599)", r.status),
+            );
+            None
+        }
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in &r.headers {
+        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+            (Ok(n), Ok(v)) => {
+                headers.append(n, v);
+            }
+            _ => c.at(
+                span.clone(),
+                format!("{key}.response.headers.{name}"),
+                "not a valid header name and value",
+            ),
+        }
+    }
+    Some(DirectResponse {
+        status: status?,
+        headers,
+        body: Bytes::from(r.body),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_sets_compare_without_order() {
+        let a = Some(vec![Method::GET, Method::POST]);
+        let b = Some(vec![Method::POST, Method::GET]);
+        assert!(same_methods(&a, &b));
+        assert!(!same_methods(&a, &Some(vec![Method::GET])));
+        assert!(!same_methods(&a, &None));
+        assert!(same_methods(&None, &None));
+    }
+}

@@ -1,0 +1,123 @@
+//! `[store]` (backend, Redis URLs, breaker) and `[leasing]`.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::{in_range, Check};
+use crate::config::{raw, redact, Leasing, Store, StoreBackend};
+
+fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, cluster: bool) -> bool {
+    let shown = redact(url);
+    let why = if url.starts_with("rediss://") {
+        Some(format!(
+            "{shown:?}: TLS to Redis (rediss://) is not supported by this build; use redis:// (through a TLS tunnel if the network needs one)"
+        ))
+    } else if !url.starts_with("redis://") && !url.starts_with("redis+unix://") {
+        Some(format!("{shown:?} is not a redis:// or redis+unix:// URL"))
+    } else if cluster && url.starts_with("redis+unix://") {
+        Some(format!(
+            "{shown:?}: cluster seeds must be redis://host:port (cluster nodes announce TCP addresses)"
+        ))
+    } else {
+        // The client's own parser: what passes here, `run` can dial.
+        redis::IntoConnectionInfo::into_connection_info(url)
+            .err()
+            .map(|e| format!("{shown:?}: {e}"))
+    };
+    match why {
+        Some(why) => {
+            c.at(span, key, why);
+            false
+        }
+        None => true,
+    }
+}
+
+pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
+    let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
+    let backend = match s.backend.as_ref().map(|b| (b.get_ref().as_str(), b.span())) {
+        None | Some(("memory", _)) => {
+            // A Redis address with the memory backend is a half-done edit.
+            if let Some(url) = &s.url {
+                c.at(url.span(), "store.url", "is set but backend is not \"redis\"");
+            }
+            if let Some(cl) = &s.cluster {
+                c.at(cl.span(), "store.cluster", "is set but backend is not \"redis\"");
+            }
+            StoreBackend::Memory
+        }
+        Some(("redis", span)) => match (s.url, s.cluster) {
+            (Some(_), Some(cl)) => {
+                c.at(
+                    cl.span(),
+                    "store.cluster",
+                    "set either url (one node) or cluster (seeds), not both",
+                );
+                StoreBackend::Memory
+            }
+            (Some(url), None) => {
+                redis_url(c, url.span(), "store.url", url.get_ref(), false);
+                StoreBackend::Redis { url: url.into_inner() }
+            }
+            (None, Some(cl)) => {
+                let span = cl.span();
+                let seeds = cl.into_inner();
+                if seeds.is_empty() {
+                    c.at(span.clone(), "store.cluster", "list at least one seed");
+                }
+                for s in &seeds {
+                    redis_url(c, span.clone(), "store.cluster", s, true);
+                }
+                StoreBackend::RedisCluster { seeds }
+            }
+            (None, None) => {
+                c.at(span, "store.backend", "backend \"redis\" needs url or cluster");
+                StoreBackend::Memory
+            }
+        },
+        Some((other, span)) => {
+            c.at(
+                span,
+                "store.backend",
+                format!("unknown backend {other:?}: use \"memory\" or \"redis\""),
+            );
+            StoreBackend::Memory
+        }
+    };
+    let max_keys = in_range(c, &s.max_keys, "store.max_keys", 1_000, 100_000_000, 1_000_000);
+    let fleet_size = in_range(c, &s.fleet_size, "store.fleet_size", 1, 10_000, 1);
+    let breaker = crate::store::guard::BreakerSettings {
+        failures: in_range(c, &s.breaker.failures, "store.breaker.failures", 1, 1_000, 3),
+        open_ms: in_range(c, &s.breaker.open_ms, "store.breaker.open_ms", 10, 600_000, 2_000),
+    };
+    Store {
+        backend,
+        timeout: Duration::from_millis(timeout),
+        max_keys,
+        fleet_size,
+        breaker,
+    }
+}
+
+pub(super) fn leasing(c: &mut Check, l: raw::Leasing) -> Leasing {
+    let min = in_range(c, &l.min, "leasing.min", 1, 1_000_000, 5);
+    let max = in_range(c, &l.max, "leasing.max", 1, 1_000_000, 500);
+    if max < min {
+        let span = l.max.as_ref().or(l.min.as_ref()).map_or(0..0, Spanned::span);
+        c.at(span, "leasing.max", format!("{max} is below leasing.min ({min})"));
+    }
+    let lookahead = in_range(c, &l.lookahead_ms, "leasing.lookahead_ms", 1, 60_000, 250);
+    let ttl = in_range(c, &l.ttl_ms, "leasing.ttl_ms", 1, 600_000, 1_000);
+    let max_fraction = in_range(c, &l.max_fraction, "leasing.max_fraction", 0.0001, 1.0, 0.1);
+    let max_block = in_range(c, &l.max_block_ms, "leasing.max_block_ms", 1, 3_600_000, 5_000);
+    Leasing {
+        min,
+        max,
+        lookahead: Duration::from_millis(lookahead),
+        ttl: Duration::from_millis(ttl),
+        max_fraction,
+        max_block: Duration::from_millis(max_block),
+    }
+}

@@ -1,0 +1,140 @@
+//! The local fallback: while the store is away, a fail-open route's limits
+//! decide against a bucket per key in this instance's memory.
+//!
+//! Its quota is the limit's `fallback_rate` when set. By default it is
+//! about twice what this instance was admitting for the key before the
+//! outage (a one-minute decaying average), with a floor of 1 % of the quota
+//! (at least one per period) for keys it had not seen, and never more than
+//! the quota divided by `[store] fleet_size`. A fleet that falls back
+//! together therefore admits about twice what it was admitting, whatever
+//! its size, instead of its size times the quota.
+
+use std::time::Duration;
+
+use super::stage::{self, Outcome};
+use super::{LimitRuntime, LimitVerdict, Limiter, Settings};
+use crate::quota::{Rate, Spec, Unspent};
+
+/// The default fallback quota of a key whose quota is `spec`, from this
+/// instance's recent admitted rate for it (requests per second).
+pub fn default_spec(spec: &Spec, admitted_per_sec: f64, fleet_size: u64) -> Spec {
+    let ceiling = spec.divided(fleet_size);
+    let period_ms = spec.period_ms();
+    let wanted = (2.0 * admitted_per_sec * period_ms as f64 / 1_000.0).ceil();
+    let wanted = if wanted.is_finite() && wanted > 0.0 {
+        wanted.min(u64::MAX as f64) as u64
+    } else {
+        0
+    };
+    let floor = (spec.count / 100).max(1);
+    let count = wanted.max(floor).min(ceiling.count).max(1);
+    // The burst keeps the quota's proportion of burst to rate.
+    let capacity = (u128::from(ceiling.capacity) * u128::from(count) / u128::from(ceiling.count.max(1))).max(1);
+    Spec::new(
+        spec.algorithm,
+        Rate {
+            count,
+            period: Duration::from_millis(period_ms),
+        },
+        u64::try_from(capacity).unwrap_or(u64::MAX),
+    )
+}
+
+impl Limiter {
+    /// The fallback quota of a key: `fallback_rate` (a sub-bucket's share
+    /// of it when the limit is sharded), or [`default_spec`].
+    fn fallback_spec(
+        &self,
+        limit: &LimitRuntime,
+        h: u64,
+        spec: &Spec,
+        shard: Option<u32>,
+        settings: &Settings,
+    ) -> Spec {
+        match limit.config.fallback_rate {
+            Some(rate) => {
+                let set = Spec::new(limit.config.algorithm, rate, rate.count);
+                // A set fallback_rate is the whole key's: a sub-bucket gets its share.
+                match shard {
+                    Some(s) => set.share(s, limit.shards),
+                    None => set,
+                }
+            }
+            None => {
+                let rate = self.leases.with(h, |l| l.admitted_rate()).unwrap_or(0.0);
+                default_spec(spec, rate, settings.fleet_size)
+            }
+        }
+    }
+
+    /// The verdict of the local fallback bucket of `key`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fallback(
+        &self,
+        i: usize,
+        limit: &LimitRuntime,
+        h: u64,
+        key: &str,
+        spec: &Spec,
+        shard: Option<u32>,
+        settings: &Settings,
+    ) -> LimitVerdict {
+        let fallback = self.fallback_spec(limit, h, spec, shard, settings);
+        let grant = self
+            .fallback
+            .acquire_now(key, &fallback, 1, Unspent::default())
+            .unwrap_or_default();
+        let (outcome, reset_ms) = if grant.granted > 0 {
+            (Outcome::Admitted, grant.reset_ms)
+        } else {
+            (
+                stage::on_refusal(limit.config.mode, limit.enforcing),
+                grant.retry_after_ms,
+            )
+        };
+        LimitVerdict {
+            limit: i,
+            outcome,
+            quota: fallback.count,
+            window_secs: fallback.window_secs(),
+            remaining: grant.remaining.min(fallback.count),
+            reset_ms,
+            retry_after_ms: grant.retry_after_ms,
+            over_percent: if grant.granted > 0 { 0 } else { 100 },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Algorithm;
+
+    fn spec(rate: &str) -> Spec {
+        let rate: Rate = rate.parse().unwrap();
+        Spec::new(Algorithm::TokenBucket, rate, rate.count)
+    }
+
+    #[test]
+    fn twice_the_recent_rate_within_a_floor_and_the_quota() {
+        let s = spec("6000/min");
+        // 10/s admitted recently: 20/s, i.e. 1200 per minute.
+        let f = default_spec(&s, 10.0, 1);
+        assert_eq!((f.count, f.capacity, f.period_ms()), (1_200, 1_200, 60_000));
+        // Unseen key: the floor, 1 % of the quota.
+        assert_eq!(default_spec(&s, 0.0, 1).count, 60);
+        // Never more than the quota, or its share of a declared fleet.
+        assert_eq!(default_spec(&s, 1e6, 1).count, 6_000);
+        assert_eq!(default_spec(&s, 1e6, 3).count, 2_000);
+        assert_eq!(default_spec(&s, f64::NAN, 1).count, 60);
+        assert_eq!(default_spec(&spec("5/min"), 0.0, 1).count, 1, "at least one per period");
+    }
+
+    #[test]
+    fn the_burst_keeps_its_proportion() {
+        let rate: Rate = "100/s".parse().unwrap();
+        let s = Spec::new(Algorithm::TokenBucket, rate, 300);
+        let f = default_spec(&s, 10.0, 1);
+        assert_eq!((f.count, f.capacity), (20, 60));
+    }
+}

@@ -1,0 +1,213 @@
+//! The slow path: a request whose key has no token at hand, and the
+//! background refill of a busy key.
+//!
+//! One store call per key is in flight at any time, whether a request's or
+//! a refill's. Requests that find one in flight wait in line for its answer
+//! and are served from its grant; when it leaves some of them without a
+//! token, one of them makes the next call, asking for the whole line (up to
+//! `[leasing] max`). A cold key hit by a burst of n requests therefore costs
+//! a couple of calls, not n, and one instance never holds more than `max`
+//! plus the one call's grant.
+//!
+//! A request waits at most `[store] timeout_ms` in all, for the call it
+//! waits for and for its own. Expired tokens go back inside the next call
+//! (one atomic store step), not in a round trip of their own.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::blocked;
+use super::lease::{Granted, Lease, RefillSlot};
+use super::sweep::Release;
+use super::{Limiter, Settings};
+use crate::quota::{Grant, Spec};
+use crate::store::{StoreError, Unspent};
+
+/// Who a store call is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A request with no token at hand: the grant's first token is its own.
+    Request,
+    /// A background refill: every token granted goes to the lease.
+    Refill,
+}
+
+impl Limiter {
+    /// No token at hand: blocked, or the key's one store call (its own, or
+    /// the one in flight). `Ok(Some((remaining, reset_ms)))` when admitted,
+    /// `Ok(None)` when refused.
+    pub(super) async fn slow_path(
+        self: &Arc<Self>,
+        h: u64,
+        key: &str,
+        spec: &Spec,
+        settings: &Settings,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let Some((lease, evicted)) = self.leases.get_or_insert(h, key) else {
+            return Err(StoreError::Failed("lease table lock poisoned".into()));
+        };
+        for e in &evicted {
+            if let Some(r) = Release::take_all(e) {
+                self.release_later(r);
+            }
+        }
+        // Store calls and refusals mark a key as in use (the sweeper forgets
+        // idle ones); spending a token does not.
+        lease.touch(self.now_ms());
+        let budget = Duration::from_millis(settings.deadline_ms.max(1));
+        let deadline = tokio::time::Instant::now() + budget;
+        // In line from now on: a call made for this key asks for us too.
+        let _in_line = lease.wait_in_line();
+        let mut waited = false;
+        loop {
+            let now = self.now_ms();
+            if lease.try_take(now) {
+                return Ok(Some((lease.remaining(), lease.reset_ms(now))));
+            }
+            if blocked::remaining(&lease, now).is_some() {
+                return Ok(None);
+            }
+            let slot = match lease.start_refill() {
+                Some(slot) => slot,
+                None => {
+                    // A call is in flight: its answer, or its failure, is ours.
+                    let Ok(claimed) = tokio::time::timeout_at(deadline, lease.wait_for_refill()).await else {
+                        return Err(StoreError::Timeout(settings.deadline_ms));
+                    };
+                    waited = true;
+                    match claimed {
+                        Some(slot) => slot,
+                        None => {
+                            if let Some(e) = lease.last_failure() {
+                                return Err(e);
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            let call = self.store_call(&lease, &slot, spec, settings, Caller::Request);
+            // A request that already waited has only the rest of its budget.
+            let answer = if waited {
+                match tokio::time::timeout_at(deadline, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        let e = StoreError::Timeout(settings.deadline_ms);
+                        slot.record(Some(&e));
+                        return Err(e);
+                    }
+                }
+            } else {
+                call.await
+            };
+            drop(slot);
+            return answer.map(|admitted| admitted.then(|| (lease.remaining(), lease.reset_ms(self.now_ms()))));
+        }
+    }
+
+    /// The key's store call, made while holding its slot: gives back expired
+    /// tokens, asks for a lease sized to the traffic and the requests in
+    /// line, and records the answer. `Ok(true)`: the request it was made for
+    /// got its token (a refill: tokens were granted).
+    async fn store_call(
+        self: &Arc<Self>,
+        lease: &Arc<Lease>,
+        slot: &RefillSlot<'_>,
+        spec: &Spec,
+        settings: &Settings,
+        caller: Caller,
+    ) -> Result<bool, StoreError> {
+        let now = self.now_ms();
+        lease.touch(now);
+        let expired = lease.take_expired(now);
+        let unspent = Unspent {
+            tokens: expired,
+            window_ms: lease.window_ms(),
+        };
+        let own = u64::from(caller == Caller::Request);
+        let size = lease.next_size(&settings.sizing, spec.capacity, now, expired, own);
+        lease.size_hint.store(size, Ordering::Relaxed);
+        // Enough for the requests in line (up to `max`), else the sized lease.
+        let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
+        lease.set_spec(*spec);
+        let answer = self.store.acquire(lease.key(), spec, want, unspent).await;
+        slot.record(answer.as_ref().err());
+        // Expired tokens that went with a failed call are not sent again: the
+        // call may have landed, and tokens must never go back twice.
+        let grant = answer?;
+        let now = self.now_ms();
+        if grant.granted == 0 {
+            lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
+            blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
+            return Ok(false);
+        }
+        lease.add(
+            Granted {
+                tokens: grant.granted - own,
+                remaining: grant.remaining,
+                reset_ms: grant.reset_ms,
+                window_ms: grant.window_ms,
+            },
+            now,
+            settings.sizing.ttl_ms,
+        );
+        drained(lease, &grant, now, settings);
+        if lease.is_evicted() {
+            // The table let this lease go while the call was in flight: keep
+            // what the requests in line need, give the rest back.
+            let surplus = lease.available().saturating_sub(lease.waiting());
+            let spare = lease.take_up_to(surplus);
+            if spare > 0 {
+                self.release_later(Release {
+                    lease: lease.clone(),
+                    spec: *spec,
+                    unspent: Unspent {
+                        tokens: spare,
+                        window_ms: grant.window_ms,
+                    },
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    /// Tops up a busy key's lease before it runs dry, if no store call is in
+    /// flight for it. A store that answers at once (the embedded one) is
+    /// served inline; one that must wait (Redis) finishes in a background
+    /// task, so no request waits for it.
+    pub(super) fn refill_in_background(self: &Arc<Self>, lease: Arc<Lease>, spec: Spec) {
+        if lease.refill_in_flight() {
+            return;
+        }
+        let this = self.clone();
+        let mut refill = Box::pin(async move {
+            // Released when this ends, or if the task is dropped midway.
+            let Some(slot) = lease.start_refill() else {
+                return;
+            };
+            let settings = this.settings();
+            if let Err(e) = this.store_call(&lease, &slot, &spec, &settings, Caller::Refill).await {
+                tracing::debug!(key = lease.key(), error = %e, "background lease refill failed");
+            }
+            drop(slot);
+        });
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if refill.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(refill);
+        }
+    }
+}
+
+/// After a grant that drained the shared bucket: a request that finds
+/// nothing at hand is refused here until the store's next token (at most
+/// the lease TTL, after which tokens at hand go back and the store may have
+/// more), rather than asking a store that just said it has nothing. Refused
+/// clients are told the store's exact wait, which every grant carries.
+fn drained(lease: &Lease, grant: &Grant, now: u64, settings: &Settings) {
+    if grant.remaining == 0 {
+        let cap = settings.sizing.ttl_ms.min(settings.max_block_ms);
+        blocked::block(lease, now, grant.retry_after_ms, cap);
+    }
+}

@@ -1,0 +1,186 @@
+//! Giving tokens back: expired leases (the sweeper), evicted leases, limits
+//! changed by a reload, and everything at shutdown.
+//!
+//! Releases run concurrently, at most [`RELEASES_IN_FLIGHT`] at a time: a
+//! multiplexed Redis connection pipelines them, so 100k leases going back
+//! do not take 100k round trips one after another, and a flood of new keys
+//! cannot pile up an unbounded number of release tasks either (past
+//! [`MAX_PENDING_RELEASES`] waiting, a release is dropped and its tokens
+//! come back by refill).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::blocked;
+use super::lease::Lease;
+use super::Limiter;
+use crate::quota::Spec;
+use crate::store::{QuotaStore, Unspent};
+
+/// Releases in flight at once when many leases go back together.
+pub const RELEASES_IN_FLIGHT: usize = 64;
+
+/// Background releases waiting or in flight at most; more are dropped.
+pub const MAX_PENDING_RELEASES: usize = 4_096;
+
+/// One lease's tokens on their way back.
+pub(super) struct Release {
+    pub lease: Arc<Lease>,
+    pub spec: Spec,
+    pub unspent: Unspent,
+}
+
+impl Release {
+    /// Takes every token at hand of `lease`, if it has any and a spec.
+    pub fn take_all(lease: &Arc<Lease>) -> Option<Release> {
+        let spec = lease.spec()?;
+        let tokens = lease.take_all();
+        (tokens > 0).then(|| Release {
+            lease: lease.clone(),
+            spec,
+            unspent: Unspent {
+                tokens,
+                window_ms: lease.window_ms(),
+            },
+        })
+    }
+}
+
+/// The bound on background releases.
+pub(super) struct Releases {
+    slots: Arc<tokio::sync::Semaphore>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Releases {
+    pub fn new() -> Releases {
+        Releases {
+            slots: Arc::new(tokio::sync::Semaphore::new(RELEASES_IN_FLIGHT)),
+            pending: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Releases waiting or in flight now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+impl Limiter {
+    /// Gives `r` back in the background, never from a request's await.
+    pub(super) fn release_later(&self, r: Release) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let releases = &self.releases;
+        if releases.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RELEASES {
+            releases.pending.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(key = r.lease.key(), "too many releases pending; this one is dropped");
+            return;
+        }
+        let (store, slots, pending) = (self.store.clone(), releases.slots.clone(), releases.pending.clone());
+        runtime.spawn(async move {
+            if let Ok(_slot) = slots.acquire().await {
+                release(&*store, r).await;
+            }
+            pending.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Returns expired leases' tokens to the store and forgets keys idle for
+    /// longer than `idle_ms`. Run periodically; bounds memory per key.
+    pub async fn sweep(&self, idle_ms: u64) {
+        let now = self.now_ms();
+        let mut to_release = Vec::new();
+        self.leases.retain(|lease| {
+            let expired = lease.take_expired(now);
+            if let (true, Some(spec)) = (expired > 0, lease.spec()) {
+                to_release.push(Release {
+                    lease: lease.clone(),
+                    spec,
+                    unspent: Unspent {
+                        tokens: expired,
+                        window_ms: lease.window_ms(),
+                    },
+                });
+            }
+            let touched = lease.touched.load(Ordering::Relaxed);
+            let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
+            // A lease someone holds (a store call in flight) stays.
+            !(idle && lease.available() == 0 && Arc::strong_count(lease) == 1)
+        });
+        self.release_batch(to_release).await;
+    }
+
+    /// After a reload: gives back the tokens of leases drawn under `limits`
+    /// (limits removed, or whose quota changed). Returns how many.
+    pub async fn release_limits(&self, limits: &std::collections::HashSet<String>) -> u64 {
+        if limits.is_empty() {
+            return 0;
+        }
+        self.release_where(|lease| {
+            let hit = limits.contains(limit_of(lease.key()));
+            if hit {
+                // A refusal under the old quota says nothing about the new one.
+                lease.blocked_until.store(0, Ordering::Relaxed);
+            }
+            hit
+        })
+        .await
+    }
+
+    /// Gives every unspent token back to the store (shutdown). Returns how
+    /// many tokens went back.
+    pub async fn release_all(&self) -> u64 {
+        self.release_where(|_| true).await
+    }
+
+    /// Takes every token of the leases `pick` selects and gives them back to
+    /// the store; the shard locks are released before any store call.
+    async fn release_where(&self, mut pick: impl FnMut(&Lease) -> bool) -> u64 {
+        let mut to_release = Vec::new();
+        self.leases.for_each(|lease| {
+            if pick(lease) {
+                to_release.extend(Release::take_all(lease));
+            }
+        });
+        self.release_batch(to_release).await
+    }
+
+    /// Gives `batch` back, [`RELEASES_IN_FLIGHT`] at a time. Returns how
+    /// many tokens went back.
+    async fn release_batch(&self, batch: Vec<Release>) -> u64 {
+        let mut released = 0;
+        let mut in_flight = tokio::task::JoinSet::new();
+        for r in batch {
+            if in_flight.len() >= RELEASES_IN_FLIGHT {
+                if let Some(Ok(n)) = in_flight.join_next().await {
+                    released += n;
+                }
+            }
+            let store = self.store.clone();
+            in_flight.spawn(async move { release(&*store, r).await });
+        }
+        while let Some(done) = in_flight.join_next().await {
+            released += done.unwrap_or(0);
+        }
+        released
+    }
+}
+
+/// One release; returns the tokens that went back.
+async fn release(store: &dyn QuotaStore, r: Release) -> u64 {
+    match store.release(r.lease.key(), &r.spec, r.unspent).await {
+        Ok(()) => r.unspent.tokens,
+        Err(e) => {
+            tracing::debug!(key = r.lease.key(), error = %e, "releasing a lease failed");
+            0
+        }
+    }
+}
+
+/// The limit name inside `rl:{<limit>:...}`.
+fn limit_of(key: &str) -> &str {
+    let inner = key.strip_prefix("rl:{").unwrap_or(key);
+    inner.split([':', '}']).next().unwrap_or(inner)
+}

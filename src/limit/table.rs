@@ -1,0 +1,164 @@
+//! The lease table: one [`Lease`] per (limit, key) this instance has asked
+//! the store about, keyed by a 64-bit keyed hash of the store key.
+//!
+//! The map holds no strings, so a lookup touches the table and the lease,
+//! nothing else. Two keys would share a lease only on a full 64-bit
+//! collision under a per-process random seed (about 1 in 10^7 for a million
+//! live keys). Sharded so unrelated keys rarely share a lock; a lock is held
+//! only for the lookup (and the atomic spend), never across an await.
+//!
+//! The cap is hard: a shard never holds more than its share of
+//! `[store] max_keys`. A new key at a full shard evicts an eighth of it at
+//! once (leases holding nothing and in nobody's hands first), so a flood of
+//! new identities pays one scan per many inserts, not one per insert.
+//! Evicted leases give their tokens back (see [`Evicted`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use super::lease::Lease;
+
+pub const SHARDS: usize = 64;
+
+type Shard = RwLock<crate::int_hash::IntMap<u64, Arc<Lease>>>;
+
+pub struct LeaseTable {
+    shards: Box<[Shard]>,
+    pub(super) hasher: foldhash::fast::RandomState,
+    per_shard_cap: usize,
+}
+
+/// Leases a full shard let go of: their unspent tokens are owed to the
+/// store. Leases someone still holds (a store call in flight) are marked
+/// evicted and give back what that call brings when it ends.
+pub type Evicted = Vec<Arc<Lease>>;
+
+impl LeaseTable {
+    pub fn new(max_keys: usize) -> LeaseTable {
+        LeaseTable {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            per_shard_cap: max_keys.div_ceil(SHARDS).max(8),
+        }
+    }
+
+    /// Most leases the table holds.
+    pub fn capacity(&self) -> usize {
+        self.per_shard_cap * SHARDS
+    }
+
+    fn shard(&self, h: u64) -> &Shard {
+        &self.shards[(h >> 58) as usize % SHARDS]
+    }
+
+    /// Runs `f` on the lease of `h`, if there is one, under a read lock.
+    pub fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+        let shard = self.shard(h).read().ok()?;
+        shard.get(&h).map(|l| f(l))
+    }
+
+    pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
+        self.shard(h).read().ok()?.get(&h).cloned()
+    }
+
+    /// The lease of `h`, made if there is none. At a full shard an eighth
+    /// of its leases are evicted first and returned, for their tokens to go
+    /// back to the store.
+    pub fn get_or_insert(&self, h: u64, key: &str) -> Option<(Arc<Lease>, Evicted)> {
+        if let Some(l) = self.get(h) {
+            return Some((l, Vec::new()));
+        }
+        let mut shard = self.shard(h).write().ok()?;
+        let mut evicted = Vec::new();
+        if shard.len() >= self.per_shard_cap && !shard.contains_key(&h) {
+            let batch = (self.per_shard_cap / 8).max(1);
+            // Idle leases first: nothing at hand, nobody holding them.
+            let mut victims: Vec<u64> = shard
+                .iter()
+                .filter(|(_, l)| l.available() == 0 && Arc::strong_count(l) == 1)
+                .map(|(k, _)| *k)
+                .take(batch)
+                .collect();
+            if victims.is_empty() {
+                // Every lease holds tokens or is in use: the cap still holds.
+                victims = shard.keys().copied().take(batch).collect();
+            }
+            for v in victims {
+                if let Some(lease) = shard.remove(&v) {
+                    lease.evict();
+                    evicted.push(lease);
+                }
+            }
+        }
+        let lease = shard.entry(h).or_insert_with(|| Arc::new(Lease::new(key))).clone();
+        Some((lease, evicted))
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().map_or(0, |s| s.len())).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Visits every lease, shard by shard, under a read lock.
+    pub fn for_each(&self, mut f: impl FnMut(&Arc<Lease>)) {
+        for shard in self.shards.iter() {
+            let Ok(map) = shard.read() else { continue };
+            map.values().for_each(&mut f);
+        }
+    }
+
+    /// Keeps the leases `keep` approves, shard by shard, under a write lock.
+    pub fn retain(&self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
+        for shard in self.shards.iter() {
+            let Ok(mut map) = shard.write() else { continue };
+            map.retain(|_, lease| {
+                let kept = keep(lease);
+                if !kept {
+                    lease.evict();
+                }
+                kept
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_is_hard_even_when_every_lease_holds_tokens() {
+        let table = LeaseTable::new(1_024);
+        let cap = table.capacity();
+        let mut evicted = 0;
+        for i in 0..20_000u64 {
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let (lease, out) = table.get_or_insert(h, "k").unwrap();
+            lease.give_back(3); // holds tokens
+            evicted += out.len();
+            assert!(out.iter().all(|l| l.is_evicted()));
+            assert!(table.len() <= cap, "{} > {cap}", table.len());
+        }
+        assert_eq!(table.len() + evicted, 20_000);
+    }
+
+    #[test]
+    fn idle_leases_go_first() {
+        let table = LeaseTable::new(8 * SHARDS);
+        // Fill one shard: hashes with the same top six bits.
+        let h = |i: u64| (5u64 << 58) | i;
+        for i in 0..8 {
+            let (lease, _) = table.get_or_insert(h(i), "k").unwrap();
+            if i != 3 {
+                lease.give_back(1);
+            }
+        }
+        let (_, evicted) = table.get_or_insert(h(100), "k").unwrap();
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(evicted[0].available(), 0, "the lease holding nothing went");
+        assert!(table.get(h(3)).is_none());
+    }
+}

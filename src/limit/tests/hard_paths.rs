@@ -1,0 +1,332 @@
+//! The limiter on the paths a rate limiter exists for: drained buckets,
+//! failed stores, cold bursts, key floods, slow stores.
+
+use super::*;
+use crate::config::Algorithm;
+use std::sync::atomic::AtomicBool;
+
+/// A clock the test moves, shared by the limiter and its memory store.
+fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
+    let now = Arc::new(AtomicU64::new(start_ms));
+    let read = now.clone();
+    (now, Arc::new(move || read.load(Ordering::SeqCst)))
+}
+
+/// A limiter on a counting memory store, both on a manual clock.
+fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Counting>, Arc<Limiter>) {
+    let (now, clock) = manual_clock(start_ms);
+    let store = Arc::new(Counting::new(MemoryStore::with_clock(10_000, clock.clone())));
+    let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    (now, store, limiter)
+}
+
+fn sliding(name: &str, rate: &str, mode: Mode) -> Arc<LimitRuntime> {
+    let rate: Rate = rate.parse().unwrap();
+    let config = Arc::new(Limit {
+        algorithm: Algorithm::SlidingWindow,
+        mode,
+        ..Limit::new(name, rate)
+    });
+    Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+}
+
+async fn one(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>], id: &str) -> Verdict {
+    let h = http::HeaderMap::new();
+    limiter.check(limits, &[0], &facts(id, &h), true).await
+}
+
+/// A start time 10 s into a minute on the epoch's grid.
+const T0: u64 = 60_000 * 29_000_000 + 10_000;
+
+#[tokio::test]
+async fn the_first_429_after_a_bucket_drains_tells_the_stores_exact_wait() {
+    let (now, _, limiter) = at(T0);
+    let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    now.fetch_add(10_000, Ordering::SeqCst);
+    for _ in 0..4 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    }
+    // 10 s refilled 5/6 of a token: the next one is 2 s away, not 12.
+    let v = one(&limiter, &limits, "a").await;
+    assert_eq!(v.refused, Some(0));
+    assert_eq!((v.limits[0].retry_after_ms, v.limits[0].reset_ms), (2_000, 2_000));
+    // Clearly earlier is refused; at Retry-After the client is admitted.
+    now.fetch_add(1_000, Ordering::SeqCst);
+    let v = one(&limiter, &limits, "a").await;
+    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.limits[0].retry_after_ms, 1_000);
+    now.fetch_add(1_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+}
+
+#[tokio::test]
+async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
+    let (now, _, limiter) = at(T0);
+    let limits = vec![sliding("five", "5/min", Mode::Enforce)];
+    for _ in 0..5 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    }
+    let v = one(&limiter, &limits, "a").await;
+    assert_eq!(v.refused, Some(0));
+    // Five in this window: the sixth fits once the window has turned and
+    // slid a fifth of the way on: 50 s + 12 s.
+    let wait = v.limits[0].retry_after_ms;
+    assert_eq!(wait, 62_000);
+    now.fetch_add(wait - 1_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.refused, Some(0), "a second early");
+    now.fetch_add(1_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None, "on time");
+}
+
+#[tokio::test]
+async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
+    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let canary = {
+        let rate: Rate = "1/h".parse().unwrap();
+        let config = Arc::new(Limit {
+            mode: Mode::Canary,
+            canary_percent: 0,
+            ..Limit::new("canary", rate)
+        });
+        Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+    };
+    let limits = vec![
+        limit("shadow", "1/h", None, Mode::Shadow),
+        limit("soft", "1/h", None, Mode::Soft),
+        canary,
+        limit("enforce", "1/h", None, Mode::Enforce),
+    ];
+    let h = http::HeaderMap::new();
+    for _ in 0..3 {
+        // fail_open = false: a `deny` route.
+        let v = limiter.check(&limits, &[0, 1, 2], &facts("k", &h), false).await;
+        assert_eq!((v.refused, &v.store_error), (None, &None));
+        assert_eq!(v.limits.len(), 3, "every limit is still counted");
+    }
+    let v = limiter.check(&limits, &[0, 3], &facts("k", &h), false).await;
+    assert!(v.store_error.is_some(), "an enforced limit's failure still decides");
+}
+
+#[tokio::test]
+async fn a_cold_burst_costs_a_couple_of_store_calls() {
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limits = Arc::new(vec![limit("route", "10000/min", None, Mode::Enforce)]);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (limiter, limits) = (limiter.clone(), limits.clone());
+            tokio::spawn(async move { one(&limiter, &limits, "same").await.refused })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), None);
+    }
+    let wants = store.0.wants.lock().unwrap().clone();
+    assert!(wants.len() <= 3, "{wants:?}");
+    // One call at a time, none bigger than max: this instance holds at most
+    // max plus one call's grant.
+    let max = Sizing::default().max;
+    assert!(wants.iter().all(|&w| w <= max), "{wants:?}");
+    let held = limiter
+        .leases
+        .with(limiter_hash(&limiter, &limits[0], "same"), |l| l.available());
+    assert!(held.unwrap_or(0) <= max, "{held:?}");
+}
+
+fn limiter_hash(limiter: &Limiter, limit: &LimitRuntime, id: &str) -> u64 {
+    let h = http::HeaderMap::new();
+    limiter.key_hash(limit, &facts(id, &h), None)
+}
+
+/// A store that answers after 40 ms with one token, whatever was asked.
+struct Stingy;
+
+impl QuotaStore for Stingy {
+    fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64, _: Unspent) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            Ok(Grant {
+                granted: 1,
+                remaining: 1_000,
+                ..Grant::default()
+            })
+        })
+    }
+    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn name(&self) -> &'static str {
+        "stingy"
+    }
+}
+
+#[tokio::test]
+async fn a_request_waits_at_most_one_deadline_in_all() {
+    let limiter = Limiter::new(Arc::new(Stingy), setup().1.settings(), monotonic_clock());
+    limiter.set_settings(Settings {
+        deadline_ms: 50,
+        ..limiter.settings()
+    });
+    let limits = Arc::new(vec![limit("l", "1000000/s", None, Mode::Enforce)]);
+    let first = {
+        let (limiter, limits) = (limiter.clone(), limits.clone());
+        tokio::spawn(async move { one(&limiter, &limits, "k").await })
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    // This one waits for the first call (38 ms), which brings one token
+    // only; its own call would take 40 ms more. It gives up at 50 ms.
+    let started = std::time::Instant::now();
+    let v = one(&limiter, &limits, "k").await;
+    let waited = started.elapsed();
+    assert_eq!(v.store_error, Some(StoreError::Timeout(50)));
+    assert!(waited < Duration::from_millis(70), "{waited:?}");
+    assert_eq!(first.await.unwrap().refused, None);
+}
+
+#[tokio::test]
+async fn expired_tokens_go_back_inside_the_next_call() {
+    let (store, limiter) = setup();
+    limiter.set_settings(Settings {
+        sizing: Sizing {
+            ttl_ms: 1,
+            ..Sizing::default()
+        },
+        ..limiter.settings()
+    });
+    let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    // No round trip of their own: the four unspent tokens rode along.
+    assert_eq!(store.releases.load(Ordering::SeqCst), 0);
+    assert_eq!(store.acquires.load(Ordering::SeqCst), 2);
+    assert_eq!(store.returned.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
+    let (store, limiter) = setup();
+    let limiter = {
+        let settings = Settings {
+            max_keys: 512,
+            ..limiter.settings()
+        };
+        Limiter::new(store.clone(), settings, monotonic_clock())
+    };
+    let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
+    for i in 0..3_000 {
+        // Each key leases 5 and spends 1: 4 at hand when it is evicted.
+        assert_eq!(one(&limiter, &limits, &format!("k{i}")).await.refused, None);
+        assert!(limiter.tracked_keys() <= limiter.leases.capacity());
+    }
+    for _ in 0..200 {
+        if limiter.pending_releases() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut held = 0;
+    limiter.leases.for_each(|l| held += l.available());
+    let (granted, returned) = (
+        store.granted.load(Ordering::SeqCst),
+        store.returned.load(Ordering::SeqCst),
+    );
+    assert!(returned > 0);
+    assert_eq!(
+        granted - returned,
+        3_000 + held,
+        "granted {granted}, returned {returned}, held {held}"
+    );
+}
+
+#[tokio::test]
+async fn the_warning_measures_how_far_over_across_the_window() {
+    let (now, _, limiter) = at(T0);
+    let limits = vec![limit("soft", "10/min", None, Mode::Soft)];
+    for _ in 0..10 {
+        assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::Admitted);
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            one(&limiter, &limits, "a").await.limits[0].outcome,
+            Outcome::SoftLimited
+        );
+    }
+    // A token refills and is granted; the key is no less over for it.
+    now.fetch_add(6_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.limits[0].outcome, Outcome::Admitted);
+    let v = one(&limiter, &limits, "a").await;
+    assert_eq!(v.limits[0].outcome, Outcome::SoftLimited);
+    assert_eq!(v.limits[0].over_percent, 60);
+}
+
+/// A memory store that can be switched off.
+struct Switch {
+    inner: MemoryStore,
+    down: AtomicBool,
+}
+
+impl QuotaStore for Switch {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(StoreError::Unavailable("down".into())) });
+        }
+        self.inner.acquire(key, spec, want, unspent)
+    }
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release(key, spec, unspent)
+    }
+    fn name(&self) -> &'static str {
+        "switch"
+    }
+}
+
+#[tokio::test]
+async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
+    let (now, clock) = manual_clock(T0);
+    let store = Arc::new(Switch {
+        inner: MemoryStore::with_clock(1_000, clock.clone()),
+        down: AtomicBool::new(false),
+    });
+    let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
+    // Five minutes at 10 requests per second.
+    for _ in 0..3_000 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        now.fetch_add(100, Ordering::SeqCst);
+    }
+    store.down.store(true, Ordering::SeqCst);
+    now.fetch_add(2_000, Ordering::SeqCst); // the lease at hand has expired
+    let v = one(&limiter, &limits, "a").await;
+    assert!(v.store_error.is_some());
+    // About 20 per second, not the 100 per second of the quota.
+    let per_minute = v.limits[0].quota;
+    assert!((1_100..=1_200).contains(&per_minute), "{per_minute}");
+    // A key this instance had not seen gets the floor, 1 % of the quota.
+    assert_eq!(one(&limiter, &limits, "new").await.limits[0].quota, 60);
+}
+
+#[tokio::test]
+async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
+    let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
+    let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    let taken_in = T0 - 10_000; // the window's start
+                                // The window turns and the lease expires unspent: its tokens go back,
+                                // inside the next call, to the window they were counted in.
+    now.fetch_add(2_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    let back = store.unspent.lock().unwrap().clone();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!((back[0].tokens, back[0].window_ms), (4, taken_in));
+    // (Where the store puts them is the store's part: src/quota and
+    // tests/redis_store.rs.)
+}

@@ -1,0 +1,530 @@
+use super::*;
+use crate::clock::monotonic_clock;
+use crate::config::{KeyPart, Mode};
+use crate::quota::{Grant, Rate};
+use crate::store::memory::MemoryStore;
+use crate::store::{BoxFuture, Unspent};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+mod hard_paths;
+
+/// A memory store that counts its calls and what went through them.
+struct Counting {
+    inner: MemoryStore,
+    acquires: AtomicU64,
+    releases: AtomicU64,
+    /// Tokens granted, and tokens given back (by release or with an acquire).
+    granted: AtomicU64,
+    returned: AtomicU64,
+    /// What each acquire asked for.
+    wants: std::sync::Mutex<Vec<u64>>,
+    /// Every give-back (with an acquire or a release), in order.
+    unspent: std::sync::Mutex<Vec<Unspent>>,
+}
+
+impl Counting {
+    fn new(inner: MemoryStore) -> Counting {
+        Counting {
+            inner,
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            wants: std::sync::Mutex::new(Vec::new()),
+            unspent: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Counting {
+    /// Counts a call and what it asks for.
+    fn asked(&self, want: u64) {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.wants.lock().unwrap().push(want);
+    }
+
+    /// Answers a call: gives `unspent` back, then grants.
+    fn answer(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
+        self.returned.fetch_add(unspent.tokens, Ordering::SeqCst);
+        if unspent.tokens > 0 {
+            self.unspent.lock().unwrap().push(unspent);
+        }
+        let answer = self.inner.acquire_now(key, spec, want, unspent);
+        if let Ok(g) = &answer {
+            self.granted.fetch_add(g.granted, Ordering::SeqCst);
+        }
+        answer
+    }
+}
+
+impl QuotaStore for Counting {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.asked(want);
+        Box::pin(std::future::ready(self.answer(key, spec, want, unspent)))
+    }
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.returned.fetch_add(unused.tokens, Ordering::SeqCst);
+        self.unspent.lock().unwrap().push(unused);
+        self.inner.release(key, spec, unused)
+    }
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+}
+
+fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRuntime> {
+    let rate: Rate = rate.parse().unwrap();
+    let config = Arc::new(Limit {
+        burst: burst.unwrap_or(rate.count),
+        mode,
+        ..Limit::new(name, rate)
+    });
+    Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+}
+
+fn setup() -> (Arc<Counting>, Arc<Limiter>) {
+    let store = Arc::new(Counting::new(MemoryStore::new(10_000)));
+    let settings = Settings {
+        sizing: Sizing::default(),
+        max_block_ms: 5_000,
+        max_keys: 100_000,
+        fleet_size: 1,
+        deadline_ms: 1_000,
+    };
+    (store.clone(), Limiter::new(store, settings, monotonic_clock()))
+}
+
+fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
+    Facts {
+        identity,
+        tenant: None,
+        plan: None,
+        route: "r",
+        ip: "127.0.0.1".parse().unwrap(),
+        headers,
+    }
+}
+
+/// A store that answers after a delay (ms), like one across a network.
+struct Slow(Counting, u64);
+
+impl QuotaStore for Slow {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        // Counted when asked, answered later.
+        self.0.asked(want);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(self.1)).await;
+            self.0.answer(key, spec, want, unspent)
+        })
+    }
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.0.release(key, spec, unused)
+    }
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_without_tokens_share_one_store_call() {
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let settings = Settings {
+        sizing: Sizing {
+            min: 50,
+            ..Sizing::default()
+        },
+        max_block_ms: 5_000,
+        max_keys: 100_000,
+        fleet_size: 1,
+        deadline_ms: 1_000,
+    };
+    let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
+    let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (limiter, limits) = (limiter.clone(), limits.clone());
+        tasks.push(tokio::spawn(async move {
+            let h = http::HeaderMap::new();
+            let v = limiter.check(&limits, &[0], &facts("hot", &h), true).await;
+            (v.refused, v.store_error)
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), (None, None));
+    }
+    // One call brought 50 tokens for all twenty (a background refill
+    // may follow once the lease runs low).
+    assert!(store.0.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.0.acquires);
+}
+
+#[tokio::test]
+async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
+    // The store answers in 50 ms; the guard's deadline is 5 ms.
+    let slow = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 50));
+    let store = Arc::new(crate::store::guard::Guarded::new(
+        slow.clone(),
+        Duration::from_millis(5),
+        crate::store::guard::BreakerSettings {
+            failures: 3,
+            open_ms: 1_000,
+        },
+        monotonic_clock(),
+        Arc::new(Metrics::new()),
+    ));
+    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+    let first = {
+        let (limiter, limits) = (limiter.clone(), limits.clone());
+        tokio::spawn(async move {
+            let h = http::HeaderMap::new();
+            limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let h = http::HeaderMap::new();
+    let started = std::time::Instant::now();
+    // This one waits for the first request's call, which the deadline ends.
+    let second = limiter.check(&limits, &[0], &facts("k", &h), false).await;
+    assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
+    assert!(started.elapsed() < Duration::from_millis(30), "{:?}", started.elapsed());
+    assert_eq!(first.await.unwrap(), Some(StoreError::Timeout(5)));
+    assert_eq!(slow.0.acquires.load(Ordering::SeqCst), 1, "one call for both");
+}
+
+/// A store that fails after a moment, counting its calls.
+struct Failing(AtomicU64);
+
+impl QuotaStore for Failing {
+    fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64, _: Unspent) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            Err(StoreError::Unavailable("down".into()))
+        })
+    }
+    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+}
+
+#[tokio::test]
+async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
+    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let settings = setup().1.settings();
+    let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
+    let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let (limiter, limits) = (limiter.clone(), limits.clone());
+        tasks.push(tokio::spawn(async move {
+            let h = http::HeaderMap::new();
+            limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Some(StoreError::Unavailable("down".into())));
+    }
+    assert_eq!(store.0.load(Ordering::SeqCst), 1, "one call for five requests");
+}
+
+/// Three per hour, leases of ten that live 50 ms: the first request's
+/// lease takes the whole bucket.
+fn one_lease_drains_the_bucket() -> (Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
+    let (_store, limiter) = setup();
+    limiter.set_settings(Settings {
+        sizing: Sizing {
+            min: 10,
+            max: 10,
+            fraction: 1.0,
+            ttl_ms: 50,
+            ..Sizing::default()
+        },
+        max_block_ms: 5_000,
+        max_keys: 100_000,
+        fleet_size: 1,
+        deadline_ms: 1_000,
+    });
+    (limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
+}
+
+#[tokio::test]
+async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
+    let (limiter, limits) = one_lease_drains_the_bucket();
+    let h = http::HeaderMap::new();
+    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    assert_eq!(v.refused, None);
+    // Another instance would now find the bucket empty; this one has two
+    // tokens at hand, then refuses from memory (telling the client the
+    // real wait for a token: 20 minutes).
+    for _ in 0..2 {
+        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+    }
+    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    assert_eq!(v.refused, Some(0));
+    let wait = v.limits[0].retry_after_ms;
+    assert!((1_199_000..=1_200_000).contains(&wait), "{wait}");
+}
+
+#[tokio::test]
+async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
+    let (limiter, limits) = one_lease_drains_the_bucket();
+    let h = http::HeaderMap::new();
+    assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+    // The two unspent tokens expire with the lease and go back; the
+    // drained-bucket block is no longer than the TTL, so they serve.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    for i in 0..2 {
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        assert_eq!(v.refused, None, "request {i}");
+    }
+}
+
+#[tokio::test]
+async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
+    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limits = vec![
+        limit("a", "1000000/s", None, Mode::Enforce),
+        limit("b", "1000000/s", None, Mode::Enforce),
+    ];
+    let h = http::HeaderMap::new();
+    let v = limiter.check(&limits, &[0, 1], &facts("k", &h), false).await;
+    assert!(v.store_error.is_some());
+    assert_eq!(store.0.load(Ordering::SeqCst), 1, "the 503 is decided; b is not asked");
+    // A fail-open route asks both, each decided by its fallback bucket.
+    let v = limiter.check(&limits, &[0, 1], &facts("k2", &h), true).await;
+    assert_eq!(v.limits.len(), 2);
+    assert_eq!(v.refused, None);
+}
+
+#[tokio::test]
+async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
+    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let rate: Rate = "40/h".parse().unwrap();
+    let config = Arc::new(Limit {
+        by: vec![KeyPart::Route],
+        shards: 4,
+        fallback_rate: Some("8/h".parse().unwrap()),
+        ..Limit::new("sharded", rate)
+    });
+    let limits = vec![Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))];
+    let h = http::HeaderMap::new();
+    // One client, so one sub-bucket: its share of the fallback is 8 / 4.
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let v = limiter.check(&limits, &[0], &facts("k", &h), true).await;
+        assert!(v.store_error.is_some());
+        if v.refused.is_none() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+}
+
+#[tokio::test]
+async fn a_dropped_request_frees_its_keys_store_call_slot() {
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    // A client that goes away while its store call is in flight...
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(2),
+        limiter.check(&limits, &[0], &facts("k", &h), true),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    // ...leaves the key free for the next request.
+    let v = tokio::time::timeout(
+        Duration::from_secs(1),
+        limiter.check(&limits, &[0], &facts("k", &h), true),
+    )
+    .await
+    .expect("no request waits on an abandoned call");
+    assert_eq!(v.refused, None);
+}
+
+#[tokio::test]
+async fn a_low_limit_admits_exactly_its_quota_then_refuses_from_memory() {
+    let (store, limiter) = setup();
+    let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    for i in 0..5 {
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        assert_eq!(v.refused, None, "request {i}");
+        assert_eq!(v.limits[0].remaining, 4 - i);
+    }
+    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.limits[0].retry_after_ms.div_ceil(1000), 12);
+    let calls = store.acquires.load(Ordering::SeqCst);
+    // A burst of refusals on the blocked key costs no store call.
+    for _ in 0..1_000 {
+        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        assert_eq!(v.refused, Some(0));
+    }
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls);
+    // Another identity is independent.
+    let v = limiter.check(&limits, &[0], &facts("b", &h), true).await;
+    assert_eq!(v.refused, None);
+}
+
+#[tokio::test]
+async fn a_refusal_by_the_second_limit_gives_back_the_first() {
+    let (_, limiter) = setup();
+    let limits = vec![
+        limit("wide", "10/min", None, Mode::Enforce),
+        limit("narrow", "2/min", None, Mode::Enforce),
+    ];
+    let h = http::HeaderMap::new();
+    for _ in 0..2 {
+        assert_eq!(
+            limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+            None
+        );
+    }
+    for _ in 0..5 {
+        let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        assert_eq!(v.refused, Some(1));
+    }
+    // "wide" spent only on the 2 admitted requests: 8 left for its own route.
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if limiter
+            .check(&limits, &[0], &facts("a", &h), true)
+            .await
+            .refused
+            .is_none()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 8);
+}
+
+#[tokio::test]
+async fn shadow_and_soft_spend_like_enforce_but_admit() {
+    let (_, limiter) = setup();
+    let limits = vec![
+        limit("shadow", "3/min", None, Mode::Shadow),
+        limit("soft", "3/min", None, Mode::Soft),
+    ];
+    let h = http::HeaderMap::new();
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        assert_eq!(v.refused, None);
+        outcomes.push((v.limits[0].outcome, v.limits[1].outcome));
+    }
+    let over = |o: Outcome| outcomes.iter().filter(|(a, b)| *a == o || *b == o).count();
+    assert_eq!(over(Outcome::ShadowLimited), 2);
+    assert_eq!(over(Outcome::SoftLimited), 2);
+}
+
+#[tokio::test]
+async fn leases_grow_for_a_busy_key_and_cut_store_calls() {
+    let (store, limiter) = setup();
+    let limits = vec![limit("big", "1000000/min", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    for _ in 0..20_000 {
+        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        tokio::task::yield_now().await; // let background refills run
+    }
+    let calls = store.acquires.load(Ordering::SeqCst);
+    assert!(calls < 20_000 / 50, "{calls} store calls for 20,000 decisions");
+}
+
+#[tokio::test]
+async fn expired_leases_go_back_to_the_store() {
+    let (store, limiter) = setup();
+    limiter.set_settings(Settings {
+        sizing: Sizing {
+            ttl_ms: 1,
+            ..Sizing::default()
+        },
+        max_block_ms: 5_000,
+        max_keys: 100_000,
+        fleet_size: 1,
+        deadline_ms: 1_000,
+    });
+    let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    limiter.sweep(60_000).await;
+    assert_eq!(store.releases.load(Ordering::SeqCst), 1);
+    // All 1000 are back in the shared bucket.
+    let g = store
+        .inner
+        .acquire_now("rl:{l:a}", &limits[0].spec, 2_000, Unspent::default())
+        .unwrap();
+    assert_eq!(g.granted, 1_000 - 1);
+}
+
+#[tokio::test]
+async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
+    let store = Arc::new(MemoryStore::new(1_000_000));
+    let settings = Settings {
+        sizing: Sizing::default(),
+        max_block_ms: 3_600_000,
+        max_keys: 1_024,
+        fleet_size: 1,
+        deadline_ms: 1_000,
+    };
+    let limiter = Limiter::new(store, settings, monotonic_clock());
+    let limits = vec![limit("one", "1/h", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    for i in 0..20_000 {
+        let id = format!("subnet:2001:db8:{i:x}::/64");
+        limiter.check(&limits, &[0], &facts(&id, &h), true).await;
+        limiter.check(&limits, &[0], &facts(&id, &h), true).await; // refused and blocked for an hour
+    }
+    assert!(limiter.tracked_keys() <= 1_024, "{} leases", limiter.tracked_keys());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
+    let (_, limiter) = setup();
+    let limits = Arc::new(vec![limit("day", "1000/day", None, Mode::Enforce)]);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (limiter, limits, admitted) = (limiter.clone(), limits.clone(), admitted.clone());
+            tokio::spawn(async move {
+                let h = http::HeaderMap::new();
+                for _ in 0..100_000 {
+                    if limiter
+                        .check(&limits, &[0], &facts("hot", &h), true)
+                        .await
+                        .refused
+                        .is_none()
+                    {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), 1000);
+}
