@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::HeaderMap;
+use leasegate::clock::monotonic_clock;
 use leasegate::config::Limit;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
-use leasegate::limit::{monotonic_clock, LimitRuntime, Limiter, Settings};
+use leasegate::limit::{LimitRuntime, Limiter, Settings};
 use leasegate::metrics::Metrics;
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};

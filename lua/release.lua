@@ -1,22 +1,27 @@
 -- Release: give back `tokens` unspent leased tokens to KEYS[1].
 --
 -- ARGV: algorithm (0 = token bucket, 1 = sliding window), count, period_ms,
--- capacity, tokens. A token bucket gains them back, clamped to capacity; a
--- sliding window takes them off the current window's count. A missing key
--- (expired: already full) is left alone, as is a key whose window has
--- turned since the tokens were taken. Reply: {0, remaining, reset_ms, 0}.
+-- capacity, tokens, window_ms (the start of the window they were taken in;
+-- 0 for a token bucket). A token bucket gains them back, clamped to
+-- capacity. A sliding window takes them off the count of that window: the
+-- current one if it still is, the previous one if it has turned once,
+-- nothing if older. A missing key (expired: already full, or its windows
+-- empty) is left alone. Clock steps back are handled as in the acquire
+-- scripts. Reply: {0, remaining, reset_ms, 0, window_ms}.
 
 local algorithm = tonumber(ARGV[1])
 local count = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
 local capacity = tonumber(ARGV[4])
 local tokens = tonumber(ARGV[5])
+local window = tonumber(ARGV[6]) or 0
 
 local function idiv(a, b)
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
+local function ceil_div(a, b) return idiv(a + b - 1, b) end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
@@ -25,20 +30,35 @@ if algorithm == 0 then
   local cap = capacity * period
   local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
   local units, ts = tonumber(state[1]), tonumber(state[2])
-  if units == nil or ts == nil then return {0, capacity, 0, 0} end
-  if now > ts then
-    units = units + (now - ts) * count
-    ts = now
-  end
+  if units == nil or ts == nil then return {0, capacity, 0, 0, 0} end
+  -- A clock that went back refills nothing and measures anew from now.
+  if now > ts then units = units + (now - ts) * count end
   units = math.min(cap, units + tokens * period)
-  redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
-  return {0, idiv(units, period), idiv(cap - units + count - 1, count), 0}
+  local reset = ceil_div(cap - units, count)
+  redis.call('HSET', KEYS[1], 'tokens', units, 'ts', now)
+  redis.call('PEXPIRE', KEYS[1], reset + 1000)
+  return {0, idiv(units, period), reset, 0, 0}
 end
 
+local p = period
 local state = redis.call('HMGET', KEYS[1], 'win', 'cur', 'prev')
-local win, cur = tonumber(state[1]), tonumber(state[2])
-if win == nil or cur == nil then return {0, capacity, 0, 0} end
-local start = now - now % period
-if win ~= start then return {0, 0, math.max(win + period - now, 0), 0} end
-redis.call('HSET', KEYS[1], 'cur', math.max(cur - tokens, 0))
-return {0, 0, math.max(win + period - now, 0), 0}
+local win, cur, prev = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
+if win == nil or cur == nil or prev == nil then return {0, capacity, 0, 0, 0} end
+local start = now - now % p
+if win + p == start then
+  win, cur, prev = start, 0, cur
+elseif win < start then
+  win, cur, prev = start, 0, 0
+elseif win > start then
+  win, cur, prev = start, cur + prev, 0 -- from the future: re-anchored
+end
+if window >= win then
+  cur = math.max(cur - tokens, 0)
+elseif window + p == win then
+  prev = math.max(prev - tokens, 0)
+end
+redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
+local ends = win + p
+if cur > 0 then ends = win + 2 * p end
+redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
+return {0, 0, math.max(win + p - now, 0), 0, win}

@@ -1,18 +1,28 @@
--- Sliding-window acquire: take up to `want` requests' worth at KEYS[1].
+-- Sliding-window acquire: give back unspent requests' worth, then take up
+-- to `want` at KEYS[1], in one atomic step.
 --
--- ARGV: limit, period_ms, want. At most `limit` requests per period over a
--- weighted sliding window: the previous aligned window counts in proportion
--- to how much of it the sliding window still covers. This is
+-- ARGV: limit, period_ms, want, give_back, give_back_window. At most
+-- `limit` requests per period over a weighted sliding window: the previous
+-- aligned window counts in proportion to how much of it the sliding window
+-- still covers. `give_back` (unspent leased requests, 0 for none) goes back
+-- first to the window they were taken in (`give_back_window`, its start):
+-- off the current count if that is still the current window, off the
+-- previous count if it has turned once, nowhere if older. This is
 -- src/quota/sliding_window.rs on Redis: windows aligned to multiples of the
 -- period since the epoch, estimates scaled by period_ms, integer math
 -- (exact in doubles below 2^53). Time is Redis's own clock.
 --
 -- State: hash {win = start of the current window in ms, cur, prev}.
--- Reply: {granted, remaining, reset_ms, retry_after_ms}.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
+-- retry_after_ms is the exact wait until one more request fits whenever
+-- none does after this grant (granted or not), else 0; window_ms is the
+-- start of the window the grant was counted in.
 
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
+local give_back = tonumber(ARGV[4]) or 0
+local give_back_window = tonumber(ARGV[5]) or 0
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -33,7 +43,21 @@ elseif win + p == start then
   win, cur, prev = start, 0, cur -- the window turned once
 elseif win < start then
   win, cur, prev = start, 0, 0 -- it turned twice or more
-end -- win == start, or a window from the future (clock skew): as is
+elseif win > start then
+  -- A window from the future: the clock went back (a failover to a skewed
+  -- replica). Re-anchored to now's window rather than kept until the clock
+  -- catches up; both counts go to the current window, where they weigh
+  -- fully, so no step back lowers the estimate.
+  win, cur, prev = start, cur + prev, 0
+end
+
+if give_back > 0 then
+  if give_back_window >= win then
+    cur = math.max(cur - give_back, 0)
+  elseif give_back_window + p == win then
+    prev = math.max(prev - give_back, 0)
+  end
+end
 
 -- Scaled estimate of the requests in the sliding window ending now.
 local into = math.min(math.max(now - win, 0), p)
@@ -44,7 +68,7 @@ local granted = math.min(want, idiv(math.max(budget - estimate(), 0), p))
 cur = cur + granted
 local remaining = idiv(math.max(budget - estimate(), 0), p)
 
--- When refused: the milliseconds until one more request fits.
+-- When nothing more fits: the milliseconds until one more request does.
 local function retry_after()
   if cur < limit then
     -- Later in this window: prev * (p - e) <= (limit - 1 - cur) * p.
@@ -59,8 +83,11 @@ local function retry_after()
 end
 
 redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
--- Forgetting the state changes nothing once two windows have passed.
-redis.call('PEXPIRE', KEYS[1], math.max(win + 2 * p - now, 1))
+-- Forgetting the state changes nothing once every request it counts has
+-- left the sliding window: two windows on, or one if this one counts none.
+local ends = win + p
+if cur > 0 then ends = win + 2 * p end
+redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 local retry = 0
-if granted == 0 then retry = retry_after() end
-return {granted, remaining, math.max(win + p - now, 0), retry}
+if remaining == 0 then retry = retry_after() end
+return {granted, remaining, math.max(win + p - now, 0), retry, win}

@@ -1,20 +1,25 @@
--- Token bucket acquire: take up to `want` tokens from the bucket at KEYS[1].
+-- Token bucket acquire: give back unspent tokens, then take up to `want`
+-- tokens from the bucket at KEYS[1], in one atomic step.
 --
--- ARGV: count, period_ms, capacity, want. The bucket gains `count` tokens
--- per `period_ms`, up to `capacity`. This is src/quota/token_bucket.rs on
--- Redis: integer math, the level kept in units where one token is
--- period_ms units and each millisecond adds `count` units (every value
--- stays below 2^53, so doubles are exact). Time is Redis's own clock.
+-- ARGV: count, period_ms, capacity, want, give_back. The bucket gains
+-- `count` tokens per `period_ms`, up to `capacity`. `give_back` (unspent
+-- leased tokens, 0 for none) goes back first, clamped to the capacity. This
+-- is src/quota/token_bucket.rs on Redis: integer math, the level kept in
+-- units where one token is period_ms units and each millisecond adds
+-- `count` units (every value stays below 2^53, so doubles are exact). Time
+-- is Redis's own clock.
 --
 -- State: hash {tokens = level in units, ts = when measured, in ms}. A
 -- missing key is a full bucket.
--- Reply: {granted, remaining, reset_ms, retry_after_ms}; retry_after_ms is
--- the exact wait for one whole token, and only when nothing was granted.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
+-- retry_after_ms is the exact wait for one whole token whenever none is
+-- left after this grant (granted or not), else 0; window_ms is always 0.
 
 local count = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
+local give_back = tonumber(ARGV[5]) or 0
 
 -- floor(a / b) for integers below 2^53, corrected for rounding.
 local function idiv(a, b)
@@ -33,25 +38,27 @@ local units, ts = tonumber(state[1]), tonumber(state[2])
 if units == nil or ts == nil then
   -- New, expired, or a hash of another algorithm: start full and clean.
   redis.call('DEL', KEYS[1])
-  units, ts = cap, now
+  units = cap
 else
-  -- Refill for the time elapsed; a clock that went back refills nothing.
-  -- Capped at the capacity in force, which a reload may have lowered.
-  if now > ts then
-    units = units + (now - ts) * count
-    ts = now
-  end
+  -- Refill for the time elapsed. A clock that went back (a failover to a
+  -- skewed replica) refills nothing, and the level is measured anew at the
+  -- earlier time: refills resume from there, not once the clock has caught
+  -- up with the old ts. Capped at the capacity in force, which a reload
+  -- may have lowered.
+  if now > ts then units = units + (now - ts) * count end
   units = math.min(cap, units)
 end
+ts = now
+if give_back > 0 then units = math.min(cap, units + give_back * period) end
 
 local granted = math.min(want, idiv(units, period))
 units = units - granted * period
 local retry_after = 0
-if granted == 0 and units < period then
-  retry_after = ceil_div(period - units, count)
-end
+if units < period then retry_after = ceil_div(period - units, count) end
+local reset = ceil_div(cap - units, count)
 
 redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
--- Full again after ceil(cap / count) ms; keep the state twice that long.
-redis.call('PEXPIRE', KEYS[1], math.max(2 * ceil_div(cap, count), 1000))
-return {granted, idiv(units, period), ceil_div(cap - units, count), retry_after}
+-- Full again after `reset` ms, and a missing key is a full bucket: keep the
+-- state that long, and a second more.
+redis.call('PEXPIRE', KEYS[1], reset + 1000)
+return {granted, idiv(units, period), reset, retry_after, 0}

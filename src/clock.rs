@@ -1,6 +1,8 @@
-//! A coarse monotonic clock in milliseconds.
+//! The clocks the gateway reads, as shareable functions returning
+//! milliseconds: [`monotonic_clock`] for leases, blocks and the breaker,
+//! [`system_clock`] (Unix time) for the embedded store's windows.
 //!
-//! Reading the system clock costs ~36 ns on this class of machine (kvm
+//! The monotonic clock is coarse. Reading the system clock costs ~36 ns on this class of machine (kvm
 //! guests), more than the rest of a rate-limit decision. Leases and local
 //! blocks need milliseconds, not nanoseconds, so one background thread
 //! publishes the time every millisecond and a read is one atomic load.
@@ -9,7 +11,29 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A clock: milliseconds on some timeline, cheap to call from any thread.
+/// Code that takes one instead of reading time itself can be tested on a
+/// clock the test moves.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Milliseconds since the Unix epoch; windows align to wall-clock minutes
+/// and hours, as they do in Redis (which uses its own `TIME`).
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    })
+}
+
+/// Milliseconds on a monotonic clock (never 0), for leases, blocks and the
+/// breaker: wall-clock jumps must not expire or extend them. Coarse: one
+/// atomic load per read.
+pub fn monotonic_clock() -> Clock {
+    coarse()
+}
 
 struct Ticker {
     now_ms: AtomicU64,
@@ -55,7 +79,7 @@ pub fn coarse_now_ms() -> u64 {
 }
 
 /// The coarse clock as a shareable function.
-pub fn coarse() -> Arc<dyn Fn() -> u64 + Send + Sync> {
+pub fn coarse() -> Clock {
     ticker();
     Arc::new(coarse_now_ms)
 }

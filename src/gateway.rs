@@ -66,7 +66,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
-        let limiter = Limiter::new(store, Settings::from_config(&config), crate::limit::monotonic_clock());
+        let limiter = Limiter::new(store, Settings::from_config(&config), crate::clock::monotonic_clock());
         let snapshot = Snapshot::new(config, &metrics);
         Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),

@@ -356,11 +356,19 @@ async fn explain_prints_the_keys_the_gateway_writes_to_redis() {
     let j: Value = serde_json::from_str(&out).unwrap();
     let mut explained: Vec<String> = limits(&j).into_iter().map(|l| l.5).collect();
     explained.sort();
-    let mut stored: Vec<String> = redis
-        .cli(&["--scan", "--pattern", "rl:*"])
-        .lines()
-        .map(str::to_string)
-        .collect();
-    stored.sort();
-    assert_eq!(explained, stored, "explain: {out}");
+    // A lease may be taken in the background: wait for the keys to land.
+    let stored = || {
+        let mut keys: Vec<String> = redis
+            .cli(&["--scan", "--pattern", "rl:*"])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stored() != explained && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(explained, stored(), "explain: {out}\n{}", gw.log());
 }

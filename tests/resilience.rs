@@ -117,9 +117,14 @@ async fn drive_outage(c: &mut client::Sender1, secs: f64) -> (u64, u64) {
 /// Redis answers: the breaker is closed and the fail-closed route is
 /// served, within a few seconds (after an outage: once Redis is back).
 async fn wait_for_recovery(gw: &Gateway, c: &mut client::Sender1) {
+    wait_for_recovery_on(gw, c, "/closed").await;
+}
+
+/// [`wait_for_recovery`] with `path` as the fail-closed route.
+async fn wait_for_recovery_on(gw: &Gateway, c: &mut client::Sender1, path: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, _, _) = request(c, "/closed").await;
+        let (status, _, _) = request(c, path).await;
         if status == StatusCode::OK && sample(&gw.metrics().await, "leasegate_circuit_open ") == 0.0 {
             return;
         }
@@ -170,9 +175,8 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     let bypassed = sample(&m, r#"rate_limit_bypassed_total{reason="store_circuit_open"} "#)
         + sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#);
     assert!(bypassed > 0.0, "{m}");
-    // Refused connections fail at once, a reconnect in progress by the deadline.
-    let failed = sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#)
-        + sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#);
+    // Refused connections fail at once.
+    let failed = sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#);
     assert!(failed >= 3.0, "{m}");
 
     // A fresh Redis on the same port: enforcement resumes, from Redis.
@@ -188,6 +192,85 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
     assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(redis.cli(&["EXISTS", "rl:{low:low}"]).trim(), "1");
+}
+
+/// Redis stopped, its port refusing connections: the calls fail at once
+/// and count as `store_error`, not as `store_timeout`. The deadline here is
+/// 100 ms, far above what a refused connect takes on loopback, so a call
+/// that reaches it is one that waited on something (a reconnect backing
+/// off), not one the host was too busy to answer.
+#[tokio::test]
+async fn a_refused_connection_is_a_store_error_not_a_timeout() {
+    let mut redis = Redis::start();
+    let text = config(&redis).replace("timeout_ms = 5", "timeout_ms = 100");
+    let gw = Gateway::start_connected(&text);
+    let mut c = client::http1(gw.http()).await;
+    wait_for_recovery(&gw, &mut c).await;
+
+    redis.kill();
+    let until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < until {
+        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let m = gw.metrics().await;
+    assert!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#) >= 1.0,
+        "a refused connection is a store error:\n{m}"
+    );
+    assert_eq!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_timeout"} "#),
+        0.0,
+        "no call waited for the deadline:\n{m}\n{}",
+        gw.log()
+    );
+    for op in ["acquire", "release"] {
+        let timeouts = format!(r#"leasegate_store_calls_total{{op="{op}",result="timeout"}} "#);
+        assert_eq!(sample(&m, &timeouts), 0.0, "{op}:\n{m}");
+    }
+    assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#) >= 1.0);
+}
+
+/// Redis comes back while no request arrives: the breaker's background
+/// probe closes the circuit within about `open_ms` (1 s here), so
+/// `leasegate_circuit_open` (and the alert on it) clears by itself.
+#[tokio::test]
+async fn an_idle_gateway_closes_its_circuit_when_redis_comes_back() {
+    let mut redis = Redis::start();
+    let gw = Gateway::start_connected(&config(&redis));
+    let mut c = client::http1(gw.http()).await;
+    wait_for_recovery(&gw, &mut c).await;
+
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&gw.metrics().await, "leasegate_circuit_open ") != 1.0 {
+        assert!(Instant::now() < deadline, "the circuit never opened:\n{}", gw.log());
+        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // From here on, no request at all. Redis still down: the background
+    // probes fail, and the circuit stays open.
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(sample(&gw.metrics().await, "leasegate_circuit_open "), 1.0);
+
+    redis.restart();
+    let back = Instant::now();
+    loop {
+        let open = sample(&gw.metrics().await, "leasegate_circuit_open ");
+        if open == 0.0 {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_millis(2_000),
+            "still open {:?} after Redis came back:\n{}",
+            back.elapsed(),
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("circuit closed {:?} after Redis came back", back.elapsed());
+    assert!(gw.log().contains("store answered again; circuit closed"));
 }
 
 #[tokio::test]
@@ -211,6 +294,12 @@ async fn a_frozen_redis_times_out_then_opens_the_circuit() {
     );
     assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#) >= 3.0);
     assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0);
+    // A store that does not answer is slow, not broken.
+    assert_eq!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_error"} "#),
+        0.0,
+        "a frozen Redis is a timeout, not an error:\n{m}"
+    );
 
     redis.thaw();
     wait_for_recovery(&gw, &mut c).await;
@@ -233,4 +322,156 @@ async fn a_gateway_started_without_redis_serves_and_enforces_once_redis_comes() 
     // Redis arrives on that port: the breaker's next probe finds it.
     let _redis = Redis::start_on(port);
     wait_for_recovery(&gw, &mut c).await;
+}
+
+/// The three stages that cannot refuse, each on a fail-closed and a
+/// fail-open route, and an enforced limit on one of each.
+fn stages_config(redis: &Redis) -> String {
+    let url = redis.url();
+    let route = |name: &str, limit: &str, on_failure: &str| {
+        format!(
+            "[[routes]]\nname = \"{name}\"\npath_prefix = \"/{name}\"\nresponse = {{ status = 200, body = \"ok\" }}\n\
+             limits = [\"{limit}\"]\non_store_failure = \"{on_failure}\"\n"
+        )
+    };
+    format!(
+        r#"
+[gateway]
+workers = 1
+instance_id = "stages-test"
+
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{url}"
+timeout_ms = 100
+
+[store.breaker]
+failures = 3
+open_ms = 1000
+
+# One token per lease and (nearly) no local block after a refusal: every
+# request of these routes asks the store, so each meets the outage.
+[leasing]
+min = 1
+max = 1
+max_block_ms = 1
+
+{routes}
+# Low rates: the stages are over their quota too, in Redis and in the
+# fallback bucket, so a refusal is what they meet, not only an error.
+[[limits]]
+name = "watch"
+rate = "2/min"
+by = ["route"]
+mode = "shadow"
+
+[[limits]]
+name = "gentle"
+rate = "2/min"
+by = ["route"]
+mode = "soft"
+
+[[limits]]
+name = "trial"
+rate = "2/min"
+by = ["route"]
+mode = "canary"
+canary_percent = 0
+
+[[limits]]
+name = "strict"
+rate = "100000/s"
+by = ["route"]
+"#,
+        routes = [
+            route("shadow", "watch", "deny"),
+            route("soft", "gentle", "deny"),
+            route("canary", "trial", "deny"),
+            route("lax-shadow", "watch", "allow"),
+            route("lax-soft", "gentle", "allow"),
+            route("lax-canary", "trial", "allow"),
+            route("enforced", "strict", "deny"),
+            route("bypass", "strict", "allow"),
+        ]
+        .concat(),
+    )
+}
+
+const STAGE_PATHS: [&str; 6] = ["/shadow", "/soft", "/canary", "/lax-shadow", "/lax-soft", "/lax-canary"];
+
+/// Non-zero samples of `rate_limit_bypassed_total`, whatever their labels
+/// (every reason is exported at 0 from the start).
+fn bypass_samples(metrics: &str) -> Vec<&str> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("rate_limit_bypassed_total"))
+        .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
+        .collect()
+}
+
+#[tokio::test]
+async fn stages_that_cannot_refuse_never_answer_503_or_count_as_bypass_when_redis_dies() {
+    let mut redis = Redis::start();
+    let gw = Gateway::start_connected(&stages_config(&redis));
+    let mut c = client::http1(gw.http()).await;
+    wait_for_recovery_on(&gw, &mut c, "/enforced").await;
+    // A healthy baseline: over quota already (2/min), and still 200.
+    for path in STAGE_PATHS {
+        for _ in 0..3 {
+            assert_eq!(request(&mut c, path).await.0, StatusCode::OK, "{path} with Redis up");
+        }
+    }
+
+    redis.kill();
+    // Enough requests to meet refused connections first, then the open
+    // circuit (3 failures open it).
+    let mut seen = Vec::new();
+    for round in 0..10 {
+        for path in STAGE_PATHS {
+            let (status, _, took) = request(&mut c, path).await;
+            seen.push(status.as_u16());
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "{path}, request {round} after Redis died: a stage that cannot refuse never fails the request \
+                 ({seen:?})"
+            );
+            assert!(took < Duration::from_millis(500), "{path}: {took:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = gw.metrics().await;
+    assert_eq!(sample(&m, "leasegate_circuit_open "), 1.0, "the store did fail:\n{m}");
+    assert!(
+        bypass_samples(&m).is_empty(),
+        "shadow, soft and a non-enforcing canary are left out of the bypass alert's numerator:\n{m}"
+    );
+    for path in STAGE_PATHS {
+        let route = &path[1..];
+        let failed = format!("leasegate_requests_total{{route=\"{route}\",status=\"503\"}} ");
+        assert!(m.lines().any(|l| l.starts_with(&failed)), "no {failed}in\n{m}");
+        assert_eq!(sample(&m, &failed), 0.0, "{m}");
+    }
+
+    // In the same gateway an enforce limit on a fail-closed route refuses
+    // service (its one leased token may serve one request first) ...
+    let mut enforced = Vec::new();
+    for _ in 0..4 {
+        enforced.push(request(&mut c, "/enforced").await.0);
+    }
+    assert_eq!(enforced[1..], [StatusCode::SERVICE_UNAVAILABLE; 3], "{enforced:?}");
+    assert!(bypass_samples(&gw.metrics().await).is_empty(), "a 503 is not a bypass");
+    // ... and one on a fail-open route is a bypass: the metric is live here.
+    for _ in 0..3 {
+        assert_eq!(request(&mut c, "/bypass").await.0, StatusCode::OK);
+    }
+    let m = gw.metrics().await;
+    assert!(
+        sample(&m, r#"rate_limit_bypassed_total{reason="store_circuit_open"} "#) >= 1.0,
+        "{m}"
+    );
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::stage::{self, Outcome};
 use super::{LimitRuntime, LimitVerdict, Limiter, Settings};
-use crate::quota::{Rate, Spec};
+use crate::quota::{Rate, Spec, Unspent};
 
 /// The default fallback quota of a key whose quota is `spec`, from this
 /// instance's recent admitted rate for it (requests per second).
@@ -80,7 +80,10 @@ impl Limiter {
         settings: &Settings,
     ) -> LimitVerdict {
         let fallback = self.fallback_spec(limit, h, spec, shard, settings);
-        let grant = self.fallback.acquire_now(key, &fallback, 1).unwrap_or_default();
+        let grant = self
+            .fallback
+            .acquire_now(key, &fallback, 1, Unspent::default())
+            .unwrap_or_default();
         let (outcome, reset_ms) = if grant.granted > 0 {
             (Outcome::Admitted, grant.reset_ms)
         } else {

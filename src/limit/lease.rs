@@ -107,6 +107,11 @@ pub struct Lease {
     admitted: AtomicU64,
     /// When `admitted` was last brought up to date, ms.
     admitted_at: AtomicU64,
+    /// When `admitted` began counting, ms (a young average is corrected).
+    admitted_since: AtomicU64,
+    /// Tokens spent but not yet in `admitted`: recorded when the store next
+    /// answers, so calls that fail (an outage) neither add nor decay.
+    unrecorded: AtomicU64,
     /// Last store call or refusal, ms (idle leases are forgotten).
     pub(crate) touched: AtomicU64,
     /// One store call for this key at a time (a request's or a refill).
@@ -205,7 +210,8 @@ impl Lease {
         let hits = level.saturating_sub(self.available() + returned) + asking;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
         if since != 0 {
-            self.record_admitted(hits, now_ms);
+            // Spent tokens were admitted; the asking request is not, yet.
+            self.unrecorded.fetch_add(hits - asking, Ordering::Relaxed);
         }
         // A rate is never measured over less than half the lookahead: a
         // burst of n requests at one instant earns a lease of at most 2n,
@@ -271,8 +277,16 @@ impl Lease {
         self.window_ms.load(Ordering::Relaxed)
     }
 
-    /// Adds `hits` spent tokens to the decayed admitted count.
-    fn record_admitted(&self, hits: u64, now_ms: u64) {
+    /// The store answered: tokens spent since the last answer, plus
+    /// `admitted_now` (the asking request, when it was granted), join the
+    /// decayed admitted count. Only answers call this: while the store is
+    /// away the average stays what it was.
+    pub fn record_admitted(&self, admitted_now: u64, now_ms: u64) {
+        let hits = self.unrecorded.swap(0, Ordering::Relaxed) + admitted_now;
+        if self.admitted_since.load(Ordering::Relaxed) == 0 {
+            self.admitted_since.store(now_ms.max(1), Ordering::Relaxed);
+            self.admitted_at.store(now_ms, Ordering::Relaxed);
+        }
         let decayed = self.admitted_decayed(now_ms);
         self.admitted
             .store((decayed + hits as f64).to_bits(), Ordering::Relaxed);
@@ -287,10 +301,19 @@ impl Lease {
     }
 
     /// This instance's admitted rate for the key, per second, averaged over
-    /// about a minute as of the last store call: while the store is away no
-    /// call updates it, so it stays the rate from before the outage.
+    /// about a minute as of the store's last answer: while the store is away
+    /// nothing updates it, so it stays the rate from before the outage. An
+    /// average younger than a minute is scaled up by the share of the minute
+    /// it has seen (at least a second), so a new key is not under-rated.
     pub fn admitted_rate(&self) -> f64 {
-        f64::from_bits(self.admitted.load(Ordering::Relaxed)) * 1_000.0 / ADMITTED_TAU_MS
+        let since = self.admitted_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return 0.0;
+        }
+        let at = self.admitted_at.load(Ordering::Relaxed);
+        let age_ms = at.saturating_sub(since).max(1_000) as f64;
+        let seen = 1.0 - (-age_ms / ADMITTED_TAU_MS).exp();
+        f64::from_bits(self.admitted.load(Ordering::Relaxed)) * 1_000.0 / (ADMITTED_TAU_MS * seen)
     }
 
     /// A request starts waiting for this key's store call; it stops when

@@ -30,6 +30,7 @@ pub mod table;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::config::{self, Limit, Mode};
 use crate::metrics::{DecisionLabels, Metrics, StripedCounter};
 use crate::quota::Spec;
@@ -175,15 +176,6 @@ impl Settings {
             deadline_ms: c.store.timeout.as_millis() as u64,
         }
     }
-}
-
-pub use crate::store::memory::Clock;
-
-/// Milliseconds on a monotonic clock (never 0), for leases and blocks:
-/// wall-clock jumps must not expire or extend them. Coarse: one atomic
-/// load per read (see [`crate::clock`]).
-pub fn monotonic_clock() -> Clock {
-    crate::clock::coarse()
 }
 
 /// The decision engine shared by every worker.

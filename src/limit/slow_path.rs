@@ -138,6 +138,7 @@ impl Limiter {
         // call may have landed, and tokens must never go back twice.
         let grant = answer?;
         let now = self.now_ms();
+        lease.record_admitted(own.min(grant.granted), now);
         if grant.granted == 0 {
             lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
             blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);

@@ -92,9 +92,23 @@ pub struct Grant {
     pub remaining: u64,
     /// Milliseconds until the quota is whole again.
     pub reset_ms: u64,
-    /// When nothing was granted: milliseconds until one token will be.
+    /// Whenever no whole token is left after this grant (`remaining == 0`),
+    /// granted or not: the exact milliseconds until one more token (one
+    /// more request) fits, so a client that waits this long is admitted and
+    /// one that comes back a millisecond earlier is not. 0 while
+    /// `remaining > 0`.
     pub retry_after_ms: u64,
-    /// Sliding window: the start of the window the grant was counted in.
+    /// Sliding window: the start of the window (on the store's clock) in
+    /// which the granted tokens were counted; unspent ones go back to it
+    /// ([`Unspent::window_ms`]). Token bucket: 0.
+    pub window_ms: u64,
+}
+
+/// Unspent leased tokens going back to the store, and the window they were
+/// taken in (`Grant::window_ms`; 0 for a token bucket).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unspent {
+    pub tokens: u64,
     pub window_ms: u64,
 }
 
@@ -128,18 +142,47 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
     }
 }
 
-/// Release for any algorithm.
-pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64) -> State {
+/// Release for any algorithm: gives `unspent` back (see the algorithms'
+/// `release`).
+pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unspent: Unspent) -> State {
     match (spec.algorithm, state) {
         (Algorithm::TokenBucket, Some(State::Bucket(b))) => {
-            State::Bucket(token_bucket::release(Some(b), spec, now_ms, unused))
+            State::Bucket(token_bucket::release(Some(b), spec, now_ms, unspent.tokens))
         }
-        (Algorithm::TokenBucket, _) => State::Bucket(token_bucket::release(None, spec, now_ms, unused)),
-        (Algorithm::SlidingWindow, Some(State::Window(w))) => {
-            State::Window(sliding_window::release(Some(w), spec, now_ms, unused))
-        }
-        (Algorithm::SlidingWindow, _) => State::Window(sliding_window::release(None, spec, now_ms, unused)),
+        (Algorithm::TokenBucket, _) => State::Bucket(token_bucket::release(None, spec, now_ms, unspent.tokens)),
+        (Algorithm::SlidingWindow, Some(State::Window(w))) => State::Window(sliding_window::release(
+            Some(w),
+            spec,
+            now_ms,
+            unspent.tokens,
+            unspent.window_ms,
+        )),
+        (Algorithm::SlidingWindow, _) => State::Window(sliding_window::release(
+            None,
+            spec,
+            now_ms,
+            unspent.tokens,
+            unspent.window_ms,
+        )),
     }
+}
+
+/// Gives `unspent` back (when there is any), then takes up to `want`: what
+/// a store does in one atomic step when a lease returns expired tokens and
+/// asks for new ones in the same call.
+pub fn acquire_returning(
+    state: Option<State>,
+    spec: &Spec,
+    now_ms: u64,
+    want: u64,
+    unspent: Unspent,
+) -> (State, Grant) {
+    let state = if unspent.tokens > 0 {
+        Some(release(state, spec, now_ms, unspent))
+    } else {
+        state
+    };
+    acquire(state, spec, now_ms, want)
 }
 
 /// True when forgetting the state changes no future decision.
@@ -148,6 +191,18 @@ pub fn is_idle(state: &State, spec: &Spec, now_ms: u64) -> bool {
         State::Bucket(b) => token_bucket::is_idle(*b, spec, now_ms),
         State::Window(w) => sliding_window::is_idle(*w, spec, now_ms),
     }
+}
+
+/// Property tests: a clock step, mostly forward, often back, sometimes by
+/// up to an hour either way.
+#[cfg(test)]
+pub(crate) fn clock_step() -> impl proptest::strategy::Strategy<Value = i64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => 0i64..5_000,
+        2 => -5_000i64..0,
+        1 => -3_600_000i64..3_600_000,
+    ]
 }
 
 /// "N requests per period", as written in `gateway.toml` (`"100/min"`, `"10/30s"`).

@@ -22,6 +22,17 @@ pub struct State {
 }
 
 /// The state as seen from `now_ms`: windows rolled forward as needed.
+///
+/// A state from a later window than `now_ms`'s (the clock went back: NTP
+/// stepping the wall clock, Redis `TIME` after a failover to a skewed
+/// replica) is re-anchored to `now_ms`'s window, so it neither waits for
+/// the clock to catch up nor is forgotten. Its counts stay, conservatively:
+/// the state says nothing of where in its window it was last used, and the
+/// previous window weighs most at a window's start, so both counts go to
+/// the current window, where they weigh fully. Re-anchored thus, no step
+/// back ever lowers the estimate (no over-admission), and the counts leave
+/// as they would have, over at most two periods of forward time (no stall
+/// for the size of the step).
 pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
     let p = spec.period_ms();
     let start = now_ms - now_ms % p;
@@ -32,8 +43,11 @@ pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
             current: 0,
             previous: s.current,
         },
-        // A state from the future (clock skew) is kept as is.
-        Some(s) if s.window_ms > start => s,
+        Some(s) if s.window_ms > start => State {
+            window_ms: start,
+            current: s.current.saturating_add(s.previous),
+            previous: 0,
+        },
         _ => State {
             window_ms: start,
             current: 0,
@@ -75,10 +89,18 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
     (s, grant)
 }
 
-/// Gives back unspent requests' worth to the current window.
-pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64) -> State {
+/// Gives back `unused` requests' worth taken in the window starting at
+/// `window_ms` ([`Grant::window_ms`]): off the current count while that
+/// window is still the current one (or a later one, re-anchored into it),
+/// off the previous count once it has turned, and nowhere once it is
+/// older: it no longer weighs on any decision.
+pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64, window_ms: u64) -> State {
     let mut s = roll(state, spec, now_ms);
-    s.current = s.current.saturating_sub(unused);
+    if window_ms >= s.window_ms {
+        s.current = s.current.saturating_sub(unused);
+    } else if window_ms.saturating_add(spec.period_ms()) == s.window_ms {
+        s.previous = s.previous.saturating_sub(unused);
+    }
     s
 }
 
@@ -105,15 +127,19 @@ fn retry_after(s: &State, spec: &Spec, now_ms: u64) -> u64 {
     to_next + need_e
 }
 
-/// True when the state no longer affects any decision at `now_ms`.
+/// True when the state no longer affects any decision at `now_ms`: both
+/// counts are zero, or every request it counts has left the sliding window
+/// (two windows on; one when the current window counted none).
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
-    now_ms >= state.window_ms + 2 * spec.period_ms()
+    let p = spec.period_ms();
+    let ends = if state.current == 0 { p } else { 2 * p };
+    (state.current == 0 && state.previous == 0) || now_ms >= state.window_ms.saturating_add(ends)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::{Algorithm, Rate};
+    use crate::quota::{self, clock_step, Algorithm, Rate};
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -153,6 +179,12 @@ mod tests {
         let (st, _) = acquire(None, &s, 500, 3);
         assert!(!is_idle(st, &s, 1_999));
         assert!(is_idle(st, &s, 2_000));
+        // Once the window counts none, only the previous one weighs, and
+        // only until the window ends; with both at zero, nothing does.
+        let turned = roll(Some(st), &s, 1_100);
+        assert!(!is_idle(turned, &s, 1_999));
+        assert!(is_idle(turned, &s, 2_000));
+        assert!(is_idle(roll(None, &s, 2_100), &s, 2_100));
         assert_eq!(
             roll(Some(st), &s, 2_100),
             State {
@@ -174,9 +206,66 @@ mod tests {
     #[test]
     fn release_returns_to_the_current_window() {
         let s = spec(10, 1_000);
-        let (st, _) = acquire(None, &s, 0, 6);
-        assert_eq!(release(Some(st), &s, 10, 4).current, 2);
-        assert_eq!(release(Some(st), &s, 10, 40).current, 0);
+        let (st, g) = acquire(None, &s, 0, 6);
+        assert_eq!(g.window_ms, 0);
+        assert_eq!(release(Some(st), &s, 10, 4, g.window_ms).current, 2);
+        assert_eq!(release(Some(st), &s, 10, 40, g.window_ms).current, 0);
+    }
+
+    #[test]
+    fn release_goes_back_to_the_window_it_was_taken_from() {
+        let s = spec(10, 1_000);
+        let (st, g) = acquire(None, &s, 900, 6);
+        let (st, g2) = acquire(Some(st), &s, 1_100, 3);
+        assert_eq!((g.window_ms, g2.window_ms), (0, 1_000));
+        // The window turned: the 6 now weigh as the previous window's.
+        let st = release(Some(st), &s, 1_200, 4, g.window_ms);
+        assert_eq!((st.previous, st.current), (2, 3));
+        let st = release(Some(st), &s, 1_200, 1, g2.window_ms);
+        assert_eq!((st.previous, st.current), (2, 2));
+        // Two windows on, the first no longer counts: nothing to take back.
+        let st = release(Some(st), &s, 2_100, 1, g.window_ms);
+        assert_eq!((st.window_ms, st.previous, st.current), (2_000, 2, 0));
+    }
+
+    #[test]
+    fn a_clock_going_back_re_anchors_instead_of_stalling() {
+        let s = spec(5, 60_000);
+        let (st, _) = acquire(None, &s, 3_600_000, 5);
+        // An hour back: the full window is re-anchored to now's, not kept
+        // "from the future" for an hour.
+        let (st, g) = acquire(Some(st), &s, 1_000, 1);
+        assert_eq!(g.granted, 0);
+        assert_eq!((st.window_ms, st.current, st.previous), (0, 5, 0));
+        assert_eq!(g.window_ms, 0);
+        assert_eq!(g.retry_after_ms, 59_000 + 12_000);
+        assert_eq!(acquire(Some(st), &s, 1_000 + g.retry_after_ms, 1).1.granted, 1);
+    }
+
+    #[test]
+    fn a_clock_going_back_across_a_boundary_admits_nothing_more() {
+        // 5 in the last millisecond of a window, refused 2 ms later in the
+        // next one, then the clock steps back those 2 ms. Keeping the
+        // previous count as the previous window's would weigh it at 1/60 000
+        // there and admit 4 more; a monotonic clock 4 ms on admits none.
+        let s = spec(5, 60_000);
+        let (st, _) = acquire(None, &s, 59_999, 5);
+        let (st, g) = acquire(Some(st), &s, 60_001, 1);
+        assert_eq!(g.granted, 0);
+        let (_, g) = acquire(Some(st), &s, 59_999, 5);
+        assert_eq!(g.granted, 0);
+    }
+
+    #[test]
+    fn a_grant_that_fills_the_window_says_when_the_next_fits() {
+        // 5/min: 5 at the start of a window; the fifth grant (not only the
+        // refusal after it) says when a sixth fits: 1/5 into the next one.
+        let s = spec(5, 60_000);
+        let (st, _) = acquire(None, &s, 120_000, 4);
+        let (st, g) = acquire(Some(st), &s, 120_000, 1);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (1, 0, 72_000));
+        assert_eq!(acquire(Some(st), &s, 191_999, 1).1.granted, 0);
+        assert_eq!(acquire(Some(st), &s, 192_000, 1).1.granted, 1);
     }
 
     proptest! {
@@ -226,6 +315,94 @@ mod tests {
                         prop_assert_eq!(early.granted, 0);
                     }
                 }
+            }
+        }
+    }
+
+    proptest! {
+        /// Whenever a grant leaves no room (refused or not), over any
+        /// history of requests and clock steps: coming back exactly
+        /// retry_after later is admitted, a millisecond earlier is not.
+        #[test]
+        fn every_full_grant_says_exactly_when_to_retry(
+            limit in 1u64..50, period_ms in 10u64..100_000,
+            steps in prop::collection::vec((clock_step(), 0u64..5), 1..80),
+        ) {
+            let s = spec(limit, period_ms);
+            let (mut st, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (n, g) = acquire(st, &s, now, want);
+                st = Some(n);
+                if g.remaining > 0 {
+                    prop_assert_eq!(g.retry_after_ms, 0);
+                    continue;
+                }
+                prop_assert!(g.retry_after_ms >= 1);
+                let (_, later) = acquire(st, &s, now + g.retry_after_ms, 1);
+                prop_assert_eq!(later.granted, 1, "at +{}", g.retry_after_ms);
+                let (_, early) = acquire(st, &s, now + g.retry_after_ms - 1, 1);
+                prop_assert_eq!(early.granted, 0, "at +{} - 1", g.retry_after_ms);
+            }
+        }
+
+        /// No stall: whatever the clock did (steps back of up to an hour
+        /// included), two periods after the latest call a request fits, as
+        /// it does with a monotonic clock (a window full at its start, with
+        /// a limit of 1, lets the next request in two periods later).
+        #[test]
+        fn a_clock_step_back_never_stalls_beyond_two_periods(
+            limit in 1u64..50, period_ms in 10u64..100_000,
+            steps in prop::collection::vec((clock_step(), 0u64..60), 1..80),
+        ) {
+            let s = spec(limit, period_ms);
+            let (mut st, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (n, g) = acquire(st, &s, now, want);
+                st = Some(n);
+                prop_assert!(g.retry_after_ms <= 2 * period_ms);
+                prop_assert_eq!(acquire(st, &s, now + 2 * period_ms, 1).1.granted, 1);
+            }
+        }
+
+        /// No over-admission: over any clock sequence, the requests kept
+        /// (granted less given back, to the windows they came from) never
+        /// exceed what a monotonic clock moving forward by the same total
+        /// allows: the limit, plus the limit per period of forward movement
+        /// (the weighted estimate falls by at most limit/period per ms).
+        #[test]
+        fn clock_steps_never_over_admit(
+            limit in 1u64..50, period_ms in 10u64..100_000,
+            steps in prop::collection::vec((clock_step(), 0u64..60, 0u64..4), 1..100),
+        ) {
+            let s = spec(limit, period_ms);
+            let (mut st, mut now) = (None, 10_000_000u64);
+            let (mut kept, mut forward) = (0u64, 0u64);
+            let mut held: Vec<(u64, u64)> = Vec::new(); // (window, tokens)
+            for (i, (dt, want, back)) in steps.into_iter().enumerate() {
+                if i > 0 {
+                    forward += u64::try_from(dt).unwrap_or(0);
+                    now = now.saturating_add_signed(dt);
+                }
+                let unspent = match held.pop() {
+                    Some((window_ms, n)) => {
+                        let tokens = back.min(n);
+                        if n > tokens { held.push((window_ms, n - tokens)); }
+                        quota::Unspent { tokens, window_ms }
+                    }
+                    None => quota::Unspent::default(),
+                };
+                let (n, g) = quota::acquire_returning(st.map(quota::State::Window), &s, now, want, unspent);
+                let quota::State::Window(n) = n else { panic!("not a window") };
+                st = Some(n);
+                kept = kept - unspent.tokens + g.granted;
+                if g.granted > 0 { held.insert(0, (g.window_ms, g.granted)); }
+                prop_assert!(
+                    u128::from(kept) * u128::from(period_ms)
+                        <= u128::from(limit) * u128::from(period_ms) + u128::from(limit) * u128::from(forward),
+                    "kept {} after {} ms forward", kept, forward
+                );
             }
         }
     }

@@ -28,21 +28,10 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         granted,
         remaining: units / per_token,
         reset_ms: ceil_div(cap - units, spec.count),
-        // When no whole token is left: the time until one exists.
-        retry_after_ms: if units < per_token {
-            ceil_div(per_token - units, spec.count)
-        } else {
-            0
-        },
+        retry_after_ms: retry_after(units, spec),
         window_ms: 0,
     };
-    (
-        State {
-            units,
-            at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
-        },
-        grant,
-    )
+    (State { units, at_ms: now_ms }, grant)
 }
 
 /// Gives back `tokens` (unspent lease), clamped to the capacity.
@@ -51,14 +40,17 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> S
     let units = level(state, spec, now_ms)
         .saturating_add(tokens.saturating_mul(spec.period_ms()))
         .min(cap);
-    State {
-        units,
-        at_ms: now_ms.max(state.map_or(0, |s| s.at_ms)),
-    }
+    State { units, at_ms: now_ms }
 }
 
-/// The level at `now_ms`, refilled for the time elapsed. A clock that went
-/// backwards refills nothing.
+/// The level at `now_ms`, refilled for the time elapsed.
+///
+/// A clock that went backwards (NTP stepping the wall clock, Redis `TIME`
+/// after a failover to a skewed replica) refills nothing, and the caller
+/// stores the level measured at `now_ms`, the earlier time: refills resume
+/// from there as the clock moves on, instead of waiting for it to catch up
+/// with the old timestamp. Only forward movement ever refills, so no
+/// sequence of steps admits more than a monotonic clock moving as far.
 pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
     let cap = spec.capacity.saturating_mul(spec.period_ms());
     match state {
@@ -67,6 +59,17 @@ pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
             let elapsed = now_ms.saturating_sub(s.at_ms);
             s.units.saturating_add(elapsed.saturating_mul(spec.count)).min(cap)
         }
+    }
+}
+
+/// With `units` left: the exact milliseconds until one whole token exists,
+/// or 0 while one does.
+fn retry_after(units: u64, spec: &Spec) -> u64 {
+    let per_token = spec.period_ms();
+    if units < per_token {
+        ceil_div(per_token - units, spec.count)
+    } else {
+        0
     }
 }
 
@@ -82,7 +85,7 @@ fn ceil_div(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::{Algorithm, Rate};
+    use crate::quota::{self, clock_step, Algorithm, Rate};
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -130,12 +133,31 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_going_backwards_refills_nothing() {
+    fn a_clock_going_backwards_refills_nothing_and_resumes_from_there() {
         let s = spec(1, 1_000, 5);
-        let (st, _) = acquire(None, &s, 10_000, 5);
-        let (st2, g) = acquire(Some(st), &s, 5_000, 1);
+        let (st, _) = acquire(None, &s, 3_600_000, 5);
+        // An hour back: nothing refills, and the state is measured anew.
+        let (st, g) = acquire(Some(st), &s, 0, 1);
         assert_eq!(g.granted, 0);
-        assert_eq!(st2.at_ms, 10_000);
+        assert_eq!(st, State { units: 0, at_ms: 0 });
+        assert_eq!(g.retry_after_ms, 1_000);
+        // One second later (not an hour): a token.
+        let (_, g) = acquire(Some(st), &s, 1_000, 1);
+        assert_eq!(g.granted, 1);
+    }
+
+    #[test]
+    fn a_grant_that_empties_the_bucket_says_when_the_next_token_comes() {
+        // 5/min, capacity 5: one token per 12 s. One at 0 s, four at 10 s:
+        // the four leave 10 s × 5/60 s = 5/6 of a token, and the sixth
+        // twelfth comes 2 s later (not 12 s, one token's whole refill).
+        let s = spec(5, 60_000, 5);
+        let (st, g) = acquire(None, &s, 0, 1);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (1, 4, 0));
+        let (st, g) = acquire(Some(st), &s, 10_000, 4);
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (4, 0, 2_000));
+        assert_eq!(acquire(Some(st), &s, 11_999, 1).1.granted, 0);
+        assert_eq!(acquire(Some(st), &s, 12_000, 1).1.granted, 1);
     }
 
     proptest! {
@@ -187,6 +209,84 @@ mod tests {
             prop_assert!(g.remaining <= capacity);
             prop_assert_eq!(g.granted + g.remaining, capacity);
             prop_assert!(is_idle(st, &s, now + g.reset_ms));
+        }
+    }
+
+    proptest! {
+        /// After any grant, refused or not, with no whole token left:
+        /// retry_after is the exact wait for one, over any history of
+        /// requests and clock steps (back and forth).
+        #[test]
+        fn every_empty_grant_says_exactly_when_to_retry(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((clock_step(), 0u64..20), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (st, g) = acquire(state, &s, now, want);
+                state = Some(st);
+                if g.remaining > 0 {
+                    prop_assert_eq!(g.retry_after_ms, 0);
+                    continue;
+                }
+                prop_assert!(g.retry_after_ms >= 1);
+                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms, 1).1.granted, 1);
+                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms - 1, 1).1.granted, 0);
+            }
+        }
+
+        /// No stall: whatever the clock did before (steps back of up to an
+        /// hour included), one period after the latest call a token is
+        /// there again.
+        #[test]
+        fn a_clock_step_back_never_stalls_beyond_one_period(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((clock_step(), 0u64..200), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (st, g) = acquire(state, &s, now, want);
+                state = Some(st);
+                prop_assert!(g.retry_after_ms <= period_ms);
+                prop_assert_eq!(acquire(state, &s, now + period_ms, 1).1.granted, 1);
+            }
+        }
+
+        /// No over-admission: over any clock sequence, the tokens kept
+        /// (granted less given back) never exceed what a monotonic clock
+        /// moving forward by the same total allows: the capacity plus the
+        /// refill over the forward steps alone. Give-backs ride on acquires.
+        #[test]
+        fn clock_steps_never_over_admit(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            steps in prop::collection::vec((clock_step(), 0u64..200, 0u64..4), 1..80),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now) = (None, 10_000_000u64);
+            let (mut kept, mut held, mut forward) = (0u64, 0u64, 0u64);
+            for (i, (dt, want, back)) in steps.into_iter().enumerate() {
+                if i > 0 {
+                    forward += u64::try_from(dt).unwrap_or(0);
+                    now = now.saturating_add_signed(dt);
+                }
+                let back = back.min(held);
+                let unspent = quota::Unspent { tokens: back, window_ms: 0 };
+                let (st, g) = quota::acquire_returning(state.map(quota::State::Bucket), &s, now, want, unspent);
+                let quota::State::Bucket(st) = st else { panic!("not a bucket") };
+                state = Some(st);
+                held = held - back + g.granted;
+                kept = kept - back + g.granted;
+                // In units: kept × period ≤ capacity × period + count × forward.
+                prop_assert!(
+                    u128::from(kept) * u128::from(period_ms)
+                        <= u128::from(capacity) * u128::from(period_ms) + u128::from(count) * u128::from(forward),
+                    "kept {} after {} ms forward", kept, forward
+                );
+            }
         }
     }
 }

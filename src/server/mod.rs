@@ -107,7 +107,7 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<dyn QuotaStore>,
         inner,
         config.store.timeout,
         config.store.breaker,
-        crate::limit::monotonic_clock(),
+        crate::clock::monotonic_clock(),
         metrics.clone(),
     )))
 }

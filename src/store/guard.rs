@@ -6,14 +6,22 @@
 //! [`Guarded`] is the thin shell that applies it, the deadline and the
 //! store metrics to any [`QuotaStore`]. A call the store answers at once
 //! (the embedded store) is never given a timer.
+//!
+//! While the circuit is open, and only then, one background task probes
+//! the store every `open_ms` with [`QuotaStore::ping`] (no quota taken),
+//! so an instance that gets no requests still sees its store come back:
+//! the circuit closes and `leasegate_circuit_open` reads 0 again. The task
+//! takes its turn through the same half-open slot as a request's probe, so
+//! there is never more than one probe at a time; it ends when the circuit
+//! closes, and holds the guard only weakly, so dropping the guard ends it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
-use crate::limit::Clock;
+use crate::clock::Clock;
 use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
 use prometheus_client::metrics::counter::Counter;
@@ -38,6 +46,20 @@ pub enum Admission {
     Open { retry_after_ms: u64 },
 }
 
+/// What the background prober does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// Probe the store now: this prober holds the half-open slot.
+    Probe,
+    /// Open, and not yet time to probe: look again in this many ms.
+    Wait { ms: u64 },
+    /// Another caller (a request) holds the probe slot; its answer comes
+    /// within a deadline.
+    Busy,
+    /// Closed: the prober ends.
+    Stop,
+}
+
 /// Closed → (failures in a row) → open → (open_ms later) half-open, one
 /// probe → closed on success, open again on failure. Lock-free: callers on
 /// every worker share one.
@@ -50,6 +72,8 @@ pub struct Breaker {
     probing: AtomicBool,
     /// When the last failure that counted was recorded, in monotonic ms.
     last_counted: AtomicU64,
+    /// A background prober runs (see [`Breaker::claim_prober`]).
+    prober: AtomicBool,
 }
 
 impl Breaker {
@@ -63,7 +87,12 @@ impl Breaker {
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
             last_counted: AtomicU64::new(0),
+            prober: AtomicBool::new(false),
         }
+    }
+
+    pub fn settings(&self) -> BreakerSettings {
+        self.settings
     }
 
     pub fn admit(&self, now_ms: u64) -> Admission {
@@ -147,10 +176,54 @@ impl Breaker {
     pub fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }
+
+    /// True when the caller should start the background prober: the
+    /// breaker is open and no prober runs. True once per prober; the
+    /// prober gives the claim back when it stops (see [`Breaker::watch`]).
+    pub fn claim_prober(&self) -> bool {
+        self.is_open()
+            && !self.prober.load(Ordering::Acquire)
+            && self
+                .prober
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The prober's next step at `now_ms`. It probes through the same
+    /// half-open slot as requests ([`Breaker::admit`]), so the two never
+    /// probe at once; it stops once the breaker is closed, unless the
+    /// breaker opened again in between, when it carries on (no second
+    /// prober is started for that opening, as its claim was still held).
+    pub fn watch(&self, now_ms: u64) -> Watch {
+        match self.admit(now_ms) {
+            Admission::Probe => Watch::Probe,
+            Admission::Open { retry_after_ms: 0 } => Watch::Busy,
+            Admission::Open { retry_after_ms } => Watch::Wait { ms: retry_after_ms },
+            Admission::Call => {
+                self.prober.store(false, Ordering::Release);
+                if self.claim_prober() {
+                    // Opened again after the admit above: still ours.
+                    match self.admit(now_ms) {
+                        Admission::Probe => Watch::Probe,
+                        Admission::Open { retry_after_ms: 0 } | Admission::Call => Watch::Busy,
+                        Admission::Open { retry_after_ms } => Watch::Wait { ms: retry_after_ms },
+                    }
+                } else {
+                    Watch::Stop
+                }
+            }
+        }
+    }
 }
 
 /// Any store, behind a deadline and a breaker, with its calls counted.
 pub struct Guarded {
+    core: Arc<Core>,
+}
+
+/// What a guarded call and the background prober share. The prober holds
+/// it weakly.
+struct Core {
     inner: Arc<dyn QuotaStore>,
     deadline: Duration,
     breaker: Breaker,
@@ -180,22 +253,26 @@ impl Guarded {
             })
         });
         Guarded {
-            inner,
-            deadline,
-            breaker: Breaker::new(breaker),
-            clock,
-            metrics,
-            calls,
+            core: Arc::new(Core {
+                inner,
+                deadline,
+                breaker: Breaker::new(breaker),
+                clock,
+                metrics,
+                calls,
+            }),
         }
     }
 
     pub fn breaker(&self) -> &Breaker {
-        &self.breaker
+        &self.core.breaker
     }
+}
 
+impl Core {
     /// `op`: 0 acquire, 1 release (an index into [`OPS`]).
     async fn guard<'a, T>(
-        &'a self,
+        self: &'a Arc<Self>,
         op: usize,
         call: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -239,12 +316,80 @@ impl Guarded {
                 if self.breaker.failed(started_ms, (self.clock)(), probe) {
                     tracing::warn!(store = self.inner.name(), error = %e, "store failing; circuit open");
                 }
+                self.start_prober();
             }
         }
         // From the state, not the transition: racing opens and closes
         // cannot leave the gauge saying the opposite of the breaker.
         self.metrics.circuit_open.set(i64::from(self.breaker.is_open()));
         result
+    }
+
+    /// Starts the background prober if the circuit is open and none runs.
+    /// Called after every failure, so an opening is never missed; costs an
+    /// atomic load when a prober already runs or the circuit is closed.
+    fn start_prober(self: &Arc<Self>) {
+        if !self.breaker.claim_prober() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(probe_while_open(Arc::downgrade(self)));
+            }
+            Err(_) => {
+                // No runtime to run it on (never in the gateway): requests'
+                // own probes still close the circuit.
+                self.breaker.prober.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// One background probe: [`QuotaStore::ping`] under the deadline. Not
+    /// counted as a store call (it is not one a request made); its outcome
+    /// moves the breaker and the gauge like a request's probe.
+    async fn probe(&self) {
+        let mut abandoned = ProbeWatch {
+            breaker: Some(&self.breaker),
+        };
+        let started_ms = (self.clock)();
+        let result = match tokio::time::timeout(self.deadline, self.inner.ping()).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
+        };
+        abandoned.breaker = None;
+        match result {
+            Ok(()) => {
+                if self.breaker.succeeded() {
+                    tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(store = self.inner.name(), error = %e, "store probe failed; circuit stays open");
+                self.breaker.failed(started_ms, (self.clock)(), true);
+            }
+        }
+        self.metrics.circuit_open.set(i64::from(self.breaker.is_open()));
+    }
+}
+
+/// The background prober: while the circuit is open, probes the store
+/// every `open_ms`; ends when the circuit closes or the guard is gone.
+async fn probe_while_open(core: Weak<Core>) {
+    loop {
+        let wait = {
+            let Some(core) = core.upgrade() else { return };
+            match core.breaker.watch((core.clock)()) {
+                Watch::Stop => return,
+                Watch::Probe => {
+                    core.probe().await;
+                    continue;
+                }
+                Watch::Wait { ms } => Duration::from_millis(ms),
+                // A request's probe answers within the deadline.
+                Watch::Busy => core.deadline.max(Duration::from_millis(1)),
+            }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -269,23 +414,36 @@ impl QuotaStore for Guarded {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let core = &self.core;
         Box::pin(async move {
-            let grant = self
-                .guard(0, move || self.inner.acquire(key, spec, want, unspent))
+            let grant = core
+                .guard(0, move || core.inner.acquire(key, spec, want, unspent))
                 .await?;
             if grant.granted > 0 {
-                self.metrics.lease_tokens.observe(grant.granted as f64);
+                core.metrics.lease_tokens.observe(grant.granted as f64);
             }
             Ok(grant)
         })
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.guard(1, move || self.inner.release(key, spec, unspent)))
+        let core = &self.core;
+        Box::pin(core.guard(1, move || core.inner.release(key, spec, unspent)))
     }
 
     fn name(&self) -> &'static str {
-        self.inner.name()
+        self.core.inner.name()
+    }
+
+    /// The inner store's ping under the deadline; the breaker is left alone.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let core = &self.core;
+        Box::pin(async move {
+            match tokio::time::timeout(core.deadline, core.inner.ping()).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(core.deadline.as_millis() as u64)),
+            }
+        })
     }
 }
 
@@ -432,6 +590,241 @@ mod tests {
         }
     }
 
+    fn opened(b: &Breaker) {
+        for t in 0..3 {
+            b.failed(t, t, false);
+        }
+        assert!(b.is_open());
+    }
+
+    #[test]
+    fn a_prober_is_claimed_once_per_opening_and_never_while_closed() {
+        let b = breaker();
+        assert!(!b.claim_prober(), "closed: no prober");
+        opened(&b);
+        assert!(b.claim_prober());
+        assert!(!b.claim_prober(), "one prober at a time");
+        // The prober finds the breaker closed and ends; the next opening
+        // may start one again.
+        assert!(b.succeeded());
+        assert_eq!(b.watch(10), Watch::Stop);
+        assert!(!b.claim_prober(), "closed: no prober");
+        for t in 20..23 {
+            b.failed(t, t, false);
+        }
+        assert!(b.claim_prober());
+    }
+
+    #[test]
+    fn the_prober_waits_out_open_ms_and_then_probes_through_the_half_open_slot() {
+        let b = breaker();
+        opened(&b); // open until 2_002
+        assert!(b.claim_prober());
+        assert_eq!(b.watch(2), Watch::Wait { ms: 2_000 });
+        assert_eq!(b.watch(2_002), Watch::Probe);
+        // While the prober probes, a request finds the circuit open.
+        assert_eq!(b.admit(2_003), Admission::Open { retry_after_ms: 0 });
+        // The probe fails: another full period.
+        assert!(!b.failed(2_004, 2_005, true));
+        assert_eq!(b.watch(2_005), Watch::Wait { ms: 2_000 });
+        // A request takes the slot first: the prober waits for its answer.
+        assert_eq!(b.admit(4_005), Admission::Probe);
+        assert_eq!(b.watch(4_005), Watch::Busy);
+        assert!(b.succeeded());
+        assert_eq!(b.watch(4_006), Watch::Stop);
+    }
+
+    #[test]
+    fn a_prober_that_finds_the_circuit_opened_again_carries_on() {
+        let b = breaker();
+        opened(&b);
+        assert!(b.claim_prober());
+        // A request's probe closes the circuit, and failures open it again
+        // before the prober looks: its claim still stands, so no second
+        // prober starts, and this one must not stop.
+        assert!(b.succeeded());
+        for t in 10..13 {
+            b.failed(t, t, false);
+        }
+        assert!(!b.claim_prober());
+        assert_eq!(b.watch(13), Watch::Wait { ms: 1_999 });
+    }
+
+    /// A store the test scripts: down (refuses at once), up, or hung.
+    #[derive(Default)]
+    struct Scripted {
+        down: AtomicBool,
+        hung: AtomicBool,
+        acquires: AtomicU64,
+        pings: AtomicU64,
+    }
+
+    impl Scripted {
+        fn answer<T>(&self, ok: T) -> BoxFuture<'_, Result<T, StoreError>>
+        where
+            T: Send + 'static,
+        {
+            if self.hung.load(Ordering::Relaxed) {
+                Box::pin(std::future::pending())
+            } else if self.down.load(Ordering::Relaxed) {
+                Box::pin(std::future::ready(Err(StoreError::Unavailable("refused".into()))))
+            } else {
+                Box::pin(std::future::ready(Ok(ok)))
+            }
+        }
+    }
+
+    impl QuotaStore for Scripted {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            want: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            self.acquires.fetch_add(1, Ordering::Relaxed);
+            self.answer(Grant {
+                granted: want,
+                remaining: 0,
+                reset_ms: 0,
+                retry_after_ms: 0,
+                window_ms: 0,
+            })
+        }
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.answer(())
+        }
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+            self.pings.fetch_add(1, Ordering::Relaxed);
+            self.answer(())
+        }
+    }
+
+    /// Milliseconds of tokio's (paused) time, plus a jump the test may add.
+    fn tokio_clock(jump: Arc<AtomicU64>) -> Clock {
+        let start = tokio::time::Instant::now();
+        Arc::new(move || 1_000 + jump.load(Ordering::Relaxed) + start.elapsed().as_millis() as u64)
+    }
+
+    fn scripted(store: &Arc<Scripted>, deadline_ms: u64, failures: u32) -> (Guarded, Arc<Metrics>, Arc<AtomicU64>) {
+        let metrics = Arc::new(Metrics::new());
+        let jump = Arc::new(AtomicU64::new(0));
+        let guarded = Guarded::new(
+            store.clone(),
+            Duration::from_millis(deadline_ms),
+            BreakerSettings { failures, open_ms: 100 },
+            tokio_clock(jump.clone()),
+            metrics.clone(),
+        );
+        (guarded, metrics, jump)
+    }
+
+    fn spec() -> Spec {
+        Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_instance_closes_its_circuit_once_the_store_answers_again() {
+        let store = Arc::new(Scripted::default());
+        store.down.store(true, Ordering::Relaxed);
+        let (guarded, metrics, _) = scripted(&store, 5, 3);
+        for _ in 0..3 {
+            assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(metrics.circuit_open.get(), 1);
+        // The store comes back; no request arrives.
+        store.down.store(false, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(110)).await;
+        assert_eq!(metrics.circuit_open.get(), 0, "closed without a request");
+        assert!(!guarded.breaker().is_open());
+        assert_eq!(store.pings.load(Ordering::Relaxed), 1, "one probe");
+        assert_eq!(store.acquires.load(Ordering::Relaxed), 3, "the probe takes no quota");
+        // Closed: the prober is gone, nothing probes any more.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_background_probe_keeps_the_circuit_open_and_probes_again_every_open_ms() {
+        let store = Arc::new(Scripted::default());
+        store.down.store(true, Ordering::Relaxed);
+        let (guarded, metrics, _) = scripted(&store, 5, 1);
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
+        assert_eq!(metrics.circuit_open.get(), 1);
+        tokio::time::sleep(Duration::from_millis(105)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.circuit_open.get(), 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 2);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 5);
+        assert_eq!(metrics.circuit_open.get(), 1);
+        assert!(guarded.breaker().is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_background_probe_that_hangs_fails_by_the_deadline() {
+        let store = Arc::new(Scripted::default());
+        store.down.store(true, Ordering::Relaxed);
+        let (guarded, metrics, _) = scripted(&store, 5, 1);
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
+        store.hung.store(true, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(103)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 1);
+        // The hung probe failed at its deadline, and the next one comes.
+        store.hung.store(false, Ordering::Relaxed);
+        store.down.store(false, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(110)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 2);
+        assert_eq!(metrics.circuit_open.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_prober_ends_with_the_guard() {
+        let store = Arc::new(Scripted::default());
+        store.down.store(true, Ordering::Relaxed);
+        let (guarded, _, _) = scripted(&store, 5, 1);
+        assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
+        drop(guarded);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 0);
+        assert_eq!(Arc::strong_count(&store), 1, "nothing holds the store");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_prober_never_probes_while_a_requests_probe_is_in_flight() {
+        let store = Arc::new(Scripted::default());
+        store.hung.store(true, Ordering::Relaxed);
+        // Deadline 1 s, open 100 ms: a request's probe outlasts a period.
+        let (guarded, metrics, jump) = scripted(&store, 1_000, 1);
+        let guarded = Arc::new(guarded);
+        assert_eq!(
+            guarded.acquire("k", &spec(), 1, Unspent::default()).await,
+            Err(StoreError::Timeout(1_000))
+        );
+        // Let the prober go to sleep. Then the breaker's clock passes
+        // open_ms before the prober wakes: a request takes the half-open
+        // slot, and its call hangs.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        jump.store(100, Ordering::Relaxed);
+        let g = guarded.clone();
+        let request = tokio::spawn(async move { g.acquire("k", &spec(), 1, Unspent::default()).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(store.acquires.load(Ordering::Relaxed), 2, "the request probes");
+        assert_eq!(store.pings.load(Ordering::Relaxed), 0, "the prober waits for it");
+        // The request's probe fails at its deadline; the prober's turn comes
+        // one period later.
+        store.hung.store(false, Ordering::Relaxed);
+        assert_eq!(request.await.unwrap(), Err(StoreError::Timeout(1_000)));
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.circuit_open.get(), 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_hung_store_costs_the_deadline_then_nothing() {
         let metrics = Arc::new(Metrics::new());
@@ -457,5 +850,39 @@ mod tests {
             text.contains(r#"leasegate_store_calls_total{op="acquire",result="timeout"} 3"#),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn give_backs_pass_through_to_the_store() {
+        let guarded = Guarded::new(
+            Arc::new(crate::store::memory::MemoryStore::new(100)),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 1_000,
+            },
+            Arc::new(|| 0),
+            Arc::new(Metrics::new()),
+        );
+        let spec = Spec::new(crate::quota::Algorithm::TokenBucket, "5/h".parse().unwrap(), 5);
+        let none = Unspent::default();
+        assert_eq!(guarded.acquire("k", &spec, 5, none).await.map(|g| g.granted), Ok(5));
+        let two = Unspent {
+            tokens: 2,
+            window_ms: 0,
+        };
+        assert_eq!(guarded.acquire("k", &spec, 3, two).await.map(|g| g.granted), Ok(2));
+        guarded
+            .release(
+                "k",
+                &spec,
+                Unspent {
+                    tokens: 1,
+                    window_ms: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(guarded.acquire("k", &spec, 3, none).await.map(|g| g.granted), Ok(1));
     }
 }

@@ -19,25 +19,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
+use crate::clock::{system_clock, Clock};
 use crate::quota::{self, Grant, Spec, State};
 
 const SHARDS: usize = 64;
 const SAMPLE: usize = 16;
-
-/// Milliseconds since the Unix epoch; windows align to wall-clock minutes
-/// and hours, as they do in Redis (which uses its own `TIME`).
-pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
-
-pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    })
-}
 
 struct Slot {
     key: Arc<str>,
@@ -169,8 +157,9 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Decides synchronously; the trait methods wrap this.
-    pub fn acquire_now(&self, key: &str, spec: &Spec, want: u64) -> Result<Grant, StoreError> {
+    /// Decides synchronously; the trait methods wrap this. The give-back and
+    /// the acquire happen under one lock, as one step.
+    pub fn acquire_now(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
         let now = (self.clock)();
         let mut shard = self
             .shard(key)
@@ -178,14 +167,16 @@ impl MemoryStore {
             .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
         let mut grant = Grant::default();
         shard.update(key, spec, now, self.per_shard_cap, |prior| {
-            let (state, g) = quota::acquire(prior, spec, now, want);
+            // A key we no longer hold was full (or its window empty): giving
+            // back to it changes nothing, as in `release_now`.
+            let (state, g) = quota::acquire_returning(prior, spec, now, want, unspent);
             grant = g;
             state
         });
         Ok(grant)
     }
 
-    pub fn release_now(&self, key: &str, spec: &Spec, unused: u64) -> Result<(), StoreError> {
+    pub fn release_now(&self, key: &str, spec: &Spec, unspent: Unspent) -> Result<(), StoreError> {
         let now = (self.clock)();
         let mut shard = self
             .shard(key)
@@ -194,7 +185,7 @@ impl MemoryStore {
         // Releasing to a key we no longer hold is a no-op: it was full.
         if shard.index.contains_key(key) {
             shard.update(key, spec, now, self.per_shard_cap, |prior| {
-                quota::release(prior, spec, now, unused)
+                quota::release(prior, spec, now, unspent)
             });
         }
         Ok(())
@@ -209,17 +200,12 @@ impl QuotaStore for MemoryStore {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let result = if unspent.tokens > 0 {
-            self.release_now(key, spec, unspent.tokens)
-                .and_then(|()| self.acquire_now(key, spec, want))
-        } else {
-            self.acquire_now(key, spec, want)
-        };
+        let result = self.acquire_now(key, spec, want, unspent);
         Box::pin(std::future::ready(result))
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        let result = self.release_now(key, spec, unspent.tokens);
+        let result = self.release_now(key, spec, unspent);
         Box::pin(std::future::ready(result))
     }
 
@@ -234,6 +220,11 @@ mod tests {
     use crate::quota::{Algorithm, Rate};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
+
+    const NONE: Unspent = Unspent {
+        tokens: 0,
+        window_ms: 0,
+    };
 
     fn clock() -> (Arc<AtomicU64>, Clock) {
         let now = Arc::new(AtomicU64::new(1_000_000));
@@ -258,11 +249,11 @@ mod tests {
         let store = MemoryStore::with_clock(1000, c);
         let s = spec(5, 60);
         let granted: u64 = (0..10)
-            .map(|_| store.acquire_now("rl:{a}", &s, 1).unwrap().granted)
+            .map(|_| store.acquire_now("rl:{a}", &s, 1, NONE).unwrap().granted)
             .sum();
         assert_eq!(granted, 5);
-        assert_eq!(store.acquire_now("rl:{b}", &s, 3).unwrap().granted, 3);
-        let refused = store.acquire_now("rl:{a}", &s, 1).unwrap();
+        assert_eq!(store.acquire_now("rl:{b}", &s, 3, NONE).unwrap().granted, 3);
+        let refused = store.acquire_now("rl:{a}", &s, 1, NONE).unwrap();
         assert_eq!(refused.retry_after_ms, 12_000);
     }
 
@@ -271,11 +262,79 @@ mod tests {
         let (_, c) = clock();
         let store = MemoryStore::with_clock(1000, c);
         let s = spec(5, 60);
-        assert_eq!(store.acquire_now("k", &s, 5).unwrap().granted, 5);
-        store.release_now("k", &s, 2).unwrap();
-        assert_eq!(store.acquire_now("k", &s, 5).unwrap().granted, 2);
-        store.release_now("never-seen", &s, 2).unwrap();
+        assert_eq!(store.acquire_now("k", &s, 5, NONE).unwrap().granted, 5);
+        store
+            .release_now(
+                "k",
+                &s,
+                Unspent {
+                    tokens: 2,
+                    window_ms: 0,
+                },
+            )
+            .unwrap();
+        assert_eq!(store.acquire_now("k", &s, 5, NONE).unwrap().granted, 2);
+        store
+            .release_now(
+                "never-seen",
+                &s,
+                Unspent {
+                    tokens: 2,
+                    window_ms: 0,
+                },
+            )
+            .unwrap();
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn an_acquire_gives_back_first_in_the_same_step() {
+        let (now, c) = clock();
+        let store = MemoryStore::with_clock(1000, c);
+        let s = spec(5, 60);
+        assert_eq!(store.acquire_now("k", &s, 5, NONE).unwrap().granted, 5);
+        // Two come back and three are asked for: the two are granted again.
+        let back = Unspent {
+            tokens: 2,
+            window_ms: 0,
+        };
+        let g = store.acquire_now("k", &s, 3, back).unwrap();
+        assert_eq!((g.granted, g.remaining), (2, 0));
+        // A give-back beyond the capacity is clamped to it.
+        let g = store
+            .acquire_now(
+                "k",
+                &s,
+                0,
+                Unspent {
+                    tokens: 50,
+                    window_ms: 0,
+                },
+            )
+            .unwrap();
+        assert_eq!(g.remaining, 5);
+
+        // A sliding window: tokens go back to the window they came from,
+        // here the previous one, which still weighs 3/4 of its count.
+        let w = Spec::new(
+            Algorithm::SlidingWindow,
+            Rate {
+                count: 8,
+                period: Duration::from_secs(1),
+            },
+            8,
+        );
+        let start = now.load(Ordering::SeqCst);
+        let taken = store.acquire_now("w", &w, 8, NONE).unwrap();
+        assert_eq!((taken.granted, taken.window_ms), (8, start));
+        now.fetch_add(1_250, Ordering::SeqCst);
+        assert_eq!(store.acquire_now("w", &w, 8, NONE).unwrap().granted, 2);
+        let back = Unspent {
+            tokens: 4,
+            window_ms: taken.window_ms,
+        };
+        // Previous 8 → 4, weighing 3: room for 8 − 3 − 2 = 3.
+        assert_eq!(store.acquire_now("w", &w, 8, back).unwrap().granted, 3);
     }
 
     #[test]
@@ -285,14 +344,14 @@ mod tests {
         let store = MemoryStore::with_clock(100_000, c);
         let s = spec(1, 1);
         for i in 0..500 {
-            store.acquire_now(&format!("k{i}"), &s, 1).unwrap();
+            store.acquire_now(&format!("k{i}"), &s, 1, NONE).unwrap();
         }
         assert_eq!(store.len(), 500);
         now.fetch_add(2_000, Ordering::SeqCst);
         // Every call sweeps a random slot of its shard; plenty of calls on
         // fresh keys clean out the idle ones.
         for i in 0..10_000 {
-            store.acquire_now(&format!("fresh{i}"), &s, 0).unwrap();
+            store.acquire_now(&format!("fresh{i}"), &s, 0, NONE).unwrap();
         }
         assert!(store.len() < 100, "idle keys left: {}", store.len());
     }
@@ -302,17 +361,17 @@ mod tests {
         let (now, c) = clock();
         let store = MemoryStore::with_clock(SHARDS * 4, c);
         let s = spec(100, 3600);
-        store.acquire_now("hot", &s, 1).unwrap();
+        store.acquire_now("hot", &s, 1, NONE).unwrap();
         for i in 0..10_000 {
             now.fetch_add(1, Ordering::SeqCst);
-            store.acquire_now(&format!("k{i}"), &s, 1).unwrap();
+            store.acquire_now(&format!("k{i}"), &s, 1, NONE).unwrap();
             if i % 10 == 0 {
-                store.acquire_now("hot", &s, 1).unwrap();
+                store.acquire_now("hot", &s, 1, NONE).unwrap();
             }
         }
         assert!(store.len() <= SHARDS * 4);
         // The hot key survived: it still remembers its spending.
-        assert!(store.acquire_now("hot", &s, 100).unwrap().granted < 100);
+        assert!(store.acquire_now("hot", &s, 100, NONE).unwrap().granted < 100);
     }
 
     #[test]
@@ -325,7 +384,10 @@ mod tests {
                 let (store, total) = (store.clone(), total.clone());
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        total.fetch_add(store.acquire_now("shared", &s, 1).unwrap().granted, Ordering::SeqCst);
+                        total.fetch_add(
+                            store.acquire_now("shared", &s, 1, NONE).unwrap().granted,
+                            Ordering::SeqCst,
+                        );
                     }
                 })
             })

@@ -12,6 +12,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use crate::quota::Unspent;
 use crate::quota::{Grant, Spec};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -29,19 +30,16 @@ pub enum StoreError {
     CircuitOpen { retry_after_ms: u64 },
 }
 
-/// Unspent leased tokens going back to the store, and the window they were
-/// taken in (`Grant::window_ms`; 0 for a token bucket).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Unspent {
-    pub tokens: u64,
-    pub window_ms: u64,
-}
-
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.
 pub trait QuotaStore: Send + Sync + 'static {
-    /// Takes up to `want` tokens from `key`'s bucket: grants
-    /// `min(want, available)`, and when it grants none says when one will be.
-    /// Gives back `unspent` first (when it holds tokens): one atomic step.
+    /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
+    ///
+    /// The grant is `min(want, available)`; whenever it leaves no whole
+    /// token, [`Grant::retry_after_ms`] says when one will be. The give-back
+    /// is clamped to the capacity and goes to the window the tokens were
+    /// taken in, as [`QuotaStore::release`] does. On an error the caller
+    /// cannot tell whether it was applied (a call that timed out may still
+    /// run): it must not give the same tokens back again.
     fn acquire<'a>(
         &'a self,
         key: &'a str,
@@ -50,9 +48,18 @@ pub trait QuotaStore: Send + Sync + 'static {
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>>;
 
-    /// Gives back unspent tokens (of a lease), clamped to capacity.
+    /// Gives back `unspent` tokens (a lease's), clamped to capacity. A
+    /// sliding window takes them off the window they were taken in while it
+    /// still counts (current or previous), and nowhere once it is older.
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// Whether the store answers, at the cost of one round trip and no
+    /// quota: the guard's background probe while its circuit is open. The
+    /// embedded store always answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }

@@ -10,17 +10,30 @@
 //! by EVALSHA and are loaded transparently on NOSCRIPT (after a Redis
 //! restart or a failover).
 //!
-//! Start-up never waits for Redis: a single node is connected lazily (and
-//! reconnected on its own), a cluster is connected by a background task
-//! that retries with backoff; until then calls fail at once with
+//! Start-up never waits for Redis: a single node is dialled on first use
+//! (and a warm-up call), a cluster is connected by a background task that
+//! retries with backoff; until then calls fail with
 //! [`StoreError::Unavailable`], and the guard decides what a request gets.
+//!
+//! A single node's connection is ours, not the redis crate's
+//! `ConnectionManager`: that one makes every call await its reconnect,
+//! which retries with backoff (100 ms and more between attempts), so while
+//! Redis refused connections each call hung until the guard's deadline and
+//! a store that was down was reported as a slow one (`store_timeout`).
+//! Here a call with no connection joins the one connect attempt in flight,
+//! or starts it; a refused connect ends that attempt at once, and its
+//! callers fail with `Unavailable` (`store_error`). A connection that
+//! breaks (reset, closed) is dropped at its first such error. Only the
+//! guard's deadline makes a timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{AsyncConnectionConfig, RedisError, Script};
+use tokio::sync::watch;
 
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::quota::{Algorithm, Grant, Spec};
@@ -45,30 +58,159 @@ pub enum Target {
 
 #[derive(Clone)]
 enum Connection {
-    Node(ConnectionManager),
+    Node(Arc<Node>),
     Cluster(ClusterConnection),
 }
 
+/// Why a call failed: Redis's own error, or no connection to send it on.
+enum CallError {
+    Redis(RedisError),
+    NotConnected(StoreError),
+}
+
+impl From<RedisError> for CallError {
+    fn from(e: RedisError) -> CallError {
+        CallError::Redis(e)
+    }
+}
+
+impl CallError {
+    fn classify(&self) -> StoreError {
+        match self {
+            CallError::Redis(e) => classify(e),
+            CallError::NotConnected(e) => e.clone(),
+        }
+    }
+}
+
 impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 4], RedisError> {
+    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], CallError> {
         let mut call = script.key(key);
         for a in args {
             call.arg(*a);
         }
         let reply: Vec<i64> = match self {
-            Connection::Node(c) => call.invoke_async(c).await?,
+            Connection::Node(node) => {
+                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
+                let reply = call.invoke_async(&mut c).await;
+                if let Err(e) = &reply {
+                    node.failed(generation, e);
+                }
+                reply?
+            }
             Connection::Cluster(c) => call.invoke_async(c).await?,
         };
-        // Scripts answer four integers, never negative; anything else is a
+        // Scripts answer five integers, never negative; anything else is a
         // script from another version, not a reason to wrap around.
         match reply[..] {
-            [a, b, c, d] => Ok([a, b, c, d].map(|v| v.max(0) as u64)),
-            _ => Err(RedisError::from((
+            [a, b, c, d, e] => Ok([a, b, c, d, e].map(|v| v.max(0) as u64)),
+            _ => Err(CallError::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",
                 format!("{reply:?}"),
-            ))),
+            )))),
         }
+    }
+}
+
+/// One Redis node's connection, dialled on demand. Lives on the I/O
+/// thread: its methods run in tasks there, and so do its dials.
+struct Node {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// Redacted address, for logs.
+    shown: String,
+    link: watch::Sender<Link>,
+    /// Connections made so far: the next one's generation.
+    dialled: AtomicU64,
+    io: tokio::runtime::Handle,
+}
+
+#[derive(Clone)]
+enum Link {
+    /// No connection: never dialled, the connection broke, or the last
+    /// attempt failed (its reason). The next call dials.
+    Down(Option<String>),
+    /// One connect attempt in flight; callers wait for its outcome.
+    Connecting,
+    /// Connected. `generation` tells this connection from later ones, so a
+    /// late failure on an old connection cannot drop a new one.
+    Up {
+        connection: MultiplexedConnection,
+        generation: u64,
+    },
+}
+
+impl Node {
+    /// The connection to send a call on: the one at hand, or the outcome of
+    /// the connect attempt in flight (started here if there is none).
+    async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), StoreError> {
+        // The steady state: one read lock and a clone of a handle.
+        if let Link::Up { connection, generation } = &*self.link.borrow() {
+            return Ok((connection.clone(), *generation));
+        }
+        let mut watching = self.link.subscribe();
+        let dial = self.link.send_if_modified(|link| match link {
+            Link::Down(_) => {
+                *link = Link::Connecting;
+                true
+            }
+            Link::Connecting | Link::Up { .. } => false,
+        });
+        if dial {
+            self.io.spawn(self.clone().dial());
+        }
+        let link = watching
+            .wait_for(|link| !matches!(link, Link::Connecting))
+            .await
+            .map(|link| link.clone())
+            .map_err(|_| StoreError::Failed("the Redis connection state is gone".into()))?;
+        match link {
+            Link::Up { connection, generation } => Ok((connection, generation)),
+            Link::Down(reason) => Err(StoreError::Unavailable(
+                reason.unwrap_or_else(|| "not connected to Redis".into()),
+            )),
+            Link::Connecting => Err(StoreError::Unavailable("connecting to Redis".into())),
+        }
+    }
+
+    /// One connect attempt; its outcome is the new link. No retries and no
+    /// backoff here: the next call (the breaker's probe, once it is open)
+    /// makes the next attempt.
+    async fn dial(self: Arc<Self>) {
+        let result = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await;
+        self.link.send_modify(|link| {
+            *link = match result {
+                Ok(connection) => {
+                    tracing::info!(redis = %self.shown, "connected to Redis");
+                    let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
+                    Link::Up { connection, generation }
+                }
+                Err(e) => {
+                    tracing::debug!(redis = %self.shown, error = %e, "cannot connect to Redis");
+                    Link::Down(Some(format!("cannot connect to Redis: {e}")))
+                }
+            }
+        });
+    }
+
+    /// A call on connection `generation` failed with `e`: a connection that
+    /// broke is dropped, so the next call dials instead of failing on it.
+    fn failed(&self, generation: u64, e: &RedisError) {
+        if !e.is_unrecoverable_error() {
+            return; // a script error, OOM, a timeout: the connection is fine
+        }
+        self.link.send_if_modified(|link| match link {
+            Link::Up { generation: g, .. } if *g == generation => {
+                tracing::warn!(redis = %self.shown, error = %e, "lost the Redis connection");
+                *link = Link::Down(Some(format!("lost the Redis connection: {e}")));
+                true
+            }
+            _ => false,
+        });
     }
 }
 
@@ -113,27 +255,23 @@ impl RedisStore {
                     .map_err(|e| RedisSetupError::Address(redact(url), e))?
                     .set_tcp_settings(tcp_settings());
                 let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(redact(url), e))?;
-                let config = ConnectionManagerConfig::new()
+                let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                    .set_number_of_retries(3)
-                    .set_max_delay(Duration::from_millis(500));
-                // Lazy: nothing is dialled until the first call, which the
-                // warm-up below makes on the I/O thread.
-                let manager = {
-                    let _on_io = io.enter();
-                    ConnectionManager::new_lazy_with_config(client, config)
-                        .map_err(|e| RedisSetupError::Address(redact(url), e))?
-                };
-                let mut warm = manager.clone();
-                let _ = connection.set(Connection::Node(manager));
-                let url = redact(url);
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                let node = Arc::new(Node {
+                    client,
+                    config,
+                    shown: redact(url),
+                    link: watch::Sender::new(Link::Down(None)),
+                    dialled: AtomicU64::new(0),
+                    io: io.clone(),
+                });
+                let _ = connection.set(Connection::Node(node.clone()));
+                // Warm-up: dial now, on the I/O thread, so the first
+                // request finds a connection.
                 io.spawn(async move {
-                    match redis::cmd("PING").query_async::<String>(&mut warm).await {
-                        Ok(_) => tracing::info!(redis = %url, "connected to Redis"),
-                        Err(e) => {
-                            tracing::warn!(redis = %url, error = %e, "Redis is not reachable yet; retrying on use")
-                        }
+                    if let Err(e) = node.connection().await {
+                        tracing::warn!(redis = %node.shown, error = %e, "Redis is not reachable yet; retrying on use");
                     }
                 });
             }
@@ -176,9 +314,10 @@ impl RedisStore {
     }
 
     /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
-    /// release arguments (without the count) that return its grant if the
-    /// caller stopped waiting (the deadline passed) before the answer came,
-    /// so tokens taken for nobody go back instead of being lost.
+    /// release arguments (without the tokens and their window) that return
+    /// its grant if the caller stopped waiting (the deadline passed) before
+    /// the answer came, so tokens taken for nobody go back, to the window
+    /// they were taken in, instead of being lost.
     fn call<'a>(
         &'a self,
         script: &'static Script,
@@ -195,37 +334,73 @@ impl RedisStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {
             let result = connection.run(script, &key, &args).await;
-            if let Err(Ok([granted, ..])) = answer.send(result) {
+            if let Err(Ok([granted, _, _, _, window_ms])) = answer.send(result) {
                 if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
-                    let args = [algorithm, count, period, capacity, granted];
+                    let args = [algorithm, count, period, capacity, granted, window_ms];
                     if let Err(e) = connection.run(&RELEASE, &key, &args).await {
-                        tracing::debug!(%key, error = %e, "returning a late grant failed");
+                        tracing::debug!(%key, error = %e.classify(), "returning a late grant failed");
                     }
                 }
             }
         });
         Box::pin(async move {
             match answered.await {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms])) => Ok(Grant {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
-                    window_ms: 0,
+                    window_ms,
                 }),
-                Ok(Err(e)) => Err(classify(&e)),
+                Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
             }
         })
     }
 }
 
-/// Connection trouble is `Unavailable`; anything Redis itself said (a
-/// script error, OOM, a cluster redirect that did not settle) is `Failed`.
+impl RedisStore {
+    /// `PING` on the I/O thread, over the connection calls use (dialling
+    /// it if there is none, as a call would).
+    fn ping_on_io(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let Some(connection) = self.connection.get().cloned() else {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
+                "not connected to Redis yet".into(),
+            ))));
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.io.spawn(async move {
+            let ping = redis::cmd("PING");
+            let result = match connection {
+                Connection::Node(node) => match node.connection().await {
+                    Ok((mut c, generation)) => {
+                        let reply = ping.query_async::<String>(&mut c).await;
+                        if let Err(e) = &reply {
+                            node.failed(generation, e);
+                        }
+                        reply.map_err(|e| classify(&e))
+                    }
+                    Err(e) => Err(e),
+                },
+                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await.map_err(|e| classify(&e)),
+            };
+            let _ = answer.send(result.map(|_| ()));
+        });
+        Box::pin(async move {
+            answered
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Failed("the Redis I/O thread stopped".into())))
+        })
+    }
+}
+
+/// Connection trouble (refused, reset, closed, and the client's own
+/// connect and reply timeouts, which only a deadline above them lets
+/// anyone see) is `Unavailable`; anything Redis itself said (a script
+/// error, OOM, a cluster redirect that did not settle) is `Failed`. Never
+/// `Timeout`: that is the guard's deadline, and only the deadline's.
 fn classify(e: &RedisError) -> StoreError {
-    if e.is_timeout() {
-        StoreError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64)
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::Unavailable(e.to_string())
     } else {
         StoreError::Failed(e.to_string())
@@ -256,8 +431,19 @@ fn tcp_settings() -> redis::io::tcp::TcpSettings {
         .set_user_timeout(Duration::from_secs(5))
 }
 
-fn redact(url: &str) -> String {
-    crate::config::redact(url)
+/// `redis://user:secret@host` → `redis://user:***@host`: summaries and logs
+/// never show a password.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
 }
 
 impl QuotaStore for RedisStore {
@@ -268,31 +454,25 @@ impl QuotaStore for RedisStore {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        if unspent.tokens > 0 {
-            return Box::pin(async move {
-                self.release(key, spec, unspent).await?;
-                self.acquire(key, spec, want, Unspent::default()).await
-            });
-        }
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
+        let Unspent { tokens, window_ms } = unspent;
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
                 key,
-                vec![spec.count, spec.period_ms(), spec.capacity, want],
+                vec![spec.count, spec.period_ms(), spec.capacity, want, tokens],
                 give_back,
             ),
             Algorithm::SlidingWindow => self.call(
                 &SLIDING_WINDOW,
                 key,
-                vec![spec.capacity, spec.period_ms(), want],
+                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
                 give_back,
             ),
         }
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        let unused = unspent.tokens;
         let call = self.call(
             &RELEASE,
             key,
@@ -301,7 +481,8 @@ impl QuotaStore for RedisStore {
                 spec.count,
                 spec.period_ms(),
                 spec.capacity,
-                unused,
+                unspent.tokens,
+                unspent.window_ms,
             ],
             None,
         );
@@ -310,5 +491,27 @@ impl QuotaStore for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.ping_on_io()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_log_or_summary() {
+        assert_eq!(
+            redact("redis://:hunter2@10.0.0.1:6379/0"),
+            "redis://:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("rediss://app:pw@r.example:6380"),
+            "rediss://app:***@r.example:6380"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }
