@@ -456,6 +456,33 @@ tiers = ["user"]
     }
 
     #[test]
+    fn canary_limits_say_whether_this_instance_enforces() {
+        let text = |percent: u8| {
+            format!(
+                "[gateway]\ninstance_id = \"gw-a\"\n[listeners]\nhttp = \"127.0.0.1:0\"\n\
+                 [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nresponse = {{ status = 200, body = \"ok\" }}\n\
+                 limits = [\"trial\"]\n[[limits]]\nname = \"trial\"\nrate = \"5/s\"\nmode = \"canary\"\n\
+                 canary_percent = {percent}\n"
+            )
+        };
+        let probe = Probe::parse("GET", "/", &[], None).unwrap();
+        for percent in [0u8, 100] {
+            let e = explain(&config(&text(percent)), &probe, 0);
+            assert_eq!(e.limits[0].mode, "canary");
+            assert_eq!(
+                e.limits[0].canary_enforcing,
+                Some(stage::canary_enforces("gw-a", percent))
+            );
+        }
+        let e = explain(&config(&text(100)), &probe, 0);
+        assert!(
+            e.to_text().contains("canary (enforces on this instance)"),
+            "{}",
+            e.to_text()
+        );
+    }
+
+    #[test]
     fn bad_arguments_are_named() {
         assert!(matches!(
             Probe::parse("GET", "/", &["nocolon".into()], None),
