@@ -5,7 +5,7 @@
 //! ([`Resolver::resolve`], JWTs verified as the gateway verifies them, and
 //! [`Resolver::passed_over`] for why higher tiers did not apply), the tier
 //! filter ([`gateway::applying_limits`]), the key facts ([`gateway::facts`])
-//! and the store keys ([`key::derive`], shards included). Pure: no I/O, no
+//! and the store keys ([`crate::limit::store_key`], shards included). Pure: no I/O, no
 //! store; `now_secs` is the wall clock JWTs are checked against.
 
 use std::fmt::Write as _;
@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::config::{Algorithm, Config, Mode};
 use crate::gateway;
 use crate::identity;
-use crate::limit::{key, stage};
+use crate::limit::stage;
 use crate::quota::{Rate, Spec};
 use crate::route::{Action, StoreFailure};
 
@@ -208,22 +208,14 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     let facts = gateway::facts(route, &id, req.headers());
     for &i in &applying {
         let Some(limit) = config.limits.get(i) else { continue };
-        // As the limiter picks a key's quota (limit::LimitRuntime): the
-        // plan's rate, then a shard's share of it.
+        // The limiter's own choice of a key's quota and store key.
         let plan = id
             .plan
             .as_deref()
             .filter(|p| limit.plans.iter().any(|(name, _)| name == p));
-        let mut spec = limit.spec_for(plan);
-        let mut shard = None;
-        let mut store_key = String::new();
-        key::derive(&mut store_key, &limit.name, &limit.by, &facts);
-        if limit.shards > 1 {
-            let s = key::shard(limit.shard_by, limit.shards, &facts);
-            spec = spec.share(s, limit.shards);
-            key::push_shard(&mut store_key, s);
-            shard = Some((s, limit.shards));
-        }
+        let (spec, sub_bucket) = crate::limit::key_spec(limit, limit.spec(), limit.shards, &facts);
+        let store_key = crate::limit::store_key(limit, &facts, sub_bucket);
+        let shard = sub_bucket.map(|s| (s, limit.shards));
         out.limits.push(LimitFacts {
             name: limit.name.clone(),
             mode: mode_name(limit.mode),

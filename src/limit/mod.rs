@@ -102,16 +102,7 @@ impl LimitRuntime {
     /// The quota of a request's key, and its sub-bucket when the limit is
     /// sharded.
     fn spec_for(&self, facts: &Facts<'_>) -> (Spec, Option<u32>) {
-        let spec = if facts.plan.is_none() || self.config.plans.is_empty() {
-            self.spec
-        } else {
-            self.config.spec_for(facts.plan)
-        };
-        if self.shards <= 1 {
-            return (spec, None);
-        }
-        let shard = key::shard(self.config.shard_by, self.shards, facts);
-        (spec.share(shard, self.shards), Some(shard))
+        key_spec(&self.config, self.spec, self.shards, facts)
     }
 }
 
@@ -142,6 +133,33 @@ pub struct Verdict {
     pub store_error: Option<StoreError>,
     /// Keys (hashed) this request took a token from, for giving back.
     taken: smallvec::SmallVec<[u64; 2]>,
+}
+
+/// The quota of a request's key under `limit` (whose plain quota is
+/// `spec`, split in `shards`): the plan's rate when the request's plan is
+/// one of the limit's, then its sub-bucket's share when sharded. The
+/// limiter and `leasegate explain` both ask this.
+pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (Spec, Option<u32>) {
+    let spec = if facts.plan.is_none() || limit.plans.is_empty() {
+        spec
+    } else {
+        limit.spec_for(facts.plan)
+    };
+    if shards <= 1 {
+        return (spec, None);
+    }
+    let shard = key::shard(limit.shard_by, shards, facts);
+    (spec.share(shard, shards), Some(shard))
+}
+
+/// The store key of a request under `limit`, with its sub-bucket.
+pub fn store_key(limit: &Limit, facts: &Facts<'_>, shard: Option<u32>) -> String {
+    let mut k = String::with_capacity(64);
+    key::derive(&mut k, &limit.name, &limit.by, facts);
+    if let Some(s) = shard {
+        key::push_shard(&mut k, s);
+    }
+    k
 }
 
 /// `[leasing]` and friends, as the limiter uses them.
@@ -240,13 +258,8 @@ impl Limiter {
         hasher.finish()
     }
 
-    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> Arc<str> {
-        let mut k = String::with_capacity(64);
-        key::derive(&mut k, &limit.config.name, &limit.config.by, facts);
-        if let Some(s) = shard {
-            key::push_shard(&mut k, s);
-        }
-        Arc::from(k)
+    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> String {
+        store_key(&limit.config, facts, shard)
     }
 
     /// The verdict when every limit has a token at hand, without waiting
