@@ -5,6 +5,7 @@
 //! core talks to a store only when it has no local token at hand, so store
 //! calls are rare and may be boxed.
 
+pub mod breaker;
 pub mod guard;
 pub mod memory;
 pub mod redis;
