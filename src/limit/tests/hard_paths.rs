@@ -289,14 +289,20 @@ impl QuotaStore for Switch {
     }
 }
 
-#[tokio::test]
-async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
+/// A limiter on a store the test can switch off, on a manual clock.
+fn switchable() -> (Arc<AtomicU64>, Arc<Switch>, Arc<Limiter>) {
     let (now, clock) = manual_clock(T0);
     let store = Arc::new(Switch {
         inner: MemoryStore::with_clock(1_000, clock.clone()),
         down: AtomicBool::new(false),
     });
     let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    (now, store, limiter)
+}
+
+#[tokio::test]
+async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
+    let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
     // Five minutes at 10 requests per second.
     for _ in 0..3_000 {
@@ -323,12 +329,7 @@ async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
 
 #[tokio::test]
 async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
-    let (now, clock) = manual_clock(T0);
-    let store = Arc::new(Switch {
-        inner: MemoryStore::with_clock(1_000, clock.clone()),
-        down: AtomicBool::new(false),
-    });
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
     // Ten seconds at 10 per second: a sixth of the average's minute.
     for _ in 0..100 {
