@@ -174,6 +174,36 @@ async fn key_state_names_the_last_store_failure() {
     assert_eq!(carol["tracked"], true, "{v}");
     let failure = carol["last_store_failure"].as_str().unwrap_or_else(|| panic!("{v}"));
     assert!(failure.starts_with("store "), "the store error's text: {failure}");
+
+    // The status page's bypass rate is /metrics' ratio, since start and
+    // since the counts its refresh URL carried.
+    let metrics = gw.metrics().await;
+    let total = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (requests, bypassed) = (total("leasegate_requests_total{"), total("rate_limit_bypassed_total{"));
+    assert!(bypassed >= 1.0, "the fallback admitted carol:\n{metrics}");
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        - 5_000;
+    let (status, ct, page) = admin(&gw, &format!("/?r=0&b=0&t={t}")).await;
+    assert_eq!((status.as_u16(), ct.as_str()), (200, "text/html; charset=utf-8"));
+    let want = format!("{:.3} %", bypassed * 100.0 / requests);
+    assert!(
+        page.contains(&format!("<span id=\"bypass\">{want}</span>")),
+        "{want}:\n{page}"
+    );
+    assert!(
+        page.contains(&format!("<span id=\"bypass-recent\">{want}</span> over the last 5 s")),
+        "{page}"
+    );
+    assert!(page.contains("redis redis://127.0.0.1:"), "the store backend:\n{page}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
