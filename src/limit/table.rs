@@ -180,6 +180,32 @@ mod tests {
     }
 
     #[test]
+    fn find_compares_store_keys_and_sample_stops_at_its_bound() {
+        let table = LeaseTable::new(100_000);
+        for i in 0..1_000u64 {
+            table.get_or_insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), &format!("rl:{{l:{i}}}"));
+        }
+        assert_eq!(
+            table.find("rl:{l:999}").map(|l| l.key().to_string()),
+            Some("rl:{l:999}".into())
+        );
+        assert!(table.find("rl:{l:1000}").is_none());
+        for start in [0, 17, 63, 64] {
+            let mut seen = 0;
+            assert_eq!(table.sample(start, 100, |_| seen += 1), 100);
+            assert_eq!(seen, 100);
+        }
+        let mut keys = std::collections::HashSet::new();
+        assert_eq!(
+            table.sample(5, 5_000, |l| {
+                keys.insert(l.key().to_string());
+            }),
+            1_000
+        );
+        assert_eq!(keys.len(), 1_000, "every lease once");
+    }
+
+    #[test]
     fn idle_leases_go_first() {
         let table = LeaseTable::new(8 * SHARDS);
         // Fill one shard: hashes with the same top six bits.
