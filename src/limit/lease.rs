@@ -370,6 +370,11 @@ impl Lease {
             .saturating_add(self.available())
     }
 
+    /// What the shared bucket had left at the store's last answer.
+    pub fn store_remaining(&self) -> u64 {
+        self.store_remaining.load(Ordering::Relaxed)
+    }
+
     pub fn reset_ms(&self, now_ms: u64) -> u64 {
         self.reset_at.load(Ordering::Relaxed).saturating_sub(now_ms)
     }

@@ -92,8 +92,7 @@ impl Limiter {
             tokens_at_hand: at_hand,
             blocked_for_ms: blocked::remaining(&lease, now).unwrap_or(0),
             retry_after_ms: blocked::retry_pending(&lease, now),
-            // `remaining()` adds what is at hand, expired or not.
-            store_remaining: lease.remaining().saturating_sub(lease.available()),
+            store_remaining: lease.store_remaining(),
             reset_ms: lease.reset_ms(now),
             last_store_failure: lease.last_failure().map(|e| e.to_string()),
         }
