@@ -1,0 +1,167 @@
+//! Shadow and soft events: `RateLimitShadowBlock` and `RateLimitSoftBlock`
+//! sent as DogStatsD events to an agent (`[events] dogstatsd`), at most one
+//! per key per `min_interval_ms`.
+//!
+//! The request path only ever calls [`Emitter::offer`]: a hash, a short
+//! critical section on one of 16 shards of the fixed-size
+//! [`interval::IntervalTable`] and, for the one request per key and
+//! interval that may send, a `try_send` into a bounded channel. A full
+//! channel drops the event (counted `dropped`); nothing waits. The
+//! `leasegate-events` thread owns the UDP socket, formats each event
+//! ([`format::datagram`]) and sends it without blocking; an agent that is
+//! down (nothing listening, ICMP port unreachable) fails the send on that
+//! thread (counted `failed`) and costs requests nothing. Dropping the
+//! emitter closes the channel and ends the thread.
+//!
+//! Never here: a client key or identity in a metric label; a block on
+//! anything from a request.
+
+pub mod format;
+pub mod interval;
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Mutex;
+
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config;
+use crate::limit::key::{self, Facts};
+use crate::metrics::{Metrics, ResultLabels};
+pub use format::{Event, Kind};
+use interval::IntervalTable;
+
+/// Events waiting for the sender thread, at most.
+pub const QUEUE: usize = 1_024;
+/// Shards of the interval table; each remembers `SETS × WAYS` keys.
+const SHARDS: usize = 16;
+const SETS: usize = 256;
+
+/// `leasegate_events_total{result}` handles.
+#[derive(Clone)]
+struct Counters {
+    sent: Counter,
+    dropped: Counter,
+    failed: Counter,
+}
+
+impl Counters {
+    fn new(metrics: &Metrics) -> Counters {
+        let c = |result| metrics.events.get_or_create(&ResultLabels { result }).clone();
+        Counters {
+            sent: c("sent"),
+            dropped: c("dropped"),
+            failed: c("failed"),
+        }
+    }
+}
+
+/// The running `[events]` section: the per-key interval table, the queue
+/// and (behind it) the sender thread.
+pub struct Emitter {
+    settings: config::Events,
+    instance: String,
+    shards: Box<[Mutex<IntervalTable>]>,
+    hasher: foldhash::fast::RandomState,
+    queue: SyncSender<Event>,
+    counters: Counters,
+}
+
+impl Emitter {
+    /// Starts the sender thread for `settings`. `None` (and a WARN) when the
+    /// socket or the thread cannot be made: the gateway serves without
+    /// events rather than not at all.
+    pub fn start(settings: &config::Events, instance: &str, metrics: &Metrics) -> Option<Emitter> {
+        let socket = match socket(settings.dogstatsd) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(dogstatsd = %settings.dogstatsd, error = %e, "cannot open the events socket; events are off");
+                return None;
+            }
+        };
+        let (queue, rx) = mpsc::sync_channel(QUEUE);
+        let counters = Counters::new(metrics);
+        let thread_counters = counters.clone();
+        let spawned = std::thread::Builder::new()
+            .name("leasegate-events".into())
+            .spawn(move || send_loop(&socket, &rx, &thread_counters));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the events thread; events are off");
+            return None;
+        }
+        Some(Emitter {
+            settings: settings.clone(),
+            instance: instance.to_string(),
+            shards: (0..SHARDS).map(|_| Mutex::new(IntervalTable::new(SETS))).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            queue,
+            counters,
+        })
+    }
+
+    /// Whether this emitter was started for `settings` and `instance` (a
+    /// reload that changes neither keeps it, and its interval table).
+    pub fn runs(&self, settings: &config::Events, instance: &str) -> bool {
+        self.settings == *settings && self.instance == instance
+    }
+
+    /// An over-quota decision of `limit` for `facts` at `now_ms`: queues
+    /// the event `make` builds if the key has not sent within the interval.
+    /// Never blocks.
+    pub fn offer(&self, limit: &config::Limit, facts: &Facts<'_>, now_ms: u64, make: impl FnOnce(&str) -> Event) {
+        let mut h = self.hasher.build_hasher();
+        key::hash_into(&mut h, &limit.name, &limit.by, facts);
+        let hash = h.finish();
+        let interval_ms = self.settings.min_interval.as_millis() as u64;
+        // The top bits pick the shard; the table uses the rest.
+        let shard = (hash >> 60) as usize % SHARDS;
+        let Some(table) = self.shards.get(shard) else { return };
+        let admitted = match table.lock() {
+            Ok(mut t) => t.admit(hash, now_ms, interval_ms),
+            Err(poisoned) => poisoned.into_inner().admit(hash, now_ms, interval_ms),
+        };
+        if !admitted {
+            return;
+        }
+        // Full (or the thread is gone): drop it, count it, move on.
+        if self.queue.try_send(make(&self.instance)).is_err() {
+            self.counters.dropped.inc();
+        }
+    }
+}
+
+/// A UDP socket of the agent's address family, connected to it (so a
+/// refused port shows as a send error rather than silence), non-blocking.
+fn socket(agent: SocketAddr) -> std::io::Result<UdpSocket> {
+    let local: SocketAddr = match agent {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = UdpSocket::bind(local)?;
+    socket.connect(agent)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// The sender thread: one datagram per event until the emitter is dropped.
+fn send_loop(socket: &UdpSocket, rx: &Receiver<Event>, counters: &Counters) {
+    let mut last_error: Option<std::io::ErrorKind> = None;
+    while let Ok(event) = rx.recv() {
+        let datagram = format::datagram(&event);
+        match socket.send(datagram.as_bytes()) {
+            Ok(_) => {
+                counters.sent.inc();
+                last_error = None;
+            }
+            Err(e) => {
+                counters.failed.inc();
+                // Once per run of failures, not per event.
+                if last_error != Some(e.kind()) {
+                    tracing::warn!(error = %e, "cannot send an event to the dogstatsd agent");
+                    last_error = Some(e.kind());
+                }
+            }
+        }
+    }
+}
