@@ -28,7 +28,8 @@ impl Agent {
     }
 
     /// Every datagram received until `want` have come (then `quiet` more
-    /// to catch extras), or 5 s have passed.
+    /// to catch extras), or 5 s have passed. `want` 0: what comes within
+    /// `quiet`.
     fn receive(&self, want: usize, quiet: Duration) -> Vec<Datagram> {
         let mut out = Vec::new();
         let mut buf = [0u8; 65_536];
@@ -313,4 +314,55 @@ fn check_names_the_line_of_a_bad_agent_address() {
         stderr.contains(&format!("gateway.toml:{}: events.min_interval_ms: ", line + 1)),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_moves_events_to_a_new_agent_and_can_turn_them_off() {
+    let (first, second) = (Agent::bind(), Agent::bind());
+    let limits = r#"
+[[routes]]
+name = "watched"
+path_prefix = "/"
+response = { status = 200, body = "ok" }
+limits = ["watch"]
+
+[[limits]]
+name = "watch"
+rate = "1/min"
+mode = "shadow"
+"#;
+    let gw = Gateway::start(&config(&first.addr(), "", limits));
+    let mut c = client::http1(gw.http()).await;
+    let over = |c: &'static str| [("x-forwarded-for", c)];
+    for _ in 0..2 {
+        get(&mut c, "/", &over("10.1.0.1")).await;
+    }
+    assert_eq!(first.receive(1, Duration::from_millis(100)).len(), 1);
+
+    let reload = |text: String, n: usize| {
+        std::fs::write(&gw.config, text).unwrap();
+        gw.signal("HUP");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while gw.log().matches("config reloaded").count() < n {
+            assert!(Instant::now() < deadline, "{}", gw.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    reload(config(&second.addr(), "", limits), 1);
+    for _ in 0..2 {
+        get(&mut c, "/", &over("10.1.0.2")).await;
+    }
+    let got = second.receive(1, Duration::from_millis(200));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].text.contains("subnet:10.1.0.2/32"), "{got:?}");
+    assert!(first.receive(0, Duration::from_millis(200)).is_empty());
+
+    // Without [events]: nothing is sent.
+    let off = config(&second.addr(), "", limits).replace("[events]\ndogstatsd", "# dogstatsd");
+    reload(off, 2);
+    for _ in 0..2 {
+        get(&mut c, "/", &over("10.1.0.3")).await;
+    }
+    assert!(second.receive(0, Duration::from_millis(300)).is_empty());
+    assert!(!gw.log().contains("reload failed"), "{}", gw.log());
 }
