@@ -81,23 +81,28 @@ impl Emitter {
             }
         };
         let (queue, rx) = mpsc::sync_channel(QUEUE);
-        let counters = Counters::new(metrics);
-        let thread_counters = counters.clone();
+        let emitter = Emitter::new(settings, instance, metrics, queue);
+        let counters = emitter.counters.clone();
         let spawned = std::thread::Builder::new()
             .name("leasegate-events".into())
-            .spawn(move || send_loop(&socket, &rx, &thread_counters));
+            .spawn(move || send_loop(&socket, &rx, &counters));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the events thread; events are off");
             return None;
         }
-        Some(Emitter {
+        Some(emitter)
+    }
+
+    /// An emitter feeding `queue` (the sender thread, or a test).
+    fn new(settings: &config::Events, instance: &str, metrics: &Metrics, queue: SyncSender<Event>) -> Emitter {
+        Emitter {
             settings: settings.clone(),
             instance: instance.to_string(),
             shards: (0..SHARDS).map(|_| Mutex::new(IntervalTable::new(SETS))).collect(),
             hasher: foldhash::fast::RandomState::default(),
             queue,
-            counters,
-        })
+            counters: Counters::new(metrics),
+        }
     }
 
     /// Whether this emitter was started for `settings` and `instance` (a
@@ -163,5 +168,82 @@ fn send_loop(socket: &UdpSocket, rx: &Receiver<Event>, counters: &Counters) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Limit;
+    use crate::quota::Rate;
+
+    fn settings(interval_ms: u64) -> config::Events {
+        config::Events {
+            dogstatsd: "127.0.0.1:8125".parse().unwrap(),
+            min_interval: Duration::from_millis(interval_ms),
+        }
+    }
+
+    fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
+        Facts {
+            identity,
+            tenant: None,
+            plan: None,
+            route: "api",
+            ip: "127.0.0.1".parse().unwrap(),
+            headers,
+        }
+    }
+
+    fn event(identity: &str) -> impl FnOnce(&str) -> Event + '_ {
+        move |instance| Event {
+            kind: Kind::Shadow,
+            limit: "watch".into(),
+            route: "api".into(),
+            tier: "key",
+            identity: identity.into(),
+            over_percent: 10,
+            instance: instance.into(),
+        }
+    }
+
+    #[test]
+    fn a_key_queues_one_event_per_interval_and_a_full_queue_drops() {
+        let metrics = Metrics::new();
+        let (tx, rx) = mpsc::sync_channel(2);
+        let e = Emitter::new(&settings(1_000), "gw-a", &metrics, tx);
+        let limit = Limit::new("watch", "1/min".parse::<Rate>().unwrap());
+        let h = http::HeaderMap::new();
+        for now in 0..50 {
+            e.offer(&limit, &facts("key:a", &h), now, event("key:a"));
+        }
+        assert_eq!(rx.try_recv().map(|ev| ev.identity).ok().as_deref(), Some("key:a"));
+        assert!(rx.try_recv().is_err(), "one per key per interval");
+        // After the interval, the key sends again.
+        e.offer(&limit, &facts("key:a", &h), 1_000, event("key:a"));
+        assert_eq!(rx.try_recv().map(|ev| ev.instance).ok().as_deref(), Some("gw-a"));
+        // Three new keys, nobody draining a queue of two: one is dropped.
+        for id in ["key:b", "key:c", "key:d"] {
+            e.offer(&limit, &facts(id, &h), 1_000, event(id));
+        }
+        let text = metrics.encode();
+        assert!(text.contains("leasegate_events_total{result=\"dropped\"} 1"), "{text}");
+        // Another limit on the same identity is another key.
+        let other = Limit::new("other", "1/min".parse::<Rate>().unwrap());
+        drop(rx.try_recv());
+        e.offer(&other, &facts("key:a", &h), 1_001, event("key:a"));
+        assert_eq!(rx.try_iter().count(), 2);
+    }
+
+    #[test]
+    fn a_reload_keeps_an_emitter_only_for_the_same_settings() {
+        let metrics = Metrics::new();
+        let (tx, _rx) = mpsc::sync_channel(1);
+        let e = Emitter::new(&settings(1_000), "gw-a", &metrics, tx);
+        assert!(e.runs(&settings(1_000), "gw-a"));
+        assert!(!e.runs(&settings(2_000), "gw-a"));
+        assert!(!e.runs(&settings(1_000), "gw-b"));
     }
 }
