@@ -136,21 +136,49 @@ impl Emitter {
     }
 }
 
-/// A UDP socket of the agent's address family, connected to it (so a
-/// refused port shows as a send error rather than silence), non-blocking.
-fn socket(agent: SocketAddr) -> std::io::Result<UdpSocket> {
+/// A non-blocking UDP socket of the agent's address family.
+struct Socket {
+    socket: UdpSocket,
+    agent: SocketAddr,
+    /// Connected to the agent, so a refused port shows as a send error
+    /// rather than silence. Unconnected when `connect` failed (no route to
+    /// the agent yet, say): each send then names the address.
+    connected: bool,
+}
+
+impl Socket {
+    fn send(&self, datagram: &[u8]) -> std::io::Result<usize> {
+        if self.connected {
+            self.socket.send(datagram)
+        } else {
+            self.socket.send_to(datagram, self.agent)
+        }
+    }
+}
+
+fn socket(agent: SocketAddr) -> std::io::Result<Socket> {
     let local: SocketAddr = match agent {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     let socket = UdpSocket::bind(local)?;
-    socket.connect(agent)?;
     socket.set_nonblocking(true)?;
-    Ok(socket)
+    let connected = match socket.connect(agent) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(dogstatsd = %agent, error = %e, "cannot connect the events socket; sending unconnected");
+            false
+        }
+    };
+    Ok(Socket {
+        socket,
+        agent,
+        connected,
+    })
 }
 
 /// The sender thread: one datagram per event until the emitter is dropped.
-fn send_loop(socket: &UdpSocket, rx: &Receiver<Event>, counters: &Counters) {
+fn send_loop(socket: &Socket, rx: &Receiver<Event>, counters: &Counters) {
     let mut last_error: Option<std::io::ErrorKind> = None;
     while let Ok(event) = rx.recv() {
         let datagram = format::datagram(&event);
