@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # tool -> Debian/Ubuntu package. promtool and amtool check and unit-test
-# docs/alerts.yml and docs/alertmanager.yml (tests/alerts.rs).
+# docs/alerts.yml and docs/alertmanager.yml (tests/alerts.rs); chromium
+# renders the admin status page headless (tests/admin.rs).
 tools=(
   "curl curl"
   "openssl openssl"
@@ -14,6 +15,7 @@ tools=(
   "redis-cli redis-tools"
   "promtool prometheus"
   "amtool prometheus-alertmanager"
+  "chromium chromium"
 )
 absent() {
   missing=()

@@ -31,6 +31,13 @@ pub fn retry_after(lease: &Lease, now_ms: u64) -> u64 {
     lease.retry_at.load(Ordering::Relaxed).saturating_sub(now_ms).max(1)
 }
 
+/// Milliseconds until the store's retry time of the key's last refusal,
+/// 0 when it has passed (or there was none): unlike [`retry_after`], which
+/// answers a refused client and is never 0.
+pub fn retry_pending(lease: &Lease, now_ms: u64) -> u64 {
+    lease.retry_at.load(Ordering::Relaxed).saturating_sub(now_ms)
+}
+
 /// If the lease is blocked at `now_ms`, the milliseconds left.
 pub fn remaining(lease: &Lease, now_ms: u64) -> Option<u64> {
     let until = lease.blocked_until.load(Ordering::Relaxed);

@@ -272,6 +272,25 @@ impl Lease {
         self.over.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Tokens at hand that may still be spent at `now_ms` (none once the
+    /// lease has expired: they belong to the store again).
+    pub fn spendable(&self, now_ms: u64) -> u64 {
+        if self.expires_at.load(Ordering::Relaxed) <= now_ms {
+            return 0;
+        }
+        self.available()
+    }
+
+    /// Requests refused in the over-quota window that is still open at
+    /// `now_ms` (`period_ms` long), without counting one: 0 once it closed.
+    pub fn refusals_in_window(&self, now_ms: u64, period_ms: u64) -> u64 {
+        let since = self.over_since.load(Ordering::Relaxed);
+        if since == 0 || now_ms < since || now_ms.saturating_sub(since) >= period_ms {
+            return 0;
+        }
+        self.over.load(Ordering::Relaxed)
+    }
+
     /// The store window the tokens at hand were counted in.
     pub fn window_ms(&self) -> u64 {
         self.window_ms.load(Ordering::Relaxed)
@@ -349,6 +368,11 @@ impl Lease {
         self.store_remaining
             .load(Ordering::Relaxed)
             .saturating_add(self.available())
+    }
+
+    /// What the shared bucket had left at the store's last answer.
+    pub fn store_remaining(&self) -> u64 {
+        self.store_remaining.load(Ordering::Relaxed)
     }
 
     pub fn reset_ms(&self, now_ms: u64) -> u64 {

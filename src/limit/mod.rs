@@ -15,13 +15,15 @@
 //! per key at a time, serving the requests queued behind it), `fallback`
 //! (local buckets while the store is away), `sweep` (tokens going back),
 //! [`blocked`] (the short-circuit after a refusal), [`stage`] (what a
-//! refusal means under each rollout stage).
+//! refusal means under each rollout stage), [`report`] (what an operator
+//! may read: one key's state, the hot keys).
 
 pub mod blocked;
 mod fallback;
 pub mod headers;
 pub mod key;
 pub mod lease;
+pub mod report;
 mod slow_path;
 pub mod stage;
 mod sweep;

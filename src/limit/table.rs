@@ -110,6 +110,40 @@ impl LeaseTable {
         }
     }
 
+    /// The lease whose store key is `key`, by a scan of the whole table
+    /// (one shard's read lock at a time), comparing keys. The table is keyed
+    /// by a hash of the key's parts, which the string cannot give back (a
+    /// header value's `:` is hashed into the string, an IP is hashed by its
+    /// octets), so there is no lookup by string. Bounded by the table's
+    /// capacity (`[store] max_keys`): for the admin endpoint only, never for
+    /// requests.
+    pub fn find(&self, key: &str) -> Option<Arc<Lease>> {
+        self.shards.iter().find_map(|shard| {
+            let map = shard.read().ok()?;
+            map.values().find(|l| l.key() == key).cloned()
+        })
+    }
+
+    /// Visits at most `max` leases, whole shards at a time starting at shard
+    /// `start` (mod [`SHARDS`]), each under its read lock: a bounded sample
+    /// of a table that may hold far more. Returns how many were visited.
+    pub fn sample(&self, start: usize, max: usize, mut f: impl FnMut(&Lease)) -> usize {
+        let mut seen = 0;
+        for i in 0..SHARDS {
+            if seen >= max {
+                break;
+            }
+            let Ok(map) = self.shards[(start + i) % SHARDS].read() else {
+                continue;
+            };
+            for lease in map.values().take(max - seen) {
+                f(lease);
+                seen += 1;
+            }
+        }
+        seen
+    }
+
     /// Keeps the leases `keep` approves, shard by shard, under a write lock.
     pub fn retain(&self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
         for shard in self.shards.iter() {
@@ -143,6 +177,32 @@ mod tests {
             assert!(table.len() <= cap, "{} > {cap}", table.len());
         }
         assert_eq!(table.len() + evicted, 20_000);
+    }
+
+    #[test]
+    fn find_compares_store_keys_and_sample_stops_at_its_bound() {
+        let table = LeaseTable::new(100_000);
+        for i in 0..1_000u64 {
+            table.get_or_insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), &format!("rl:{{l:{i}}}"));
+        }
+        assert_eq!(
+            table.find("rl:{l:999}").map(|l| l.key().to_string()),
+            Some("rl:{l:999}".into())
+        );
+        assert!(table.find("rl:{l:1000}").is_none());
+        for start in [0, 17, 63, 64] {
+            let mut seen = 0;
+            assert_eq!(table.sample(start, 100, |_| seen += 1), 100);
+            assert_eq!(seen, 100);
+        }
+        let mut keys = std::collections::HashSet::new();
+        assert_eq!(
+            table.sample(5, 5_000, |l| {
+                keys.insert(l.key().to_string());
+            }),
+            1_000
+        );
+        assert_eq!(keys.len(), 1_000, "every lease once");
     }
 
     #[test]

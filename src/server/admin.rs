@@ -1,4 +1,8 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`.
+//! The admin listener: `/` (the status page, see [`super::status`]),
+//! `/healthz`, `/readyz`, `/metrics`, `/config` and `/limits/state`.
+//!
+//! Everything here reads; nothing changes the gateway's state. It runs on
+//! the control runtime, never on a worker.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -47,6 +51,10 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     resp
 }
 
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+    text(status, "application/json", format!("{body}\n"))
+}
+
 fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
@@ -74,23 +82,191 @@ fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             gateway.metrics.encode(),
         ),
-        "/config" => {
-            let config = gateway.config();
-            let body = serde_json::json!({
-                "sha256": config.source.sha256_hex(),
-                "path": config.source.path.display().to_string(),
-                "loaded_at": humantime::format_rfc3339_seconds(config.source.loaded_at).to_string(),
-                "instance_id": config.gateway.instance_id,
-                "routes": config.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
-                "limits": config.limits.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
-                "upstreams": config.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
-            });
-            text(StatusCode::OK, "application/json", format!("{body}\n"))
+        "/config" => json(StatusCode::OK, &config_json(&gateway.config())),
+        "/limits/state" => limits_state(req.uri().query(), gateway),
+        "/" => {
+            let page = super::status::page(gateway, req.uri().query());
+            let mut resp = text(StatusCode::OK, "text/html; charset=utf-8", page);
+            resp.headers_mut()
+                .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
         }
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /healthz /readyz /metrics /config\n".into(),
+            "not found: try / /healthz /readyz /metrics /config /limits/state?key=\n".into(),
         ),
+    }
+}
+
+/// Most keys one `/limits/state` request may ask about: each is a scan of
+/// the lease table.
+const MAX_STATE_KEYS: usize = 64;
+
+/// `GET /limits/state?key=<store key>[&key=...]`: this instance's lease of
+/// each key (`leasegate explain --admin` reads it).
+fn limits_state(query: Option<&str>, gateway: &Gateway) -> Response<Body> {
+    let mut keys = Vec::new();
+    for (name, value) in query_pairs(query.unwrap_or("")) {
+        if name != "key" {
+            continue;
+        }
+        match value {
+            Some(k) if !k.is_empty() => keys.push(k),
+            _ => return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                "a key must be a URL-encoded UTF-8 store key, e.g. ?key=rl%3A%7Bper_client%3Aip%3A198.51.100.7%7D\n"
+                    .into(),
+            ),
+        }
+    }
+    if keys.is_empty() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "name at least one key: /limits/state?key=<URL-encoded store key>[&key=...] (leasegate explain prints them)\n".into(),
+        );
+    }
+    if keys.len() > MAX_STATE_KEYS {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            format!("at most {MAX_STATE_KEYS} keys per request, got {}\n", keys.len()),
+        );
+    }
+    let states: Vec<_> = keys.iter().map(|k| gateway.limiter.key_state(k)).collect();
+    json(StatusCode::OK, &serde_json::json!({ "keys": states }))
+}
+
+/// The pairs of a query string, names raw, values percent-decoded (`+` is a
+/// space); a value that is not UTF-8 once decoded is `None`.
+pub(super) fn query_pairs(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
+    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (name, percent_decode(value))
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `/config`: what is loaded, and the effective values of every route and
+/// limit (defaults filled in, plans applied), so a reload can be confirmed.
+fn config_json(config: &crate::config::Config) -> serde_json::Value {
+    use crate::config::{KeyPart, ShardBy};
+    use crate::route::{Action, StoreFailure};
+    let limit_name = |i: &usize| config.limits.get(*i).map(|l| l.name.as_str());
+    let routes: Vec<_> = config
+        .routes
+        .iter()
+        .map(|r| {
+            let (upstream, respond) = match &r.action {
+                Action::Forward(u) => (Some(u.name.as_str()), None),
+                Action::Respond(d) => (None, Some(d.status.as_u16())),
+            };
+            serde_json::json!({
+                "name": r.name,
+                "path_prefix": r.path_prefix,
+                "host": r.host,
+                "methods": r.methods.as_ref().map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>()),
+                "upstream": upstream,
+                "respond": respond,
+                "limits": r.limits.iter().filter_map(limit_name).collect::<Vec<_>>(),
+                "on_store_failure": match r.on_store_failure {
+                    StoreFailure::Allow => "allow",
+                    StoreFailure::Deny => "deny",
+                },
+            })
+        })
+        .collect();
+    let limits: Vec<_> = config
+        .limits
+        .iter()
+        .map(|l| {
+            let by: Vec<String> = l
+                .by
+                .iter()
+                .map(|p| match p {
+                    KeyPart::Identity => "identity".into(),
+                    KeyPart::Tenant => "tenant".into(),
+                    KeyPart::Route => "route".into(),
+                    KeyPart::Ip => "ip".into(),
+                    KeyPart::Subnet => "subnet".into(),
+                    KeyPart::Header(h) => format!("header:{h}"),
+                })
+                .collect();
+            serde_json::json!({
+                "name": l.name,
+                "mode": crate::explain::mode_name(l.mode),
+                "canary_percent": (l.mode == crate::config::Mode::Canary).then_some(l.canary_percent),
+                "algorithm": crate::explain::algorithm_name(l.algorithm),
+                "rate": l.rate.to_string(),
+                "burst": l.burst,
+                "by": by,
+                "fallback_rate": l.fallback_rate.map(|r| r.to_string()),
+                "shards": l.shards,
+                "shard_by": match l.shard_by {
+                    ShardBy::Ip => "ip",
+                    ShardBy::Identity => "identity",
+                },
+                "plans": l.plans.iter().map(|(p, r)| (p.clone(), serde_json::Value::from(r.to_string()))).collect::<serde_json::Map<_, _>>(),
+                "tiers": l.tiers.as_ref().map(|t| t.iter().map(|t| t.name()).collect::<Vec<_>>()),
+                "enforce_after": l.enforce_after,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "sha256": config.source.sha256_hex(),
+        "path": config.source.path.display().to_string(),
+        "loaded_at": humantime::format_rfc3339_seconds(config.source.loaded_at).to_string(),
+        "instance_id": config.gateway.instance_id,
+        "routes": config.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        "limits": config.limits.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        "upstreams": config.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
+        "effective": { "routes": routes, "limits": limits },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_decoded_and_keys_may_repeat() {
+        let pairs: Vec<_> = query_pairs("key=rl%3A%7Bfive%3Aa%7D&x=1&key=rl:{b+c}&key=%FF&&key").collect();
+        assert_eq!(
+            pairs,
+            [
+                ("key", Some("rl:{five:a}".to_string())),
+                ("x", Some("1".to_string())),
+                ("key", Some("rl:{b c}".to_string())),
+                ("key", None),
+                ("key", Some(String::new())),
+            ]
+        );
+        assert_eq!(percent_decode("100%"), Some("100%".into()));
+        assert_eq!(percent_decode("%4"), Some("%4".into()));
     }
 }

@@ -52,6 +52,7 @@ pub(crate) use delegate_async_write;
 pub mod admin;
 pub mod opening;
 pub mod prefixed;
+pub mod status;
 pub mod tls;
 
 use std::convert::Infallible;

@@ -1,0 +1,244 @@
+//! What the limiter can tell an operator about its keys: the state of one
+//! store key (`GET /limits/state` on the admin listener, read by
+//! `leasegate explain --admin`) and a bounded sample of the busiest and
+//! most-refused keys (the admin status page).
+//!
+//! Read-only: nothing here spends, counts, blocks or calls the store. Both
+//! are for the admin listener, not for requests: a key is found by a scan of
+//! the lease table (see [`LeaseTable::find`](super::table::LeaseTable::find)),
+//! and the hot keys come from at most [`HOT_KEY_SAMPLE`] leases.
+
+use serde::Serialize;
+
+use super::blocked;
+use super::table::SHARDS;
+use super::Limiter;
+
+/// Most leases [`Limiter::hot_keys`] looks at, whatever the table holds.
+pub const HOT_KEY_SAMPLE: usize = 4_096;
+
+/// Most keys [`Limiter::hot_keys`] ranks per list.
+pub const MAX_HOT_KEYS: usize = 100;
+
+/// This instance's view of one store key. All zeros (and `tracked: false`)
+/// when the instance has no lease for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyState {
+    pub key: String,
+    /// The instance holds a lease for the key.
+    pub tracked: bool,
+    /// Tokens leased and not yet spent or expired: requests admitted here
+    /// without asking the store.
+    pub tokens_at_hand: u64,
+    /// How long requests for the key are still refused from memory, after
+    /// the store refused it.
+    pub blocked_for_ms: u64,
+    /// Until the store's retry time of the last refusal (0: passed or none).
+    pub retry_after_ms: u64,
+    /// What the store had left at its last answer.
+    pub store_remaining: u64,
+    /// Until the shared bucket is whole again, as of the store's last answer.
+    pub reset_ms: u64,
+    /// How the key's last store call failed, or `None` when it answered.
+    pub last_store_failure: Option<String>,
+}
+
+/// One key of the status page's hot lists.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HotKey {
+    pub key: String,
+    /// This instance's admitted rate for the key, per second, averaged over
+    /// about a minute as of the store's last answer (`Lease::admitted_rate`).
+    pub admitted_per_sec: f64,
+    /// Requests refused in the key's current over-quota window (one period
+    /// of its quota).
+    pub refusals: u64,
+}
+
+/// The busiest and most-refused keys of a bounded sample of the lease table.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HotKeys {
+    /// Leases looked at (at most [`HOT_KEY_SAMPLE`]).
+    pub sampled: usize,
+    /// Leases in the table (approximate: shards are counted one at a time).
+    pub tracked: usize,
+    /// By admitted rate, highest first; keys with none are left out.
+    pub busiest: Vec<HotKey>,
+    /// By refusals in their window, most first; keys with none are left out.
+    pub most_limited: Vec<HotKey>,
+}
+
+impl Limiter {
+    /// The state of the lease of store key `key` (`rl:{...}`), if this
+    /// instance holds one. A scan of the lease table: admin use only.
+    pub fn key_state(&self, key: &str) -> KeyState {
+        let Some(lease) = self.leases.find(key) else {
+            return KeyState {
+                key: key.to_string(),
+                tracked: false,
+                tokens_at_hand: 0,
+                blocked_for_ms: 0,
+                retry_after_ms: 0,
+                store_remaining: 0,
+                reset_ms: 0,
+                last_store_failure: None,
+            };
+        };
+        let now = self.now_ms();
+        let at_hand = lease.spendable(now);
+        KeyState {
+            key: key.to_string(),
+            tracked: true,
+            tokens_at_hand: at_hand,
+            blocked_for_ms: blocked::remaining(&lease, now).unwrap_or(0),
+            retry_after_ms: blocked::retry_pending(&lease, now),
+            store_remaining: lease.store_remaining(),
+            reset_ms: lease.reset_ms(now),
+            last_store_failure: lease.last_failure().map(|e| e.to_string()),
+        }
+    }
+
+    /// The `n` busiest and `n` most-refused keys (at most
+    /// [`MAX_HOT_KEYS`]) among at most [`HOT_KEY_SAMPLE`] leases, whole
+    /// shards from a random one on: exact while the table holds fewer, a
+    /// sample beyond. Key strings are copied only for keys that make a list.
+    pub fn hot_keys(&self, n: usize) -> HotKeys {
+        let n = n.min(MAX_HOT_KEYS);
+        let now = self.now_ms();
+        let mut busiest: Vec<HotKey> = Vec::with_capacity(n + 1);
+        let mut most_limited: Vec<HotKey> = Vec::with_capacity(n + 1);
+        let sampled = self.leases.sample(fastrand::usize(..SHARDS), HOT_KEY_SAMPLE, |lease| {
+            let rate = lease.admitted_rate();
+            let period = lease.spec().map_or(60_000, |s| s.period_ms());
+            let refusals = lease.refusals_in_window(now, period);
+            let entry = || HotKey {
+                key: lease.key().to_string(),
+                admitted_per_sec: rate,
+                refusals,
+            };
+            if rate > 0.0 && n > 0 && (busiest.len() < n || busiest.last().is_some_and(|l| rate > l.admitted_per_sec)) {
+                let at = busiest.partition_point(|h| h.admitted_per_sec >= rate);
+                busiest.insert(at, entry());
+                busiest.truncate(n);
+            }
+            if refusals > 0
+                && n > 0
+                && (most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals))
+            {
+                let at = most_limited.partition_point(|h| h.refusals >= refusals);
+                most_limited.insert(at, entry());
+                most_limited.truncate(n);
+            }
+        });
+        HotKeys {
+            sampled,
+            tracked: self.leases.len(),
+            busiest,
+            most_limited,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::monotonic_clock;
+    use crate::config::Limit;
+    use crate::limit::key::Facts;
+    use crate::limit::lease::Sizing;
+    use crate::limit::{LimitRuntime, Settings};
+    use crate::metrics::Metrics;
+    use crate::store::memory::MemoryStore;
+
+    fn limiter() -> Arc<Limiter> {
+        let settings = Settings {
+            sizing: Sizing::default(),
+            max_block_ms: 5_000,
+            max_keys: 100_000,
+            fleet_size: 1,
+            deadline_ms: 1_000,
+        };
+        Limiter::new(Arc::new(MemoryStore::new(10_000)), settings, monotonic_clock())
+    }
+
+    fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
+        Facts {
+            identity,
+            tenant: None,
+            plan: None,
+            route: "r",
+            ip: "127.0.0.1".parse().unwrap(),
+            headers,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_key_reports_its_block_and_an_unknown_key_zeros() {
+        let limiter = limiter();
+        let limits = vec![Arc::new(LimitRuntime::new(
+            Arc::new(Limit::new("five", "5/min".parse().unwrap())),
+            "test",
+            &Metrics::new(),
+        ))];
+        let h = http::HeaderMap::new();
+        for _ in 0..5 {
+            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        }
+        for _ in 0..3 {
+            assert_eq!(
+                limiter.check(&limits, &[0], &facts("a", &h), true).await.refused,
+                Some(0)
+            );
+        }
+        let s = limiter.key_state("rl:{five:a}");
+        assert!(s.tracked);
+        assert_eq!(s.tokens_at_hand, 0);
+        assert_eq!(s.store_remaining, 0);
+        assert!(s.blocked_for_ms > 0 && s.blocked_for_ms <= 5_000, "{s:?}");
+        assert!(s.retry_after_ms > 10_000 && s.retry_after_ms <= 12_000, "{s:?}");
+        assert!(s.reset_ms > 0, "{s:?}");
+        assert_eq!(s.last_store_failure, None);
+
+        let none = limiter.key_state("rl:{five:nobody}");
+        assert!(!none.tracked);
+        assert_eq!(
+            none.tokens_at_hand + none.blocked_for_ms + none.retry_after_ms + none.reset_ms,
+            0
+        );
+
+        let hot = limiter.hot_keys(10);
+        assert_eq!(hot.sampled, 1);
+        assert_eq!(hot.most_limited.len(), 1);
+        assert_eq!(hot.most_limited[0].key, "rl:{five:a}");
+        assert_eq!(hot.most_limited[0].refusals, 3);
+    }
+
+    #[tokio::test]
+    async fn hot_keys_rank_by_rate_and_refusals_within_the_bound() {
+        let limiter = limiter();
+        let limits = vec![Arc::new(LimitRuntime::new(
+            Arc::new(Limit::new("two", "2/min".parse().unwrap())),
+            "test",
+            &Metrics::new(),
+        ))];
+        let h = http::HeaderMap::new();
+        // Key kN is refused N times.
+        for n in 0..6u64 {
+            let id = format!("k{n}");
+            for _ in 0..(2 + n) {
+                limiter.check(&limits, &[0], &facts(&id, &h), true).await;
+            }
+        }
+        let hot = limiter.hot_keys(3);
+        let keys: Vec<_> = hot.most_limited.iter().map(|k| (k.key.as_str(), k.refusals)).collect();
+        assert_eq!(keys, [("rl:{two:k5}", 5), ("rl:{two:k4}", 4), ("rl:{two:k3}", 3)]);
+        assert!(hot.busiest.len() <= 3);
+        assert!(hot
+            .busiest
+            .windows(2)
+            .all(|w| w[0].admitted_per_sec >= w[1].admitted_per_sec));
+        assert_eq!(limiter.hot_keys(0).busiest.len(), 0);
+    }
+}
