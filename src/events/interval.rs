@@ -65,6 +65,47 @@ impl IntervalTable {
     }
 }
 
+/// A token bucket over all keys: the events a flood of distinct keys
+/// could send are capped at `per_sec`, with `burst` at once, so the agent
+/// (and the event pipeline's bill) sees a bounded rate whatever the
+/// traffic. Integer milli-tokens; time as an argument.
+#[derive(Debug)]
+pub struct Budget {
+    per_sec: u64,
+    burst: u64,
+    milli_tokens: u64,
+    last_ms: u64,
+}
+
+impl Budget {
+    /// Starts full.
+    pub fn new(per_sec: u64, burst: u64) -> Budget {
+        Budget {
+            per_sec,
+            burst,
+            milli_tokens: burst.saturating_mul(1_000),
+            last_ms: 0,
+        }
+    }
+
+    /// Whether one more event may go at `now_ms` (spending it if so).
+    pub fn take(&mut self, now_ms: u64) -> bool {
+        let elapsed = now_ms.saturating_sub(self.last_ms);
+        self.last_ms = self.last_ms.max(now_ms);
+        // per_sec tokens per 1 000 ms = per_sec milli-tokens per ms.
+        self.milli_tokens = self
+            .milli_tokens
+            .saturating_add(elapsed.saturating_mul(self.per_sec))
+            .min(self.burst.saturating_mul(1_000));
+        if self.milli_tokens >= 1_000 {
+            self.milli_tokens -= 1_000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +161,25 @@ mod tests {
             assert!(!t.admit(k << 1, 11, 10_000), "key {k} was kept");
         }
         assert!(t.admit(0, 12, 10_000), "key 0 was evicted");
+    }
+
+    #[test]
+    fn the_budget_caps_the_rate_over_all_keys() {
+        let mut b = Budget::new(100, 10);
+        assert_eq!((0..50).filter(|_| b.take(0)).count(), 10, "the burst");
+        assert!(!b.take(5));
+        assert!(b.take(10), "one token per 10 ms");
+        assert!(!b.take(10));
+        // A second: 100 more, never more than the burst at once.
+        assert_eq!((0..200).filter(|_| b.take(1_010)).count(), 10);
+        let mut b = Budget::new(100, 1_000);
+        let sent = (0..10_000u64).filter(|i| b.take(i / 10)).count();
+        assert_eq!(sent, 1_000 + 99, "burst, then 100/s over 999 ms");
+        // Time going backwards refills nothing.
+        let mut b = Budget::new(100, 1);
+        assert!(b.take(1_000));
+        assert!(!b.take(0));
+        assert!(!b.take(1_005));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! `leasegate-events` thread owns the UDP socket, formats each event
 //! ([`format::datagram`]) and sends it without blocking; an agent that is
 //! down (nothing listening, ICMP port unreachable) fails the send on that
-//! thread (counted `failed`) and costs requests nothing. Dropping the
+//! thread (counted `failed`) and costs requests nothing. A flood of keys
+//! is capped there too: at most [`PER_SECOND`] events a second over all
+//! keys ([`BURST`] at once), the rest dropped. Dropping the
 //! emitter closes the channel and ends the thread.
 //!
 //! Never here: a client key or identity in a metric label; a block on
@@ -30,10 +32,14 @@ use crate::config;
 use crate::limit::key::{self, Facts};
 use crate::metrics::{Metrics, ResultLabels};
 pub use format::{Event, Kind};
-use interval::IntervalTable;
+use interval::{Budget, IntervalTable};
 
 /// Events waiting for the sender thread, at most.
 pub const QUEUE: usize = 1_024;
+/// Events per second the sender sends at most, over all keys, and at
+/// once after a quiet spell; the rest are dropped (and counted).
+pub const PER_SECOND: u64 = 100;
+pub const BURST: u64 = 1_000;
 /// Shards of the interval table; each remembers `SETS × WAYS` keys.
 const SHARDS: usize = 16;
 const SETS: usize = 256;
@@ -180,7 +186,13 @@ fn socket(agent: SocketAddr) -> std::io::Result<Socket> {
 /// The sender thread: one datagram per event until the emitter is dropped.
 fn send_loop(socket: &Socket, rx: &Receiver<Event>, counters: &Counters) {
     let mut last_error: Option<std::io::ErrorKind> = None;
+    let started = std::time::Instant::now();
+    let mut budget = Budget::new(PER_SECOND, BURST);
     while let Ok(event) = rx.recv() {
+        if !budget.take(started.elapsed().as_millis() as u64) {
+            counters.dropped.inc();
+            continue;
+        }
         let datagram = format::datagram(&event);
         match socket.send(datagram.as_bytes()) {
             Ok(_) => {
