@@ -164,6 +164,7 @@ async fn get(c: &mut client::Sender1, path: &str, headers: &[(&str, &str)]) -> (
 async fn shadow_and_soft_decisions_over_quota_send_their_events() {
     let agent = Agent::bind();
     let gw = Gateway::start(&config(&agent.addr(), "", SHADOW_AND_SOFT));
+    assert!(gw.log().contains("shadow and soft events on"), "{}", gw.log());
     let mut c = client::http1(gw.http()).await;
     let key_a = [("x-api-key", "key-a")];
     for _ in 0..5 {

@@ -96,6 +96,11 @@ impl Emitter {
             tracing::warn!(error = %e, "cannot start the events thread; events are off");
             return None;
         }
+        tracing::info!(
+            dogstatsd = %settings.dogstatsd,
+            min_interval_ms = settings.min_interval.as_millis() as u64,
+            "shadow and soft events on"
+        );
         Some(emitter)
     }
 
