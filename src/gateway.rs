@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use crate::body::Body;
 use crate::config::{AccessLog, Config, Limit, Mode};
 use crate::connection::ConnInfo;
+use crate::events::{self, Emitter};
 use crate::identity::{self, Identity, Tier};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::key::Facts;
@@ -61,17 +62,21 @@ pub struct Gateway {
     snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
     pub limiter: Arc<Limiter>,
+    /// `[events]`, when configured: swapped when a reload changes it.
+    events: ArcSwapOption<Emitter>,
     draining: AtomicBool,
 }
 
 impl Gateway {
     pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
         let limiter = Limiter::new(store, Settings::from_config(&config), crate::clock::monotonic_clock());
+        let events = start_events(&config, &metrics, None);
         let snapshot = Snapshot::new(config, &metrics);
         Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             limiter,
+            events: ArcSwapOption::new(events),
             draining: AtomicBool::new(false),
         }
     }
@@ -104,6 +109,8 @@ impl Gateway {
             .map(|o| o.name.clone())
             .collect();
         self.limiter.set_settings(Settings::from_config(&snapshot.config));
+        let events = start_events(&snapshot.config, &self.metrics, self.events.load_full());
+        self.events.store(events);
         self.snapshot.store(Arc::new(snapshot));
         let released = self.limiter.release_limits(&changed).await;
         if released > 0 {
@@ -211,6 +218,7 @@ impl Gateway {
                 if let Some(r) = record {
                     r.outcome = verdict_outcome(&verdict);
                 }
+                self.send_events(snapshot, route, identity, req.headers(), &verdict);
                 if let Some(mut refusal) = self.refusal(snapshot, route, &verdict) {
                     refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                     return refusal;
@@ -273,6 +281,46 @@ impl Gateway {
         }
     }
 
+    /// Shadow- and soft-limited decisions to the event pipeline, at most one
+    /// per key per interval. Queued without waiting: never slows a request.
+    fn send_events(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        identity: &Identity,
+        headers: &HeaderMap,
+        verdict: &Verdict,
+    ) {
+        let kind = |o: Outcome| match o {
+            Outcome::ShadowLimited => Some(events::Kind::Shadow),
+            Outcome::SoftLimited => Some(events::Kind::Soft),
+            Outcome::Admitted | Outcome::Limited => None,
+        };
+        if !verdict.limits.iter().any(|lv| kind(lv.outcome).is_some()) {
+            return;
+        }
+        let emitter = self.events.load();
+        let Some(emitter) = emitter.as_deref() else {
+            return;
+        };
+        let facts = facts(route, identity, headers);
+        let now_ms = self.limiter.now_ms();
+        for lv in &verdict.limits {
+            let (Some(kind), Some(limit)) = (kind(lv.outcome), snapshot.limits.get(lv.limit)) else {
+                continue;
+            };
+            emitter.offer(&limit.config, &facts, now_ms, |instance| events::Event {
+                kind,
+                limit: limit.config.name.clone(),
+                route: route.name.clone(),
+                tier: identity.tier.name(),
+                identity: identity.value.clone(),
+                over_percent: lv.over_percent,
+                instance: instance.to_string(),
+            });
+        }
+    }
+
     /// The response for a request the verdict does not let through, if any.
     fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
         // A limit that refused decides, whatever another limit's store did.
@@ -322,6 +370,18 @@ impl Gateway {
                 kind,
             })
             .inc();
+    }
+}
+
+/// The emitter for `config`'s `[events]`: `running` when it was started
+/// for the same settings (it keeps its interval table), else a new one,
+/// else none.
+fn start_events(config: &Config, metrics: &Metrics, running: Option<Arc<Emitter>>) -> Option<Arc<Emitter>> {
+    let settings = config.events.as_ref()?;
+    let instance = &config.gateway.instance_id;
+    match running {
+        Some(e) if e.runs(settings, instance) => Some(e),
+        _ => Emitter::start(settings, instance, metrics).map(Arc::new),
     }
 }
 

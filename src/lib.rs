@@ -8,6 +8,7 @@ pub mod body;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod events;
 pub mod explain;
 pub mod fingerprint;
 pub mod gateway;

@@ -245,6 +245,7 @@ pub struct Metrics {
     pub store_calls: Family<StoreCallLabels, Counter>,
     pub store_call_seconds: Histogram,
     pub circuit_open: Gauge,
+    pub events: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -359,7 +360,14 @@ impl Metrics {
             "Tokens the store granted per lease acquire (the lease size)",
             lease_tokens.clone(),
         );
+        let events = Family::default();
+        registry.register(
+            "leasegate_events",
+            "Shadow and soft events for the DogStatsD agent, by result (sent, dropped, failed)",
+            events.clone(),
+        );
         Metrics {
+            events,
             requests,
             request_seconds,
             lease_tokens,

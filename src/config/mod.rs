@@ -39,6 +39,8 @@ pub struct Config {
     pub upstreams: Vec<Arc<Upstream>>,
     pub routes: RouteTable,
     pub limits: Vec<Arc<Limit>>,
+    /// `[events]`; `None`: no events are sent.
+    pub events: Option<Events>,
 }
 
 /// Where a config came from.
@@ -154,6 +156,15 @@ pub struct Leasing {
     pub max_fraction: f64,
     /// Longest local block after a refusal.
     pub max_block: Duration,
+}
+
+/// `[events]`: shadow and soft decisions as DogStatsD events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Events {
+    /// The agent's UDP address.
+    pub dogstatsd: SocketAddr,
+    /// At most one event per key per this long.
+    pub min_interval: Duration,
 }
 
 pub use crate::quota::Algorithm;
@@ -372,6 +383,14 @@ impl Config {
                 let _ = write!(s, ", fallback {f}");
             }
             s.push('\n');
+        }
+        if let Some(e) = &self.events {
+            let _ = writeln!(
+                s,
+                "events    dogstatsd {}, at most one per key per {} ms",
+                e.dogstatsd,
+                e.min_interval.as_millis()
+            );
         }
         for w in self.warnings() {
             let _ = writeln!(s, "warning   {w}");

@@ -28,6 +28,7 @@ pub struct File {
     pub routes: Vec<Spanned<Route>>,
     #[serde(default)]
     pub limits: Vec<Spanned<Limit>>,
+    pub events: Option<Spanned<Events>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -181,4 +182,11 @@ pub struct Limit {
     pub fallback_rate: Option<Spanned<String>>,
     pub shards: Option<Spanned<u32>>,
     pub shard_by: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Events {
+    pub dogstatsd: Option<Spanned<String>>,
+    pub min_interval_ms: Option<Spanned<u64>>,
 }

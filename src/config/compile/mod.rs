@@ -7,6 +7,7 @@
 //! collects problems, the order of compilation, `[gateway]`, and the helpers
 //! they share.
 
+mod events;
 mod identity;
 mod limits;
 mod listeners;
@@ -82,6 +83,7 @@ pub(super) fn compile(
     let upstreams = upstreams(&mut c, raw.upstreams);
     let limits = limits(&mut c, raw.limits);
     let routes = routes(&mut c, raw.routes, &upstreams, &limits);
+    let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
 
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid(c.problems));
@@ -97,6 +99,7 @@ pub(super) fn compile(
         upstreams,
         routes: RouteTable::new(routes),
         limits: limits.into_iter().map(Arc::new).collect(),
+        events,
     })
 }
 
