@@ -229,6 +229,13 @@ async fn a_refused_connection_is_a_store_error_not_a_timeout() {
         assert_eq!(sample(&m, &timeouts), 0.0, "{op}:\n{m}");
     }
     assert!(sample(&m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#) >= 1.0);
+    // Logged at WARN (the default level shows it), but not per request: at
+    // most one line per reason in the 10 s interval, the rest held back.
+    let log = gw.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("quota store failed")).collect();
+    assert!(!lines.is_empty(), "{log}");
+    assert!(lines.iter().all(|l| l.contains("WARN")), "{lines:#?}");
+    assert!(lines.len() <= 2, "one line per reason per 10 s: {lines:#?}");
 }
 
 /// Redis comes back while no request arrives: the breaker's background
