@@ -99,6 +99,13 @@ fn misspelled_tables_are_named_once_with_the_nearest_name() {
         "store.breakr",
         "unknown table `breakr`, did you mean `breaker`?",
     );
+    // A name without its unit.
+    refused(
+        &format!("{BASE}\n[store]\ntimeout = 5\n"),
+        19,
+        "store.timeout",
+        "unknown key `timeout`, did you mean `timeout_ms`?",
+    );
     // Far from every known name: no guess, but the names that are known.
     refused(
         &format!("{BASE}\n[store]\nfrobnicate = 1\n"),

@@ -116,6 +116,14 @@ fn reword(message: &str, is_table: bool) -> String {
         let field = rest.split('`').next().unwrap_or(rest);
         return format!("missing field `{field}`: it is required here");
     }
+    // An integer too large for any field (TOML's are 64-bit).
+    if let Some(rest) = message.strip_prefix("invalid type: integer `") {
+        if let Some((value, tail)) = rest.split_once('`') {
+            if tail.starts_with(" as i128") && tail.contains("expected i64") {
+                return format!("{value} is out of range: too large for any setting");
+            }
+        }
+    }
     if let Some(rest) = message.strip_prefix("invalid value: integer `") {
         if let Some((value, ty)) = rest.split_once("`, expected ") {
             if let Some((lo, hi)) = integer_range(ty) {
@@ -168,7 +176,19 @@ pub fn did_you_mean<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
         .iter()
         .map(|k| (*k, edit_distance(&word, &k.to_ascii_lowercase())))
         .min_by_key(|&(_, d)| d)?;
-    (distance <= (word.chars().count() / 3).max(2)).then_some(best)
+    if distance <= (word.chars().count() / 3).max(2) {
+        return Some(best);
+    }
+    // A name without its unit or with a word too many: `leeway` for
+    // `leeway_secs`, `timeout_ms` for `timeout`.
+    known
+        .iter()
+        .filter(|k| {
+            let k = k.to_ascii_lowercase();
+            word.len().min(k.len()) >= 4 && (k.starts_with(&word) || word.starts_with(&k))
+        })
+        .min_by_key(|k| k.len().abs_diff(word.len()))
+        .copied()
 }
 
 /// Levenshtein distance, with a swap of two neighbours counted as one edit.
@@ -345,6 +365,12 @@ mod tests {
         );
         assert_eq!(did_you_mean("laesing", &top), Some("leasing"));
         assert_eq!(did_you_mean("frobnicate", &top), None);
+        let jwt = ["algorithms", "secret", "leeway_secs"];
+        assert_eq!(did_you_mean("leeway", &jwt), Some("leeway_secs"));
+        assert_eq!(did_you_mean("leeway_seconds", &jwt), Some("leeway_secs"));
+        assert_eq!(did_you_mean("timeout", &["timeout_ms", "url"]), Some("timeout_ms"));
+        assert_eq!(did_you_mean("ur", &["url"]), Some("url"));
+        assert_eq!(did_you_mean("sec", &jwt), None);
         assert_eq!(did_you_mean("x", &[]), None);
         assert_eq!(edit_distance("abc", "abc"), 0);
         assert_eq!(edit_distance("ab", "ba"), 1);
@@ -364,6 +390,13 @@ mod tests {
         assert_eq!(
             reword("invalid value: integer `-5`, expected u32", false),
             "-5 is out of range: use 0 to 4294967295"
+        );
+        assert_eq!(
+            reword(
+                "invalid type: integer `99999999999999999999` as i128, expected i64",
+                false
+            ),
+            "99999999999999999999 is out of range: too large for any setting"
         );
         assert_eq!(
             reword("invalid type: string \"ten\", expected i64", false),
