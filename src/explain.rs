@@ -6,7 +6,12 @@
 //! [`Resolver::passed_over`] for why higher tiers did not apply), the tier
 //! filter ([`gateway::applying_limits`]), the key facts ([`gateway::facts`])
 //! and the store keys ([`crate::limit::store_key`], shards included). Pure: no I/O, no
-//! store; `now_secs` is the wall clock JWTs are checked against.
+//! store; `now_secs` is the wall clock JWTs are checked against. The one
+//! piece of I/O, asking a running gateway for the live state of those keys
+//! (`--admin`), is the [`admin`] room's; its answer is attached with
+//! [`Explanation::attach_live`].
+
+pub mod admin;
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -96,6 +101,8 @@ pub struct Explanation {
     pub limits: Vec<LimitFacts>,
     /// The route's limits that do not apply to this identity's tier.
     pub skipped: Vec<(String, String)>,
+    /// The admin URL the live state came from (`--admin`), if asked.
+    pub live_from: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +144,9 @@ pub struct LimitFacts {
     pub shard: Option<(u32, u32)>,
     /// The store key, `rl:{...}`.
     pub key: String,
+    /// The key's state on a running gateway (`--admin`); `None` when not
+    /// asked, or when the gateway's answer did not name the key.
+    pub live: Option<admin::KeyState>,
 }
 
 /// Explains `probe` under `config`.
@@ -150,6 +160,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         rejected: None,
         limits: Vec::new(),
         skipped: Vec::new(),
+        live_from: None,
     };
     let Some(route) = gateway::route_index_of(&config.routes, req).and_then(|i| config.routes.get(i)) else {
         return out;
@@ -227,6 +238,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             plan: plan.map(str::to_string),
             shard,
             key: store_key,
+            live: None,
         });
     }
     out
@@ -256,6 +268,23 @@ pub fn algorithm_name(a: Algorithm) -> &'static str {
 }
 
 impl Explanation {
+    /// The store keys of the applying limits, in order: what `--admin` asks
+    /// the gateway about.
+    pub fn keys(&self) -> Vec<&str> {
+        self.limits.iter().map(|l| l.key.as_str()).collect()
+    }
+
+    /// Attaches the live state `from` (the admin URL) answered to the limit
+    /// of each key.
+    pub fn attach_live(&mut self, from: &str, states: Vec<admin::KeyState>) {
+        self.live_from = Some(from.to_string());
+        for state in states {
+            for l in self.limits.iter_mut().filter(|l| l.key == state.key) {
+                l.live = Some(state.clone());
+            }
+        }
+    }
+
     /// For people: one line per fact, aligned.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
@@ -322,9 +351,15 @@ impl Explanation {
                 "limit     {} {mode} {} {} capacity {}{notes}\n          key {}",
                 l.name, l.algorithm, l.rate, l.capacity, l.key
             );
+            if self.live_from.is_some() {
+                let _ = writeln!(s, "          live {}", live_text(l.live.as_ref()));
+            }
         }
         for (name, why) in &self.skipped {
             let _ = writeln!(s, "skipped   {name}: {why}");
+        }
+        if let Some(from) = &self.live_from {
+            let _ = writeln!(s, "live      from {from}");
         }
         s
     }
@@ -334,6 +369,20 @@ impl Explanation {
     /// details the text shows. `route` and `identity` are `null` when no
     /// route matches (or the identity is rejected).
     pub fn to_json(&self) -> Value {
+        let mut v = self.json_without_live();
+        if self.live_from.is_some() {
+            if let Some(limits) = v.get_mut("limits").and_then(Value::as_array_mut) {
+                for (out, l) in limits.iter_mut().zip(&self.limits) {
+                    if let Some(o) = out.as_object_mut() {
+                        o.insert("live".into(), json!(l.live));
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    fn json_without_live(&self) -> Value {
         json!({
             "method": self.method,
             "path": self.path,
@@ -367,9 +416,45 @@ impl Explanation {
                 "shards": l.shard.map(|(_, n)| n),
                 "key": l.key,
             })).collect::<Vec<_>>(),
+            "live_from": self.live_from,
             "skipped": self.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect::<Vec<_>>(),
         })
     }
+}
+
+/// One line of a key's live state, for people.
+fn live_text(state: Option<&admin::KeyState>) -> String {
+    let Some(st) = state else {
+        return "unknown: the gateway's answer did not name this key".to_string();
+    };
+    let mut parts = Vec::new();
+    if st.tracked {
+        let at_hand = st.tokens_at_hand.map_or("?".to_string(), |n| n.to_string());
+        parts.push(format!("{at_hand} token(s) at hand"));
+    } else {
+        parts.push("not tracked on this instance (no lease, no block): its next request asks the store".to_string());
+    }
+    match st.blocked_for_ms {
+        Some(ms) if ms > 0 => {
+            let retry = st
+                .retry_after_ms
+                .map(|r| format!(", Retry-After {r} ms"))
+                .unwrap_or_default();
+            parts.push(format!("blocked for {ms} ms{retry}"));
+        }
+        _ if st.tracked => parts.push("not blocked".to_string()),
+        _ => {}
+    }
+    match (st.store_remaining, st.reset_ms) {
+        (Some(left), Some(reset)) => parts.push(format!("store: {left} left, whole in {reset} ms")),
+        (Some(left), None) => parts.push(format!("store: {left} left")),
+        _ if st.tracked => parts.push("no store answer kept".to_string()),
+        _ => {}
+    }
+    if let Some(f) = &st.last_store_failure {
+        parts.push(format!("last store failure: {f}"));
+    }
+    parts.join("; ")
 }
 
 #[cfg(test)]
@@ -444,6 +529,78 @@ tiers = ["user"]
                 "users_only".to_string(),
                 "applies to tiers user only, not key".to_string()
             )]
+        );
+    }
+
+    #[test]
+    fn live_state_is_attached_to_the_limit_of_its_key() {
+        let c = config(CONFIG);
+        let probe = Probe::parse("GET", "/v1/orders", &["X-API-Key: test-key-1".into()], None).unwrap();
+        let mut e = explain(&c, &probe, 0);
+        // Without --admin: no live line, no `live` field.
+        assert!(!e.to_text().contains("live"), "{}", e.to_text());
+        assert!(e.to_json()["limits"][0].get("live").is_none());
+        let keys: Vec<String> = e.keys().iter().map(|k| k.to_string()).collect();
+        assert_eq!(keys.len(), 2);
+        let state = admin::KeyState {
+            key: keys[0].clone(),
+            tracked: true,
+            tokens_at_hand: Some(4),
+            blocked_for_ms: Some(0),
+            retry_after_ms: Some(0),
+            store_remaining: Some(95),
+            reset_ms: Some(1200),
+            last_store_failure: None,
+        };
+        // The gateway answered for the first key only.
+        e.attach_live("http://127.0.0.1:9901/limits/state", vec![state.clone()]);
+        assert_eq!(e.limits[0].live.as_ref(), Some(&state));
+        assert_eq!(e.limits[1].live, None);
+        let text = e.to_text();
+        assert!(
+            text.contains("          live 4 token(s) at hand; not blocked; store: 95 left, whole in 1200 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("          live unknown: the gateway's answer did not name this key\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("live      from http://127.0.0.1:9901/limits/state"),
+            "{text}"
+        );
+        let j = e.to_json();
+        assert_eq!(j["limits"][0]["live"]["tokens_at_hand"], 4);
+        assert_eq!(j["limits"][0]["live"]["store_remaining"], 95);
+        assert!(j["limits"][1]["live"].is_null());
+        assert_eq!(j["live_from"], "http://127.0.0.1:9901/limits/state");
+
+        let blocked = admin::KeyState {
+            key: "k".into(),
+            tracked: true,
+            tokens_at_hand: Some(0),
+            blocked_for_ms: Some(800),
+            retry_after_ms: Some(1000),
+            store_remaining: Some(0),
+            reset_ms: None,
+            last_store_failure: Some("store_timeout".into()),
+        };
+        assert_eq!(
+            live_text(Some(&blocked)),
+            "0 token(s) at hand; blocked for 800 ms, Retry-After 1000 ms; store: 0 left; last store failure: store_timeout"
+        );
+        let untracked = admin::KeyState {
+            tracked: false,
+            tokens_at_hand: None,
+            blocked_for_ms: None,
+            store_remaining: None,
+            reset_ms: None,
+            last_store_failure: None,
+            ..blocked
+        };
+        assert_eq!(
+            live_text(Some(&untracked)),
+            "not tracked on this instance (no lease, no block): its next request asks the store"
         );
     }
 

@@ -337,9 +337,13 @@ impl Gateway {
                 StoreError::Timeout(_) => ("store_timeout", 0),
                 StoreError::Unavailable(_) | StoreError::Failed(_) => ("store_error", 0),
             };
-            // An open circuit is logged once, by the guard, not per request.
-            if reason != "store_circuit_open" {
-                tracing::debug!(route = %route.name, error = %e, "quota store failed");
+            // An open circuit is logged once, by the guard, not per request;
+            // other failures at most once per 10 s per reason.
+            if let Some(held_back) = (reason != "store_circuit_open")
+                .then(|| crate::log_limit::store_failure(reason))
+                .flatten()
+            {
+                tracing::warn!(route = %route.name, error = %e, held_back, "quota store failed");
             }
             return match route.on_store_failure {
                 StoreFailure::Allow => {

@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod identity;
 pub mod int_hash;
 pub mod limit;
+pub mod log_limit;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;

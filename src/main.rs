@@ -69,7 +69,7 @@ enum Command {
     /// config; talks to no store. Exit 0 when explained (also when no route
     /// matches), 1 on bad arguments or an invalid config.
     #[command(
-        after_help = "Examples:\n  leasegate explain --config gateway.toml GET /v1/orders\n  leasegate explain --header 'X-API-Key: test-key-1' --ip 198.51.100.7 --json POST /v1/orders\n  leasegate explain --header 'Authorization: Bearer eyJ...' --header 'Host: api.example.com' GET /v1/me"
+        after_help = "Examples:\n  leasegate explain --config gateway.toml GET /v1/orders\n  leasegate explain --admin http://127.0.0.1:9901 --header 'X-API-Key: test-key-1' GET /v1/orders\n  leasegate explain --header 'X-API-Key: test-key-1' --ip 198.51.100.7 --json POST /v1/orders\n  leasegate explain --header 'Authorization: Bearer eyJ...' --header 'Host: api.example.com' GET /v1/me"
     )]
     Explain {
         #[arg(long, default_value = "gateway.toml")]
@@ -86,6 +86,13 @@ enum Command {
         /// rate, capacity, key) and details.
         #[arg(long)]
         json: bool,
+        /// A running gateway's admin listener, e.g. http://127.0.0.1:9901:
+        /// also show the live state of the printed keys there (tokens at
+        /// hand, blocked for, the store's last answer), from its
+        /// GET /limits/state. Unreachable, or an answer other than the
+        /// expected JSON: exit 1.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
         /// The request method, e.g. GET.
         method: String,
         /// The request path (with query, if any), e.g. /v1/orders.
@@ -116,9 +123,10 @@ fn main() -> ExitCode {
             headers,
             ip,
             json,
+            admin,
             method,
             path,
-        } => explain(&config, &headers, ip.as_deref(), json, &method, &path),
+        } => explain(&config, &headers, ip.as_deref(), json, admin.as_deref(), &method, &path),
         Command::Check { config } => match leasegate::config::load(&config) {
             Ok(c) => {
                 print!("{}", c.summary());
@@ -171,11 +179,19 @@ fn explain(
     headers: &[String],
     ip: Option<&str>,
     json: bool,
+    admin: Option<&str>,
     method: &str,
     path: &str,
 ) -> ExitCode {
     let probe = match leasegate::explain::Probe::parse(method, path, headers, ip) {
         Ok(p) => p,
+        Err(e) => {
+            eprintln!("leasegate explain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let admin = match admin.map(leasegate::explain::admin::AdminUrl::parse).transpose() {
+        Ok(a) => a,
         Err(e) => {
             eprintln!("leasegate explain: {e}");
             return ExitCode::FAILURE;
@@ -192,7 +208,23 @@ fn explain(
     let now_secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let explained = leasegate::explain::explain(&loaded, &probe, now_secs);
+    let mut explained = leasegate::explain::explain(&loaded, &probe, now_secs);
+    if let Some(admin) = &admin {
+        let keys = explained.keys();
+        // No limit applies: nothing to ask.
+        let states = if keys.is_empty() {
+            Ok(Vec::new())
+        } else {
+            leasegate::explain::admin::fetch_state(admin, &keys, std::time::Duration::from_secs(5))
+        };
+        match states {
+            Ok(states) => explained.attach_live(&admin.state_url(), states),
+            Err(e) => {
+                eprintln!("leasegate explain: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if json {
         println!("{}", explained.to_json());
     } else {

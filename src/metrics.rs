@@ -112,10 +112,26 @@ impl prometheus_client::encoding::EncodeMetric for StripedCounter {
     }
 }
 
-/// Upper bounds of request latency buckets, in seconds (+Inf is implied).
-const LATENCY_BOUNDS: [f64; 14] = [
-    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-];
+/// Upper bounds of request latency buckets, in seconds (+Inf is implied):
+/// from a direct response or a refusal (well under a millisecond) to a slow
+/// upstream (seconds). Ten bounds: every (route, status) series costs one
+/// line per bound.
+const LATENCY_BOUNDS: [f64; 10] = [0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10.0];
+
+/// Upper bounds of store call buckets, in seconds: from a loopback Redis
+/// (tens of microseconds) up to `deadline`, the last bound. A call that
+/// timed out took a little longer than the deadline and lands above it, so
+/// `+Inf` minus the deadline's bucket counts the timeouts.
+pub fn store_call_bounds(deadline: std::time::Duration) -> Vec<f64> {
+    const LADDER: [f64; 19] = [
+        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        10.0, 25.0, 60.0,
+    ];
+    let deadline = deadline.as_secs_f64();
+    let mut bounds: Vec<f64> = LADDER.iter().copied().filter(|b| *b < deadline * 0.999).collect();
+    bounds.push(deadline);
+    bounds
+}
 
 /// A latency histogram striped like [`StripedCounter`]: every request
 /// observes one, from every worker, without a lock or a shared cache line.
@@ -180,50 +196,50 @@ impl prometheus_client::encoding::EncodeMetric for StripedHistogram {
 /// Every `reason` of `rate_limit_bypassed_total`, exported from the start.
 pub const BYPASS_REASONS: [&str; 3] = ["store_circuit_open", "store_timeout", "store_error"];
 
-/// Statuses whose request metrics a route resolves once, at config load:
-/// a request finds its handles by a short scan, without building labels.
+/// Statuses whose request metrics a route keeps handles to, so that a
+/// request finds them by a short scan, without building labels or taking
+/// the family's lock.
 const COMMON_STATUSES: [u16; 16] = [
     200, 201, 204, 301, 302, 304, 400, 401, 403, 404, 429, 431, 500, 502, 503, 504,
 ];
 
-/// One route's request counter and latency histogram per status.
+/// One route's request counter and latency histogram per status. A series
+/// is made at its route's first request with that status, not before: a
+/// fresh gateway exports no request series at all (16 statuses × 11 buckets
+/// per route would otherwise be scraped as zeros).
 pub struct RouteMetrics {
     route: String,
-    common: Vec<(u16, StripedCounter, StripedHistogram)>,
+    common: [std::sync::OnceLock<(StripedCounter, StripedHistogram)>; COMMON_STATUSES.len()],
 }
 
 impl RouteMetrics {
-    pub fn new(metrics: &Metrics, route: &str) -> RouteMetrics {
-        let common = COMMON_STATUSES
-            .iter()
-            .map(|&status| {
-                let labels = RequestLabels {
-                    route: route.to_string(),
-                    status,
-                };
-                (
-                    status,
-                    metrics.requests.get_or_create(&labels).clone(),
-                    metrics.request_seconds.get_or_create(&labels).clone(),
-                )
-            })
-            .collect();
+    pub fn new(_metrics: &Metrics, route: &str) -> RouteMetrics {
         RouteMetrics {
             route: route.to_string(),
-            common,
+            common: Default::default(),
         }
     }
 
     pub fn record(&self, metrics: &Metrics, status: u16, elapsed: std::time::Duration) {
-        if let Some((_, count, latency)) = self.common.iter().find(|(s, _, _)| *s == status) {
-            count.inc();
-            latency.observe(elapsed);
-            return;
-        }
-        let labels = RequestLabels {
+        let labels = || RequestLabels {
             route: self.route.clone(),
             status,
         };
+        if let Some(i) = COMMON_STATUSES.iter().position(|s| *s == status) {
+            if let Some(slot) = self.common.get(i) {
+                let (count, latency) = slot.get_or_init(|| {
+                    let labels = labels();
+                    (
+                        metrics.requests.get_or_create(&labels).clone(),
+                        metrics.request_seconds.get_or_create(&labels).clone(),
+                    )
+                });
+                count.inc();
+                latency.observe(elapsed);
+                return;
+            }
+        }
+        let labels = labels();
         metrics.requests.get_or_create(&labels).inc();
         metrics.request_seconds.get_or_create(&labels).observe(elapsed);
     }
@@ -255,7 +271,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Metrics for a store with the default 5 ms deadline.
     pub fn new() -> Self {
+        Self::with_store_deadline(std::time::Duration::from_millis(5))
+    }
+
+    /// Metrics whose store call histogram ends at `deadline` (`[store]
+    /// timeout_ms`, fixed at start).
+    pub fn with_store_deadline(deadline: std::time::Duration) -> Self {
         let mut registry = Registry::default();
         let build = Family::<BuildLabels, Gauge>::default();
         build
@@ -326,11 +349,7 @@ impl Metrics {
             "Calls to the quota store, by operation and result",
             store_calls.clone(),
         );
-        // 50 µs .. ~100 ms: loopback Redis answers in tens of microseconds,
-        // the default deadline is 5 ms.
-        let store_call_seconds = Histogram::new([
-            0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
-        ]);
+        let store_call_seconds = Histogram::new(store_call_bounds(deadline));
         registry.register(
             "leasegate_store_call_seconds",
             "Duration of quota store calls, as the caller saw them (at most the deadline)",
@@ -393,5 +412,80 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::time::Duration;
+
+    fn lines<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn request_series_appear_at_their_first_request() {
+        let m = Metrics::new();
+        let routes = ["api", "demo", "none"].map(|r| RouteMetrics::new(&m, r));
+        let fresh = m.encode();
+        assert!(lines(&fresh, "leasegate_requests_total").is_empty(), "{fresh}");
+        assert!(
+            lines(&fresh, "leasegate_request_duration_seconds").is_empty(),
+            "{fresh}"
+        );
+        // What alerts take a rate or an increase of is there at 0.
+        for reason in BYPASS_REASONS {
+            assert!(
+                fresh.contains(&format!("rate_limit_bypassed_total{{reason=\"{reason}\"}} 0\n")),
+                "{fresh}"
+            );
+        }
+        for result in ["ok", "error"] {
+            assert!(
+                fresh.contains(&format!("leasegate_config_reloads_total{{result=\"{result}\"}} 0\n")),
+                "{fresh}"
+            );
+        }
+        assert!(fresh.len() < 6_000, "{} bytes:\n{fresh}", fresh.len());
+
+        routes[0].record(&m, 200, Duration::from_micros(300));
+        routes[0].record(&m, 200, Duration::from_millis(3));
+        routes[1].record(&m, 418, Duration::from_millis(1));
+        let text = m.encode();
+        let mut requests = lines(&text, "leasegate_requests_total{");
+        requests.sort_unstable();
+        assert_eq!(
+            requests,
+            [
+                "leasegate_requests_total{route=\"api\",status=\"200\"} 2",
+                "leasegate_requests_total{route=\"demo\",status=\"418\"} 1"
+            ],
+            "{text}"
+        );
+        let buckets = lines(&text, "leasegate_request_duration_seconds_bucket{");
+        assert_eq!(buckets.len(), 2 * (LATENCY_BOUNDS.len() + 1), "{text}");
+        assert!(
+            text.contains("leasegate_request_duration_seconds_bucket{le=\"0.0005\",route=\"api\",status=\"200\"} 1")
+                || text.contains(
+                    "leasegate_request_duration_seconds_bucket{route=\"api\",status=\"200\",le=\"0.0005\"} 1"
+                ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn store_call_buckets_run_from_50_microseconds_to_the_deadline() {
+        let five = store_call_bounds(Duration::from_millis(5));
+        assert_eq!(five, [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005]);
+        let seven = store_call_bounds(Duration::from_millis(7));
+        assert_eq!(seven.last(), Some(&0.007));
+        assert_eq!(seven.get(seven.len() - 2), Some(&0.005));
+        assert_eq!(store_call_bounds(Duration::from_millis(1)).last(), Some(&0.001));
+        assert_eq!(store_call_bounds(Duration::from_millis(1)).len(), 5);
+        let minute = store_call_bounds(Duration::from_secs(60));
+        assert_eq!(minute.last(), Some(&60.0));
+        assert!(minute.windows(2).all(|w| w[0] < w[1]), "{minute:?}");
     }
 }

@@ -145,6 +145,86 @@ fn alertmanager_config_passes_amtool_and_pages_only_page_alerts() {
     assert!(!text.contains("routing_key:"), "a key in the file: {text}");
 }
 
+/// A fresh gateway with two routes exports a small scrape: labelled
+/// series appear at their first event, except those the alerts need at 0
+/// (the bypass reasons and the reload results), and a route's request
+/// series come one (route, status) at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_gateway_scrape_is_small_and_grows_with_traffic_only() {
+    let gw = Gateway::start(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[[routes]]
+name = "api"
+path_prefix = "/api/"
+response = { status = 200, body = "ok" }
+limits = ["per_client"]
+
+[[routes]]
+name = "demo"
+path_prefix = "/"
+response = { status = 200, body = "ok" }
+limits = ["per_client"]
+
+[[limits]]
+name = "per_client"
+rate = "100/min"
+"#,
+    );
+    let samples = |scrape: &str| -> Vec<String> {
+        scrape
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let fresh = gw.metrics().await;
+    let fresh_samples = samples(&fresh);
+    assert!(fresh.len() < 8_000, "{} bytes:\n{fresh}", fresh.len());
+    assert!(fresh_samples.len() <= 50, "{} samples:\n{fresh}", fresh_samples.len());
+    assert!(
+        !fresh.contains("leasegate_requests_total{") && !fresh.contains("leasegate_request_duration_seconds_bucket{"),
+        "{fresh}"
+    );
+    for series in [
+        r#"rate_limit_bypassed_total{reason="store_circuit_open"} 0"#,
+        r#"rate_limit_bypassed_total{reason="store_timeout"} 0"#,
+        r#"rate_limit_bypassed_total{reason="store_error"} 0"#,
+        r#"leasegate_config_reloads_total{result="ok"} 0"#,
+        r#"leasegate_config_reloads_total{result="error"} 0"#,
+    ] {
+        assert!(fresh.contains(series), "{series} missing:\n{fresh}");
+    }
+
+    let mut c = support::client::http1(gw.http()).await;
+    for _ in 0..3 {
+        let (status, _, _) =
+            support::client::text(support::client::send(&mut c, support::client::get("/api/x")).await).await;
+        assert_eq!(status, 200);
+    }
+    let scrape = gw.metrics().await;
+    let requests: Vec<String> = samples(&scrape)
+        .into_iter()
+        .filter(|l| l.starts_with("leasegate_requests_total{"))
+        .collect();
+    assert_eq!(
+        requests,
+        [r#"leasegate_requests_total{route="api",status="200"} 3"#],
+        "{scrape}"
+    );
+    let buckets = samples(&scrape)
+        .into_iter()
+        .filter(|l| l.starts_with("leasegate_request_duration_seconds_bucket{"))
+        .count();
+    assert!(
+        (8..=14).contains(&buckets),
+        "{buckets} request duration buckets:\n{scrape}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_read_only_metrics_a_fresh_gateway_exports() {
     let gw = Gateway::start(

@@ -72,9 +72,129 @@ fn unknown_key() {
     refused(
         &BASE.replace("path_prefix = \"/\"", "path_prefix = \"/\"\npath_prefx = \"/v1\""),
         11,
-        "routes.path_prefx",
-        "unknown field",
+        "routes[0].path_prefx",
+        "unknown key `path_prefx`, did you mean `path_prefix`?",
     );
+}
+
+#[test]
+fn misspelled_tables_are_named_once_with_the_nearest_name() {
+    refused(
+        &BASE.replace("[listeners]", "[listener]"),
+        1,
+        "listener",
+        "unknown table `listener`, did you mean `listeners`?",
+    );
+    let (_, _, stderr, _dir) = support::check(&BASE.replace("[listeners]", "[listener]"));
+    assert!(!stderr.contains("listener.listener"), "{stderr}");
+    refused(
+        &BASE.replace("[[routes]]", "[[route]]"),
+        8,
+        "route",
+        "did you mean `routes`?",
+    );
+    refused(
+        &format!("{BASE}\n[store.breakr]\nfailures = 2\n"),
+        18,
+        "store.breakr",
+        "unknown table `breakr`, did you mean `breaker`?",
+    );
+    // A name without its unit.
+    refused(
+        &format!("{BASE}\n[store]\ntimeout = 5\n"),
+        19,
+        "store.timeout",
+        "unknown key `timeout`, did you mean `timeout_ms`?",
+    );
+    // Far from every known name: no guess, but the names that are known.
+    refused(
+        &format!("{BASE}\n[store]\nfrobnicate = 1\n"),
+        19,
+        "store.frobnicate",
+        "unknown key `frobnicate` (known here: backend, url,",
+    );
+}
+
+#[test]
+fn an_unknown_key_in_an_inline_table_names_its_path() {
+    let text =
+        format!("{BASE}\n[[routes]]\nname = \"x\"\npath_prefix = \"/x\"\nresponse = {{ status = 200, bdy = \"x\" }}\n");
+    refused(&text, 21, "routes[1].response.bdy", "did you mean `body`?");
+}
+
+/// Numbers out of range, negative ones included, name the key with its
+/// index and the allowed range, never a Rust type.
+#[test]
+fn numbers_out_of_range_say_the_range_in_words() {
+    let second = format!("{BASE}\n[[limits]]\nname = \"b\"\nrate = \"10/s\"\n");
+    for (text, line, key, reason) in [
+        (
+            format!("{BASE}shards = -5\n"),
+            17,
+            "limits[0].shards",
+            "-5 is out of range: use 1 to 1000",
+        ),
+        (
+            format!("{second}shards = -5\n"),
+            21,
+            "limits[1].shards",
+            "-5 is out of range: use 1 to 1000",
+        ),
+        (
+            format!("{second}burst = -1\n"),
+            21,
+            "limits[1].burst",
+            "-1 is out of range: use 1 or more",
+        ),
+        (
+            format!("{second}burst = 0\n"),
+            21,
+            "limits[1].burst",
+            "0 is out of range: use 1 or more",
+        ),
+        (
+            format!("{second}canary_percent = 300\n"),
+            21,
+            "limits[1].canary_percent",
+            "300 is out of range: use 0 to 100",
+        ),
+        (
+            format!("{BASE}\n[store]\ntimeout_ms = -5\n"),
+            19,
+            "store.timeout_ms",
+            "-5 is out of range: use 1 to 60000",
+        ),
+        (
+            format!("{BASE}\n[identity]\nipv4_prefix = -1\n"),
+            19,
+            "identity.ipv4_prefix",
+            "-1 is out of range: use 0 to 32",
+        ),
+        (
+            format!("{BASE}\n[gateway]\nworkers = -2\n"),
+            19,
+            "gateway.workers",
+            "-2 is out of range: use 1 to 1024",
+        ),
+        (
+            BASE.replace("name = \"backend\"", "name = \"backend\"\nconnect_timeout_ms = -1"),
+            6,
+            "upstreams[0].connect_timeout_ms",
+            "-1 is out of range: use 1 to 3600000",
+        ),
+        (
+            format!("{BASE}\n[[routes]]\nname = \"x\"\npath_prefix = \"/x\"\nresponse = {{ status = -1 }}\n"),
+            21,
+            "routes[1].response.status",
+            "-1 is not a final HTTP status: use 200 to 599",
+        ),
+    ] {
+        refused(&text, line, key, reason);
+        let (_, _, stderr, _dir) = support::check(&text);
+        for rust in ["u64", "u32", "u16", "u8", "i64", "usize", "integer `"] {
+            assert!(!stderr.contains(rust), "{rust:?} in {stderr}");
+        }
+    }
 }
 
 #[test]
@@ -82,14 +202,25 @@ fn syntax_error() {
     refused(
         &BASE.replace("name = \"backend\"", "name = \"backend"),
         5,
-        "upstreams.name",
+        "upstreams[0].name",
         "",
     );
 }
 
 #[test]
 fn wrong_type() {
-    refused(&format!("{BASE}burst = \"ten\"\n"), 17, "limits.burst", "invalid type");
+    refused(
+        &format!("{BASE}burst = \"ten\"\n"),
+        17,
+        "limits[0].burst",
+        "expected a whole number, found string \"ten\"",
+    );
+    refused(
+        &format!("{BASE}by = \"ip\"\n"),
+        17,
+        "limits[0].by",
+        "expected a list such as [\"a\", \"b\"], found string \"ip\"",
+    );
 }
 
 #[test]
@@ -349,4 +480,14 @@ fn a_generous_fallback_on_a_fail_open_redis_route_is_named() {
     // The memory store has no fallback to speak of.
     let (_, stdout, _, _dir) = support::check(&format!("{BASE}fallback_rate = \"500/min\"\n"));
     assert!(!stdout.contains("warning"), "{stdout}");
+}
+
+#[test]
+fn a_negative_events_interval_names_its_range() {
+    refused(
+        &format!("{BASE}\n[events]\ndogstatsd = \"127.0.0.1:8125\"\nmin_interval_ms = -5\n"),
+        20,
+        "events.min_interval_ms",
+        "-5 is out of range: use 100 to 86400000",
+    );
 }

@@ -372,3 +372,199 @@ async fn explain_prints_the_keys_the_gateway_writes_to_redis() {
     }
     assert_eq!(explained, stored(), "explain: {out}\n{}", gw.log());
 }
+
+/// A stand-in for a gateway's admin listener: answers every connection with
+/// `response` and keeps the request heads it read. The real
+/// `GET /limits/state` is being built beside this client (issue 14); this
+/// serves the JSON shape agreed for it.
+struct FakeAdmin {
+    addr: std::net::SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakeAdmin {
+    fn start(response: String) -> FakeAdmin {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                conn.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                seen.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
+                let _ = conn.write_all(response.as_bytes());
+            }
+        });
+        FakeAdmin { addr, heads }
+    }
+
+    fn ok_json(body: &str) -> FakeAdmin {
+        FakeAdmin::start(format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+#[test]
+fn admin_shows_the_live_state_of_the_printed_keys() {
+    let admin = FakeAdmin::ok_json(
+        r#"{"keys":[{"key":"rl:{per_client:key:acme}","tracked":true,"tokens_at_hand":4,"blocked_for_ms":0,"retry_after_ms":0,"store_remaining":95,"reset_ms":1200,"last_store_failure":null}]}"#,
+    );
+    let args = [
+        "--admin",
+        &admin.url(),
+        "--header",
+        "X-API-Key: test-key-1",
+        "GET",
+        "/v1/orders",
+    ];
+    let out = text(&args);
+    assert!(
+        out.contains("key rl:{per_client:key:acme}\n          live 4 token(s) at hand; not blocked; store: 95 left, whole in 1200 ms\n"),
+        "{out}"
+    );
+    // The sub-bucket key the fake did not answer for says so.
+    assert!(
+        out.contains("live unknown: the gateway's answer did not name this key"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("live      from {}/limits/state", admin.url())),
+        "{out}"
+    );
+
+    // One request per run, asking for every printed key, percent-encoded.
+    let mut all = vec!["--json"];
+    all.extend_from_slice(&args);
+    let (code, stdout, stderr) = explain_with(&config(""), &all);
+    assert_eq!(code, 0, "{stderr}");
+    let j: Value = serde_json::from_str(&stdout).unwrap();
+    let live = &j["limits"][0]["live"];
+    assert_eq!(live["tracked"], true);
+    assert_eq!(live["tokens_at_hand"], 4);
+    assert_eq!(live["store_remaining"], 95);
+    assert_eq!(live["reset_ms"], 1200);
+    assert!(live["last_store_failure"].is_null());
+    assert!(j["limits"][1]["live"].is_null(), "{j}");
+    let heads = admin.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    let keys: Vec<String> = limits(&j).into_iter().map(|l| l.5).collect();
+    let encoded = |k: &str| -> String {
+        k.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let want = format!(
+        "GET /limits/state?key={}&key={} HTTP/1.1\r\n",
+        encoded(&keys[0]),
+        encoded(&keys[1])
+    );
+    for head in &heads {
+        assert!(head.starts_with(&want), "{head:?}\nwant {want:?}");
+        assert!(head.contains(&format!("\r\nHost: {}\r\n", admin.addr)), "{head:?}");
+    }
+
+    // Without a limit to ask about, nothing is asked.
+    let out = text(&[
+        "--admin",
+        &admin.url(),
+        "--header",
+        "Host: admin.example.com",
+        "GET",
+        "/",
+    ]);
+    assert!(out.contains("limits    none on this route"), "{out}");
+    assert_eq!(admin.heads.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn admin_errors_exit_1_with_a_reason() {
+    let not_found = FakeAdmin::start("HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\nnot found\n".into());
+    let broken = FakeAdmin::ok_json(r#"{"keys": "#);
+    let wrong_shape = FakeAdmin::ok_json(r#"{"state":[]}"#);
+    let not_http = FakeAdmin::start("SSH-2.0-OpenSSH_9.6\r\n".into());
+    let closed = format!("http://127.0.0.1:{}", support::closed_port());
+    let cases: Vec<(String, &str)> =
+        vec![
+        (closed.clone(), "cannot reach the admin listener at http://127.0.0.1:"),
+        (
+            not_found.url(),
+            "/limits/state answered 404 Not Found (is this a leasegate admin listener with /limits/state?): not found",
+        ),
+        (broken.url(), "answered JSON explain cannot read"),
+        (wrong_shape.url(), "answered JSON explain cannot read (missing field `keys`"),
+        (not_http.url(), "did not answer HTTP"),
+        ("https://127.0.0.1:9901".into(), "the admin listener serves plain HTTP, not https"),
+        ("http://127.0.0.1:nope".into(), "bad --admin \"http://127.0.0.1:nope\""),
+    ];
+    for (url, needle) in cases {
+        for json in [false, true] {
+            let mut args = vec!["--admin", url.as_str(), "GET", "/v1/orders"];
+            if json {
+                args.insert(0, "--json");
+            }
+            let (code, out, err) = explain_with(&config(""), &args);
+            assert_eq!(code, 1, "{args:?}: {out}{err}");
+            assert!(err.contains(needle), "{args:?}: want {needle:?} in {err}");
+            assert!(err.starts_with("leasegate explain: "), "{err}");
+            assert!(out.is_empty(), "{args:?}: {out}");
+        }
+    }
+}
+
+/// `--admin` against a real gateway's `GET /limits/state`: the key a
+/// request just used is tracked there, with its tokens at hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_a_running_gateways_key_state() {
+    let text = config("");
+    let gw = Gateway::start(&text);
+    let mut c = client::http1(gw.http()).await;
+    let req = http::Request::get("/v1/orders")
+        .header("host", "localhost")
+        .header("x-api-key", "test-key-1")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (status, _, body) = client::text(client::send(&mut c, req).await).await;
+    assert_eq!(status, 200, "{body}");
+    let admin = format!("http://{}", gw.admin());
+    let (code, out, err) = explain_with(
+        &text,
+        &[
+            "--json",
+            "--admin",
+            &admin,
+            "--header",
+            "X-API-Key: test-key-1",
+            "--ip",
+            "127.0.0.1",
+            "GET",
+            "/v1/orders",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    let live = &j["limits"][0]["live"];
+    assert_eq!(live["tracked"], true, "{j}\n{}", gw.log());
+    // A lease of at least the minimum (5), one token spent by the request.
+    assert!(live["tokens_at_hand"].as_u64().unwrap() >= 4, "{live}");
+    assert_eq!(live["blocked_for_ms"], 0);
+    assert!(live["last_store_failure"].is_null());
+}

@@ -35,11 +35,11 @@ pub struct File {
 #[serde(deny_unknown_fields)]
 pub struct Gateway {
     pub instance_id: Option<String>,
-    pub workers: Option<Spanned<usize>>,
-    pub grace_period_ms: Option<Spanned<u64>>,
-    pub max_connections: Option<Spanned<usize>>,
-    pub max_header_bytes: Option<Spanned<usize>>,
-    pub header_read_timeout_ms: Option<Spanned<u64>>,
+    pub workers: Option<Spanned<i64>>,
+    pub grace_period_ms: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub max_header_bytes: Option<Spanned<i64>>,
+    pub header_read_timeout_ms: Option<Spanned<i64>>,
     pub rate_limit_headers: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
 }
@@ -57,7 +57,7 @@ pub struct Listeners {
 pub struct Tls {
     pub cert: Spanned<String>,
     pub key: Spanned<String>,
-    pub client_hello_timeout_ms: Option<Spanned<u64>>,
+    pub client_hello_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -66,9 +66,9 @@ pub struct Store {
     pub backend: Option<Spanned<String>>,
     pub url: Option<Spanned<String>>,
     pub cluster: Option<Spanned<Vec<String>>>,
-    pub timeout_ms: Option<Spanned<u64>>,
-    pub max_keys: Option<Spanned<usize>>,
-    pub fleet_size: Option<Spanned<u64>>,
+    pub timeout_ms: Option<Spanned<i64>>,
+    pub max_keys: Option<Spanned<i64>>,
+    pub fleet_size: Option<Spanned<i64>>,
     #[serde(default)]
     pub breaker: Breaker,
 }
@@ -76,19 +76,19 @@ pub struct Store {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Breaker {
-    pub failures: Option<Spanned<u32>>,
-    pub open_ms: Option<Spanned<u64>>,
+    pub failures: Option<Spanned<i64>>,
+    pub open_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Leasing {
-    pub min: Option<Spanned<u64>>,
-    pub max: Option<Spanned<u64>>,
-    pub lookahead_ms: Option<Spanned<u64>>,
-    pub ttl_ms: Option<Spanned<u64>>,
+    pub min: Option<Spanned<i64>>,
+    pub max: Option<Spanned<i64>>,
+    pub lookahead_ms: Option<Spanned<i64>>,
+    pub ttl_ms: Option<Spanned<i64>>,
     pub max_fraction: Option<Spanned<f64>>,
-    pub max_block_ms: Option<Spanned<u64>>,
+    pub max_block_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -96,8 +96,8 @@ pub struct Leasing {
 pub struct Identity {
     #[serde(default)]
     pub trusted_proxies: Vec<Spanned<String>>,
-    pub ipv4_prefix: Option<Spanned<u8>>,
-    pub ipv6_prefix: Option<Spanned<u8>>,
+    pub ipv4_prefix: Option<Spanned<i64>>,
+    pub ipv6_prefix: Option<Spanned<i64>>,
     pub jwt: Option<Spanned<Jwt>>,
     #[serde(default)]
     pub api_keys: Vec<Spanned<ApiKey>>,
@@ -117,7 +117,7 @@ pub struct Jwt {
     pub tenant_claim: Option<String>,
     pub plan_claim: Option<String>,
     pub jwks_file: Option<String>,
-    pub leeway_secs: Option<u64>,
+    pub leeway_secs: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,10 +135,10 @@ pub struct ApiKey {
 pub struct Upstream {
     pub name: Spanned<String>,
     pub targets: Spanned<Vec<Spanned<String>>>,
-    pub connect_timeout_ms: Option<Spanned<u64>>,
-    pub request_timeout_ms: Option<Spanned<u64>>,
-    pub pool_idle_timeout_ms: Option<Spanned<u64>>,
-    pub pool_max_idle_per_host: Option<Spanned<usize>>,
+    pub connect_timeout_ms: Option<Spanned<i64>>,
+    pub request_timeout_ms: Option<Spanned<i64>>,
+    pub pool_idle_timeout_ms: Option<Spanned<i64>>,
+    pub pool_max_idle_per_host: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -158,7 +158,7 @@ pub struct Route {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirectResponse {
-    pub status: u16,
+    pub status: Spanned<i64>,
     #[serde(default)]
     pub body: String,
     #[serde(default)]
@@ -171,16 +171,16 @@ pub struct Limit {
     pub name: Spanned<String>,
     pub algorithm: Option<Spanned<String>>,
     pub rate: Spanned<String>,
-    pub burst: Option<Spanned<u64>>,
+    pub burst: Option<Spanned<i64>>,
     pub by: Option<Spanned<Vec<String>>>,
     pub mode: Option<Spanned<String>>,
-    pub canary_percent: Option<Spanned<u8>>,
+    pub canary_percent: Option<Spanned<i64>>,
     pub enforce_after: Option<Spanned<String>>,
     #[serde(default)]
     pub plans: BTreeMap<String, Spanned<String>>,
     pub tiers: Option<Spanned<Vec<String>>>,
     pub fallback_rate: Option<Spanned<String>>,
-    pub shards: Option<Spanned<u32>>,
+    pub shards: Option<Spanned<i64>>,
     pub shard_by: Option<Spanned<String>>,
 }
 
@@ -188,5 +188,5 @@ pub struct Limit {
 #[serde(deny_unknown_fields)]
 pub struct Events {
     pub dogstatsd: Option<Spanned<String>>,
-    pub min_interval_ms: Option<Spanned<u64>>,
+    pub min_interval_ms: Option<Spanned<i64>>,
 }

@@ -85,46 +85,10 @@ impl Reloader {
         outcome == "ok"
     }
 
-    /// Listener addresses, TLS material, worker count and connection limits
-    /// are bound at start: say so rather than half-apply them.
+    /// Settings bound at start: say so rather than half-apply them.
     fn warn_about_restart_only_changes(&self, new: &Config) {
-        let old = self.gateway.config();
-        let (o, n) = (&old.listeners, &new.listeners);
-        if o.http != n.http || o.https != n.https || o.admin != n.admin {
-            tracing::warn!("listener addresses changed: they apply after a restart");
-        }
-        let cert = |c: &Config| c.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone()));
-        if cert(&old) != cert(new) {
-            tracing::warn!("[tls] changed: certificates apply after a restart");
-        }
-        let g = |c: &Config| {
-            (
-                c.gateway.workers,
-                c.gateway.max_connections,
-                c.gateway.max_header_bytes,
-                c.gateway.header_read_timeout,
-                c.gateway.grace_period,
-            )
-        };
-        if g(&old) != g(new) {
-            tracing::warn!(
-                "[gateway] workers, connection, header or grace settings changed: they apply after a restart"
-            );
-        }
-        if old.tls.as_ref().map(|t| t.client_hello_timeout) != new.tls.as_ref().map(|t| t.client_hello_timeout) {
-            tracing::warn!("[tls] client_hello_timeout_ms changed: it applies after a restart");
-        }
-        if old.gateway.access_log != new.gateway.access_log {
-            tracing::warn!("[gateway] access_log changed: the format applies after a restart");
-        }
-        if old.store.max_keys != new.store.max_keys {
-            tracing::warn!("[store] max_keys changed: it applies after a restart");
-        }
-        if old.store.backend != new.store.backend {
-            tracing::warn!("[store] backend changed: it applies after a restart");
-        }
-        if (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker) {
-            tracing::warn!("[store] timeout_ms or [store.breaker] changed: they apply after a restart");
+        for warning in restart_only_changes(&self.gateway.config(), new) {
+            tracing::warn!("{warning}");
         }
     }
 
@@ -159,4 +123,62 @@ impl Reloader {
     fn hash(&self) -> Option<[u8; 32]> {
         std::fs::read(&self.path).ok().map(|b| Sha256::digest(&b).into())
     }
+}
+
+/// What a reload from `old` to `new` cannot apply, one message per group of
+/// settings bound at start: listener addresses, TLS material, worker count,
+/// connection and header limits, the access-log writer and the store. The
+/// reload logs each at WARN; `docs/operations.md` lists them (a test holds
+/// the two together).
+pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut warn = |changed: bool, message: &str| {
+        if changed {
+            out.push(message.to_string());
+        }
+    };
+    let (o, n) = (&old.listeners, &new.listeners);
+    warn(
+        o.http != n.http || o.https != n.https || o.admin != n.admin,
+        "listener addresses changed: they apply after a restart",
+    );
+    let cert = |c: &Config| c.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone()));
+    warn(
+        cert(old) != cert(new),
+        "[tls] changed: certificates apply after a restart",
+    );
+    let g = |c: &Config| {
+        (
+            c.gateway.workers,
+            c.gateway.max_connections,
+            c.gateway.max_header_bytes,
+            c.gateway.header_read_timeout,
+            c.gateway.grace_period,
+        )
+    };
+    warn(
+        g(old) != g(new),
+        "[gateway] workers, connection, header or grace settings changed: they apply after a restart",
+    );
+    warn(
+        old.tls.as_ref().map(|t| t.client_hello_timeout) != new.tls.as_ref().map(|t| t.client_hello_timeout),
+        "[tls] client_hello_timeout_ms changed: it applies after a restart",
+    );
+    warn(
+        old.gateway.access_log != new.gateway.access_log,
+        "[gateway] access_log changed: the format applies after a restart",
+    );
+    warn(
+        old.store.max_keys != new.store.max_keys,
+        "[store] max_keys changed: it applies after a restart",
+    );
+    warn(
+        old.store.backend != new.store.backend,
+        "[store] backend changed: it applies after a restart",
+    );
+    warn(
+        (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker),
+        "[store] timeout_ms or [store.breaker] changed: they apply after a restart",
+    );
+    out
 }

@@ -154,7 +154,7 @@ fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListene
 /// Serves `config` until SIGINT or SIGTERM, then drains and returns.
 pub fn run(config: Config) -> Result<(), ServeError> {
     let config_path = config.source.path.clone();
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_store_deadline(config.store.timeout));
     let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
     let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
     let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;

@@ -210,14 +210,7 @@ fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> Option<crate::identi
         );
         ok = false;
     }
-    let leeway = j.leeway_secs.unwrap_or(5);
-    if leeway > 300 {
-        c.at(
-            span,
-            "identity.jwt.leeway_secs",
-            format!("{leeway} is out of range: use 0 to 300"),
-        );
-    }
+    let leeway: u64 = in_range(c, &j.leeway_secs, "identity.jwt.leeway_secs", 0, 300, 5);
     (ok && !algorithms.is_empty()).then(|| {
         jwt::Verifier::new(jwt::Settings {
             algorithms,

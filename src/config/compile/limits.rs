@@ -68,11 +68,17 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
                 );
                 rate.count
             }
-            Some(b) if *b.get_ref() == 0 => {
-                c.at(b.span(), format!("{key}.burst"), "must be at least 1");
-                rate.count
-            }
-            Some(b) => *b.get_ref(),
+            Some(b) => match u64::try_from(*b.get_ref()) {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    c.at(
+                        b.span(),
+                        format!("{key}.burst"),
+                        format!("{} is out of range: use 1 or more", b.get_ref()),
+                    );
+                    rate.count
+                }
+            },
         };
         // Bucket levels are kept in units of capacity × period; they must
         // stay exact in a double for the Redis scripts.

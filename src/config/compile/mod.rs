@@ -112,25 +112,29 @@ fn host_name() -> String {
         .unwrap_or_else(|| "leasegate".to_string())
 }
 
-fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
-    c: &mut Check,
-    v: &Option<Spanned<T>>,
-    key: &str,
-    lo: T,
-    hi: T,
-    default: T,
-) -> T {
+/// A number from the file, checked against `lo..=hi` and converted to the
+/// type the runtime keeps. The raw mirror reads integers as `i64` whatever
+/// their range, so that `-5` reaches this check and is refused in words
+/// ("use 1 to 1000") with the key's index, rather than by serde in Rust type
+/// names (`expected u64`).
+fn in_range<R, T>(c: &mut Check, v: &Option<Spanned<R>>, key: &str, lo: T, hi: T, default: T) -> T
+where
+    R: Copy + std::fmt::Display + TryInto<T>,
+    T: PartialOrd + Copy + std::fmt::Display,
+{
     match v {
         None => default,
-        Some(s) if *s.get_ref() >= lo && *s.get_ref() <= hi => *s.get_ref(),
-        Some(s) => {
-            c.at(
-                s.span(),
-                key,
-                format!("{} is out of range: use {lo} to {hi}", s.get_ref()),
-            );
-            default
-        }
+        Some(s) => match (*s.get_ref()).try_into() {
+            Ok(n) if n >= lo && n <= hi => n,
+            _ => {
+                c.at(
+                    s.span(),
+                    key,
+                    format!("{} is out of range: use {lo} to {hi}", s.get_ref()),
+                );
+                default
+            }
+        },
     }
 }
 

@@ -194,13 +194,14 @@ fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {
 fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) -> Option<DirectResponse> {
     let span = r.span();
     let r = r.into_inner();
-    let status = match StatusCode::from_u16(r.status) {
+    let code = u16::try_from(*r.status.get_ref()).unwrap_or(0);
+    let status = match StatusCode::from_u16(code) {
         Ok(s) if (200..=599).contains(&s.as_u16()) => Some(s),
         _ => {
             c.at(
-                span.clone(),
+                r.status.span(),
                 format!("{key}.response.status"),
-                format!("{} is not a final HTTP status (200 to 599)", r.status),
+                format!("{} is not a final HTTP status: use 200 to 599", r.status.get_ref()),
             );
             None
         }

@@ -35,7 +35,7 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec
                 Err(why) => c.at(t.span(), format!("{key}.targets"), format!("{:?}: {why}", t.get_ref())),
             }
         }
-        let mut ms = |v: &Option<Spanned<u64>>, field: &str, default: u64| {
+        let mut ms = |v: &Option<Spanned<i64>>, field: &str, default: u64| {
             Duration::from_millis(in_range(c, v, &format!("{key}.{field}"), 1, 3_600_000, default))
         };
         let connect = ms(&u.connect_timeout_ms, "connect_timeout_ms", 1_000);
