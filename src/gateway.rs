@@ -108,7 +108,13 @@ impl Gateway {
             })
             .map(|o| o.name.clone())
             .collect();
-        self.limiter.set_settings(Settings::from_config(&snapshot.config));
+        // The store deadline is bound at start (the guard's, a restart-only
+        // setting): a request's wait budget keeps it too.
+        let settings = Settings {
+            deadline_ms: self.limiter.settings().deadline_ms,
+            ..Settings::from_config(&snapshot.config)
+        };
+        self.limiter.set_settings(settings);
         let events = start_events(&snapshot.config, &self.metrics, self.events.load_full());
         self.events.store(events);
         self.snapshot.store(Arc::new(snapshot));

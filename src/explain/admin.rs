@@ -57,7 +57,7 @@ impl AdminUrl {
     pub fn parse(url: &str) -> Result<AdminUrl, AdminError> {
         let bad = || AdminError::Url(url.to_string());
         let trimmed = url.trim();
-        if trimmed.len() >= 8 && trimmed[..8].eq_ignore_ascii_case("https://") {
+        if trimmed.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) {
             return Err(AdminError::Https(url.to_string()));
         }
         let rest = match trimmed.get(..7) {
@@ -328,6 +328,10 @@ mod tests {
         ok("http://127.0.0.1:9901/", "127.0.0.1:9901", "");
         ok("HTTP://localhost:9901/gw/", "localhost:9901", "/gw");
         ok("127.0.0.1:9901", "127.0.0.1:9901", "");
+        // Multi-byte characters where the scheme would end: no panic.
+        for u in ["aéééé", "httpéé://x", "htté"] {
+            let _ = AdminUrl::parse(u);
+        }
         ok("http://[::1]:9901", "[::1]:9901", "");
         ok("http://admin.internal", "admin.internal:80", "");
         assert!(matches!(

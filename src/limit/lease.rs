@@ -82,6 +82,9 @@ pub struct Lease {
     /// Tokens at hand right after the last grant: what was spent since is
     /// the rate estimate's sample, with no counter on the spending path.
     level_at_grant: AtomicU64,
+    /// Tokens taken out unspent since the last grant (expired, released,
+    /// evicted): not spent, so not part of the rate estimate's sample.
+    taken_back: AtomicU64,
     /// When the last store call was made, ms.
     sampled_at: AtomicU64,
     /// Smoothed requests per second, as f64 bits.
@@ -179,33 +182,46 @@ impl Lease {
     /// Takes every token at hand if the lease has expired: they belong to
     /// the store again.
     pub fn take_expired(&self, now_ms: u64) -> u64 {
-        if self.expires_at.load(Ordering::Relaxed) > now_ms {
+        if self.expires_at.load(Ordering::Acquire) > now_ms {
             return 0;
         }
-        self.tokens.swap(0, Ordering::AcqRel)
+        let taken = self.tokens.swap(0, Ordering::AcqRel);
+        // A grant that landed between the two reads moved the expiry first
+        // (see `add`): what was taken is fresh, and goes back at once.
+        if taken > 0 && self.expires_at.load(Ordering::Acquire) > now_ms {
+            self.tokens.fetch_add(taken, Ordering::AcqRel);
+            return 0;
+        }
+        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        taken
     }
 
     /// Takes up to `n` tokens at hand; returns how many.
     pub fn take_up_to(&self, n: u64) -> u64 {
-        match self
+        let taken = match self
             .tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t - t.min(n)))
         {
             Ok(before) | Err(before) => before.min(n),
-        }
+        };
+        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        taken
     }
 
     /// Takes every token at hand (shutdown, changed limit).
     pub fn take_all(&self) -> u64 {
-        self.tokens.swap(0, Ordering::AcqRel)
+        let taken = self.tokens.swap(0, Ordering::AcqRel);
+        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        taken
     }
 
     /// The size of the next lease, updating the rate estimate from what was
-    /// spent since the last grant. `returned` counts tokens taken back
-    /// unspent (expired) since then; `asking` is 1 when a request without a
+    /// spent since the last grant (tokens taken back unspent since then, by
+    /// any path, do not count); `asking` is 1 when a request without a
     /// token is asking (its hit counts too), 0 for a background refill.
-    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, returned: u64, asking: u64) -> u64 {
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, asking: u64) -> u64 {
         let level = self.level_at_grant.swap(0, Ordering::Relaxed);
+        let returned = self.taken_back.swap(0, Ordering::Relaxed);
         // Spent since the grant, plus the request asking now.
         let hits = level.saturating_sub(self.available() + returned) + asking;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
@@ -249,14 +265,17 @@ impl Lease {
 
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.
     pub fn add(&self, g: Granted, now_ms: u64, ttl_ms: u64) {
+        // The new expiry and window first: a sweeper that sees the new
+        // tokens must not take them as expired under the old ones.
+        self.expires_at.store(now_ms.saturating_add(ttl_ms), Ordering::Release);
+        self.window_ms.store(g.window_ms, Ordering::Release);
+        self.taken_back.store(0, Ordering::Relaxed);
         let level = self.tokens.fetch_add(g.tokens, Ordering::AcqRel) + g.tokens;
         self.level_at_grant.store(level, Ordering::Relaxed);
         self.touch(now_ms);
-        self.expires_at.store(now_ms.saturating_add(ttl_ms), Ordering::Relaxed);
         self.store_remaining.store(g.remaining, Ordering::Relaxed);
         self.reset_at
             .store(now_ms.saturating_add(g.reset_ms), Ordering::Relaxed);
-        self.window_ms.store(g.window_ms, Ordering::Relaxed);
     }
 
     /// Counts one more request over the quota and returns how many there
@@ -487,7 +506,7 @@ mod tests {
         let s = Sizing::default();
         let lease = Lease::default();
         let mut now = 1_000;
-        lease.next_size(&s, 1_000_000, now, 0, 1);
+        lease.next_size(&s, 1_000_000, now, 1);
         let grant = |lease: &Lease, now| {
             lease.add(
                 Granted {
@@ -507,7 +526,7 @@ mod tests {
                 lease.try_take(now);
             }
             now += 100; // 4,000 qps
-            sizes.push(lease.next_size(&s, 1_000_000, now, 0, 1));
+            sizes.push(lease.next_size(&s, 1_000_000, now, 1));
         }
         assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
         assert_eq!(*sizes.last().unwrap(), 500);
@@ -515,7 +534,7 @@ mod tests {
         for _ in 0..8 {
             grant(&lease, now);
             now += 1_000; // 1 qps: the asking request only
-            decaying.push(lease.next_size(&s, 1_000_000, now, 0, 1));
+            decaying.push(lease.next_size(&s, 1_000_000, now, 1));
         }
         assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
         assert_eq!(*decaying.last().unwrap(), 5);

@@ -72,7 +72,19 @@ impl Limiter {
     /// The state of the lease of store key `key` (`rl:{...}`), if this
     /// instance holds one. A scan of the lease table: admin use only.
     pub fn key_state(&self, key: &str) -> KeyState {
-        let Some(lease) = self.leases.find(key) else {
+        self.key_states(&[key])
+            .pop()
+            .unwrap_or_else(|| self.state_of(key, None))
+    }
+
+    /// The states of `keys`, in their order, from one scan of the table.
+    pub fn key_states(&self, keys: &[&str]) -> Vec<KeyState> {
+        let leases = self.leases.find_all(keys);
+        keys.iter().zip(leases).map(|(k, l)| self.state_of(k, l)).collect()
+    }
+
+    fn state_of(&self, key: &str, lease: Option<std::sync::Arc<super::lease::Lease>>) -> KeyState {
+        let Some(lease) = lease else {
             return KeyState {
                 key: key.to_string(),
                 tracked: false,

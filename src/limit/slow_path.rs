@@ -61,6 +61,9 @@ impl Limiter {
         // In line from now on: a call made for this key asks for us too.
         let _in_line = lease.wait_in_line();
         let mut waited = false;
+        // A slot claimed while waiting: the call waited for has just ended,
+        // so what it brought is looked at before another call is made.
+        let mut claimed: Option<RefillSlot<'_>> = None;
         loop {
             let now = self.now_ms();
             if lease.try_take(now) {
@@ -69,23 +72,24 @@ impl Limiter {
             if blocked::remaining(&lease, now).is_some() {
                 return Ok(None);
             }
-            let slot = match lease.start_refill() {
+            let slot = match claimed.take().or_else(|| lease.start_refill()) {
                 Some(slot) => slot,
                 None => {
                     // A call is in flight: its answer, or its failure, is ours.
-                    let Ok(claimed) = tokio::time::timeout_at(deadline, lease.wait_for_refill()).await else {
+                    let Ok(slot) = tokio::time::timeout_at(deadline, lease.wait_for_refill()).await else {
                         return Err(StoreError::Timeout(settings.deadline_ms));
                     };
                     waited = true;
-                    match claimed {
-                        Some(slot) => slot,
-                        None => {
-                            if let Some(e) = lease.last_failure() {
-                                return Err(e);
-                            }
-                            continue;
+                    // The call ended: if it failed, so do we, without calling
+                    // again (and a slot we hold passes the failure on).
+                    if let Some(e) = lease.last_failure() {
+                        if let Some(slot) = &slot {
+                            slot.record(Some(&e));
                         }
+                        return Err(e);
                     }
+                    claimed = slot;
+                    continue;
                 }
             };
             let call = self.store_call(&lease, &slot, spec, settings, Caller::Request);
@@ -127,7 +131,7 @@ impl Limiter {
             window_ms: lease.window_ms(),
         };
         let own = u64::from(caller == Caller::Request);
-        let size = lease.next_size(&settings.sizing, spec.capacity, now, expired, own);
+        let size = lease.next_size(&settings.sizing, spec.capacity, now, own);
         lease.size_hint.store(size, Ordering::Relaxed);
         // Enough for the requests in line (up to `max`), else the sized lease.
         let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
@@ -143,6 +147,22 @@ impl Limiter {
             lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
             blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
             return Ok(false);
+        }
+        // Sliding window: tokens still at hand from an older window go back
+        // to it now, before the new grant's window becomes the lease's.
+        let old_window = lease.window_ms();
+        if old_window != 0 && old_window != grant.window_ms {
+            let old = lease.take_all();
+            if old > 0 {
+                self.release_later(Release {
+                    lease: lease.clone(),
+                    spec: *spec,
+                    unspent: Unspent {
+                        tokens: old,
+                        window_ms: old_window,
+                    },
+                });
+            }
         }
         lease.add(
             Granted {

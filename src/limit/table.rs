@@ -118,10 +118,38 @@ impl LeaseTable {
     /// capacity (`[store] max_keys`): for the admin endpoint only, never for
     /// requests.
     pub fn find(&self, key: &str) -> Option<Arc<Lease>> {
-        self.shards.iter().find_map(|shard| {
-            let map = shard.read().ok()?;
-            map.values().find(|l| l.key() == key).cloned()
-        })
+        self.find_all(&[key]).pop().flatten()
+    }
+
+    /// The leases of `keys`, in their order, in one scan of the table
+    /// (however many keys are asked for).
+    pub fn find_all(&self, keys: &[&str]) -> Vec<Option<Arc<Lease>>> {
+        let wanted: std::collections::HashMap<&str, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let mut found = vec![None; keys.len()];
+        let mut left = wanted.len();
+        for shard in self.shards.iter() {
+            let Ok(map) = shard.read() else { continue };
+            for lease in map.values() {
+                if let Some(&i) = wanted.get(lease.key()) {
+                    if found[i].is_none() {
+                        found[i] = Some(lease.clone());
+                        left -= 1;
+                    }
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        // A key asked for twice gets its lease twice.
+        for (i, k) in keys.iter().enumerate() {
+            if found[i].is_none() {
+                if let Some(&j) = wanted.get(k) {
+                    found[i] = found[j].clone();
+                }
+            }
+        }
+        found
     }
 
     /// Visits at most `max` leases, whole shards at a time starting at shard

@@ -135,7 +135,8 @@ fn limits_state(query: Option<&str>, gateway: &Gateway) -> Response<Body> {
             format!("at most {MAX_STATE_KEYS} keys per request, got {}\n", keys.len()),
         );
     }
-    let states: Vec<_> = keys.iter().map(|k| gateway.limiter.key_state(k)).collect();
+    let keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+    let states = gateway.limiter.key_states(&keys);
     json(StatusCode::OK, &serde_json::json!({ "keys": states }))
 }
 

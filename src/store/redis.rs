@@ -437,7 +437,8 @@ pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    match rest.split_once('@') {
+    // The last '@' ends the user info: a password may hold one.
+    match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
             format!("{scheme}://{user}:***@{host}")
@@ -511,6 +512,11 @@ mod tests {
         assert_eq!(
             redact("rediss://app:pw@r.example:6380"),
             "rediss://app:***@r.example:6380"
+        );
+        // A password holding '@' is hidden whole.
+        assert_eq!(
+            redact("redis://app:p@ss@w0rd@10.0.0.1:6379"),
+            "redis://app:***@10.0.0.1:6379"
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }

@@ -358,3 +358,50 @@ async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
     // (Where the store puts them is the store's part: src/quota and
     // tests/redis_store.rs.)
 }
+
+#[tokio::test]
+async fn swept_tokens_are_not_counted_as_admitted() {
+    let (now, _, limiter) = at(T0);
+    let limits = vec![limit("l", "100/min", None, Mode::Enforce)];
+    // One request every 3 s: each lease of 5 expires, and the sweeper takes
+    // its 4 unspent tokens back before the next request comes.
+    for _ in 0..20 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        now.fetch_add(2_000, Ordering::SeqCst);
+        limiter.sweep(3_600_000).await;
+        now.fetch_add(1_000, Ordering::SeqCst);
+    }
+    let rate = limiter
+        .leases
+        .with(limiter_hash(&limiter, &limits[0], "a"), |l| l.admitted_rate())
+        .unwrap();
+    // A third of a request per second, not the 5 / 3 s the leases held.
+    assert!((0.25..0.45).contains(&rate), "{rate}");
+}
+
+#[tokio::test]
+async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
+    let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
+    let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
+    assert_eq!(one(&limiter, &limits, "a").await.refused, None); // lease of 5, 4 at hand
+    now.fetch_add(700, Ordering::SeqCst); // the next window, the lease still alive
+    for _ in 0..3 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    }
+    // The third left one token at hand (the low watermark): the refill came
+    // from the new window, and the old window's token went back to it.
+    for _ in 0..100 {
+        if limiter.pending_releases() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let back = store.unspent.lock().unwrap().clone();
+    assert_eq!(
+        back,
+        vec![Unspent {
+            tokens: 1,
+            window_ms: T0 - 10_000
+        }]
+    );
+}
