@@ -328,7 +328,11 @@ fn bad_arguments_exit_1_with_a_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_prints_the_keys_the_gateway_writes_to_redis() {
     let redis = Redis::start();
-    let store = format!("[store]\nbackend = \"redis\"\nurl = \"{}\"\n", redis.url());
+    // A generous deadline: this test is about keys, and its route fails closed.
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\n",
+        redis.url()
+    );
     let text = config(&store);
     let gw = Gateway::start_connected(&text);
     let mut c = client::http1(gw.http()).await;
