@@ -1,0 +1,227 @@
+//! Redis Sentinel: a master, a replica and three sentinels, all real
+//! processes on 127.0.0.1. The gateway finds the master through the
+//! sentinels; the master is SIGKILLed under load. No request waits on the
+//! failover (each is answered within the store deadline plus a little),
+//! fail-open and fail-closed routes behave as with a dead Redis while it
+//! lasts, and limits resume on the promoted replica, from its copy of the
+//! buckets. The timeline is printed (`cargo test --test sentinel --
+//! --nocapture`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::redis::{Sentinels, MASTER_NAME};
+use support::{client, sample, Gateway};
+
+fn config(set: &Sentinels) -> String {
+    format!(
+        r#"
+[gateway]
+workers = 1
+
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+sentinel = {sentinels}
+sentinel_master = "{MASTER_NAME}"
+timeout_ms = 10
+
+[store.breaker]
+failures = 3
+open_ms = 500
+
+[leasing]
+min = 1
+max = 5
+
+[[routes]]
+name = "open"
+path_prefix = "/open"
+response = {{ status = 200, body = "ok" }}
+limits = ["roomy"]
+on_store_failure = "allow"
+
+[[routes]]
+name = "closed"
+path_prefix = "/closed"
+response = {{ status = 200, body = "ok" }}
+limits = ["roomy"]
+on_store_failure = "deny"
+
+[[routes]]
+name = "low"
+path_prefix = "/low"
+response = {{ status = 200, body = "ok" }}
+limits = ["low"]
+on_store_failure = "deny"
+
+[[limits]]
+name = "roomy"
+rate = "100000/s"
+by = ["route"]
+
+[[limits]]
+name = "low"
+rate = "4/h"
+by = ["route"]
+"#,
+        sentinels = set.urls_toml()
+    )
+}
+
+async fn request(c: &mut client::Sender1, path: &str) -> (StatusCode, Duration) {
+    let started = Instant::now();
+    let (status, _, _) = client::text(client::send(c, client::get(path)).await).await;
+    (status, started.elapsed())
+}
+
+/// The master's port as sentinel `port` names it.
+fn named_master(port: u16) -> Option<u16> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["SENTINEL", "get-master-addr-by-name", MASTER_NAME])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|p| p.trim().parse().ok())
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("never".to_string(), |d| format!("{} ms", d.as_millis()))
+}
+
+#[tokio::test]
+async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() {
+    let test_started = Instant::now();
+    let mut set = Sentinels::start();
+    assert_eq!(set.master_port(), Some(set.master.port));
+    let gw = Gateway::start_connected(&config(&set));
+    let mut c = client::http1(gw.http()).await;
+
+    // A healthy baseline: the fail-closed route is served from Redis.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&mut c, "/closed").await.0 != StatusCode::OK {
+        assert!(Instant::now() < deadline, "never served:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Exhaust a limit on the master: 4 per hour.
+    let mut low = Vec::new();
+    for _ in 0..5 {
+        low.push(request(&mut c, "/low").await.0);
+    }
+    assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
+    assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
+    // The bucket reached the replica (asynchronous replication, on loopback).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
+        assert!(Instant::now() < deadline, "the bucket never reached the replica");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let replica_scripts_before = set.replica.script_calls();
+
+    // Watch the sentinels: when does a majority name the replica?
+    let kill_at = Instant::now();
+    let promoted: Arc<Mutex<Option<Duration>>> = Arc::default();
+    let watcher = {
+        let promoted = promoted.clone();
+        let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
+        let replica = set.replica.port;
+        std::thread::spawn(move || {
+            while kill_at.elapsed() < Duration::from_secs(20) {
+                let named = ports.iter().filter(|p| named_master(**p) == Some(replica)).count();
+                if named >= 2 {
+                    *promoted.lock().unwrap() = Some(kill_at.elapsed());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        })
+    };
+    set.master.kill();
+
+    // Drive both routes until the fail-closed one is served again after
+    // failing, then a little longer.
+    let (mut first_failure, mut first_success) = (None, None);
+    let (mut open_ok, mut closed_503, mut closed_ok, mut requests) = (0u64, 0u64, 0u64, 0u64);
+    let mut slowest = Duration::ZERO;
+    let mut resumed_at = None;
+    let until = kill_at + Duration::from_secs(15);
+    while Instant::now() < until {
+        let (status, took) = request(&mut c, "/open").await;
+        assert_eq!(status, StatusCode::OK, "a fail-open route keeps answering 200");
+        slowest = slowest.max(took);
+        open_ok += 1;
+        let (status, took) = request(&mut c, "/closed").await;
+        slowest = slowest.max(took);
+        requests += 2;
+        match status {
+            StatusCode::OK => {
+                closed_ok += 1;
+                if first_failure.is_some() && first_success.is_none() {
+                    first_success = Some(kill_at.elapsed());
+                }
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                closed_503 += 1;
+                first_failure.get_or_insert(kill_at.elapsed());
+            }
+            other => panic!("unexpected {other} on the fail-closed route"),
+        }
+        if first_success.is_some() {
+            let at = *resumed_at.get_or_insert(Instant::now());
+            if at.elapsed() > Duration::from_millis(500) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    watcher.join().unwrap();
+    let promoted = *promoted.lock().unwrap();
+    println!("failover timeline (from the SIGKILL of the master, timeout_ms = 10, open_ms = 500):");
+    println!("  first failure (fail-closed 503):      {}", ms(first_failure));
+    println!("  promotion named by the sentinels:     {}", ms(promoted));
+    println!("  first success on the new master:      {}", ms(first_success));
+    println!(
+        "  {requests} requests: {open_ok} fail-open 200s, {closed_ok} fail-closed 200s, {closed_503} 503s; slowest {slowest:?}"
+    );
+    println!("  whole test so far: {:?}", test_started.elapsed());
+    assert!(first_failure.is_some(), "the outage was seen:\n{}", gw.log());
+    let promoted = promoted.unwrap_or_else(|| panic!("the sentinels never promoted the replica"));
+    let first_success = first_success.unwrap_or_else(|| panic!("enforcement never resumed:\n{}", gw.log()));
+    assert!(
+        slowest < Duration::from_millis(100),
+        "no request waits on the failover: slowest took {slowest:?}"
+    );
+    assert!(
+        first_success < promoted + Duration::from_secs(3),
+        "resumed {first_success:?} after the kill, promotion at {promoted:?}"
+    );
+
+    // Limits resume on the promoted replica, from its copy of the bucket:
+    // the exhausted key is still exhausted, and the calls land there.
+    assert_eq!(request(&mut c, "/low").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        set.replica.script_calls() > replica_scripts_before,
+        "the scripts run on the new master"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&gw.metrics().await, "leasegate_circuit_open ") != 0.0 {
+        assert!(Instant::now() < deadline, "the circuit stayed open:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        gw.log().contains("the sentinels name a new Redis master"),
+        "{}",
+        gw.log()
+    );
+}
