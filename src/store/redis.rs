@@ -68,6 +68,11 @@ const SENTINEL_TIMEOUT: Duration = Duration::from_millis(300);
 /// How often discovery asks the sentinels when nothing prompts it: an idle
 /// gateway follows a failover within this, plus the sentinels' own delay.
 const SENTINEL_POLL: Duration = Duration::from_secs(1);
+/// How often while there is no connection to the master (a failover in
+/// progress): the promoted replica is found within this of being named,
+/// without waiting for a call to prompt it (the breaker's probe only comes
+/// every `open_ms`).
+const SENTINEL_POLL_DOWN: Duration = Duration::from_millis(250);
 /// Least time between two discoveries: failing calls prompt one each, and
 /// the sentinels need not hear about every one.
 const SENTINEL_GAP: Duration = Duration::from_millis(100);
@@ -330,7 +335,8 @@ struct Sentinel {
 
 /// Keeps `node` on the master the sentinels name for `master`: asks them
 /// all at once, at start, when a call prompts it (a lost connection, a
-/// refused dial, `READONLY`), and every [`SENTINEL_POLL`] otherwise. Runs
+/// refused dial, `READONLY`), and every [`SENTINEL_POLL`] otherwise
+/// ([`SENTINEL_POLL_DOWN`] while not connected). Runs
 /// on the I/O thread for the store's life; no request ever waits on it.
 async fn follow_master(node: Arc<Node>, sentinels: Vec<Sentinel>, master: String, template: redis::ConnectionInfo) {
     let Some(notify) = node.rediscover.clone() else {
@@ -368,9 +374,11 @@ async fn follow_master(node: Arc<Node>, sentinels: Vec<Sentinel>, master: String
                 }
             }
         }
+        let connected = matches!(&*node.link.borrow(), Link::Up { .. });
+        let poll = if connected { SENTINEL_POLL } else { SENTINEL_POLL_DOWN };
         tokio::select! {
             _ = notify.notified() => {}
-            _ = tokio::time::sleep(SENTINEL_POLL) => {}
+            _ = tokio::time::sleep(poll) => {}
         }
         tokio::time::sleep(SENTINEL_GAP).await;
     }
