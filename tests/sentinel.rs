@@ -225,3 +225,82 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
         gw.log()
     );
 }
+
+/// A graceful switch (`SENTINEL FAILOVER`): the old master lives on as a
+/// replica of the new one, and the gateway's connection to it stays open
+/// (its scripts meet `READONLY` if the demotion comes before the gateway's
+/// next discovery). The gateway moves to the new master and stops calling
+/// the old one; no request waits. The sentinel list starts
+/// with one that is down: discovery asks them all at once, so it costs
+/// nothing.
+#[tokio::test]
+async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
+    let set = Sentinels::start();
+    let text = config(&set).replace(
+        "sentinel = [",
+        &format!("sentinel = [\"redis://127.0.0.1:{}\", ", support::closed_port()),
+    );
+    let gw = Gateway::start_connected(&text);
+    let mut c = client::http1(gw.http()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&mut c, "/closed").await.0 != StatusCode::OK {
+        assert!(Instant::now() < deadline, "never served:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(request(&mut c, "/low").await.0, StatusCode::OK);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
+        assert!(Instant::now() < deadline, "the bucket never reached the replica");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let started = Instant::now();
+    let out = set.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+    assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
+    let mut slowest = Duration::ZERO;
+    let mut moved = None;
+    while started.elapsed() < Duration::from_secs(15) {
+        for path in ["/open", "/closed"] {
+            let (status, took) = request(&mut c, path).await;
+            slowest = slowest.max(took);
+            assert!(
+                status == StatusCode::OK || (path == "/closed" && status == StatusCode::SERVICE_UNAVAILABLE),
+                "{path}: {status}"
+            );
+        }
+        if moved.is_none() && set.replica.script_calls() > 0 {
+            moved = Some(started.elapsed());
+        }
+        if moved.is_some_and(|m| started.elapsed() > m + Duration::from_millis(500)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let moved = moved.unwrap_or_else(|| panic!("the gateway never called the new master:\n{}", gw.log()));
+    let readonly = gw.log().contains("READONLY");
+    println!(
+        "switch: scripts on the new master {} ms after SENTINEL FAILOVER; READONLY seen: {readonly}; slowest {slowest:?}",
+        moved.as_millis()
+    );
+    assert!(slowest < Duration::from_millis(100), "slowest took {slowest:?}");
+    assert_eq!(set.master_port(), Some(set.replica.port));
+    // The sentinels turn the old master into a replica after the switch.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !set.master.cli(&["INFO", "replication"]).contains("role:slave") {
+        assert!(Instant::now() < deadline, "the old master was never demoted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The demoted node gets no more calls; the new one gets them all, and
+    // holds the exhausted bucket.
+    let old = set.master.script_calls();
+    let new = set.replica.script_calls();
+    for _ in 0..50 {
+        assert_eq!(request(&mut c, "/closed").await.0, StatusCode::OK);
+    }
+    assert_eq!(request(&mut c, "/low").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(set.master.script_calls(), old, "the demoted master is left alone");
+    assert!(set.replica.script_calls() > new);
+}
