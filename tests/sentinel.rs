@@ -5,20 +5,30 @@
 //! fail-open and fail-closed routes behave as with a dead Redis while it
 //! lasts, and limits resume on the promoted replica, from its copy of the
 //! buckets. The timeline is printed (`cargo test --test sentinel --
-//! --nocapture`).
+//! --nocapture`). Also: a graceful switch (`SENTINEL FAILOVER`), and a
+//! node answering `READONLY` (named by a stand-in sentinel) sending the
+//! gateway back to the sentinels.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::Command;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use support::redis::{Sentinels, MASTER_NAME};
+use support::redis::{Redis, Sentinels, MASTER_NAME};
 use support::{client, sample, Gateway};
 
 fn config(set: &Sentinels) -> String {
+    config_with(&set.urls_toml())
+}
+
+/// `sentinels`: a TOML list of sentinel URLs.
+fn config_with(sentinels: &str) -> String {
     format!(
         r#"
 [gateway]
@@ -72,8 +82,7 @@ by = ["route"]
 name = "low"
 rate = "4/h"
 by = ["route"]
-"#,
-        sentinels = set.urls_toml()
+"#
     )
 }
 
@@ -303,4 +312,114 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     assert_eq!(request(&mut c, "/low").await.0, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(set.master.script_calls(), old, "the demoted master is left alone");
     assert!(set.replica.script_calls() > new);
+}
+
+/// A stand-in sentinel that names whatever node the test says (a real one
+/// would not name a replica): answers `SENTINEL get-master-addr-by-name`
+/// with `127.0.0.1:<names>`, `+OK` to anything else, and counts the asks.
+struct FakeSentinel {
+    port: u16,
+    names: Arc<AtomicU16>,
+    asked: Arc<AtomicU64>,
+}
+
+impl FakeSentinel {
+    fn start(names: u16) -> FakeSentinel {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let names = Arc::new(AtomicU16::new(names));
+        let asked = Arc::new(AtomicU64::new(0));
+        let (n, a) = (names.clone(), asked.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (n, a) = (n.clone(), a.clone());
+                std::thread::spawn(move || Self::serve(conn, &n, &a));
+            }
+        });
+        FakeSentinel { port, names, asked }
+    }
+
+    fn serve(conn: TcpStream, names: &AtomicU16, asked: &AtomicU64) {
+        let mut out = conn.try_clone().unwrap();
+        let mut r = BufReader::new(conn);
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let Some(n) = line.trim().strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else {
+                return;
+            };
+            let mut args = Vec::new();
+            for _ in 0..n {
+                let mut len = String::new();
+                r.read_line(&mut len).unwrap();
+                let len: usize = len.trim().trim_start_matches('$').parse().unwrap();
+                let mut buf = vec![0; len + 2];
+                r.read_exact(&mut buf).unwrap();
+                args.push(String::from_utf8_lossy(&buf[..len]).to_lowercase());
+            }
+            let reply = if args.first().map(String::as_str) == Some("sentinel") {
+                asked.fetch_add(1, Ordering::SeqCst);
+                let port = names.load(Ordering::SeqCst).to_string();
+                format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+            } else {
+                "+OK\r\n".to_string()
+            };
+            if out.write_all(reply.as_bytes()).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The sentinels name a node that is a replica: its scripts are refused
+/// with `READONLY`, which drops the connection and asks the sentinels
+/// again, so once they name the master the gateway moves there. No
+/// request waits meanwhile.
+#[tokio::test]
+async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
+    let master = Redis::start();
+    let replica = Redis::start_replica_of(&master);
+    let fake = FakeSentinel::start(replica.port);
+    let text = config_with(&format!("[\"redis://127.0.0.1:{}\"]", fake.port));
+    let gw = Gateway::start_connected(&text);
+    let mut c = client::http1(gw.http()).await;
+    // Warm up (a fresh process's first requests are slower on a busy host).
+    for _ in 0..20 {
+        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+    }
+    let mut slowest = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gw.log().contains("read only replica") {
+        assert!(Instant::now() < deadline, "no READONLY:\n{}", gw.log());
+        let (status, took) = request(&mut c, "/closed").await;
+        slowest = slowest.max(took);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a replica takes no write");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        gw.log().contains("lost the Redis connection"),
+        "READONLY drops the connection:\n{}",
+        gw.log()
+    );
+    let asked = fake.asked.load(Ordering::SeqCst);
+    fake.names.store(master.port, Ordering::SeqCst);
+    let flipped = Instant::now();
+    let deadline = flipped + Duration::from_secs(5);
+    loop {
+        let (status, took) = request(&mut c, "/closed").await;
+        slowest = slowest.max(took);
+        if status == StatusCode::OK && master.script_calls() > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never moved to the master:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "readonly: served by the master {} ms after the sentinel named it ({} asks before); slowest {slowest:?}",
+        flipped.elapsed().as_millis(),
+        asked
+    );
+    assert!(slowest < Duration::from_millis(100), "slowest took {slowest:?}");
 }
