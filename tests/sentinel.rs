@@ -269,8 +269,11 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     let out = set.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
     assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
     let mut slowest = Duration::ZERO;
-    let mut moved = None;
+    let (mut moved, mut named) = (None, None);
     while started.elapsed() < Duration::from_secs(15) {
+        if named.is_none() && named_master(set.sentinels[0].port) == Some(set.replica.port) {
+            named = Some(started.elapsed());
+        }
         for path in ["/open", "/closed"] {
             let (status, took) = request(&mut c, path).await;
             slowest = slowest.max(took);
@@ -289,10 +292,14 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     }
     let moved = moved.unwrap_or_else(|| panic!("the gateway never called the new master:\n{}", gw.log()));
     let readonly = gw.log().contains("READONLY");
+    let log = gw.log();
     println!(
-        "switch: scripts on the new master {} ms after SENTINEL FAILOVER; READONLY seen: {readonly}; slowest {slowest:?}",
-        moved.as_millis()
+        "switch: named by the sentinel {} after SENTINEL FAILOVER, scripts on the new master at {} ms; +switch-master seen: {}; READONLY seen: {readonly}; slowest {slowest:?}",
+        ms(named),
+        moved.as_millis(),
+        log.contains("leasegate::store::redis: +switch-master"),
     );
+    assert!(log.contains("watching the sentinel for +switch-master"), "{log}");
     assert!(slowest < Duration::from_millis(100), "slowest took {slowest:?}");
     assert_eq!(set.master_port(), Some(set.replica.port));
     // The sentinels turn the old master into a replica after the switch.

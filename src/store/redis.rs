@@ -26,6 +26,15 @@
 //! callers fail with `Unavailable` (`store_error`). A connection that
 //! breaks (reset, closed) is dropped at its first such error. Only the
 //! guard's deadline makes a timeout.
+//!
+//! With Sentinel, that single-node connection goes to the master the
+//! sentinels name, and its address changes when they name another. The
+//! discovery is ours too (`SENTINEL get-master-addr-by-name` over
+//! short-lived connections, all sentinels at once, a majority of the
+//! answers): the crate's `SentinelClient` asks on every connect, in the
+//! caller's await, one sentinel after another. Here no call waits on a
+//! sentinel: [`follow_master`] and [`watch_switches`] run in the
+//! background, and a call made while no master is known fails at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
@@ -327,10 +336,64 @@ impl Node {
     }
 }
 
-/// One sentinel to ask: its client, and its address for logs.
+/// One sentinel to ask: its client, the same over RESP3 (for its
+/// `+switch-master` events), and its address for logs.
 struct Sentinel {
     client: redis::Client,
+    events: redis::Client,
     shown: String,
+}
+
+/// Listens on one sentinel at a time for `+switch-master` (the moment the
+/// sentinels switch to a promoted replica) and then prompts discovery at
+/// once, which still takes the sentinels' majority answer. When the
+/// connection ends, or cannot be made, the next sentinel is tried a
+/// [`SENTINEL_POLL`] later. Only speeds up following a failover: the polls
+/// of [`follow_master`] find it without this too.
+async fn watch_switches(node: Arc<Node>, sentinels: Arc<Vec<Sentinel>>, master: String) {
+    let Some(notify) = node.rediscover.clone() else {
+        return;
+    };
+    let mut turn = 0usize;
+    loop {
+        if let Some(s) = sentinels.get(turn % sentinels.len().max(1)) {
+            let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+                .set_response_timeout(Some(SENTINEL_TIMEOUT))
+                .set_push_sender(events);
+            let subscribed = match s.events.get_multiplexed_async_connection_with_config(&config).await {
+                Ok(mut c) => c.subscribe("+switch-master").await.map(|()| c),
+                Err(e) => Err(e),
+            };
+            match subscribed {
+                Ok(_connection) => {
+                    tracing::debug!(sentinel = %s.shown, "watching the sentinel for +switch-master");
+                    while let Some(push) = received.recv().await {
+                        match push.kind {
+                            redis::PushKind::Disconnection => break,
+                            redis::PushKind::Message => {
+                                // "<name> <old ip> <old port> <new ip> <new port>"
+                                let about = push
+                                    .data
+                                    .get(1)
+                                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                                    .is_some_and(|p| p.split(' ').next() == Some(master.as_str()));
+                                if about {
+                                    tracing::debug!(sentinel = %s.shown, "+switch-master");
+                                    notify.notify_one();
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(sentinel = %s.shown, error = %e, "cannot watch the sentinel"),
+            }
+        }
+        turn = turn.wrapping_add(1);
+        tokio::time::sleep(SENTINEL_POLL).await;
+    }
 }
 
 /// Keeps `node` on the master the sentinels name for `master`: asks them
@@ -338,11 +401,15 @@ struct Sentinel {
 /// refused dial, `READONLY`), and every [`SENTINEL_POLL`] otherwise
 /// ([`SENTINEL_POLL_DOWN`] while not connected). Runs
 /// on the I/O thread for the store's life; no request ever waits on it.
-async fn follow_master(node: Arc<Node>, sentinels: Vec<Sentinel>, master: String, template: redis::ConnectionInfo) {
+async fn follow_master(
+    node: Arc<Node>,
+    sentinels: Arc<Vec<Sentinel>>,
+    master: String,
+    template: redis::ConnectionInfo,
+) {
     let Some(notify) = node.rediscover.clone() else {
         return;
     };
-    let sentinels: Arc<Vec<Sentinel>> = Arc::new(sentinels);
     let mut unknown_since_logged = false;
     loop {
         match discover(&sentinels, &master).await {
@@ -502,9 +569,16 @@ impl RedisStore {
                     // The master is dialled with the first sentinel URL's
                     // credentials and database.
                     template.get_or_insert_with(|| info.clone());
+                    let resp3 = info
+                        .redis_settings()
+                        .clone()
+                        .set_protocol(redis::ProtocolVersion::RESP3);
+                    let events = redis::Client::open(info.clone().set_redis_settings(resp3))
+                        .map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
                     let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
                     asks.push(Sentinel {
                         client,
+                        events,
                         shown: shown.clone(),
                     });
                 }
@@ -522,6 +596,8 @@ impl RedisStore {
                 let notify = Arc::new(tokio::sync::Notify::new());
                 let node = Arc::new(Node::new(address, io.clone(), Some(notify)));
                 let _ = connection.set(Connection::Node(node.clone()));
+                let asks = Arc::new(asks);
+                io.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
                 io.spawn(follow_master(node, asks, master.clone(), template));
             }
             Target::Cluster(seeds) => {
