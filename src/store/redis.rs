@@ -33,7 +33,7 @@
 //! short-lived connections, all sentinels at once, a majority of the
 //! answers): the crate's `SentinelClient` asks on every connect, in the
 //! caller's await, one sentinel after another. Here no call waits on a
-//! sentinel: [`follow_master`] and [`watch_switches`] run in the
+//! sentinel: `follow_master` and `watch_switches` run in the
 //! background, and a call made while no master is known fails at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
