@@ -382,8 +382,9 @@ impl FakeSentinel {
 
 /// The sentinels name a node that is a replica: its scripts are refused
 /// with `READONLY`, which drops the connection and asks the sentinels
-/// again, so once they name the master the gateway moves there. No
-/// request waits meanwhile.
+/// again, and the breaker's probe (`ROLE`) keeps the circuit open, so once
+/// they name the master the gateway moves there. No request waits
+/// meanwhile.
 #[tokio::test]
 async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
     let master = Redis::start();
@@ -410,6 +411,17 @@ async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
         "READONLY drops the connection:\n{}",
         gw.log()
     );
+    // The breaker's probe asks ROLE, not PING: a replica does not close
+    // the circuit (only for the next scripts to meet READONLY).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.log().contains("not the master (ROLE)") {
+        assert!(Instant::now() < deadline, "no ROLE probe:\n{}", gw.log());
+        let (status, took) = request(&mut c, "/closed").await;
+        slowest = slowest.max(took);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!gw.log().contains("circuit closed"), "{}", gw.log());
     let asked = fake.asked.load(Ordering::SeqCst);
     fake.names.store(master.port, Ordering::SeqCst);
     let flipped = Instant::now();

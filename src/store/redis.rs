@@ -310,6 +310,20 @@ impl Node {
         });
     }
 
+    /// Connection `generation` goes to a node that says it is not the
+    /// master: dropped, and the sentinels asked where the master is.
+    fn not_master(&self, generation: u64) {
+        self.rediscover();
+        self.link.send_if_modified(|link| match link {
+            Link::Up { generation: g, .. } if *g == generation => {
+                tracing::warn!(redis = %self.shown(), "the Redis node is not the master (ROLE); asking the sentinels");
+                *link = Link::Down(Some("the node is not the master".into()));
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// A call on connection `generation` failed with `e`: a connection that
     /// broke is dropped, so the next call dials instead of failing on it.
     /// With Sentinel, so is one to a node that is no longer the master
@@ -686,7 +700,8 @@ impl RedisStore {
 
 impl RedisStore {
     /// `PING` on the I/O thread, over the connection calls use (dialling
-    /// it if there is none, as a call would).
+    /// it if there is none, as a call would); with Sentinel, `ROLE`, which
+    /// must say `master`.
     fn ping_on_io(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let Some(connection) = self.connection.get().cloned() else {
             return Box::pin(std::future::ready(Err(StoreError::Unavailable(
@@ -697,25 +712,57 @@ impl RedisStore {
         self.io.spawn(async move {
             let ping = redis::cmd("PING");
             let result = match connection {
+                // With Sentinel, `ROLE` instead: a replica answers PING
+                // too, and would close the circuit only for the next
+                // scripts to meet READONLY.
+                Connection::Node(node) if node.rediscover.is_some() => match node.connection().await {
+                    Ok((mut c, generation)) => match redis::cmd("ROLE").query_async::<redis::Value>(&mut c).await {
+                        Ok(role) if is_master(&role) => Ok(()),
+                        Ok(_) => {
+                            node.not_master(generation);
+                            Err(StoreError::Unavailable("the node is not the master (ROLE)".into()))
+                        }
+                        Err(e) => {
+                            node.failed(generation, &e);
+                            Err(classify(&e))
+                        }
+                    },
+                    Err(e) => Err(e),
+                },
                 Connection::Node(node) => match node.connection().await {
                     Ok((mut c, generation)) => {
                         let reply = ping.query_async::<String>(&mut c).await;
                         if let Err(e) = &reply {
                             node.failed(generation, e);
                         }
-                        reply.map_err(|e| classify(&e))
+                        reply.map(|_| ()).map_err(|e| classify(&e))
                     }
                     Err(e) => Err(e),
                 },
-                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await.map_err(|e| classify(&e)),
+                Connection::Cluster(mut c) => ping
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| classify(&e)),
             };
-            let _ = answer.send(result.map(|_| ()));
+            let _ = answer.send(result);
         });
         Box::pin(async move {
             answered
                 .await
                 .unwrap_or_else(|_| Err(StoreError::Failed("the Redis I/O thread stopped".into())))
         })
+    }
+}
+
+/// A `ROLE` reply from a master: `["master", offset, replicas]`.
+fn is_master(role: &redis::Value) -> bool {
+    match role {
+        redis::Value::Array(parts) => parts
+            .first()
+            .and_then(|p| redis::from_redis_value_ref::<String>(p).ok())
+            .is_some_and(|r| r == "master"),
+        _ => false,
     }
 }
 
