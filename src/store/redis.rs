@@ -875,6 +875,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_master_role_is_the_master() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert!(is_master(&Value::Array(vec![
+            bulk("master"),
+            Value::Int(0),
+            Value::Array(vec![])
+        ])));
+        assert!(!is_master(&Value::Array(vec![
+            bulk("slave"),
+            bulk("127.0.0.1"),
+            Value::Int(6379)
+        ])));
+        assert!(!is_master(&Value::Array(vec![bulk("sentinel")])));
+        assert!(!is_master(&Value::Nil));
+    }
+
+    #[test]
     fn passwords_never_reach_a_log_or_summary() {
         assert_eq!(
             redact("redis://:hunter2@10.0.0.1:6379/0"),
