@@ -304,7 +304,15 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let moved = moved.unwrap_or_else(|| panic!("the gateway never called the new master:\n{}", gw.log()));
+    let moved = moved.unwrap_or_else(|| {
+        panic!(
+            "the gateway never called the new master (the sentinels name port {:?}; replica {}, old master {}):\n{}",
+            set.master_port(),
+            set.replica.port,
+            set.master.port,
+            gw.log()
+        )
+    });
     let readonly = gw.log().contains("READONLY");
     let log = gw.log();
     println!(
