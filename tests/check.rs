@@ -459,6 +459,64 @@ fn redis_addresses_the_client_cannot_dial_are_refused() {
 }
 
 #[test]
+fn sentinel_needs_its_master_name_and_excludes_url_and_cluster() {
+    let store = |lines: &str| format!("{BASE}\n[store]\nbackend = \"redis\"\n{lines}\n");
+    refused(
+        &store("sentinel = [\"redis://127.0.0.1:26379\"]"),
+        20,
+        "store.sentinel_master",
+        "sentinel needs sentinel_master",
+    );
+    refused(
+        &store("url = \"redis://127.0.0.1:6379\"\nsentinel = [\"redis://127.0.0.1:26379\"]\nsentinel_master = \"m\""),
+        21,
+        "store.sentinel",
+        "set one of url (one node), cluster (seeds) or sentinel",
+    );
+    refused(
+        &store("sentinel_master = \"m\"\nurl = \"redis://127.0.0.1:6379\""),
+        20,
+        "store.sentinel_master",
+        "is set but sentinel",
+    );
+    refused(
+        &store("sentinel = []\nsentinel_master = \"m\""),
+        20,
+        "store.sentinel",
+        "list at least one sentinel",
+    );
+    refused(
+        &store("sentinel = [\"redis+unix:///tmp/s.sock\"]\nsentinel_master = \"m\""),
+        20,
+        "store.sentinel",
+        "sentinels must be redis://host:port",
+    );
+    let text = store(
+        "sentinel = [\"redis://:hunter2@127.0.0.1:26379\", \"rediss://:hunter2@s2:26379\"]\nsentinel_master = \"m\"",
+    );
+    refused(&text, 20, "store.sentinel", "TLS to Redis (rediss://) is not supported");
+    let (_, _, stderr, _dir) = support::check(&text);
+    assert!(
+        !stderr.contains("hunter2"),
+        "passwords never reach the terminal: {stderr}"
+    );
+    refused(
+        &format!("{BASE}\n[store]\nsentinel_master = \"m\"\n"),
+        19,
+        "store.sentinel_master",
+        "is set but backend is not \"redis\"",
+    );
+    let (code, stdout, stderr, _dir) = support::check(&store(
+        "sentinel = [\"redis://127.0.0.1:26379\", \"redis://127.0.0.1:26380\"]\nsentinel_master = \"mymaster\"",
+    ));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("store     redis sentinel, master \"mymaster\" (2 sentinels)"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_generous_fallback_on_a_fail_open_redis_route_is_named() {
     let redis = |limit_lines: &str, fleet: u64| {
         format!("{BASE}{limit_lines}\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = {fleet}\n")

@@ -224,6 +224,15 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
             "url = \"redis://127.0.0.1:6379\"",
             "cluster = [\"redis://127.0.0.1:7000\"]",
         )],
+        ("[store]", "sentinel") => vec![(
+            "url = \"redis://127.0.0.1:6379\"",
+            "sentinel = [\"redis://127.0.0.1:26379\"]\nsentinel_master = \"mymaster\"",
+        )],
+        // sentinel_master needs sentinel: the edit sets both.
+        ("[store]", "sentinel_master") => vec![(
+            "url = \"redis://127.0.0.1:6379\"",
+            "sentinel = [\"redis://127.0.0.1:26379\"]\nsentinel_master = \"other\"",
+        )],
         ("[store]", "timeout_ms") => vec![("timeout_ms = 5\n", "timeout_ms = 6\n")],
         ("[store]", "max_keys") => vec![("max_keys = 10000", "max_keys = 20000")],
         ("[store.breaker]", "failures") => vec![("failures = 3", "failures = 4")],

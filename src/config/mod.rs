@@ -129,8 +129,17 @@ impl std::fmt::Debug for Tls {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreBackend {
     Memory,
-    Redis { url: String },
-    RedisCluster { seeds: Vec<String> },
+    Redis {
+        url: String,
+    },
+    RedisCluster {
+        seeds: Vec<String>,
+    },
+    /// The master the sentinels name for `master`.
+    RedisSentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -340,6 +349,9 @@ impl Config {
             StoreBackend::Redis { url } => format!("redis {}", redact(url)),
             StoreBackend::RedisCluster { seeds } => {
                 format!("redis cluster ({} seeds)", seeds.len())
+            }
+            StoreBackend::RedisSentinel { sentinels, master } => {
+                format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())
             }
         };
         let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());

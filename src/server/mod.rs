@@ -103,6 +103,10 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<dyn QuotaStore>,
         StoreBackend::Memory => Arc::new(MemoryStore::new(config.store.max_keys)),
         StoreBackend::Redis { url } => Arc::new(RedisStore::start(&Target::Node(url.clone()))?),
         StoreBackend::RedisCluster { seeds } => Arc::new(RedisStore::start(&Target::Cluster(seeds.clone()))?),
+        StoreBackend::RedisSentinel { sentinels, master } => Arc::new(RedisStore::start(&Target::Sentinel {
+            sentinels: sentinels.clone(),
+            master: master.clone(),
+        })?),
     };
     Ok(Arc::new(Guarded::new(
         inner,

@@ -195,6 +195,9 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
         StoreBackend::Memory => "memory (embedded, this instance only)".to_string(),
         StoreBackend::Redis { url } => format!("redis {}", crate::config::redact(url)),
         StoreBackend::RedisCluster { seeds } => format!("redis cluster ({} seeds)", seeds.len()),
+        StoreBackend::RedisSentinel { sentinels, master } => {
+            format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())
+        }
     };
     let loaded = humantime::format_rfc3339_seconds(config.source.loaded_at);
     let _ = writeln!(h, "<dl>");

@@ -1,4 +1,5 @@
-//! The shared store of a fleet: Redis (one node, or a Redis Cluster),
+//! The shared store of a fleet: Redis (one node, the master a set of
+//! Sentinels names, or a Redis Cluster),
 //! changed only by the Lua scripts in `lua/`, which run the same integer
 //! math as [`crate::quota`] on Redis's own clock.
 //!
@@ -25,6 +26,15 @@
 //! callers fail with `Unavailable` (`store_error`). A connection that
 //! breaks (reset, closed) is dropped at its first such error. Only the
 //! guard's deadline makes a timeout.
+//!
+//! With Sentinel, that single-node connection goes to the master the
+//! sentinels name, and its address changes when they name another. The
+//! discovery is ours too (`SENTINEL get-master-addr-by-name` over
+//! short-lived connections, all sentinels at once, a majority of the
+//! answers): the crate's `SentinelClient` asks on every connect, in the
+//! caller's await, one sentinel after another. Here no call waits on a
+//! sentinel: `follow_master` and `watch_switches` run in the
+//! background, and a call made while no master is known fails at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
@@ -54,7 +64,27 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub enum Target {
     Node(String),
     Cluster(Vec<String>),
+    /// The master the sentinels name for `master`.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
+
+/// How long discovery waits for one sentinel (connect and reply). The
+/// sentinels are asked together, so one that hangs costs this, once.
+const SENTINEL_TIMEOUT: Duration = Duration::from_millis(300);
+/// How often discovery asks the sentinels when nothing prompts it: an idle
+/// gateway follows a failover within this, plus the sentinels' own delay.
+const SENTINEL_POLL: Duration = Duration::from_secs(1);
+/// How often while there is no connection to the master (a failover in
+/// progress): the promoted replica is found within this of being named,
+/// without waiting for a call to prompt it (the breaker's probe only comes
+/// every `open_ms`).
+const SENTINEL_POLL_DOWN: Duration = Duration::from_millis(250);
+/// Least time between two discoveries: failing calls prompt one each, and
+/// the sentinels need not hear about every one.
+const SENTINEL_GAP: Duration = Duration::from_millis(100);
 
 #[derive(Clone)]
 enum Connection {
@@ -114,16 +144,31 @@ impl Connection {
 }
 
 /// One Redis node's connection, dialled on demand. Lives on the I/O
-/// thread: its methods run in tasks there, and so do its dials.
+/// thread: its methods run in tasks there, and so do its dials. The node's
+/// address is fixed for `url`; with Sentinel it is the master the sentinels
+/// named last, and changes when they name another.
 struct Node {
-    client: redis::Client,
+    address: std::sync::Mutex<Address>,
     config: AsyncConnectionConfig,
-    /// Redacted address, for logs.
-    shown: String,
     link: watch::Sender<Link>,
     /// Connections made so far: the next one's generation.
     dialled: AtomicU64,
     io: tokio::runtime::Handle,
+    /// Sentinel only: wakes the discovery task (a call failed, or there is
+    /// no master to dial).
+    rediscover: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// Where a node's connection goes.
+#[derive(Clone)]
+struct Address {
+    /// `None`: the sentinels have named no master yet.
+    client: Option<redis::Client>,
+    /// Redacted address, for logs.
+    shown: String,
+    /// Changes with every new address: a connection dialled to an older
+    /// one is not kept.
+    epoch: u64,
 }
 
 #[derive(Clone)]
@@ -142,6 +187,65 @@ enum Link {
 }
 
 impl Node {
+    fn new(address: Address, io: tokio::runtime::Handle, rediscover: Option<Arc<tokio::sync::Notify>>) -> Node {
+        Node {
+            address: std::sync::Mutex::new(address),
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT)),
+            link: watch::Sender::new(Link::Down(None)),
+            dialled: AtomicU64::new(0),
+            io,
+            rediscover,
+        }
+    }
+
+    fn address(&self) -> Address {
+        self.address
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn shown(&self) -> String {
+        self.address().shown
+    }
+
+    /// Sentinel: ask the sentinels again, soon (in the background; nobody
+    /// waits for it).
+    fn rediscover(&self) {
+        if let Some(notify) = &self.rediscover {
+            notify.notify_one();
+        }
+    }
+
+    /// The sentinels named `client` (shown as `shown`) the master. A new
+    /// address drops the connection to the old one; the next call dials
+    /// the new one. True if the address is new.
+    fn moved_to(&self, client: redis::Client, shown: String) -> bool {
+        {
+            let mut address = self.address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if address.client.is_some() && address.shown == shown {
+                return false;
+            }
+            tracing::info!(from = %address.shown, to = %shown, "the sentinels name a new Redis master");
+            *address = Address {
+                client: Some(client),
+                shown: shown.clone(),
+                epoch: address.epoch + 1,
+            };
+        }
+        // A dial in flight sees the new epoch when it ends.
+        self.link.send_if_modified(|link| match link {
+            Link::Up { .. } => {
+                *link = Link::Down(Some(format!("the Redis master moved to {shown}")));
+                true
+            }
+            Link::Down(_) | Link::Connecting => false,
+        });
+        true
+    }
+
     /// The connection to send a call on: the one at hand, or the outcome of
     /// the connect attempt in flight (started here if there is none).
     async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), StoreError> {
@@ -178,40 +282,238 @@ impl Node {
     /// backoff here: the next call (the breaker's probe, once it is open)
     /// makes the next attempt.
     async fn dial(self: Arc<Self>) {
-        let result = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await;
+        let address = self.address();
+        let result = match &address.client {
+            Some(client) => client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await
+                .map_err(|e| format!("cannot connect to Redis: {e}")),
+            None => Err("no Redis master known: the sentinels have not named one".to_string()),
+        };
+        let moved = self.address().epoch != address.epoch;
+        if result.is_err() || moved {
+            self.rediscover();
+        }
         self.link.send_modify(|link| {
             *link = match result {
+                Ok(_) if moved => Link::Down(Some("the Redis master moved while connecting".into())),
                 Ok(connection) => {
-                    tracing::info!(redis = %self.shown, "connected to Redis");
+                    tracing::info!(redis = %address.shown, "connected to Redis");
                     let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
                     Link::Up { connection, generation }
                 }
                 Err(e) => {
-                    tracing::debug!(redis = %self.shown, error = %e, "cannot connect to Redis");
-                    Link::Down(Some(format!("cannot connect to Redis: {e}")))
+                    tracing::debug!(redis = %address.shown, error = %e, "cannot connect to Redis");
+                    Link::Down(Some(e))
                 }
             }
         });
     }
 
-    /// A call on connection `generation` failed with `e`: a connection that
-    /// broke is dropped, so the next call dials instead of failing on it.
-    fn failed(&self, generation: u64, e: &RedisError) {
-        if !e.is_unrecoverable_error() {
-            return; // a script error, OOM, a timeout: the connection is fine
-        }
+    /// Connection `generation` goes to a node that says it is not the
+    /// master: dropped, and the sentinels asked where the master is.
+    fn not_master(&self, generation: u64) {
+        self.rediscover();
         self.link.send_if_modified(|link| match link {
             Link::Up { generation: g, .. } if *g == generation => {
-                tracing::warn!(redis = %self.shown, error = %e, "lost the Redis connection");
+                tracing::warn!(redis = %self.shown(), "the Redis node is not the master (ROLE); asking the sentinels");
+                *link = Link::Down(Some("the node is not the master".into()));
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// A call on connection `generation` failed with `e`: a connection that
+    /// broke is dropped, so the next call dials instead of failing on it.
+    /// With Sentinel, so is one to a node that is no longer the master
+    /// (`READONLY`: a replica now) or not yet one (`LOADING`), and the
+    /// sentinels are asked where the master went.
+    fn failed(&self, generation: u64, e: &RedisError) {
+        let demoted = self.rediscover.is_some()
+            && matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::BusyLoading)
+            );
+        if !e.is_unrecoverable_error() && !demoted {
+            return; // a script error, OOM, a timeout: the connection is fine
+        }
+        self.rediscover();
+        self.link.send_if_modified(|link| match link {
+            Link::Up { generation: g, .. } if *g == generation => {
+                tracing::warn!(redis = %self.shown(), error = %e, "lost the Redis connection");
                 *link = Link::Down(Some(format!("lost the Redis connection: {e}")));
                 true
             }
             _ => false,
         });
     }
+}
+
+/// One sentinel to ask: its client, the same over RESP3 (for its
+/// `+switch-master` events), and its address for logs.
+struct Sentinel {
+    client: redis::Client,
+    events: redis::Client,
+    shown: String,
+}
+
+/// Listens on one sentinel at a time for `+switch-master` (the moment the
+/// sentinels switch to a promoted replica) and then prompts discovery at
+/// once, which still takes the sentinels' majority answer. When the
+/// connection ends, or cannot be made, the next sentinel is tried a
+/// [`SENTINEL_POLL`] later. Only speeds up following a failover: the polls
+/// of [`follow_master`] find it without this too.
+async fn watch_switches(node: Arc<Node>, sentinels: Arc<Vec<Sentinel>>, master: String) {
+    let Some(notify) = node.rediscover.clone() else {
+        return;
+    };
+    let mut turn = 0usize;
+    loop {
+        if let Some(s) = sentinels.get(turn % sentinels.len().max(1)) {
+            let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+                .set_response_timeout(Some(SENTINEL_TIMEOUT))
+                .set_push_sender(events);
+            let subscribed = match s.events.get_multiplexed_async_connection_with_config(&config).await {
+                Ok(mut c) => c.subscribe("+switch-master").await.map(|()| c),
+                Err(e) => Err(e),
+            };
+            match subscribed {
+                Ok(_connection) => {
+                    tracing::debug!(sentinel = %s.shown, "watching the sentinel for +switch-master");
+                    while let Some(push) = received.recv().await {
+                        match push.kind {
+                            redis::PushKind::Disconnection => break,
+                            redis::PushKind::Message => {
+                                // "<name> <old ip> <old port> <new ip> <new port>"
+                                let about = push
+                                    .data
+                                    .get(1)
+                                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                                    .is_some_and(|p| p.split(' ').next() == Some(master.as_str()));
+                                if about {
+                                    tracing::debug!(sentinel = %s.shown, "+switch-master");
+                                    notify.notify_one();
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(sentinel = %s.shown, error = %e, "cannot watch the sentinel"),
+            }
+        }
+        turn = turn.wrapping_add(1);
+        tokio::time::sleep(SENTINEL_POLL).await;
+    }
+}
+
+/// Keeps `node` on the master the sentinels name for `master`: asks them
+/// all at once, at start, when a call prompts it (a lost connection, a
+/// refused dial, `READONLY`), and every [`SENTINEL_POLL`] otherwise
+/// ([`SENTINEL_POLL_DOWN`] while not connected). Runs
+/// on the I/O thread for the store's life; no request ever waits on it.
+async fn follow_master(
+    node: Arc<Node>,
+    sentinels: Arc<Vec<Sentinel>>,
+    master: String,
+    template: redis::ConnectionInfo,
+) {
+    let Some(notify) = node.rediscover.clone() else {
+        return;
+    };
+    let mut unknown_since_logged = false;
+    loop {
+        match discover(&sentinels, &master).await {
+            Ok((host, port)) => {
+                unknown_since_logged = false;
+                let shown = redact(&format!("redis://{host}:{port}"));
+                let info = template
+                    .clone()
+                    .set_addr(redis::ConnectionAddr::Tcp(host, port))
+                    .set_tcp_settings(tcp_settings());
+                match redis::Client::open(info) {
+                    Ok(client) => {
+                        if node.moved_to(client, shown) {
+                            // Warm-up: the first call after a failover
+                            // finds the new master dialled.
+                            let warm = node.clone();
+                            node.io.spawn(async move {
+                                let _ = warm.connection().await;
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(master = %shown, error = %e, "the sentinels name an unusable master"),
+                }
+            }
+            Err(why) => {
+                if !unknown_since_logged {
+                    tracing::warn!(master = %master, error = %why, "no sentinel names the Redis master");
+                    unknown_since_logged = true;
+                }
+            }
+        }
+        let connected = matches!(&*node.link.borrow(), Link::Up { .. });
+        let poll = if connected { SENTINEL_POLL } else { SENTINEL_POLL_DOWN };
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(poll) => {}
+        }
+        tokio::time::sleep(SENTINEL_GAP).await;
+    }
+}
+
+/// The master's address by a vote of the sentinels that answer within
+/// [`SENTINEL_TIMEOUT`] (`SENTINEL get-master-addr-by-name`): the address
+/// most of them name, so one sentinel cut off from the others cannot send
+/// the fleet back to a demoted master.
+async fn discover(sentinels: &Arc<Vec<Sentinel>>, master: &str) -> Result<(String, u16), String> {
+    let mut asks = tokio::task::JoinSet::new();
+    for i in 0..sentinels.len() {
+        let sentinels = sentinels.clone();
+        let master = master.to_string();
+        asks.spawn(async move {
+            let Some(s) = sentinels.get(i) else {
+                return Err("no such sentinel".to_string());
+            };
+            let ask = async {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+                    .set_response_timeout(Some(SENTINEL_TIMEOUT));
+                let mut c = s.client.get_multiplexed_async_connection_with_config(&config).await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&master)
+                    .query_async::<Option<(String, u16)>>(&mut c)
+                    .await
+            };
+            match tokio::time::timeout(SENTINEL_TIMEOUT * 2, ask).await {
+                Ok(Ok(Some(addr))) => Ok(addr),
+                Ok(Ok(None)) => Err(format!("{}: does not monitor {master:?}", s.shown)),
+                Ok(Err(e)) => Err(format!("{}: {e}", s.shown)),
+                Err(_) => Err(format!("{}: no answer", s.shown)),
+            }
+        });
+    }
+    let mut votes: Vec<((String, u16), usize)> = Vec::new();
+    let mut errors = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        match answer {
+            Ok(Ok(addr)) => match votes.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((addr, 1)),
+            },
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    votes
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(addr, _)| addr)
+        .ok_or_else(|| errors.join("; "))
 }
 
 /// The Redis quota store. Cheap to share; dropping it stops its I/O thread.
@@ -255,25 +557,62 @@ impl RedisStore {
                     .map_err(|e| RedisSetupError::Address(redact(url), e))?
                     .set_tcp_settings(tcp_settings());
                 let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(redact(url), e))?;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
-                let node = Arc::new(Node {
-                    client,
-                    config,
+                let address = Address {
+                    client: Some(client),
                     shown: redact(url),
-                    link: watch::Sender::new(Link::Down(None)),
-                    dialled: AtomicU64::new(0),
-                    io: io.clone(),
-                });
+                    epoch: 0,
+                };
+                let node = Arc::new(Node::new(address, io.clone(), None));
                 let _ = connection.set(Connection::Node(node.clone()));
                 // Warm-up: dial now, on the I/O thread, so the first
                 // request finds a connection.
                 io.spawn(async move {
                     if let Err(e) = node.connection().await {
-                        tracing::warn!(redis = %node.shown, error = %e, "Redis is not reachable yet; retrying on use");
+                        tracing::warn!(redis = %node.shown(), error = %e, "Redis is not reachable yet; retrying on use");
                     }
                 });
+            }
+            Target::Sentinel { sentinels, master } => {
+                let shown: Vec<String> = sentinels.iter().map(|s| redact(s)).collect();
+                let mut asks = Vec::new();
+                let mut template = None;
+                for (url, shown) in sentinels.iter().zip(&shown) {
+                    let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                        .map_err(|e| RedisSetupError::Address(shown.clone(), e))?
+                        .set_tcp_settings(tcp_settings());
+                    // The master is dialled with the first sentinel URL's
+                    // credentials and database.
+                    template.get_or_insert_with(|| info.clone());
+                    let resp3 = info
+                        .redis_settings()
+                        .clone()
+                        .set_protocol(redis::ProtocolVersion::RESP3);
+                    let events = redis::Client::open(info.clone().set_redis_settings(resp3))
+                        .map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
+                    let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
+                    asks.push(Sentinel {
+                        client,
+                        events,
+                        shown: shown.clone(),
+                    });
+                }
+                let Some(template) = template else {
+                    return Err(RedisSetupError::Address(
+                        "sentinel".into(),
+                        RedisError::from((redis::ErrorKind::InvalidClientConfig, "no sentinels")),
+                    ));
+                };
+                let address = Address {
+                    client: None,
+                    shown: format!("master {master:?} of sentinels {}", shown.join(",")),
+                    epoch: 0,
+                };
+                let notify = Arc::new(tokio::sync::Notify::new());
+                let node = Arc::new(Node::new(address, io.clone(), Some(notify)));
+                let _ = connection.set(Connection::Node(node.clone()));
+                let asks = Arc::new(asks);
+                io.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
+                io.spawn(follow_master(node, asks, master.clone(), template));
             }
             Target::Cluster(seeds) => {
                 let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -361,7 +700,8 @@ impl RedisStore {
 
 impl RedisStore {
     /// `PING` on the I/O thread, over the connection calls use (dialling
-    /// it if there is none, as a call would).
+    /// it if there is none, as a call would); with Sentinel, `ROLE`, which
+    /// must say `master`.
     fn ping_on_io(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let Some(connection) = self.connection.get().cloned() else {
             return Box::pin(std::future::ready(Err(StoreError::Unavailable(
@@ -372,25 +712,57 @@ impl RedisStore {
         self.io.spawn(async move {
             let ping = redis::cmd("PING");
             let result = match connection {
+                // With Sentinel, `ROLE` instead: a replica answers PING
+                // too, and would close the circuit only for the next
+                // scripts to meet READONLY.
+                Connection::Node(node) if node.rediscover.is_some() => match node.connection().await {
+                    Ok((mut c, generation)) => match redis::cmd("ROLE").query_async::<redis::Value>(&mut c).await {
+                        Ok(role) if is_master(&role) => Ok(()),
+                        Ok(_) => {
+                            node.not_master(generation);
+                            Err(StoreError::Unavailable("the node is not the master (ROLE)".into()))
+                        }
+                        Err(e) => {
+                            node.failed(generation, &e);
+                            Err(classify(&e))
+                        }
+                    },
+                    Err(e) => Err(e),
+                },
                 Connection::Node(node) => match node.connection().await {
                     Ok((mut c, generation)) => {
                         let reply = ping.query_async::<String>(&mut c).await;
                         if let Err(e) = &reply {
                             node.failed(generation, e);
                         }
-                        reply.map_err(|e| classify(&e))
+                        reply.map(|_| ()).map_err(|e| classify(&e))
                     }
                     Err(e) => Err(e),
                 },
-                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await.map_err(|e| classify(&e)),
+                Connection::Cluster(mut c) => ping
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| classify(&e)),
             };
-            let _ = answer.send(result.map(|_| ()));
+            let _ = answer.send(result);
         });
         Box::pin(async move {
             answered
                 .await
                 .unwrap_or_else(|_| Err(StoreError::Failed("the Redis I/O thread stopped".into())))
         })
+    }
+}
+
+/// A `ROLE` reply from a master: `["master", offset, replicas]`.
+fn is_master(role: &redis::Value) -> bool {
+    match role {
+        redis::Value::Array(parts) => parts
+            .first()
+            .and_then(|p| redis::from_redis_value_ref::<String>(p).ok())
+            .is_some_and(|r| r == "master"),
+        _ => false,
     }
 }
 
@@ -502,6 +874,24 @@ impl QuotaStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_master_role_is_the_master() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert!(is_master(&Value::Array(vec![
+            bulk("master"),
+            Value::Int(0),
+            Value::Array(vec![])
+        ])));
+        assert!(!is_master(&Value::Array(vec![
+            bulk("slave"),
+            bulk("127.0.0.1"),
+            Value::Int(6379)
+        ])));
+        assert!(!is_master(&Value::Array(vec![bulk("sentinel")])));
+        assert!(!is_master(&Value::Nil));
+    }
 
     #[test]
     fn passwords_never_reach_a_log_or_summary() {

@@ -1,6 +1,7 @@
-//! Real `redis-server` processes on ephemeral ports: one node, or a Redis
-//! Cluster of three masters made with `redis-cli --cluster create`. Killed
-//! on drop; nothing is kept on disk.
+//! Real `redis-server` processes on ephemeral ports: one node, a Redis
+//! Cluster of three masters made with `redis-cli --cluster create`, or a
+//! master with a replica watched by three sentinels. Killed on drop;
+//! nothing is kept on disk.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,6 +28,8 @@ pub struct Redis {
     pub port: u16,
     dir: TempDir,
     cluster: bool,
+    /// The master's port, for a replica.
+    replica_of: Option<u16>,
 }
 
 /// A port that is free, and (for cluster nodes) whose bus port +10000 is too.
@@ -51,6 +54,26 @@ impl Redis {
         Self::start_at(port, false)
     }
 
+    /// A replica of `master`, once its link to the master is up and the
+    /// first sync is done.
+    pub fn start_replica_of(master: &Redis) -> Redis {
+        require_tool("redis-server", "apt-get install -y redis-server");
+        let mut r = Redis {
+            child: None,
+            port: free_port(false),
+            dir: TempDir::new(),
+            cluster: false,
+            replica_of: Some(master.port),
+        };
+        r.spawn();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !r.cli(&["INFO", "replication"]).contains("master_link_status:up") {
+            assert!(Instant::now() < deadline, "the replica on {} never synced", r.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+
     fn start_node(cluster: bool) -> Redis {
         Self::start_at(free_port(cluster), cluster)
     }
@@ -63,6 +86,7 @@ impl Redis {
             port,
             dir: TempDir::new(),
             cluster,
+            replica_of: None,
         };
         r.spawn();
         r
@@ -78,6 +102,9 @@ impl Redis {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
                 .arg("--cluster-config-file")
                 .arg(self.dir.path().join("nodes.conf"));
+        }
+        if let Some(master) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -220,5 +247,141 @@ impl Cluster {
             .iter()
             .map(|n| n.cli(&["DBSIZE"]).trim().parse().unwrap_or(0))
             .collect()
+    }
+}
+
+/// One `redis-server --sentinel`, monitoring `mymaster`.
+pub struct Sentinel {
+    child: Option<Child>,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+/// The master name every [`Sentinels`] set monitors.
+pub const MASTER_NAME: &str = "mymaster";
+
+impl Sentinel {
+    fn start(master: u16) -> Sentinel {
+        let port = free_port(false);
+        let dir = TempDir::new();
+        // A sentinel rewrites its config file: it lives in its own dir.
+        let conf = dir.write(
+            "sentinel.conf",
+            &format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                 sentinel failover-timeout {MASTER_NAME} 5000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                dir = dir.path().display()
+            ),
+        );
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let s = Sentinel {
+            child: Some(child),
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.cli(&["PING"]).trim() != "PONG" {
+            assert!(Instant::now() < deadline, "the sentinel on {port} did not answer PING");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The port of the master this sentinel names now.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = self.cli(&["SENTINEL", "get-master-addr-by-name", MASTER_NAME]);
+        out.lines().nth(1).and_then(|p| p.trim().parse().ok())
+    }
+
+    /// A field of `SENTINEL master mymaster` (e.g. `num-other-sentinels`).
+    pub fn master_field(&self, field: &str) -> Option<String> {
+        let out = self.cli(&["SENTINEL", "master", MASTER_NAME]);
+        let lines: Vec<&str> = out.lines().map(str::trim).collect();
+        lines
+            .iter()
+            .position(|l| *l == field)
+            .and_then(|i| lines.get(i + 1))
+            .map(|v| v.to_string())
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A master, one replica, and three sentinels (quorum 2) that have found
+/// the replica and each other, so a failover can happen.
+pub struct Sentinels {
+    pub master: Redis,
+    pub replica: Redis,
+    pub sentinels: Vec<Sentinel>,
+}
+
+impl Sentinels {
+    pub fn start() -> Sentinels {
+        let master = Redis::start();
+        let replica = Redis::start_replica_of(&master);
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(master.port)).collect();
+        // Sentinels learn of each other through the master's hello channel
+        // (every 2 s), and of the replica from the master's INFO.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sentinels.iter().all(|s| {
+            s.master_field("num-other-sentinels").as_deref() == Some("2")
+                && s.master_field("num-slaves").as_deref() == Some("1")
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not find each other and the replica"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Sentinels {
+            master,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// TOML list of the sentinels' URLs.
+    pub fn urls_toml(&self) -> String {
+        let urls: Vec<String> = self.sentinels.iter().map(|s| format!("\"{}\"", s.url())).collect();
+        format!("[{}]", urls.join(", "))
+    }
+
+    /// The master's port as most sentinels name it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let ports: Vec<u16> = self.sentinels.iter().filter_map(Sentinel::master_port).collect();
+        ports
+            .iter()
+            .copied()
+            .max_by_key(|p| ports.iter().filter(|q| *q == p).count())
     }
 }

@@ -1,4 +1,4 @@
-//! `[store]` (backend, Redis URLs, breaker) and `[leasing]`.
+//! `[store]` (backend, Redis URLs, Sentinel, breaker) and `[leasing]`.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -8,7 +8,8 @@ use toml::Spanned;
 use super::{in_range, Check};
 use crate::config::{raw, redact, Leasing, Store, StoreBackend};
 
-fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, cluster: bool) -> bool {
+/// `tcp_only`: cluster seeds and sentinels (both announce TCP addresses).
+fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, tcp_only: bool) -> bool {
     let shown = redact(url);
     let why = if url.starts_with("rediss://") {
         Some(format!(
@@ -16,10 +17,13 @@ fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, cluster: b
         ))
     } else if !url.starts_with("redis://") && !url.starts_with("redis+unix://") {
         Some(format!("{shown:?} is not a redis:// or redis+unix:// URL"))
-    } else if cluster && url.starts_with("redis+unix://") {
-        Some(format!(
-            "{shown:?}: cluster seeds must be redis://host:port (cluster nodes announce TCP addresses)"
-        ))
+    } else if tcp_only && url.starts_with("redis+unix://") {
+        let what = if key == "store.sentinel" {
+            "sentinels must be redis://host:port (they name the master by a TCP address)"
+        } else {
+            "cluster seeds must be redis://host:port (cluster nodes announce TCP addresses)"
+        };
+        Some(format!("{shown:?}: {what}"))
     } else {
         // The client's own parser: what passes here, `run` can dial.
         redis::IntoConnectionInfo::into_connection_info(url)
@@ -35,6 +39,101 @@ fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, cluster: b
     }
 }
 
+/// `backend = "redis"`: exactly one of `url` (one node), `cluster` (seeds)
+/// and `sentinel` (with `sentinel_master`).
+fn redis_backend(
+    c: &mut Check,
+    span: Range<usize>,
+    url: Option<Spanned<String>>,
+    cluster: Option<Spanned<Vec<String>>>,
+    sentinel: Option<Spanned<Vec<String>>>,
+    master: Option<Spanned<String>>,
+) -> StoreBackend {
+    if sentinel.is_none() {
+        if let Some(m) = &master {
+            c.at(
+                m.span(),
+                "store.sentinel_master",
+                "is set but sentinel (the sentinels' addresses) is not",
+            );
+        }
+    }
+    let set = [url.is_some(), cluster.is_some(), sentinel.is_some()];
+    if set.iter().filter(|s| **s).count() > 1 {
+        // Point at the second key set, in the order url, cluster, sentinel.
+        let (key, second) = match (&url, &cluster, &sentinel) {
+            (Some(_), Some(cl), _) => ("store.cluster", cl.span()),
+            (_, _, Some(se)) => ("store.sentinel", se.span()),
+            _ => ("store.backend", span),
+        };
+        c.at(
+            second,
+            key,
+            "set one of url (one node), cluster (seeds) or sentinel (with sentinel_master), not several",
+        );
+        return StoreBackend::Memory;
+    }
+    match (url, cluster, sentinel) {
+        (Some(url), _, _) => {
+            redis_url(c, url.span(), "store.url", url.get_ref(), false);
+            StoreBackend::Redis { url: url.into_inner() }
+        }
+        (_, Some(cl), _) => {
+            let span = cl.span();
+            let seeds = cl.into_inner();
+            if seeds.is_empty() {
+                c.at(span.clone(), "store.cluster", "list at least one seed");
+            }
+            for s in &seeds {
+                redis_url(c, span.clone(), "store.cluster", s, true);
+            }
+            StoreBackend::RedisCluster { seeds }
+        }
+        (_, _, Some(se)) => {
+            let span = se.span();
+            let sentinels = se.into_inner();
+            if sentinels.is_empty() {
+                c.at(
+                    span.clone(),
+                    "store.sentinel",
+                    "list at least one sentinel (redis://host:port)",
+                );
+            }
+            for s in &sentinels {
+                redis_url(c, span.clone(), "store.sentinel", s, true);
+            }
+            let master = match master {
+                Some(m) if m.get_ref().trim().is_empty() => {
+                    c.at(
+                        m.span(),
+                        "store.sentinel_master",
+                        "name the master the sentinels monitor",
+                    );
+                    String::new()
+                }
+                Some(m) => m.into_inner(),
+                None => {
+                    c.at(
+                        span,
+                        "store.sentinel_master",
+                        "sentinel needs sentinel_master: the name the sentinels monitor (sentinel monitor <name> ...)",
+                    );
+                    String::new()
+                }
+            };
+            StoreBackend::RedisSentinel { sentinels, master }
+        }
+        (None, None, None) => {
+            c.at(
+                span,
+                "store.backend",
+                "backend \"redis\" needs url, cluster or sentinel",
+            );
+            StoreBackend::Memory
+        }
+    }
+}
+
 pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
     let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
     let backend = match s.backend.as_ref().map(|b| (b.get_ref().as_str(), b.span())) {
@@ -46,37 +145,15 @@ pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
             if let Some(cl) = &s.cluster {
                 c.at(cl.span(), "store.cluster", "is set but backend is not \"redis\"");
             }
+            if let Some(se) = &s.sentinel {
+                c.at(se.span(), "store.sentinel", "is set but backend is not \"redis\"");
+            }
+            if let Some(m) = &s.sentinel_master {
+                c.at(m.span(), "store.sentinel_master", "is set but backend is not \"redis\"");
+            }
             StoreBackend::Memory
         }
-        Some(("redis", span)) => match (s.url, s.cluster) {
-            (Some(_), Some(cl)) => {
-                c.at(
-                    cl.span(),
-                    "store.cluster",
-                    "set either url (one node) or cluster (seeds), not both",
-                );
-                StoreBackend::Memory
-            }
-            (Some(url), None) => {
-                redis_url(c, url.span(), "store.url", url.get_ref(), false);
-                StoreBackend::Redis { url: url.into_inner() }
-            }
-            (None, Some(cl)) => {
-                let span = cl.span();
-                let seeds = cl.into_inner();
-                if seeds.is_empty() {
-                    c.at(span.clone(), "store.cluster", "list at least one seed");
-                }
-                for s in &seeds {
-                    redis_url(c, span.clone(), "store.cluster", s, true);
-                }
-                StoreBackend::RedisCluster { seeds }
-            }
-            (None, None) => {
-                c.at(span, "store.backend", "backend \"redis\" needs url or cluster");
-                StoreBackend::Memory
-            }
-        },
+        Some(("redis", span)) => redis_backend(c, span, s.url, s.cluster, s.sentinel, s.sentinel_master),
         Some((other, span)) => {
             c.at(
                 span,
