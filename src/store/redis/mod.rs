@@ -45,14 +45,17 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
+mod node;
 mod sentinel;
 
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
-use sentinel::{follow_master, is_master, watch_switches, Sentinel};
 use crate::quota::{Algorithm, Grant, Spec};
+use node::{Address, Connection, Link, Node};
+use sentinel::{follow_master, is_master, watch_switches, Sentinel};
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/token_bucket.lua")));
-static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
+static SLIDING_WINDOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 
 /// How long the client waits for a connection or a reply before calling it
@@ -72,271 +75,6 @@ pub enum Target {
         sentinels: Vec<String>,
         master: String,
     },
-}
-
-
-#[derive(Clone)]
-enum Connection {
-    Node(Arc<Node>),
-    Cluster(ClusterConnection),
-}
-
-/// Why a call failed: Redis's own error, or no connection to send it on.
-enum CallError {
-    Redis(RedisError),
-    NotConnected(StoreError),
-}
-
-impl From<RedisError> for CallError {
-    fn from(e: RedisError) -> CallError {
-        CallError::Redis(e)
-    }
-}
-
-impl CallError {
-    fn classify(&self) -> StoreError {
-        match self {
-            CallError::Redis(e) => classify(e),
-            CallError::NotConnected(e) => e.clone(),
-        }
-    }
-}
-
-impl Connection {
-    async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], CallError> {
-        let mut call = script.key(key);
-        for a in args {
-            call.arg(*a);
-        }
-        let reply: Vec<i64> = match self {
-            Connection::Node(node) => {
-                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
-                let reply = call.invoke_async(&mut c).await;
-                if let Err(e) = &reply {
-                    node.failed(generation, e);
-                }
-                reply?
-            }
-            Connection::Cluster(c) => call.invoke_async(c).await?,
-        };
-        // Scripts answer five integers, never negative; anything else is a
-        // script from another version, not a reason to wrap around.
-        match reply[..] {
-            [a, b, c, d, e] => Ok([a, b, c, d, e].map(|v| v.max(0) as u64)),
-            _ => Err(CallError::Redis(RedisError::from((
-                redis::ErrorKind::Parse,
-                "unexpected script reply",
-                format!("{reply:?}"),
-            )))),
-        }
-    }
-}
-
-/// One Redis node's connection, dialled on demand. Lives on the I/O
-/// thread: its methods run in tasks there, and so do its dials. The node's
-/// address is fixed for `url`; with Sentinel it is the master the sentinels
-/// named last, and changes when they name another.
-struct Node {
-    address: std::sync::Mutex<Address>,
-    config: AsyncConnectionConfig,
-    link: watch::Sender<Link>,
-    /// Connections made so far: the next one's generation.
-    dialled: AtomicU64,
-    io: tokio::runtime::Handle,
-    /// Sentinel only: wakes the discovery task (a call failed, or there is
-    /// no master to dial).
-    rediscover: Option<Arc<tokio::sync::Notify>>,
-}
-
-/// Where a node's connection goes.
-#[derive(Clone)]
-struct Address {
-    /// `None`: the sentinels have named no master yet.
-    client: Option<redis::Client>,
-    /// Redacted address, for logs.
-    shown: String,
-    /// Changes with every new address: a connection dialled to an older
-    /// one is not kept.
-    epoch: u64,
-}
-
-#[derive(Clone)]
-enum Link {
-    /// No connection: never dialled, the connection broke, or the last
-    /// attempt failed (its reason). The next call dials.
-    Down(Option<String>),
-    /// One connect attempt in flight; callers wait for its outcome.
-    Connecting,
-    /// Connected. `generation` tells this connection from later ones, so a
-    /// late failure on an old connection cannot drop a new one.
-    Up {
-        connection: MultiplexedConnection,
-        generation: u64,
-    },
-}
-
-impl Node {
-    fn new(address: Address, io: tokio::runtime::Handle, rediscover: Option<Arc<tokio::sync::Notify>>) -> Node {
-        Node {
-            address: std::sync::Mutex::new(address),
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT)),
-            link: watch::Sender::new(Link::Down(None)),
-            dialled: AtomicU64::new(0),
-            io,
-            rediscover,
-        }
-    }
-
-    fn address(&self) -> Address {
-        self.address
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    fn shown(&self) -> String {
-        self.address().shown
-    }
-
-    /// Sentinel: ask the sentinels again, soon (in the background; nobody
-    /// waits for it).
-    fn rediscover(&self) {
-        if let Some(notify) = &self.rediscover {
-            notify.notify_one();
-        }
-    }
-
-    /// The sentinels named `client` (shown as `shown`) the master. A new
-    /// address drops the connection to the old one; the next call dials
-    /// the new one. True if the address is new.
-    fn moved_to(&self, client: redis::Client, shown: String) -> bool {
-        {
-            let mut address = self.address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if address.client.is_some() && address.shown == shown {
-                return false;
-            }
-            tracing::info!(from = %address.shown, to = %shown, "the sentinels name a new Redis master");
-            *address = Address {
-                client: Some(client),
-                shown: shown.clone(),
-                epoch: address.epoch + 1,
-            };
-        }
-        // A dial in flight sees the new epoch when it ends.
-        self.link.send_if_modified(|link| match link {
-            Link::Up { .. } => {
-                *link = Link::Down(Some(format!("the Redis master moved to {shown}")));
-                true
-            }
-            Link::Down(_) | Link::Connecting => false,
-        });
-        true
-    }
-
-    /// The connection to send a call on: the one at hand, or the outcome of
-    /// the connect attempt in flight (started here if there is none).
-    async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), StoreError> {
-        // The steady state: one read lock and a clone of a handle.
-        if let Link::Up { connection, generation } = &*self.link.borrow() {
-            return Ok((connection.clone(), *generation));
-        }
-        let mut watching = self.link.subscribe();
-        let dial = self.link.send_if_modified(|link| match link {
-            Link::Down(_) => {
-                *link = Link::Connecting;
-                true
-            }
-            Link::Connecting | Link::Up { .. } => false,
-        });
-        if dial {
-            self.io.spawn(self.clone().dial());
-        }
-        let link = watching
-            .wait_for(|link| !matches!(link, Link::Connecting))
-            .await
-            .map(|link| link.clone())
-            .map_err(|_| StoreError::Failed("the Redis connection state is gone".into()))?;
-        match link {
-            Link::Up { connection, generation } => Ok((connection, generation)),
-            Link::Down(reason) => Err(StoreError::Unavailable(
-                reason.unwrap_or_else(|| "not connected to Redis".into()),
-            )),
-            Link::Connecting => Err(StoreError::Unavailable("connecting to Redis".into())),
-        }
-    }
-
-    /// One connect attempt; its outcome is the new link. No retries and no
-    /// backoff here: the next call (the breaker's probe, once it is open)
-    /// makes the next attempt.
-    async fn dial(self: Arc<Self>) {
-        let address = self.address();
-        let result = match &address.client {
-            Some(client) => client
-                .get_multiplexed_async_connection_with_config(&self.config)
-                .await
-                .map_err(|e| format!("cannot connect to Redis: {e}")),
-            None => Err("no Redis master known: the sentinels have not named one".to_string()),
-        };
-        let moved = self.address().epoch != address.epoch;
-        if result.is_err() || moved {
-            self.rediscover();
-        }
-        self.link.send_modify(|link| {
-            *link = match result {
-                Ok(_) if moved => Link::Down(Some("the Redis master moved while connecting".into())),
-                Ok(connection) => {
-                    tracing::info!(redis = %address.shown, "connected to Redis");
-                    let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
-                    Link::Up { connection, generation }
-                }
-                Err(e) => {
-                    tracing::debug!(redis = %address.shown, error = %e, "cannot connect to Redis");
-                    Link::Down(Some(e))
-                }
-            }
-        });
-    }
-
-    /// Connection `generation` goes to a node that says it is not the
-    /// master: dropped, and the sentinels asked where the master is.
-    fn not_master(&self, generation: u64) {
-        self.rediscover();
-        self.link.send_if_modified(|link| match link {
-            Link::Up { generation: g, .. } if *g == generation => {
-                tracing::warn!(redis = %self.shown(), "the Redis node is not the master (ROLE); asking the sentinels");
-                *link = Link::Down(Some("the node is not the master".into()));
-                true
-            }
-            _ => false,
-        });
-    }
-
-    /// A call on connection `generation` failed with `e`: a connection that
-    /// broke is dropped, so the next call dials instead of failing on it.
-    /// With Sentinel, so is one to a node that is no longer the master
-    /// (`READONLY`: a replica now) or not yet one (`LOADING`), and the
-    /// sentinels are asked where the master went.
-    fn failed(&self, generation: u64, e: &RedisError) {
-        let demoted = self.rediscover.is_some()
-            && matches!(
-                e.kind(),
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::BusyLoading)
-            );
-        if !e.is_unrecoverable_error() && !demoted {
-            return; // a script error, OOM, a timeout: the connection is fine
-        }
-        self.rediscover();
-        self.link.send_if_modified(|link| match link {
-            Link::Up { generation: g, .. } if *g == generation => {
-                tracing::warn!(redis = %self.shown(), error = %e, "lost the Redis connection");
-                *link = Link::Down(Some(format!("lost the Redis connection: {e}")));
-                true
-            }
-            _ => false,
-        });
-    }
 }
 
 /// The Redis quota store. Cheap to share; dropping it stops its I/O thread.
@@ -577,7 +315,6 @@ impl RedisStore {
         })
     }
 }
-
 
 /// Connection trouble (refused, reset, closed, and the client's own
 /// connect and reply timeouts, which only a deadline above them lets
