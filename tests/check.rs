@@ -488,13 +488,30 @@ fn sentinel_needs_its_master_name_and_excludes_url_and_cluster() {
     refused(
         &store("sentinel = [\"redis+unix:///tmp/s.sock\"]\nsentinel_master = \"m\""),
         20,
-        "store.sentinel",
+        "store.sentinel[0]",
         "sentinels must be redis://host:port",
+    );
+    refused(
+        &store("sentinel = [\"redis://127.0.0.1:26379/3\"]\nsentinel_master = \"m\""),
+        20,
+        "store.sentinel[0]",
+        "a sentinel has no databases",
+    );
+    refused(
+        &store("sentinel = [\"redis://127.0.0.1:26379\", \"redis://127.0.0.1:26379\"]\nsentinel_master = \"m\""),
+        20,
+        "store.sentinel[1]",
+        "is listed twice",
     );
     let text = store(
         "sentinel = [\"redis://:hunter2@127.0.0.1:26379\", \"rediss://:hunter2@s2:26379\"]\nsentinel_master = \"m\"",
     );
-    refused(&text, 20, "store.sentinel", "TLS to Redis (rediss://) is not supported");
+    refused(
+        &text,
+        20,
+        "store.sentinel[1]",
+        "TLS to Redis (rediss://) is not supported",
+    );
     let (_, _, stderr, _dir) = support::check(&text);
     assert!(
         !stderr.contains("hunter2"),

@@ -86,6 +86,17 @@ by = ["route"]
     )
 }
 
+/// The scenarios run one at a time: each starts five or six Redis
+/// processes and a gateway, and two at once on a 2-core host would measure
+/// each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The slowest answer allowed during a failover: the 10 ms deadline plus a
+/// debug build's and a loaded host's slack (measured: 6–9 ms quiet, 42 ms
+/// with six busy loops). A request that waited on the failover would take
+/// seconds.
+const SLOWEST: Duration = Duration::from_millis(250);
+
 async fn request(c: &mut client::Sender1, path: &str) -> (StatusCode, Duration) {
     let started = Instant::now();
     let (status, _, _) = client::text(client::send(c, client::get(path)).await).await;
@@ -125,6 +136,7 @@ fn ms(d: Option<Duration>) -> String {
 
 #[tokio::test]
 async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() {
+    let _one_at_a_time = SERIAL.lock().await;
     let test_started = Instant::now();
     let mut set = Sentinels::start();
     assert_eq!(set.master_port(), Some(set.master.port));
@@ -160,13 +172,13 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
         let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
         let replica = set.replica.port;
         std::thread::spawn(move || {
-            while kill_at.elapsed() < Duration::from_secs(20) {
+            while kill_at.elapsed() < Duration::from_secs(40) {
                 let named = ports.iter().filter(|p| named_master(**p) == Some(replica)).count();
                 if named >= 2 {
                     *promoted.lock().unwrap() = Some(kill_at.elapsed());
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(25));
+                std::thread::sleep(Duration::from_millis(100));
             }
         })
     };
@@ -178,7 +190,10 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
     let (mut open_ok, mut closed_503, mut closed_ok, mut requests) = (0u64, 0u64, 0u64, 0u64);
     let mut slowest = Duration::ZERO;
     let mut resumed_at = None;
-    let until = kill_at + Duration::from_secs(15);
+    // Ends half a second after service resumes; the cap leaves room for a
+    // split vote among the sentinels (another election 2 × failover-timeout
+    // later) on a loaded host.
+    let until = kill_at + Duration::from_secs(40);
     while Instant::now() < until {
         let (status, took) = request(&mut c, "/open").await;
         assert_eq!(status, StatusCode::OK, "a fail-open route keeps answering 200");
@@ -222,7 +237,7 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
     let promoted = promoted.unwrap_or_else(|| panic!("the sentinels never promoted the replica"));
     let first_success = first_success.unwrap_or_else(|| panic!("enforcement never resumed:\n{}", gw.log()));
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < SLOWEST,
         "no request waits on the failover: slowest took {slowest:?}"
     );
     assert!(
@@ -258,6 +273,7 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
 /// nothing.
 #[tokio::test]
 async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
+    let _one_at_a_time = SERIAL.lock().await;
     let set = Sentinels::start();
     let text = config(&set).replace(
         "sentinel = [",
@@ -284,7 +300,7 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
     let mut slowest = Duration::ZERO;
     let (mut moved, mut named) = (None, None);
-    while started.elapsed() < Duration::from_secs(15) {
+    while started.elapsed() < Duration::from_secs(30) {
         if named.is_none() && named_master(set.sentinels[0].port) == Some(set.replica.port) {
             named = Some(started.elapsed());
         }
@@ -319,13 +335,15 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
         "switch: named by the sentinel {} after SENTINEL FAILOVER, scripts on the new master at {} ms; +switch-master seen: {}; READONLY seen: {readonly}; slowest {slowest:?}",
         ms(named),
         moved.as_millis(),
-        log.contains("leasegate::store::redis: +switch-master"),
+        log.contains(": +switch-master"),
     );
     assert!(log.contains("watching the sentinel for +switch-master"), "{log}");
-    assert!(slowest < Duration::from_millis(100), "slowest took {slowest:?}");
+    assert!(slowest < SLOWEST, "slowest took {slowest:?}");
     assert_eq!(set.master_port(), Some(set.replica.port));
     // The sentinels turn the old master into a replica after the switch.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // About 10 s after the switch here (measured 10.04–10.1 s): room for a
+    // loaded host.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !set.master.cli(&["INFO", "replication"]).contains("role:slave") {
         assert!(Instant::now() < deadline, "the old master was never demoted");
         std::thread::sleep(Duration::from_millis(50));
@@ -409,6 +427,7 @@ impl FakeSentinel {
 /// meanwhile.
 #[tokio::test]
 async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
+    let _one_at_a_time = SERIAL.lock().await;
     let master = Redis::start();
     let replica = Redis::start_replica_of(&master);
     let fake = FakeSentinel::start(replica.port);
@@ -463,5 +482,5 @@ async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
         flipped.elapsed().as_millis(),
         asked
     );
-    assert!(slowest < Duration::from_millis(100), "slowest took {slowest:?}");
+    assert!(slowest < SLOWEST, "slowest took {slowest:?}");
 }

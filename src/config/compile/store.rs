@@ -8,6 +8,23 @@ use toml::Spanned;
 use super::{in_range, Check};
 use crate::config::{raw, redact, Leasing, Store, StoreBackend};
 
+/// A sentinel URL's database: the gateway asks the sentinels with the URL
+/// as written, and a sentinel knows no `SELECT`, so only database 0 works.
+fn sentinel_url_extras(c: &mut Check, span: Range<usize>, key: &str, url: &str) {
+    if let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url) {
+        if info.redis_settings().db() != 0 {
+            c.at(
+                span,
+                key,
+                format!(
+                    "{:?}: a sentinel has no databases (it refuses SELECT); the master is used with database 0",
+                    redact(url)
+                ),
+            );
+        }
+    }
+}
+
 /// `tcp_only`: cluster seeds and sentinels (both announce TCP addresses).
 fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, tcp_only: bool) -> bool {
     let shown = redact(url);
@@ -18,7 +35,7 @@ fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, tcp_only: 
     } else if !url.starts_with("redis://") && !url.starts_with("redis+unix://") {
         Some(format!("{shown:?} is not a redis:// or redis+unix:// URL"))
     } else if tcp_only && url.starts_with("redis+unix://") {
-        let what = if key == "store.sentinel" {
+        let what = if key.starts_with("store.sentinel") {
             "sentinels must be redis://host:port (they name the master by a TCP address)"
         } else {
             "cluster seeds must be redis://host:port (cluster nodes announce TCP addresses)"
@@ -99,8 +116,15 @@ fn redis_backend(
                     "list at least one sentinel (redis://host:port)",
                 );
             }
-            for s in &sentinels {
-                redis_url(c, span.clone(), "store.sentinel", s, true);
+            for (i, s) in sentinels.iter().enumerate() {
+                let key = format!("store.sentinel[{i}]");
+                if redis_url(c, span.clone(), &key, s, true) {
+                    sentinel_url_extras(c, span.clone(), &key, s);
+                }
+                if sentinels[..i].contains(s) {
+                    // Each sentinel has one vote on who the master is.
+                    c.at(span.clone(), &key, format!("{:?} is listed twice", redact(s)));
+                }
             }
             let master = match master {
                 Some(m) if m.get_ref().trim().is_empty() => {

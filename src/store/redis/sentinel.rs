@@ -97,7 +97,8 @@ pub(super) async fn follow_master(
     };
     let mut unknown_since_logged = false;
     loop {
-        match discover(&sentinels, &master).await {
+        let known = node.address().client.is_some();
+        match discover(&sentinels, &master, known).await {
             Ok((host, port)) => {
                 unknown_since_logged = false;
                 let shown = redact(&format!("redis://{host}:{port}"));
@@ -140,7 +141,7 @@ pub(super) async fn follow_master(
 /// [`SENTINEL_TIMEOUT`] (`SENTINEL get-master-addr-by-name`): the address
 /// most of them name, so one sentinel cut off from the others cannot send
 /// the fleet back to a demoted master.
-async fn discover(sentinels: &Arc<Vec<Sentinel>>, master: &str) -> Result<(String, u16), String> {
+async fn discover(sentinels: &Arc<Vec<Sentinel>>, master: &str, known: bool) -> Result<(String, u16), String> {
     let mut asks = tokio::task::JoinSet::new();
     for i in 0..sentinels.len() {
         let sentinels = sentinels.clone();
@@ -180,11 +181,25 @@ async fn discover(sentinels: &Arc<Vec<Sentinel>>, master: &str) -> Result<(Strin
             Err(e) => errors.push(e.to_string()),
         }
     }
-    votes
-        .into_iter()
-        .max_by_key(|(_, n)| *n)
-        .map(|(addr, _)| addr)
-        .ok_or_else(|| errors.join("; "))
+    decide(votes, sentinels.len(), known).ok_or_else(|| {
+        if errors.is_empty() {
+            "the sentinels that answered do not agree, and none names the master by a majority".to_string()
+        } else {
+            errors.join("; ")
+        }
+    })
+}
+
+/// Which address to follow, from the votes of the sentinels that answered
+/// (of `configured`): one named by a majority of the configured sentinels;
+/// or, while no master is known yet (start-up), the one every answering
+/// sentinel names. Anything else (a minority, a tie, a disagreement) keeps
+/// the master in use: one sentinel cut off from the others must not send
+/// the gateway back to a demoted master.
+fn decide(votes: Vec<((String, u16), usize)>, configured: usize, known: bool) -> Option<(String, u16)> {
+    let unanimous = votes.len() == 1;
+    let (addr, n) = votes.into_iter().max_by_key(|(_, n)| *n)?;
+    (n * 2 > configured || (!known && unanimous)).then_some(addr)
 }
 
 /// A `ROLE` reply from a master: `["master", offset, replicas]`.
@@ -195,5 +210,29 @@ pub(super) fn is_master(role: &redis::Value) -> bool {
             .and_then(|p| redis::from_redis_value_ref::<String>(p).ok())
             .is_some_and(|r| r == "master"),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(port: u16, n: usize) -> ((String, u16), usize) {
+        (("127.0.0.1".to_string(), port), n)
+    }
+
+    #[test]
+    fn a_master_is_followed_only_on_a_majority_of_the_configured_sentinels() {
+        let a = ("127.0.0.1".to_string(), 1);
+        assert_eq!(decide(vec![at(1, 2)], 3, true), Some(a.clone()));
+        // One of three answering cannot move a gateway that has a master...
+        assert_eq!(decide(vec![at(1, 1)], 3, true), None);
+        // ...but can start one that has none, if nobody disagrees.
+        assert_eq!(decide(vec![at(1, 1)], 3, false), Some(a.clone()));
+        // A tie moves nothing, whichever answered last.
+        assert_eq!(decide(vec![at(1, 1), at(2, 1)], 3, true), None);
+        assert_eq!(decide(vec![at(2, 1), at(1, 1)], 3, false), None);
+        assert_eq!(decide(vec![at(1, 2), at(2, 1)], 3, true), Some(a));
+        assert_eq!(decide(vec![], 3, false), None);
     }
 }
