@@ -16,7 +16,7 @@ fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
 fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Counting>, Arc<Limiter>) {
     let (now, clock) = manual_clock(start_ms);
     let store = Arc::new(Counting::new(MemoryStore::with_clock(10_000, clock.clone())));
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    let limiter = Limiter::new(store.clone(), test_settings(), clock);
     (now, store, limiter)
 }
 
@@ -82,7 +82,7 @@ async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
 #[tokio::test]
 async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
-    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let canary = {
         let rate: Rate = "1/h".parse().unwrap();
         let config = Arc::new(Limit {
@@ -112,7 +112,7 @@ async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
 #[tokio::test]
 async fn a_cold_burst_costs_a_couple_of_store_calls() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = Arc::new(vec![limit("route", "10000/min", None, Mode::Enforce)]);
     let tasks: Vec<_> = (0..50)
         .map(|_| {
@@ -164,7 +164,7 @@ impl QuotaStore for Stingy {
 
 #[tokio::test]
 async fn a_request_waits_at_most_one_deadline_in_all() {
-    let limiter = Limiter::new(Arc::new(Stingy), setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(Arc::new(Stingy), test_settings(), monotonic_clock());
     limiter.set_settings(Settings {
         deadline_ms: 50,
         ..limiter.settings()
@@ -296,7 +296,7 @@ fn switchable() -> (Arc<AtomicU64>, Arc<Switch>, Arc<Limiter>) {
         inner: MemoryStore::with_clock(1_000, clock.clone()),
         down: AtomicBool::new(false),
     });
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), clock);
+    let limiter = Limiter::new(store.clone(), test_settings(), clock);
     (now, store, limiter)
 }
 

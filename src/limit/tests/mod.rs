@@ -92,14 +92,19 @@ fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRun
 
 fn setup() -> (Arc<Counting>, Arc<Limiter>) {
     let store = Arc::new(Counting::new(MemoryStore::new(10_000)));
-    let settings = Settings {
+    (store.clone(), Limiter::new(store, test_settings(), monotonic_clock()))
+}
+
+/// The limiter's settings in these tests: default sizing, a generous
+/// deadline (the stores here answer at once or after a set delay).
+fn test_settings() -> Settings {
+    Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
         max_keys: 100_000,
         fleet_size: 1,
         deadline_ms: 1_000,
-    };
-    (store.clone(), Limiter::new(store, settings, monotonic_clock()))
+    }
 }
 
 fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
@@ -147,10 +152,7 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
             min: 50,
             ..Sizing::default()
         },
-        max_block_ms: 5_000,
-        max_keys: 100_000,
-        fleet_size: 1,
-        deadline_ms: 1_000,
+        ..test_settings()
     };
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
@@ -185,7 +187,7 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
         monotonic_clock(),
         Arc::new(Metrics::new()),
     ));
-    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
     let first = {
         let (limiter, limits) = (limiter.clone(), limits.clone());
@@ -227,7 +229,7 @@ impl QuotaStore for Failing {
 #[tokio::test]
 async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
-    let settings = setup().1.settings();
+    let settings = test_settings();
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
     let mut tasks = Vec::new();
@@ -256,10 +258,7 @@ fn one_lease_drains_the_bucket() -> (Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
             ttl_ms: 50,
             ..Sizing::default()
         },
-        max_block_ms: 5_000,
-        max_keys: 100_000,
-        fleet_size: 1,
-        deadline_ms: 1_000,
+        ..test_settings()
     });
     (limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
 }
@@ -299,7 +298,7 @@ async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
 #[tokio::test]
 async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = vec![
         limit("a", "1000000/s", None, Mode::Enforce),
         limit("b", "1000000/s", None, Mode::Enforce),
@@ -317,7 +316,7 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
 #[tokio::test]
 async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
-    let limiter = Limiter::new(store, setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let rate: Rate = "40/h".parse().unwrap();
     let config = Arc::new(Limit {
         by: vec![KeyPart::Route],
@@ -342,7 +341,7 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
 #[tokio::test]
 async fn a_dropped_request_frees_its_keys_store_call_slot() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
-    let limiter = Limiter::new(store.clone(), setup().1.settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
     // A client that goes away while its store call is in flight...
@@ -460,10 +459,7 @@ async fn expired_leases_go_back_to_the_store() {
             ttl_ms: 1,
             ..Sizing::default()
         },
-        max_block_ms: 5_000,
-        max_keys: 100_000,
-        fleet_size: 1,
-        deadline_ms: 1_000,
+        ..test_settings()
     });
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
@@ -483,11 +479,9 @@ async fn expired_leases_go_back_to_the_store() {
 async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
     let store = Arc::new(MemoryStore::new(1_000_000));
     let settings = Settings {
-        sizing: Sizing::default(),
         max_block_ms: 3_600_000,
         max_keys: 1_024,
-        fleet_size: 1,
-        deadline_ms: 1_000,
+        ..test_settings()
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());
     let limits = vec![limit("one", "1/h", None, Mode::Enforce)];
