@@ -160,6 +160,21 @@ async fn get(c: &mut client::Sender1, path: &str, headers: &[(&str, &str)]) -> (
     (status, h)
 }
 
+/// One route under one shadow limit of 1/min: every request after a key's
+/// first is a shadow block.
+const ONE_SHADOW_LIMIT: &str = r#"
+[[routes]]
+name = "watched"
+path_prefix = "/"
+response = { status = 200, body = "ok" }
+limits = ["watch"]
+
+[[limits]]
+name = "watch"
+rate = "1/min"
+mode = "shadow"
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_and_soft_decisions_over_quota_send_their_events() {
     let agent = Agent::bind();
@@ -209,18 +224,7 @@ async fn shadow_and_soft_decisions_over_quota_send_their_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_event_per_key_per_interval() {
     let agent = Agent::bind();
-    let limits = r#"
-[[routes]]
-name = "watched"
-path_prefix = "/"
-response = { status = 200, body = "ok" }
-limits = ["watch"]
-
-[[limits]]
-name = "watch"
-rate = "1/min"
-mode = "shadow"
-"#;
+    let limits = ONE_SHADOW_LIMIT;
     let gw = Gateway::start(&config(&agent.addr(), "", limits));
     let mut c = client::http1(gw.http()).await;
     // One admitted, then 50 over the quota, for each of two keys.
@@ -320,18 +324,7 @@ fn check_names_the_line_of_a_bad_agent_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_moves_events_to_a_new_agent_and_can_turn_them_off() {
     let (first, second) = (Agent::bind(), Agent::bind());
-    let limits = r#"
-[[routes]]
-name = "watched"
-path_prefix = "/"
-response = { status = 200, body = "ok" }
-limits = ["watch"]
-
-[[limits]]
-name = "watch"
-rate = "1/min"
-mode = "shadow"
-"#;
+    let limits = ONE_SHADOW_LIMIT;
     let gw = Gateway::start(&config(&first.addr(), "", limits));
     let mut c = client::http1(gw.http()).await;
     let over = |c: &'static str| [("x-forwarded-for", c)];
