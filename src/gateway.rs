@@ -44,14 +44,10 @@ impl Snapshot {
             .iter()
             .map(|l| Arc::new(LimitRuntime::new(l.clone(), &config.gateway.instance_id, metrics)))
             .collect();
-        let routes = config
-            .routes
-            .iter()
-            .map(|r| RouteMetrics::new(metrics, &r.name))
-            .collect();
+        let routes = config.routes.iter().map(|r| RouteMetrics::new(&r.name)).collect();
         Snapshot {
             routes,
-            unrouted: RouteMetrics::new(metrics, "none"),
+            unrouted: RouteMetrics::new("none"),
             config: Arc::new(config),
             limits,
         }

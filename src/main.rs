@@ -29,7 +29,7 @@ Exit codes:
   1  could not start: invalid config, a listener that cannot bind, TLS
      files that cannot be read (the reason is on stderr); or bad arguments
 
-Admin listener: /healthz /readyz /metrics /config. Runbook: docs/operations.md.";
+Admin listener: / (status page) /healthz /readyz /metrics /config /limits/state. Runbook: docs/operations.md.";
 
 /// mimalloc: measurably cheaper than glibc malloc for the many small,
 /// short-lived allocations of request handling (see docs/benchmarks.md).
@@ -205,9 +205,7 @@ fn explain(
             return ExitCode::FAILURE;
         }
     };
-    let now_secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now_secs = leasegate::gateway::identity_clock(probe.request.headers());
     let mut explained = leasegate::explain::explain(&loaded, &probe, now_secs);
     if let Some(admin) = &admin {
         let keys = explained.keys();

@@ -64,12 +64,12 @@ pub const MAX_IDENTITY: usize = 128;
 pub fn datagram(e: &Event) -> String {
     let limit = tag_value(&e.limit);
     let route = tag_value(&e.route);
+    let instance = tag_value(&e.instance);
     let text = format!(
         "limit {limit} ({mode}) on route {route}: {identity} is {pct}% over quota (instance {instance})",
         mode = e.kind.mode(),
         identity = text_value(&e.identity, MAX_IDENTITY),
         pct = e.over_percent,
-        instance = tag_value(&e.instance),
     );
     let title = e.kind.title();
     let mut out = String::with_capacity(64 + title.len() + text.len() + 3 * MAX_TAG);
@@ -81,7 +81,7 @@ pub fn datagram(e: &Event) -> String {
         e.kind.alert_type(),
         tag_value(&format!("{}:{}", e.limit, e.identity)),
         tag_value(e.tier),
-        tag_value(&e.instance),
+        instance,
     );
     out
 }

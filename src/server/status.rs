@@ -265,7 +265,7 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
             .filter(|(_, v)| **v > 0.0)
             .map(|(st, v)| format!("<span class=\"st\">{st}</span>&nbsp;{}", count(*v)))
             .collect();
-        let (path, failure) = match config.routes.iter().nth(i) {
+        let (path, failure) = match config.routes.get(i) {
             Some(r) => (
                 escape(&r.path_prefix),
                 match r.on_store_failure {
