@@ -428,7 +428,7 @@ mod tests {
     #[test]
     fn request_series_appear_at_their_first_request() {
         let m = Metrics::new();
-        let routes = ["api", "demo", "none"].map(|r| RouteMetrics::new(r));
+        let routes = ["api", "demo", "none"].map(RouteMetrics::new);
         let fresh = m.encode();
         assert!(lines(&fresh, "leasegate_requests_total").is_empty(), "{fresh}");
         assert!(
