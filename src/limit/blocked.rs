@@ -28,7 +28,7 @@ pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
 /// Milliseconds until the store expects a token for a refused key (at
 /// least 1): what `Retry-After` says.
 pub fn retry_after(lease: &Lease, now_ms: u64) -> u64 {
-    lease.retry_at.load(Ordering::Relaxed).saturating_sub(now_ms).max(1)
+    retry_pending(lease, now_ms).max(1)
 }
 
 /// Milliseconds until the store's retry time of the key's last refusal,

@@ -82,9 +82,6 @@ pub struct Lease {
     /// Tokens at hand right after the last grant: what was spent since is
     /// the rate estimate's sample, with no counter on the spending path.
     level_at_grant: AtomicU64,
-    /// Tokens taken out unspent since the last grant (expired, released,
-    /// evicted): not spent, so not part of the rate estimate's sample.
-    taken_back: AtomicU64,
     /// When the last store call was made, ms.
     sampled_at: AtomicU64,
     /// Smoothed requests per second, as f64 bits.
@@ -192,7 +189,7 @@ impl Lease {
             self.tokens.fetch_add(taken, Ordering::AcqRel);
             return 0;
         }
-        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        self.untake(taken);
         taken
     }
 
@@ -204,14 +201,22 @@ impl Lease {
         {
             Ok(before) | Err(before) => before.min(n),
         };
-        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        self.untake(taken);
         taken
+    }
+
+    /// Tokens taken out unspent (expired, released, evicted) leave the
+    /// level the rate sample starts from: they were not spent.
+    fn untake(&self, taken: u64) {
+        let _ = self
+            .level_at_grant
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(taken)));
     }
 
     /// Takes every token at hand (shutdown, changed limit).
     pub fn take_all(&self) -> u64 {
         let taken = self.tokens.swap(0, Ordering::AcqRel);
-        self.taken_back.fetch_add(taken, Ordering::Relaxed);
+        self.untake(taken);
         taken
     }
 
@@ -221,9 +226,8 @@ impl Lease {
     /// token is asking (its hit counts too), 0 for a background refill.
     pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, asking: u64) -> u64 {
         let level = self.level_at_grant.swap(0, Ordering::Relaxed);
-        let returned = self.taken_back.swap(0, Ordering::Relaxed);
         // Spent since the grant, plus the request asking now.
-        let hits = level.saturating_sub(self.available() + returned) + asking;
+        let hits = level.saturating_sub(self.available()) + asking;
         let since = self.sampled_at.swap(now_ms, Ordering::Relaxed);
         if since != 0 {
             // Spent tokens were admitted; the asking request is not, yet.
@@ -258,18 +262,12 @@ impl Lease {
         self.spec.lock().ok().and_then(|s| *s)
     }
 
-    /// Smoothed requests per second.
-    pub fn qps(&self) -> f64 {
-        f64::from_bits(self.qps.load(Ordering::Relaxed))
-    }
-
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.
     pub fn add(&self, g: Granted, now_ms: u64, ttl_ms: u64) {
         // The new expiry and window first: a sweeper that sees the new
         // tokens must not take them as expired under the old ones.
         self.expires_at.store(now_ms.saturating_add(ttl_ms), Ordering::Release);
         self.window_ms.store(g.window_ms, Ordering::Release);
-        self.taken_back.store(0, Ordering::Relaxed);
         let level = self.tokens.fetch_add(g.tokens, Ordering::AcqRel) + g.tokens;
         self.level_at_grant.store(level, Ordering::Relaxed);
         self.touch(now_ms);

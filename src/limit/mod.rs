@@ -305,7 +305,8 @@ impl Limiter {
                     (
                         lease.remaining(),
                         lease.reset_ms(now),
-                        lease.available() <= Sizing::low_watermark(size),
+                        // A refill already under way: nothing to start.
+                        lease.available() <= Sizing::low_watermark(size) && !lease.refill_in_flight(),
                     )
                 })
             })

@@ -152,16 +152,8 @@ impl Limiter {
         // to it now, before the new grant's window becomes the lease's.
         let old_window = lease.window_ms();
         if old_window != 0 && old_window != grant.window_ms {
-            let old = lease.take_all();
-            if old > 0 {
-                self.release_later(Release {
-                    lease: lease.clone(),
-                    spec: *spec,
-                    unspent: Unspent {
-                        tokens: old,
-                        window_ms: old_window,
-                    },
-                });
+            if let Some(r) = Release::new(lease, *spec, lease.take_all(), old_window) {
+                self.release_later(r);
             }
         }
         lease.add(
@@ -179,16 +171,8 @@ impl Limiter {
             // The table let this lease go while the call was in flight: keep
             // what the requests in line need, give the rest back.
             let surplus = lease.available().saturating_sub(lease.waiting());
-            let spare = lease.take_up_to(surplus);
-            if spare > 0 {
-                self.release_later(Release {
-                    lease: lease.clone(),
-                    spec: *spec,
-                    unspent: Unspent {
-                        tokens: spare,
-                        window_ms: grant.window_ms,
-                    },
-                });
+            if let Some(r) = Release::new(lease, *spec, lease.take_up_to(surplus), grant.window_ms) {
+                self.release_later(r);
             }
         }
         Ok(true)

@@ -31,18 +31,20 @@ pub(super) struct Release {
 }
 
 impl Release {
-    /// Takes every token at hand of `lease`, if it has any and a spec.
-    pub fn take_all(lease: &Arc<Lease>) -> Option<Release> {
-        let spec = lease.spec()?;
-        let tokens = lease.take_all();
+    /// `tokens` of `lease`, counted in `window_ms`, going back under
+    /// `spec`; none when there are no tokens.
+    pub fn new(lease: &Arc<Lease>, spec: Spec, tokens: u64, window_ms: u64) -> Option<Release> {
         (tokens > 0).then(|| Release {
             lease: lease.clone(),
             spec,
-            unspent: Unspent {
-                tokens,
-                window_ms: lease.window_ms(),
-            },
+            unspent: Unspent { tokens, window_ms },
         })
+    }
+
+    /// Takes every token at hand of `lease`, if it has any and a spec.
+    pub fn take_all(lease: &Arc<Lease>) -> Option<Release> {
+        let spec = lease.spec()?;
+        Release::new(lease, spec, lease.take_all(), lease.window_ms())
     }
 }
 
@@ -94,15 +96,8 @@ impl Limiter {
         let mut to_release = Vec::new();
         self.leases.retain(|lease| {
             let expired = lease.take_expired(now);
-            if let (true, Some(spec)) = (expired > 0, lease.spec()) {
-                to_release.push(Release {
-                    lease: lease.clone(),
-                    spec,
-                    unspent: Unspent {
-                        tokens: expired,
-                        window_ms: lease.window_ms(),
-                    },
-                });
+            if let Some(spec) = lease.spec() {
+                to_release.extend(Release::new(lease, spec, expired, lease.window_ms()));
             }
             let touched = lease.touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
@@ -153,13 +148,18 @@ impl Limiter {
         let mut released = 0;
         let mut in_flight = tokio::task::JoinSet::new();
         for r in batch {
-            if in_flight.len() >= RELEASES_IN_FLIGHT {
-                if let Some(Ok(n)) = in_flight.join_next().await {
-                    released += n;
-                }
-            }
+            // The same slots as background releases: 64 in flight in all.
+            let Ok(slot) = self.releases.slots.clone().acquire_owned().await else {
+                break;
+            };
             let store = self.store.clone();
-            in_flight.spawn(async move { release(&*store, r).await });
+            in_flight.spawn(async move {
+                let _slot = slot;
+                release(&*store, r).await
+            });
+            while let Some(done) = in_flight.try_join_next() {
+                released += done.unwrap_or(0);
+            }
         }
         while let Some(done) = in_flight.join_next().await {
             released += done.unwrap_or(0);

@@ -71,10 +71,6 @@ impl Breaker {
         }
     }
 
-    pub fn settings(&self) -> BreakerSettings {
-        self.settings
-    }
-
     pub fn admit(&self, now_ms: u64) -> Admission {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
