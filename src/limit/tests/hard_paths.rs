@@ -405,3 +405,73 @@ async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
         }]
     );
 }
+
+#[tokio::test]
+async fn a_reload_that_changes_a_limit_lifts_its_keys_local_blocks() {
+    let (store, limiter) = setup();
+    let limits = vec![limit("two", "2/min", None, Mode::Enforce)];
+    for _ in 0..2 {
+        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    }
+    assert_eq!(one(&limiter, &limits, "a").await.refused, Some(0));
+    let h = limiter_hash(&limiter, &limits[0], "a");
+    assert!(limiter
+        .leases
+        .with(h, |l| blocked::remaining(l, limiter.now_ms()))
+        .flatten()
+        .is_some());
+    let calls = store.acquires.load(Ordering::SeqCst);
+    limiter
+        .release_limits(&std::collections::HashSet::from(["two".to_string()]))
+        .await;
+    // The old quota's refusal says nothing about the new one: the next
+    // request asks the store.
+    assert!(limiter
+        .leases
+        .with(h, |l| blocked::remaining(l, limiter.now_ms()))
+        .flatten()
+        .is_none());
+    one(&limiter, &limits, "a").await;
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
+}
+
+/// A store whose releases never answer.
+struct HungReleases;
+
+impl QuotaStore for HungReleases {
+    fn acquire<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a Spec,
+        want: u64,
+        _: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        Box::pin(async move {
+            Ok(Grant {
+                granted: want,
+                remaining: 1_000_000,
+                ..Grant::default()
+            })
+        })
+    }
+    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn name(&self) -> &'static str {
+        "hung-releases"
+    }
+}
+
+#[tokio::test]
+async fn background_releases_past_their_bound_are_dropped_not_queued() {
+    let limiter = Limiter::new(Arc::new(HungReleases), test_settings(), monotonic_clock());
+    let limits = vec![limit("l", "1000000/min", None, Mode::Enforce)];
+    one(&limiter, &limits, "a").await;
+    let lease = limiter.leases.get(limiter_hash(&limiter, &limits[0], "a")).unwrap();
+    for _ in 0..sweep::MAX_PENDING_RELEASES + 100 {
+        lease.give_back(1);
+        limiter.release_later(sweep::Release::take_all(&lease).unwrap());
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.pending_releases(), sweep::MAX_PENDING_RELEASES);
+}
