@@ -334,17 +334,15 @@ impl Gateway {
             return Some(resp);
         }
         if let Some(e) = &verdict.store_error {
-            let (reason, retry_after_ms) = match e {
-                StoreError::CircuitOpen { retry_after_ms } => ("store_circuit_open", *retry_after_ms),
-                StoreError::Timeout(_) => ("store_timeout", 0),
-                StoreError::Unavailable(_) | StoreError::Failed(_) => ("store_error", 0),
-            };
             // An open circuit is logged once, by the guard, not per request;
             // other failures at most once per 10 s per reason.
-            if let Some(held_back) = (reason != "store_circuit_open")
-                .then(|| crate::log_limit::store_failure(reason))
-                .flatten()
-            {
+            use crate::log_limit::{STORE_ERROR, STORE_TIMEOUT};
+            let (reason, retry_after_ms, gate) = match e {
+                StoreError::CircuitOpen { retry_after_ms } => ("store_circuit_open", *retry_after_ms, None),
+                StoreError::Timeout(_) => ("store_timeout", 0, Some(&STORE_TIMEOUT)),
+                StoreError::Unavailable(_) | StoreError::Failed(_) => ("store_error", 0, Some(&STORE_ERROR)),
+            };
+            if let Some(held_back) = gate.and_then(|g| g.check(crate::clock::coarse_now_ms())) {
                 tracing::warn!(route = %route.name, error = %e, held_back, "quota store failed");
             }
             return match route.on_store_failure {

@@ -51,24 +51,10 @@ impl LogLimit {
 /// How often a store failure of one reason is logged at most.
 pub const STORE_FAILURE_INTERVAL_MS: u64 = 10_000;
 
-static STORE_TIMEOUT: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
-static STORE_ERROR: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
-static STORE_OTHER: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
-
-/// The gate of the WARN line for a store failure of `reason` (the
-/// `rate_limit_bypassed_total` reason), one per reason so that a flood of
-/// timeouts does not hide the first error. Reads the coarse clock.
-pub fn store_failure(reason: &str) -> Option<u64> {
-    store_gate(reason).check(crate::clock::coarse_now_ms())
-}
-
-fn store_gate(reason: &str) -> &'static LogLimit {
-    match reason {
-        "store_timeout" => &STORE_TIMEOUT,
-        "store_error" => &STORE_ERROR,
-        _ => &STORE_OTHER,
-    }
-}
+/// The gates of the `quota store failed` WARN, one per reason, so that a
+/// flood of timeouts does not hide the first error.
+pub static STORE_TIMEOUT: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
+pub static STORE_ERROR: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
 
 #[cfg(test)]
 mod tests {
@@ -105,13 +91,5 @@ mod tests {
         });
         assert_eq!(opened, 1);
         assert_eq!(gate.check(10_005), Some(7_999));
-    }
-
-    #[test]
-    fn reasons_have_gates_of_their_own() {
-        // A flood of timeouts must not hold back the first error.
-        assert!(!std::ptr::eq(store_gate("store_timeout"), store_gate("store_error")));
-        assert!(std::ptr::eq(store_gate("store_timeout"), store_gate("store_timeout")));
-        assert_eq!(store_gate("store_error").interval_ms, STORE_FAILURE_INTERVAL_MS);
     }
 }
