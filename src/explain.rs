@@ -19,12 +19,12 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
 use serde_json::{json, Value};
 
-use crate::config::{Algorithm, Config, Mode};
+use crate::config::{Config, Mode};
 use crate::gateway;
 use crate::identity;
 use crate::limit::stage;
 use crate::quota::{Rate, Spec};
-use crate::route::{Action, StoreFailure};
+use crate::route::Action;
 
 /// Why a command line does not describe a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,10 +173,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             Action::Forward(u) => format!("upstream {}", u.name),
             Action::Respond(d) => format!("responds {}", d.status.as_u16()),
         },
-        on_store_failure: match route.on_store_failure {
-            StoreFailure::Allow => "allow",
-            StoreFailure::Deny => "deny",
-        },
+        on_store_failure: route.on_store_failure.as_str(),
     });
 
     // No TLS here: the fingerprint tier needs a ClientHello.
@@ -229,10 +226,10 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         let shard = sub_bucket.map(|s| (s, limit.shards));
         out.limits.push(LimitFacts {
             name: limit.name.clone(),
-            mode: mode_name(limit.mode),
+            mode: limit.mode.as_str(),
             canary_enforcing: (limit.mode == Mode::Canary)
                 .then(|| stage::canary_enforces(&config.gateway.instance_id, limit.canary_percent)),
-            algorithm: algorithm_name(spec.algorithm),
+            algorithm: spec.algorithm.as_str(),
             rate: rate_of(&spec).to_string(),
             capacity: spec.capacity,
             plan: plan.map(str::to_string),
@@ -248,22 +245,6 @@ fn rate_of(spec: &Spec) -> Rate {
     Rate {
         count: spec.count,
         period: std::time::Duration::from_millis(spec.period_ms()),
-    }
-}
-
-pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Shadow => "shadow",
-        Mode::Soft => "soft",
-        Mode::Canary => "canary",
-        Mode::Enforce => "enforce",
-    }
-}
-
-pub fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::SlidingWindow => "sliding_window",
     }
 }
 

@@ -46,6 +46,16 @@ pub enum StoreFailure {
     Deny,
 }
 
+impl StoreFailure {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreFailure::Allow => "allow",
+            StoreFailure::Deny => "deny",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct RouteTable {
     /// Sorted so that the first match is the best match.

@@ -186,6 +186,18 @@ pub enum Mode {
     Enforce,
 }
 
+impl Mode {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Shadow => "shadow",
+            Mode::Soft => "soft",
+            Mode::Canary => "canary",
+            Mode::Enforce => "enforce",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyPart {
     Identity,
@@ -228,6 +240,16 @@ pub struct Limit {
 pub enum ShardBy {
     Ip,
     Identity,
+}
+
+impl ShardBy {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardBy::Ip => "ip",
+            ShardBy::Identity => "identity",
+        }
+    }
 }
 
 impl Limit {
@@ -385,11 +407,7 @@ impl Config {
                 lim.name, lim.algorithm, lim.rate, lim.burst, lim.mode
             );
             if lim.shards > 1 {
-                let by = match lim.shard_by {
-                    ShardBy::Ip => "ip",
-                    ShardBy::Identity => "identity",
-                };
-                let _ = write!(s, ", {} shards by {by}", lim.shards);
+                let _ = write!(s, ", {} shards by {}", lim.shards, lim.shard_by.as_str());
             }
             if let Some(f) = lim.fallback_rate {
                 let _ = write!(s, ", fallback {f}");

@@ -21,6 +21,16 @@ pub enum Algorithm {
     SlidingWindow,
 }
 
+impl Algorithm {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+}
+
 /// Everything a store needs to decide for one key: the algorithm and its
 /// parameters. One store serves many limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -176,8 +176,8 @@ fn percent_decode(s: &str) -> Option<String> {
 /// `/config`: what is loaded, and the effective values of every route and
 /// limit (defaults filled in, plans applied), so a reload can be confirmed.
 fn config_json(config: &crate::config::Config) -> serde_json::Value {
-    use crate::config::{KeyPart, ShardBy};
-    use crate::route::{Action, StoreFailure};
+    use crate::config::KeyPart;
+    use crate::route::Action;
     let limit_name = |i: &usize| config.limits.get(*i).map(|l| l.name.as_str());
     let routes: Vec<_> = config
         .routes
@@ -195,10 +195,7 @@ fn config_json(config: &crate::config::Config) -> serde_json::Value {
                 "upstream": upstream,
                 "respond": respond,
                 "limits": r.limits.iter().filter_map(limit_name).collect::<Vec<_>>(),
-                "on_store_failure": match r.on_store_failure {
-                    StoreFailure::Allow => "allow",
-                    StoreFailure::Deny => "deny",
-                },
+                "on_store_failure": r.on_store_failure.as_str(),
             })
         })
         .collect();
@@ -220,18 +217,15 @@ fn config_json(config: &crate::config::Config) -> serde_json::Value {
                 .collect();
             serde_json::json!({
                 "name": l.name,
-                "mode": crate::explain::mode_name(l.mode),
+                "mode": l.mode.as_str(),
                 "canary_percent": (l.mode == crate::config::Mode::Canary).then_some(l.canary_percent),
-                "algorithm": crate::explain::algorithm_name(l.algorithm),
+                "algorithm": l.algorithm.as_str(),
                 "rate": l.rate.to_string(),
                 "burst": l.burst,
                 "by": by,
                 "fallback_rate": l.fallback_rate.map(|r| r.to_string()),
                 "shards": l.shards,
-                "shard_by": match l.shard_by {
-                    ShardBy::Ip => "ip",
-                    ShardBy::Identity => "identity",
-                },
+                "shard_by": l.shard_by.as_str(),
                 "plans": l.plans.iter().map(|(p, r)| (p.clone(), serde_json::Value::from(r.to_string()))).collect::<serde_json::Map<_, _>>(),
                 "tiers": l.tiers.as_ref().map(|t| t.iter().map(|t| t.name()).collect::<Vec<_>>()),
                 "enforce_after": l.enforce_after,

@@ -266,13 +266,7 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
             .map(|(st, v)| format!("<span class=\"st\">{st}</span>&nbsp;{}", count(*v)))
             .collect();
         let (path, failure) = match config.routes.get(i) {
-            Some(r) => (
-                escape(&r.path_prefix),
-                match r.on_store_failure {
-                    crate::route::StoreFailure::Allow => "allow",
-                    crate::route::StoreFailure::Deny => "deny",
-                },
-            ),
+            Some(r) => (escape(&r.path_prefix), r.on_store_failure.as_str()),
             None if statuses.is_empty() => continue,
             None => ("(no route matched)".into(), ""),
         };
@@ -316,7 +310,7 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
             h,
             "<tr><td>{}</td><td>{name}</td><td>{}</td><td>{}</td>",
             escape(route),
-            crate::explain::mode_name(limit.mode),
+            limit.mode.as_str(),
             escape(&limit.rate.to_string())
         );
         for o in OUTCOMES {
