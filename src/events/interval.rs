@@ -68,41 +68,32 @@ impl IntervalTable {
 /// A token bucket over all keys: the events a flood of distinct keys
 /// could send are capped at `per_sec`, with `burst` at once, so the agent
 /// (and the event pipeline's bill) sees a bounded rate whatever the
-/// traffic. Integer milli-tokens; time as an argument.
+/// traffic. The limiter's own bucket math ([`crate::quota::token_bucket`]);
+/// time as an argument.
 #[derive(Debug)]
 pub struct Budget {
-    per_sec: u64,
-    burst: u64,
-    milli_tokens: u64,
-    last_ms: u64,
+    spec: crate::quota::Spec,
+    state: Option<crate::quota::token_bucket::State>,
 }
 
 impl Budget {
     /// Starts full.
     pub fn new(per_sec: u64, burst: u64) -> Budget {
+        let rate = crate::quota::Rate {
+            count: per_sec,
+            period: std::time::Duration::from_secs(1),
+        };
         Budget {
-            per_sec,
-            burst,
-            milli_tokens: burst.saturating_mul(1_000),
-            last_ms: 0,
+            spec: crate::quota::Spec::new(crate::quota::Algorithm::TokenBucket, rate, burst),
+            state: None,
         }
     }
 
     /// Whether one more event may go at `now_ms` (spending it if so).
     pub fn take(&mut self, now_ms: u64) -> bool {
-        let elapsed = now_ms.saturating_sub(self.last_ms);
-        self.last_ms = self.last_ms.max(now_ms);
-        // per_sec tokens per 1 000 ms = per_sec milli-tokens per ms.
-        self.milli_tokens = self
-            .milli_tokens
-            .saturating_add(elapsed.saturating_mul(self.per_sec))
-            .min(self.burst.saturating_mul(1_000));
-        if self.milli_tokens >= 1_000 {
-            self.milli_tokens -= 1_000;
-            true
-        } else {
-            false
-        }
+        let (state, grant) = crate::quota::token_bucket::acquire(self.state, &self.spec, now_ms, 1);
+        self.state = Some(state);
+        grant.granted == 1
     }
 }
 
@@ -175,11 +166,13 @@ mod tests {
         let mut b = Budget::new(100, 1_000);
         let sent = (0..10_000u64).filter(|i| b.take(i / 10)).count();
         assert_eq!(sent, 1_000 + 99, "burst, then 100/s over 999 ms");
-        // Time going backwards refills nothing.
+        // Time going backwards refills nothing, and stalls nothing either
+        // (the limiter's rule: the bucket is re-anchored at the new time).
         let mut b = Budget::new(100, 1);
         assert!(b.take(1_000));
         assert!(!b.take(0));
-        assert!(!b.take(1_005));
+        assert!(!b.take(5));
+        assert!(b.take(10), "one token per 10 ms from the step on");
     }
 
     #[test]
