@@ -410,27 +410,23 @@ fn live_text(state: Option<&admin::KeyState>) -> String {
     };
     let mut parts = Vec::new();
     if st.tracked {
-        let at_hand = st.tokens_at_hand.map_or("?".to_string(), |n| n.to_string());
-        parts.push(format!("{at_hand} token(s) at hand"));
+        parts.push(format!("{} token(s) at hand", st.tokens_at_hand));
     } else {
         parts.push("not tracked on this instance (no lease, no block): its next request asks the store".to_string());
     }
-    match st.blocked_for_ms {
-        Some(ms) if ms > 0 => {
-            let retry = st
-                .retry_after_ms
-                .map(|r| format!(", Retry-After {r} ms"))
-                .unwrap_or_default();
-            parts.push(format!("blocked for {ms} ms{retry}"));
-        }
-        _ if st.tracked => parts.push("not blocked".to_string()),
-        _ => {}
+    if st.blocked_for_ms > 0 {
+        parts.push(format!(
+            "blocked for {} ms, Retry-After {} ms",
+            st.blocked_for_ms, st.retry_after_ms
+        ));
+    } else if st.tracked {
+        parts.push("not blocked".to_string());
     }
-    match (st.store_remaining, st.reset_ms) {
-        (Some(left), Some(reset)) => parts.push(format!("store: {left} left, whole in {reset} ms")),
-        (Some(left), None) => parts.push(format!("store: {left} left")),
-        _ if st.tracked => parts.push("no store answer kept".to_string()),
-        _ => {}
+    if st.tracked {
+        parts.push(format!(
+            "store: {} left, whole in {} ms",
+            st.store_remaining, st.reset_ms
+        ));
     }
     if let Some(f) = &st.last_store_failure {
         parts.push(format!("last store failure: {f}"));
@@ -526,11 +522,11 @@ tiers = ["user"]
         let state = admin::KeyState {
             key: keys[0].clone(),
             tracked: true,
-            tokens_at_hand: Some(4),
-            blocked_for_ms: Some(0),
-            retry_after_ms: Some(0),
-            store_remaining: Some(95),
-            reset_ms: Some(1200),
+            tokens_at_hand: 4,
+            blocked_for_ms: 0,
+            retry_after_ms: 0,
+            store_remaining: 95,
+            reset_ms: 1200,
             last_store_failure: None,
         };
         // The gateway answered for the first key only.
@@ -559,25 +555,20 @@ tiers = ["user"]
         let blocked = admin::KeyState {
             key: "k".into(),
             tracked: true,
-            tokens_at_hand: Some(0),
-            blocked_for_ms: Some(800),
-            retry_after_ms: Some(1000),
-            store_remaining: Some(0),
-            reset_ms: None,
+            tokens_at_hand: 0,
+            blocked_for_ms: 800,
+            retry_after_ms: 1000,
+            store_remaining: 0,
+            reset_ms: 0,
             last_store_failure: Some("store_timeout".into()),
         };
         assert_eq!(
             live_text(Some(&blocked)),
-            "0 token(s) at hand; blocked for 800 ms, Retry-After 1000 ms; store: 0 left; last store failure: store_timeout"
+            "0 token(s) at hand; blocked for 800 ms, Retry-After 1000 ms; store: 0 left, whole in 0 ms; last store failure: store_timeout"
         );
         let untracked = admin::KeyState {
-            tracked: false,
-            tokens_at_hand: None,
-            blocked_for_ms: None,
-            store_remaining: None,
-            reset_ms: None,
-            last_store_failure: None,
-            ..blocked
+            key: "k".into(),
+            ..admin::KeyState::default()
         };
         assert_eq!(
             live_text(Some(&untracked)),

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// The admin path that answers the live state of store keys.
 pub const STATE_PATH: &str = "/limits/state";
@@ -110,33 +110,7 @@ impl AdminUrl {
 }
 
 /// One key's live state on the gateway, as `/limits/state` answers it.
-/// Every field but `key` may be missing or `null` (a gateway that does not
-/// track the key, or knows nothing of the store yet).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyState {
-    pub key: String,
-    /// Whether this instance holds any state for the key (a lease, a block).
-    #[serde(default)]
-    pub tracked: bool,
-    /// Tokens leased and not spent yet: the next requests decide locally.
-    #[serde(default)]
-    pub tokens_at_hand: Option<u64>,
-    /// Milliseconds the key stays refused locally, without asking the store.
-    #[serde(default)]
-    pub blocked_for_ms: Option<u64>,
-    /// The `Retry-After` a refusal would carry now, in milliseconds.
-    #[serde(default)]
-    pub retry_after_ms: Option<u64>,
-    /// The store's last answer: what remained of the quota ...
-    #[serde(default)]
-    pub store_remaining: Option<u64>,
-    /// ... and the milliseconds until it is whole again.
-    #[serde(default)]
-    pub reset_ms: Option<u64>,
-    /// The last store failure for this key, if any.
-    #[serde(default)]
-    pub last_store_failure: Option<String>,
-}
+pub use crate::limit::report::KeyState;
 
 #[derive(Debug, Deserialize)]
 struct StateAnswer {
@@ -235,9 +209,13 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, String> {
 
 /// The key states in a `/limits/state` body.
 pub fn parse_state(body: &[u8]) -> Result<Vec<KeyState>, String> {
-    serde_json::from_slice::<StateAnswer>(body)
+    let keys = serde_json::from_slice::<StateAnswer>(body)
         .map(|a| a.keys)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    if keys.iter().any(|k| k.key.is_empty()) {
+        return Err("an entry names no key".to_string());
+    }
+    Ok(keys)
 }
 
 /// Asks the admin listener at `url` for the state of `keys`, waiting at
@@ -423,21 +401,19 @@ mod tests {
             [KeyState {
                 key: "rl:{per_client:key:acme}".into(),
                 tracked: true,
-                tokens_at_hand: Some(4),
-                blocked_for_ms: Some(0),
-                retry_after_ms: Some(0),
-                store_remaining: Some(95),
-                reset_ms: Some(1200),
+                tokens_at_hand: 4,
+                blocked_for_ms: 0,
+                retry_after_ms: 0,
+                store_remaining: 95,
+                reset_ms: 1200,
                 last_store_failure: None,
             }]
         );
-        // Fields the gateway does not know are null or absent; extra ones
-        // are ignored.
-        let sparse =
-            parse_state(br#"{"keys":[{"key":"k","tracked":false,"store_remaining":null,"extra":1}],"now":5}"#).unwrap();
+        // Fields a gateway does not send read as zero; extra ones are ignored.
+        let sparse = parse_state(br#"{"keys":[{"key":"k","tracked":false,"extra":1}],"now":5}"#).unwrap();
         assert_eq!(sparse[0].key, "k");
         assert!(!sparse[0].tracked);
-        assert_eq!(sparse[0].store_remaining, None);
+        assert_eq!(sparse[0].store_remaining, 0, "a field not sent reads as zero");
         for bad in [
             &b"not json"[..],
             br#"{"key":"k"}"#,

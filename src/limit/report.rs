@@ -21,8 +21,11 @@ pub const HOT_KEY_SAMPLE: usize = 4_096;
 pub const MAX_HOT_KEYS: usize = 100;
 
 /// This instance's view of one store key. All zeros (and `tracked: false`)
-/// when the instance has no lease for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// when the instance has no lease for it. The wire format of
+/// `/limits/state`, read back by `leasegate explain --admin` (a field a
+/// gateway did not send reads as zero).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct KeyState {
     pub key: String,
     /// The instance holds a lease for the key.
