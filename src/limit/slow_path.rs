@@ -169,8 +169,10 @@ impl Limiter {
         drained(lease, &grant, now, settings);
         if lease.is_evicted() {
             // The table let this lease go while the call was in flight: keep
-            // what the requests in line need, give the rest back.
-            let surplus = lease.available().saturating_sub(lease.waiting());
+            // what the other requests in line need, give the rest back (the
+            // caller is in line too, and has its token).
+            let others = lease.waiting().saturating_sub(own);
+            let surplus = lease.available().saturating_sub(others);
             if let Some(r) = Release::new(lease, *spec, lease.take_up_to(surplus), grant.window_ms) {
                 self.release_later(r);
             }

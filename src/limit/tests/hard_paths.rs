@@ -475,3 +475,42 @@ async fn background_releases_past_their_bound_are_dropped_not_queued() {
     tokio::task::yield_now().await;
     assert_eq!(limiter.pending_releases(), sweep::MAX_PENDING_RELEASES);
 }
+
+#[tokio::test]
+async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
+    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 20));
+    let settings = Settings {
+        max_keys: 512, // 8 leases per shard
+        ..test_settings()
+    };
+    let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
+    let limits = Arc::new(vec![limit("l", "1000000/min", None, Mode::Enforce)]);
+    let call = {
+        let (limiter, limits) = (limiter.clone(), limits.clone());
+        tokio::spawn(async move { one(&limiter, &limits, "a").await.refused })
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    // While its call is in flight, fill its shard with leases that hold
+    // tokens until the table lets it go.
+    let h = limiter_hash(&limiter, &limits[0], "a");
+    let a = limiter.leases.get(h).unwrap();
+    let mut i = 0u64;
+    while !a.is_evicted() {
+        let other = (h & (0x3F << 58)) | (i + 1);
+        i += 1;
+        assert!(i < 10_000, "never evicted");
+        let (lease, _) = limiter.leases.get_or_insert(other, "rl:{l:other}").unwrap();
+        lease.give_back(1);
+    }
+    drop(a);
+    assert_eq!(call.await.unwrap(), None, "the request still gets its token");
+    for _ in 0..100 {
+        if limiter.pending_releases() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // A lease of 5: one for the request, the other 4 back to the store.
+    let granted = store.0.granted.load(Ordering::SeqCst);
+    assert_eq!(store.0.returned.load(Ordering::SeqCst), granted - 1);
+}
