@@ -1,11 +1,13 @@
 -- Release: give back `tokens` unspent leased tokens to KEYS[1].
 --
--- ARGV: algorithm (0 = token bucket, 1 = sliding window), count, period_ms,
+-- ARGV: algorithm (0 = token bucket, 1 = sliding window, 2 = fixed window),
+-- count, period_ms,
 -- capacity, tokens, window_ms (the start of the window they were taken in;
 -- 0 for a token bucket). A token bucket gains them back, clamped to
 -- capacity. A sliding window takes them off the count of that window: the
 -- current one if it still is, the previous one if it has turned once,
--- nothing if older. A missing key (expired: already full, or its windows
+-- nothing if older. A fixed window takes them off its count while that
+-- window is still the one counted. A missing key (expired: already full, or its windows
 -- empty) is left alone. Clock steps back are handled as in the acquire
 -- scripts. Reply: {0, remaining, reset_ms, 0, window_ms}.
 
@@ -41,6 +43,20 @@ if algorithm == 0 then
 end
 
 local p = period
+if algorithm == 2 then
+  local state = redis.call('HMGET', KEYS[1], 'win', 'n')
+  local win, n = tonumber(state[1]), tonumber(state[2])
+  if win == nil or n == nil then return {0, capacity, 0, 0, 0} end
+  local start = now - now % p
+  if win < start then return {0, capacity, 0, 0, 0} end -- it ended
+  if win > start then win = start end -- from the future: re-anchored
+  if window >= win then n = math.max(n - tokens, 0) end
+  local reset = math.max(win + p - now, 1)
+  redis.call('HSET', KEYS[1], 'win', win, 'n', n)
+  redis.call('PEXPIRE', KEYS[1], reset)
+  return {0, math.max(capacity - n, 0), reset, 0, win}
+end
+
 local state = redis.call('HMGET', KEYS[1], 'win', 'cur', 'prev')
 local win, cur, prev = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 if win == nil or cur == nil or prev == nil then return {0, capacity, 0, 0, 0} end

@@ -25,6 +25,14 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// `leasegate_rls_requests_total`: a configured domain (or `unknown`, so a
+/// client cannot grow the series), and `OK` or `OVER_LIMIT`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RlsLabels {
+    pub domain: String,
+    pub code: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
     pub upstream: String,
@@ -262,6 +270,7 @@ pub struct Metrics {
     pub store_call_seconds: Histogram,
     pub circuit_open: Gauge,
     pub events: Family<ResultLabels, Counter>,
+    pub rls_requests: Family<RlsLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -385,7 +394,14 @@ impl Metrics {
             "Shadow and soft events for the DogStatsD agent, by result (sent, dropped, failed)",
             events.clone(),
         );
+        let rls_requests = Family::default();
+        registry.register(
+            "leasegate_rls_requests",
+            "Envoy rate limit service decisions (ShouldRateLimit), by domain and overall code",
+            rls_requests.clone(),
+        );
         Metrics {
+            rls_requests,
             events,
             requests,
             request_seconds,

@@ -274,6 +274,43 @@ fn sliding_window_scripts_re_anchor_a_window_from_the_future() {
     assert_eq!(field(&redis, "rl:{w:b}", "cur"), 5);
 }
 
+#[test]
+fn fixed_window_script_counts_per_epoch_aligned_window() {
+    let redis = Redis::start();
+    let day = 86_400_000;
+    let start = redis_now_ms(&redis) / day * day;
+    // 5 per day, aligned to 00:00 UTC as envoyproxy/ratelimit aligns it.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 3]);
+    assert_eq!((r[0], r[1], r[3], r[4]), (3, 2, 0, start), "{r:?}");
+    let midnight = start + day - redis_now_ms(&redis);
+    assert!(r[2].abs_diff(midnight) < 1_000, "reset at midnight: {r:?}");
+    // Partial grant; the grant that fills the window says: the next one.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 10]);
+    assert_eq!((r[0], r[1]), (2, 0));
+    assert_eq!(r[3], r[2], "{r:?}");
+    // Refused calls are not counted.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 1]);
+    assert_eq!(r[0], 0);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 5);
+    // Give-backs: to this window they count; to an ended one they do not.
+    eval(&redis, "release.lua", "rl:{f:a}", &[2, 5, day, 5, 2, start]);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 3);
+    eval(&redis, "release.lua", "rl:{f:a}", &[2, 5, day, 5, 2, start - day]);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 3);
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 0, 1, start]);
+    assert_eq!((r[0], r[1]), (0, 3), "{r:?}");
+    // The key lives until the window ends, not longer.
+    let ttl = pttl(&redis, "rl:{f:a}");
+    assert!(ttl <= day && ttl + 5_000 >= start + day - redis_now_ms(&redis), "{ttl}");
+    // A window from the future (a clock that went back) is re-anchored to
+    // now's with its count: refused until now's window ends, not the future's.
+    let future = (start + 7 * day).to_string();
+    redis.cli(&["HSET", "rl:{f:f}", "win", &future, "n", "5"]);
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:f}", &[5, day, 1]);
+    assert_eq!((r[0], r[4]), (0, start), "{r:?}");
+    assert!(r[3] <= day, "{r:?}");
+}
+
 /// Random acquires (with and without give-backs) and releases, the same on
 /// both stores: with a quota that refills too slowly to move during the
 /// test, every grant must match. Give-backs and releases go to the window
@@ -288,6 +325,7 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         spec(Algorithm::TokenBucket, "50/day", 20),
         spec(Algorithm::TokenBucket, "1000/day", 1000),
         spec(Algorithm::SlidingWindow, "30/day", 30),
+        spec(Algorithm::FixedWindow, "40/day", 40),
     ];
     // Tokens each key holds, by the window they were granted in.
     let mut held: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();

@@ -184,6 +184,10 @@ max_keys = 10000
 failures = 3
 open_ms = 2000
 
+[rls]
+listen = "127.0.0.1:8081"
+config = "ratelimit.yaml"
+
 [[routes]]
 name = "demo"
 path_prefix = "/"
@@ -237,6 +241,7 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
         ("[store]", "max_keys") => vec![("max_keys = 10000", "max_keys = 20000")],
         ("[store.breaker]", "failures") => vec![("failures = 3", "failures = 4")],
         ("[store.breaker]", "open_ms") => vec![("open_ms = 2000", "open_ms = 3000")],
+        ("[rls]", "listen") => vec![("listen = \"127.0.0.1:8081\"", "listen = \"127.0.0.1:8082\"")],
         _ => return None,
     })
 }
@@ -301,6 +306,7 @@ fn restart_dir() -> support::TempDir {
     ] {
         std::fs::copy(root.join("certs").join(from), dir.path().join(to)).unwrap();
     }
+    std::fs::write(dir.path().join("ratelimit.yaml"), "domain: d\n").unwrap();
     dir
 }
 

@@ -10,6 +10,7 @@ mod compile;
 pub mod error;
 pub mod raw;
 pub mod reload;
+pub mod rls;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -41,6 +42,36 @@ pub struct Config {
     pub limits: Vec<Arc<Limit>>,
     /// `[events]`; `None`: no events are sent.
     pub events: Option<Events>,
+    /// `[rls]`; `None`: no Envoy rate limit service.
+    pub rls: Option<Rls>,
+}
+
+/// `[rls]`: Envoy's rate limit services over gRPC.
+#[derive(Debug, Clone)]
+pub struct Rls {
+    pub listen: SocketAddr,
+    /// The YAML file or directory, resolved against gateway.toml's directory.
+    pub config_path: PathBuf,
+    pub on_store_failure: RlsFailure,
+    pub rules: Arc<rls::RlsRules>,
+}
+
+/// What ShouldRateLimit answers when the store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RlsFailure {
+    /// gRPC `UNAVAILABLE`: Envoy applies its `failure_mode_deny` per route.
+    Unavailable,
+    /// `OK`: every request passes.
+    Allow,
+}
+
+impl RlsFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RlsFailure::Unavailable => "unavailable",
+            RlsFailure::Allow => "allow",
+        }
+    }
 }
 
 /// Where a config came from.
@@ -310,6 +341,19 @@ impl Limit {
 /// imports nothing from `config`.
 pub use crate::store::redis::redact;
 
+/// Combines gateway.toml's digest with the `[rls]` files' digest.
+pub fn inputs_digest(toml: &[u8; 32], rls: Option<&[u8; 32]>) -> [u8; 32] {
+    match rls {
+        None => *toml,
+        Some(r) => {
+            let mut d = Sha256::new();
+            d.update(toml);
+            d.update(r);
+            d.finalize().into()
+        }
+    }
+}
+
 /// Reads, parses and compiles a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
@@ -343,6 +387,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 }
 
 impl Config {
+    /// SHA-256 of everything this config was read from: gateway.toml's
+    /// bytes, and the `[rls]` YAML files' when there are any. A reload
+    /// compares it with the files on disk.
+    pub fn inputs_sha256(&self) -> [u8; 32] {
+        match &self.rls {
+            None => self.source.sha256,
+            Some(r) => inputs_digest(&self.source.sha256, Some(&r.rules.digest)),
+        }
+    }
+
     /// The one-screen summary printed by `leasegate check`.
     pub fn summary(&self) -> String {
         let mut s = String::new();

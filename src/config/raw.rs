@@ -29,6 +29,7 @@ pub struct File {
     #[serde(default)]
     pub limits: Vec<Spanned<Limit>>,
     pub events: Option<Spanned<Events>>,
+    pub rls: Option<Spanned<Rls>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -191,4 +192,13 @@ pub struct Limit {
 pub struct Events {
     pub dogstatsd: Option<Spanned<String>>,
     pub min_interval_ms: Option<Spanned<i64>>,
+}
+
+/// `[rls]`: the Envoy rate limit services.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rls {
+    pub listen: Option<Spanned<String>>,
+    pub config: Option<Spanned<String>>,
+    pub on_store_failure: Option<Spanned<String>>,
 }

@@ -27,6 +27,8 @@ pub struct Reloader {
 }
 
 /// Why a reload was asked for.
+type Fingerprint = ((SystemTime, u64, u64), Vec<(PathBuf, Option<SystemTime>, u64)>);
+
 #[derive(Debug, Clone, Copy)]
 pub enum Trigger {
     FileChanged,
@@ -37,7 +39,7 @@ impl Reloader {
     pub fn new(path: PathBuf, gateway: Arc<Gateway>) -> Reloader {
         // The bytes of the config in force: an edit made between loading
         // and watching is still seen.
-        let last_tried = std::sync::Mutex::new(Some(gateway.config().source.sha256));
+        let last_tried = std::sync::Mutex::new(Some(gateway.config().inputs_sha256()));
         Reloader {
             path,
             gateway,
@@ -61,7 +63,7 @@ impl Reloader {
         let outcome = match result {
             Ok(config) => {
                 // The bytes just loaded, not a second read of the file.
-                self.remember(Some(config.source.sha256));
+                self.remember(Some(config.inputs_sha256()));
                 self.warn_about_restart_only_changes(&config);
                 for warning in config.warnings() {
                     tracing::warn!("{warning}");
@@ -111,17 +113,35 @@ impl Reloader {
         }
     }
 
-    fn fingerprint(&self) -> Option<(SystemTime, u64, u64)> {
+    /// gateway.toml's modification time, size and inode, and the `[rls]`
+    /// files' (named by the config in force).
+    fn fingerprint(&self) -> Option<Fingerprint> {
         let m = std::fs::metadata(&self.path).ok()?;
         #[cfg(unix)]
         let inode = std::os::unix::fs::MetadataExt::ino(&m);
         #[cfg(not(unix))]
         let inode = 0;
-        Some((m.modified().ok()?, m.len(), inode))
+        let rls = self
+            .gateway
+            .config()
+            .rls
+            .as_ref()
+            .map(|r| super::rls::fingerprint_of(&r.config_path))
+            .unwrap_or_default();
+        Some(((m.modified().ok()?, m.len(), inode), rls))
     }
 
+    /// The digest a load of the files on disk would record
+    /// ([`Config::inputs_sha256`]).
     fn hash(&self) -> Option<[u8; 32]> {
-        std::fs::read(&self.path).ok().map(|b| Sha256::digest(&b).into())
+        let toml: [u8; 32] = std::fs::read(&self.path).ok().map(|b| Sha256::digest(&b).into())?;
+        let rls = self
+            .gateway
+            .config()
+            .rls
+            .as_ref()
+            .map(|r| super::rls::digest_of(&r.config_path).unwrap_or_default());
+        Some(super::inputs_digest(&toml, rls.as_ref()))
     }
 }
 
@@ -179,6 +199,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     warn(
         (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker),
         "[store] timeout_ms or [store.breaker] changed: they apply after a restart",
+    );
+    warn(
+        old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
+        "[rls] listen changed: it applies after a restart",
     );
     out
 }

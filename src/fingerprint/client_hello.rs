@@ -127,7 +127,7 @@ impl<'a> Reader<'a> {
     }
 
     fn u16_list(mut self, what: &'static str) -> Result<Vec<u16>, ParseError> {
-        if self.buf.len() % 2 != 0 {
+        if !self.buf.len().is_multiple_of(2) {
             return Err(ParseError::Malformed(what));
         }
         let mut out = Vec::with_capacity(self.buf.len() / 2);

@@ -51,7 +51,7 @@ impl Fingerprints {
 pub fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.trim().trim_start_matches("0x");
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace() && *b != b':').collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("odd number of hex digits ({})", digits.len()));
     }
     digits

@@ -161,6 +161,16 @@ impl Lease {
             .is_ok()
     }
 
+    /// Spends `n` tokens at once if that many are at hand (all or none).
+    pub fn try_take_n(&self, n: u64, now_ms: u64) -> bool {
+        if self.expires_at.load(Ordering::Relaxed) <= now_ms {
+            return false;
+        }
+        self.tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(n))
+            .is_ok()
+    }
+
     /// Marks the lease as used now (store calls only; spending does not).
     pub fn touch(&self, now_ms: u64) {
         self.touched.store(now_ms, Ordering::Relaxed);

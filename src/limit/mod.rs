@@ -16,12 +16,14 @@
 //! (local buckets while the store is away), `sweep` (tokens going back),
 //! [`blocked`] (the short-circuit after a refusal), [`stage`] (what a
 //! refusal means under each rollout stage), [`report`] (what an operator
-//! may read: one key's state, the hot keys).
+//! may read: one key's state, the hot keys), [`keyed`] (decisions for a
+//! key and quota given by the caller: the Envoy rate limit services).
 
 pub mod blocked;
 mod fallback;
 pub mod headers;
 pub mod key;
+pub mod keyed;
 pub mod lease;
 pub mod report;
 mod slow_path;

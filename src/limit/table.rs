@@ -81,7 +81,16 @@ impl LeaseTable {
                 .collect();
             if victims.is_empty() {
                 // Every lease holds tokens or is in use: the cap still holds.
-                victims = shard.keys().copied().take(batch).collect();
+                // From a random place in the shard, so no lease is spared
+                // for where its hash happens to sit in the map.
+                let from = fastrand::usize(..shard.len().max(1));
+                victims = shard
+                    .keys()
+                    .copied()
+                    .cycle()
+                    .skip(from)
+                    .take(batch.min(shard.len()))
+                    .collect();
             }
             for v in victims {
                 if let Some(lease) = shard.remove(&v) {

@@ -5,6 +5,7 @@
 //! [`Rate`]; the lease core and every store share [`Spec`], [`Grant`] and the
 //! algorithms, so an embedded store and Redis compute the same answers.
 
+pub mod fixed_window;
 pub mod sliding_window;
 pub mod token_bucket;
 
@@ -19,6 +20,9 @@ pub enum Algorithm {
     TokenBucket,
     /// At most N per period, over a weighted sliding window.
     SlidingWindow,
+    /// At most N per epoch-aligned window: envoyproxy/ratelimit's counting,
+    /// for the Envoy rate limit service.
+    FixedWindow,
 }
 
 impl Algorithm {
@@ -27,6 +31,7 @@ impl Algorithm {
         match self {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
         }
     }
 }
@@ -127,6 +132,7 @@ pub struct Unspent {
 pub enum State {
     Bucket(token_bucket::State),
     Window(sliding_window::State),
+    Fixed(fixed_window::State),
 }
 
 /// Acquire for any algorithm. A state of the other algorithm (a limit whose
@@ -148,6 +154,14 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
             };
             let (s, g) = sliding_window::acquire(prior, spec, now_ms, want);
             (State::Window(s), g)
+        }
+        Algorithm::FixedWindow => {
+            let prior = match state {
+                Some(State::Fixed(w)) => Some(w),
+                _ => None,
+            };
+            let (s, g) = fixed_window::acquire(prior, spec, now_ms, want);
+            (State::Fixed(s), g)
         }
     }
 }
@@ -174,6 +188,19 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unspent: Unspent)
             unspent.tokens,
             unspent.window_ms,
         )),
+        (Algorithm::FixedWindow, state) => {
+            let prior = match state {
+                Some(State::Fixed(w)) => Some(w),
+                _ => None,
+            };
+            State::Fixed(fixed_window::release(
+                prior,
+                spec,
+                now_ms,
+                unspent.tokens,
+                unspent.window_ms,
+            ))
+        }
     }
 }
 
@@ -200,6 +227,7 @@ pub fn is_idle(state: &State, spec: &Spec, now_ms: u64) -> bool {
     match state {
         State::Bucket(b) => token_bucket::is_idle(*b, spec, now_ms),
         State::Window(w) => sliding_window::is_idle(*w, spec, now_ms),
+        State::Fixed(w) => fixed_window::is_idle(*w, spec, now_ms),
     }
 }
 
@@ -294,13 +322,13 @@ fn parse_period(s: &str) -> Result<Duration, RateError> {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.period.as_millis();
-        let (n, unit) = if ms % 86_400_000 == 0 {
+        let (n, unit) = if ms.is_multiple_of(86_400_000) {
             (ms / 86_400_000, "day")
-        } else if ms % 3_600_000 == 0 {
+        } else if ms.is_multiple_of(3_600_000) {
             (ms / 3_600_000, "h")
-        } else if ms % 60_000 == 0 {
+        } else if ms.is_multiple_of(60_000) {
             (ms / 60_000, "min")
-        } else if ms % 1_000 == 0 {
+        } else if ms.is_multiple_of(1_000) {
             (ms / 1_000, "s")
         } else {
             (ms, "ms")

@@ -162,6 +162,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let http = config.listeners.http.map(|a| bind("http", a)).transpose()?;
     let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
     let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;
+    let rls = config.rls.as_ref().map(|r| bind("rls", r.listen)).transpose()?;
     let tls = match (&config.tls, &https) {
         (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
         (None, Some(_)) => return Err(ServeError::NoTls),
@@ -219,6 +220,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;
             announce("admin", &listener);
             tokio::spawn(admin::serve(listener, shared.gateway.clone()));
+        }
+        if let Some(rls) = rls {
+            let listener = TcpListener::from_std(rls).map_err(ServeError::Runtime)?;
+            announce("rls", &listener);
+            tokio::spawn(crate::rls::serve(listener, shared.gateway.clone()));
         }
         for (kind, l) in [("http", &http), ("https", &https)] {
             if let Some(addr) = l.as_ref().and_then(|l| l.local_addr().ok()) {

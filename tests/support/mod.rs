@@ -84,7 +84,19 @@ impl Gateway {
     /// Starts the gateway on `config` (TOML text). `{cert}` and `{key}` in
     /// the text are replaced by paths of a test certificate.
     pub fn start(config: &str) -> Gateway {
+        Gateway::start_with(config, &[])
+    }
+
+    /// Starts a gateway whose directory also holds `files` (name, contents),
+    /// written before it starts: YAML the config names, keys, ...
+    pub fn start_with(config: &str, files: &[(&str, &str)]) -> Gateway {
         let dir = TempDir::new();
+        for (name, contents) in files {
+            if let Some(parent) = Path::new(name).parent() {
+                std::fs::create_dir_all(dir.path().join(parent)).unwrap();
+            }
+            dir.write(name, contents);
+        }
         let mut cert = None;
         let mut text = config.to_string();
         if text.contains("{cert}") {

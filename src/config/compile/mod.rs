@@ -11,6 +11,7 @@ mod events;
 mod identity;
 mod limits;
 mod listeners;
+mod rls;
 mod routes;
 mod store;
 mod upstreams;
@@ -84,6 +85,7 @@ pub(super) fn compile(
     let limits = limits(&mut c, raw.limits);
     let routes = routes(&mut c, raw.routes, &upstreams, &limits);
     let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
+    let rls = raw.rls.as_ref().and_then(|r| rls::rls(&mut c, r, base));
 
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid(c.problems));
@@ -100,6 +102,7 @@ pub(super) fn compile(
         routes: RouteTable::new(routes),
         limits: limits.into_iter().map(Arc::new).collect(),
         events,
+        rls,
     })
 }
 

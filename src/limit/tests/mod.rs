@@ -464,7 +464,9 @@ async fn expired_leases_go_back_to_the_store() {
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
     assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Well past the 1 ms TTL on the coarse clock, even on a busy machine
+    // whose ticker thread runs late.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     limiter.sweep(60_000).await;
     assert_eq!(store.releases.load(Ordering::SeqCst), 1);
     // All 1000 are back in the shared bucket.

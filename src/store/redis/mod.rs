@@ -56,6 +56,7 @@ use sentinel::{follow_master, is_master, watch_switches, Sentinel};
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/token_bucket.lua")));
 static SLIDING_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
+static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 
 /// How long the client waits for a connection or a reply before calling it
@@ -334,6 +335,7 @@ fn algorithm_code(spec: &Spec) -> u64 {
     match spec.algorithm {
         Algorithm::TokenBucket => 0,
         Algorithm::SlidingWindow => 1,
+        Algorithm::FixedWindow => 2,
     }
 }
 
@@ -388,6 +390,12 @@ impl QuotaStore for RedisStore {
             ),
             Algorithm::SlidingWindow => self.call(
                 &SLIDING_WINDOW,
+                key,
+                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
+                give_back,
+            ),
+            Algorithm::FixedWindow => self.call(
+                &FIXED_WINDOW,
                 key,
                 vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
                 give_back,

@@ -1,0 +1,59 @@
+-- Fixed-window acquire: give back unspent requests' worth, then take up to
+-- `want` at KEYS[1], in one atomic step.
+--
+-- ARGV: limit, period_ms, want, give_back, give_back_window. At most
+-- `limit` requests per window, windows aligned to multiples of the period
+-- since the epoch (envoyproxy/ratelimit's counting: a day resets at 00:00
+-- UTC). `give_back` (unspent leased requests, 0 for none) comes off the
+-- count only while `give_back_window` (the start of the window they were
+-- taken in) is still the window counted. Refused requests are not counted.
+-- This is src/quota/fixed_window.rs on Redis; time is Redis's own clock.
+--
+-- State: hash {win = start of the window counted, in ms, n = its count}.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
+-- retry_after_ms is the wait until the next window whenever nothing more
+-- fits after this grant, else 0.
+
+local limit = tonumber(ARGV[1])
+local p = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local give_back = tonumber(ARGV[4]) or 0
+local give_back_window = tonumber(ARGV[5]) or 0
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+local start = now - now % p
+
+local state = redis.call('HMGET', KEYS[1], 'win', 'n')
+local win, n = tonumber(state[1]), tonumber(state[2])
+if win == nil or n == nil then
+  redis.call('DEL', KEYS[1]) -- new, expired, or another algorithm's hash
+  win, n = start, 0
+elseif win < start then
+  win, n = start, 0
+elseif win > start then
+  -- A window from the future: the clock went back. Re-anchored to now's
+  -- window with its count: no stall beyond one period, no over-admission.
+  win = start
+end
+
+if give_back > 0 and give_back_window >= win then
+  n = math.max(n - give_back, 0)
+end
+
+local granted = math.min(want, math.max(limit - n, 0))
+n = n + granted
+local remaining = math.max(limit - n, 0)
+local reset = math.max(win + p - now, 1)
+
+redis.call('HSET', KEYS[1], 'win', win, 'n', n)
+redis.call('PEXPIRE', KEYS[1], reset)
+local retry = 0
+if remaining == 0 then retry = reset end
+return {granted, remaining, reset, retry, win}

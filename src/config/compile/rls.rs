@@ -1,0 +1,80 @@
+//! `[rls]`: the gRPC listener for Envoy's rate limit services and the
+//! envoyproxy/ratelimit YAML it serves, loaded here so that `check`, start
+//! and reload all refuse a bad file.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use toml::Spanned;
+
+use super::Check;
+use crate::config::{raw, rls, Rls, RlsFailure};
+
+pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<Rls> {
+    let raw = r.get_ref();
+    let listen = match &raw.listen {
+        None => {
+            c.at(
+                r.span(),
+                "rls.listen",
+                "missing: set the gRPC address, such as \"127.0.0.1:8081\"",
+            );
+            None
+        }
+        Some(a) => match a.get_ref().parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                c.at(
+                    a.span(),
+                    "rls.listen",
+                    format!("{:?} is not a socket address such as \"127.0.0.1:8081\"", a.get_ref()),
+                );
+                None
+            }
+        },
+    };
+    let on_store_failure = match raw.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+        None | Some(("unavailable", _)) => RlsFailure::Unavailable,
+        Some(("allow", _)) => RlsFailure::Allow,
+        Some((other, span)) => {
+            c.at(
+                span,
+                "rls.on_store_failure",
+                format!(
+                    "{other:?}: use \"unavailable\" (answer UNAVAILABLE: Envoy's failure_mode_deny decides per route) or \"allow\" (answer OK)"
+                ),
+            );
+            RlsFailure::Unavailable
+        }
+    };
+    let Some(config) = &raw.config else {
+        c.at(
+            r.span(),
+            "rls.config",
+            "missing: set the envoyproxy/ratelimit YAML file or directory, such as \"ratelimit\"",
+        );
+        return None;
+    };
+    let path = base.join(config.get_ref());
+    let rules = match rls::load(&path) {
+        Ok(rules) => rules,
+        Err(problems) => {
+            // The YAML's own problems, each in its file; and one here
+            // pointing at the key that named it.
+            c.at(
+                config.span(),
+                "rls.config",
+                format!("{} has {} problem(s), listed below", path.display(), problems.len()),
+            );
+            c.problems.extend(problems);
+            return None;
+        }
+    };
+    Some(Rls {
+        listen: listen?,
+        config_path: path,
+        on_store_failure,
+        rules: Arc::new(rules),
+    })
+}

@@ -1,0 +1,638 @@
+//! The Envoy rate limit service's rules: envoyproxy/ratelimit's YAML, read
+//! the way it reads it, into a tree of descriptors per domain.
+//!
+//! One file, or a directory whose `*.yaml`/`*.yml` files each hold one
+//! domain. Every map rejects keys it does not know, as envoyproxy/ratelimit
+//! does; a unit is any RLS unit name in any case; an `unlimited` limit may
+//! not name a unit. Errors name the file, the line and the key. Loaded with
+//! `gateway.toml` (check, start, reload), so a bad YAML never replaces a
+//! good config.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::Problem;
+use crate::quota::{Algorithm, Rate, Spec};
+
+/// An RLS unit, with envoyproxy/ratelimit's lengths: a month is 30 days
+/// and a year 365, windows aligned to the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The RLS enum name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Unit> {
+        Some(match s.to_ascii_uppercase().as_str() {
+            "SECOND" => Unit::Second,
+            "MINUTE" => Unit::Minute,
+            "HOUR" => Unit::Hour,
+            "DAY" => Unit::Day,
+            "WEEK" => Unit::Week,
+            "MONTH" => Unit::Month,
+            "YEAR" => Unit::Year,
+            _ => return None,
+        })
+    }
+}
+
+/// One `rate_limit`, compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlsLimit {
+    /// `domain.key_value.key...`: envoyproxy/ratelimit's full key, for
+    /// logs and the key of a shared (`share_threshold`) bucket.
+    pub full_key: String,
+    pub name: String,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub unlimited: bool,
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    /// Values matched by this wildcard share one bucket.
+    pub share_threshold: bool,
+    pub algorithm: Algorithm,
+}
+
+impl RlsLimit {
+    /// The quota a store counts: `requests_per_unit` per unit. A token
+    /// bucket holds one unit's worth as its burst.
+    pub fn spec(&self) -> Spec {
+        limit_spec(self.algorithm, self.requests_per_unit, self.unit)
+    }
+}
+
+/// The quota of `requests` per `unit` under `algorithm`.
+pub fn limit_spec(algorithm: Algorithm, requests: u32, unit: Unit) -> Spec {
+    let rate = Rate {
+        count: u64::from(requests).max(1),
+        period: Duration::from_secs(unit.seconds()),
+    };
+    Spec::new(algorithm, rate, rate.count)
+}
+
+/// One level of a domain's tree.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Level {
+    /// `(key, value)` → node.
+    pub exact: HashMap<(String, String), Node>,
+    /// `(key, pattern)` in config order: values with `*` anywhere.
+    pub wildcards: Vec<(String, String, Node)>,
+    /// A key with no value: any value.
+    pub any: HashMap<String, Node>,
+}
+
+impl Level {
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcards.is_empty() && self.any.is_empty()
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Node {
+    pub limit: Option<Arc<RlsLimit>>,
+    pub children: Level,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RlsRules {
+    pub domains: HashMap<String, Level>,
+    /// The files read, for `leasegate check` and the reload watcher.
+    pub files: Vec<PathBuf>,
+    /// SHA-256 over the files' names and bytes as read: a reload compares
+    /// it with the files on disk.
+    pub digest: [u8; 32],
+}
+
+impl RlsRules {
+    /// Rules with a limit, over all domains.
+    pub fn limit_count(&self) -> usize {
+        fn count(level: &Level) -> usize {
+            let node = |n: &Node| usize::from(n.limit.is_some()) + count(&n.children);
+            level.exact.values().map(node).sum::<usize>()
+                + level.wildcards.iter().map(|(_, _, n)| node(n)).sum::<usize>()
+                + level.any.values().map(node).sum::<usize>()
+        }
+        self.domains.values().map(count).sum()
+    }
+}
+
+// ---- the YAML, as envoyproxy/ratelimit reads it ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    /// Stats options of envoyproxy/ratelimit: accepted, no effect here.
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: bool,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: bool,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<serde_yaml_ng::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    #[serde(default)]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: String,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+    /// leasegate's extension: `fixed_window` (the default),
+    /// `token_bucket` or `sliding_window`.
+    algorithm: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    #[serde(default)]
+    name: String,
+}
+
+/// The YAML files of `path`: the file itself, or a directory's `*.yaml` and
+/// `*.yml` files in name order.
+fn files_of(path: &Path) -> Result<Vec<PathBuf>, Problem> {
+    let problem = |reason: String| Problem {
+        file: path.display().to_string(),
+        line: None,
+        key: "rls.config".into(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| problem(format!("cannot read: {e}")))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| problem(format!("cannot list the directory: {e}")))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| e == "yaml" || e == "yml")
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(problem("the directory holds no *.yaml or *.yml file".into()));
+    }
+    Ok(files)
+}
+
+/// Reads and compiles the rules at `path`; every problem found, located.
+pub fn load(path: &Path) -> Result<RlsRules, Vec<Problem>> {
+    let files = files_of(path).map_err(|p| vec![p])?;
+    let mut rules = RlsRules {
+        files: files.clone(),
+        ..RlsRules::default()
+    };
+    let mut problems = Vec::new();
+    let mut digest = Sha256::new();
+    for file in &files {
+        let name = file.display().to_string();
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => {
+                digest_file(&mut digest, file, t.as_bytes());
+                t
+            }
+            Err(e) => {
+                problems.push(Problem {
+                    file: name,
+                    line: None,
+                    key: "(document)".into(),
+                    reason: format!("cannot read: {e}"),
+                });
+                continue;
+            }
+        };
+        if let Err(mut p) = parse_into(&mut rules, &name, &text) {
+            problems.append(&mut p);
+        }
+    }
+    rules.digest = digest.finalize().into();
+    if problems.is_empty() {
+        Ok(rules)
+    } else {
+        Err(problems)
+    }
+}
+
+fn digest_file(digest: &mut Sha256, file: &Path, bytes: &[u8]) {
+    digest.update(file.as_os_str().as_encoded_bytes());
+    digest.update([0]);
+    digest.update((bytes.len() as u64).to_le_bytes());
+    digest.update(bytes);
+}
+
+/// The digest [`load`] would record for the files at `path` now; `None`
+/// when they cannot be read.
+pub fn digest_of(path: &Path) -> Option<[u8; 32]> {
+    let mut digest = Sha256::new();
+    for file in files_of(path).ok()? {
+        let bytes = std::fs::read(&file).ok()?;
+        digest_file(&mut digest, &file, &bytes);
+    }
+    Some(digest.finalize().into())
+}
+
+/// What changes when one of the files at `path` changes, cheaply: their
+/// names, modification times, sizes and inodes.
+pub fn fingerprint_of(path: &Path) -> Vec<(PathBuf, Option<std::time::SystemTime>, u64)> {
+    files_of(path)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| {
+            let m = std::fs::metadata(&f).ok();
+            let modified = m.as_ref().and_then(|m| m.modified().ok());
+            let len = m.map_or(0, |m| m.len());
+            (f, modified, len)
+        })
+        .collect()
+}
+
+/// Parses one file's text into `rules` (one domain).
+pub fn parse_into(rules: &mut RlsRules, file: &str, text: &str) -> Result<(), Vec<Problem>> {
+    let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|e| {
+        let (key, reason) = yaml_problem(&e.to_string());
+        vec![Problem {
+            file: file.to_string(),
+            line: e.location().map(|l| l.line()),
+            key,
+            reason,
+        }]
+    })?;
+    let mut c = Compiler {
+        file,
+        text,
+        problems: Vec::new(),
+    };
+    if raw.domain.is_empty() {
+        c.problem("domain", None, "config file cannot have empty domain".into());
+    }
+    if rules.domains.contains_key(&raw.domain) {
+        c.problem(
+            "domain",
+            Some(&format!("domain: {}", raw.domain)),
+            format!("duplicate domain {:?}", raw.domain),
+        );
+    }
+    let level = c.level(&format!("{}.", raw.domain), raw.descriptors, "descriptors");
+    if c.problems.is_empty() {
+        rules.domains.insert(raw.domain, level);
+        Ok(())
+    } else {
+        Err(c.problems)
+    }
+}
+
+/// The key and the reason in a YAML error, which reads
+/// `descriptors[1]: unknown field `colour`, expected ... at line 8 column 5`:
+/// the path (when there is one) and the field named make the key; the
+/// position is given as the line already.
+fn yaml_problem(message: &str) -> (String, String) {
+    let message = match message.rfind(" at line ") {
+        Some(i) => &message[..i],
+        None => message,
+    };
+    let (path, reason) = match message.split_once(": ") {
+        Some((path, reason)) if !path.is_empty() && !path.contains(' ') => (Some(path), reason),
+        _ => (None, message),
+    };
+    let field = reason
+        .split('`')
+        .nth(1)
+        .filter(|_| reason.starts_with("unknown field") || reason.starts_with("missing field"));
+    let key = match (path, field) {
+        (Some(p), Some(f)) => format!("{p}.{f}"),
+        (Some(p), None) => p.to_string(),
+        (None, Some(f)) => f.to_string(),
+        (None, None) => "(document)".to_string(),
+    };
+    (key, reason.to_string())
+}
+
+struct Compiler<'a> {
+    file: &'a str,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Compiler<'_> {
+    /// A problem at the first line containing `needle` (the YAML parser
+    /// keeps no positions once a value is read).
+    fn problem(&mut self, key: &str, needle: Option<&str>, reason: String) {
+        let line = needle.and_then(|n| self.text.lines().position(|l| l.contains(n)).map(|i| i + 1));
+        self.problems.push(Problem {
+            file: self.file.to_string(),
+            line,
+            key: key.to_string(),
+            reason,
+        });
+    }
+
+    fn level(&mut self, parent: &str, descriptors: Vec<RawDescriptor>, path: &str) -> Level {
+        let mut level = Level::default();
+        for (i, d) in descriptors.into_iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            if d.key.is_empty() {
+                self.problem(&format!("{at}.key"), None, "descriptor has empty key".into());
+                continue;
+            }
+            let composite = if d.value.is_empty() {
+                d.key.clone()
+            } else {
+                format!("{}_{}", d.key, d.value)
+            };
+            let full_key = format!("{parent}{composite}");
+            let duplicate = if d.value.is_empty() {
+                level.any.contains_key(&d.key)
+            } else if d.value.contains('*') {
+                level.wildcards.iter().any(|(k, v, _)| *k == d.key && *v == d.value)
+            } else {
+                level.exact.contains_key(&(d.key.clone(), d.value.clone()))
+            };
+            if duplicate {
+                self.problem(
+                    &format!("{at}.key"),
+                    Some(&format!("key: {}", d.key)),
+                    format!("duplicate descriptor composite key {full_key:?}"),
+                );
+                continue;
+            }
+            let limit = d.rate_limit.and_then(|r| {
+                self.limit(
+                    &format!("{at}.rate_limit"),
+                    r,
+                    RuleFlags {
+                        full_key: full_key.clone(),
+                        shadow_mode: d.shadow_mode,
+                        quota_mode: d.quota_mode,
+                        share_threshold: d.share_threshold && d.value.contains('*'),
+                    },
+                )
+            });
+            let children = self.level(&format!("{full_key}."), d.descriptors, &format!("{at}.descriptors"));
+            let node = Node { limit, children };
+            if d.value.is_empty() {
+                level.any.insert(d.key, node);
+            } else if d.value.contains('*') {
+                level.wildcards.push((d.key, d.value, node));
+            } else {
+                level.exact.insert((d.key, d.value), node);
+            }
+        }
+        level
+    }
+
+    fn limit(&mut self, at: &str, r: RawRateLimit, flags: RuleFlags) -> Option<Arc<RlsLimit>> {
+        let unit = Unit::parse(&r.unit);
+        let mut ok = true;
+        if r.unlimited && unit.is_some() {
+            self.problem(
+                &format!("{at}.unit"),
+                Some(&format!("unit: {}", r.unit)),
+                "should not specify rate limit unit when unlimited".into(),
+            );
+            ok = false;
+        } else if !r.unlimited && unit.is_none() {
+            self.problem(
+                &format!("{at}.unit"),
+                (!r.unit.is_empty()).then(|| format!("unit: {}", r.unit)).as_deref(),
+                format!(
+                    "invalid rate limit unit {:?}: use SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+                    r.unit
+                ),
+            );
+            ok = false;
+        }
+        for rep in &r.replaces {
+            if rep.name.is_empty() {
+                self.problem(
+                    &format!("{at}.replaces"),
+                    None,
+                    "should not have an empty replaces entry".into(),
+                );
+                ok = false;
+            } else if rep.name == r.name {
+                self.problem(
+                    &format!("{at}.replaces"),
+                    Some(&format!("name: {}", rep.name)),
+                    "replaces should not contain name of same descriptor".into(),
+                );
+                ok = false;
+            }
+        }
+        let algorithm = match r.algorithm.as_deref() {
+            None | Some("fixed_window") => Algorithm::FixedWindow,
+            Some("token_bucket") => Algorithm::TokenBucket,
+            Some("sliding_window") => Algorithm::SlidingWindow,
+            Some(other) => {
+                self.problem(
+                    &format!("{at}.algorithm"),
+                    Some(&format!("algorithm: {other}")),
+                    format!("unknown algorithm {other:?}: use fixed_window, token_bucket or sliding_window"),
+                );
+                ok = false;
+                Algorithm::FixedWindow
+            }
+        };
+        ok.then(|| {
+            Arc::new(RlsLimit {
+                full_key: flags.full_key,
+                name: r.name,
+                requests_per_unit: r.requests_per_unit,
+                unit: unit.unwrap_or(Unit::Second),
+                unlimited: r.unlimited,
+                replaces: r.replaces.into_iter().map(|x| x.name).collect(),
+                shadow_mode: flags.shadow_mode,
+                quota_mode: flags.quota_mode,
+                share_threshold: flags.share_threshold,
+                algorithm,
+            })
+        })
+    }
+}
+
+struct RuleFlags {
+    full_key: String,
+    shadow_mode: bool,
+    quota_mode: bool,
+    share_threshold: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RlsRules, Vec<Problem>> {
+        let mut rules = RlsRules::default();
+        parse_into(&mut rules, "ratelimit.yaml", text).map(|()| rules)
+    }
+
+    #[test]
+    fn reads_envoyproxy_ratelimit_yaml() {
+        let rules = parse(
+            "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n  - key: database\n    value: default\n    rate_limit:\n      unit: Second\n      requests_per_unit: 500\n      algorithm: token_bucket\n  - key: remote_address\n    rate_limit:\n      unlimited: true\n  - key: path\n    value: /foo/*\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      name: foo\n      replaces:\n        - name: bar\n",
+        )
+        .unwrap();
+        let d = &rules.domains["mongo_cps"];
+        let users = d.exact[&("database".into(), "users".into())].limit.clone().unwrap();
+        assert_eq!((users.requests_per_unit, users.unit), (500, Unit::Second));
+        assert_eq!(users.algorithm, Algorithm::FixedWindow);
+        assert_eq!(users.full_key, "mongo_cps.database_users");
+        let default = d.exact[&("database".into(), "default".into())].limit.clone().unwrap();
+        assert_eq!(default.algorithm, Algorithm::TokenBucket);
+        assert!(d.any["remote_address"].limit.as_ref().unwrap().unlimited);
+        let (k, v, n) = &d.wildcards[0];
+        assert_eq!((k.as_str(), v.as_str()), ("path", "/foo/*"));
+        let foo = n.limit.clone().unwrap();
+        assert!(foo.shadow_mode);
+        assert_eq!(foo.replaces, vec!["bar".to_string()]);
+        assert_eq!(rules.limit_count(), 4);
+    }
+
+    #[test]
+    fn every_unit_in_any_case() {
+        for (u, secs) in [
+            ("second", 1),
+            ("MINUTE", 60),
+            ("Hour", 3_600),
+            ("day", 86_400),
+            ("week", 604_800),
+            ("month", 2_592_000),
+            ("year", 31_536_000),
+        ] {
+            let rules = parse(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: {u}\n      requests_per_unit: 1\n"
+            ))
+            .unwrap();
+            let l = rules.domains["d"].any["k"].limit.clone().unwrap();
+            assert_eq!(l.unit.seconds(), secs);
+            assert_eq!(l.spec().period_ms(), secs * 1_000);
+        }
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        parse(text).unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn refuses_what_envoyproxy_ratelimit_refuses_with_file_and_line() {
+        let p = problems("domain: d\ndescriptors:\n  - key: k\n    colour: red\n");
+        assert!(
+            p[0].starts_with("ratelimit.yaml:4: descriptors[0].colour: unknown field `colour`"),
+            "{p:?}"
+        );
+        assert!(p[0].contains("unknown field"), "{p:?}");
+        let p = problems(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+        );
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].starts_with("ratelimit.yaml:5: descriptors[0].rate_limit.unit: invalid rate limit unit \"fortnight\""),
+            "{p:?}"
+        );
+        let p = problems(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unlimited: true\n",
+        );
+        assert!(
+            p[0].contains("should not specify rate limit unit when unlimited"),
+            "{p:?}"
+        );
+        let p = problems("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n");
+        assert!(p[0].contains("duplicate descriptor composite key \"d.k_v\""), "{p:?}");
+        let p = problems("descriptors:\n  - key: k\n");
+        assert!(p[0].contains("empty domain"), "{p:?}");
+        let p = problems("domain: d\ndescriptors:\n  - value: v\n");
+        assert!(p[0].contains("descriptor has empty key"), "{p:?}");
+        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      name: a\n      replaces:\n        - name: a\n");
+        assert!(
+            p[0].contains("replaces should not contain name of same descriptor"),
+            "{p:?}"
+        );
+        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky\n");
+        assert!(
+            p[0].starts_with("ratelimit.yaml:7: descriptors[0].rate_limit.algorithm"),
+            "{p:?}"
+        );
+        let p = problems(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
+        );
+        assert!(p[0].starts_with("ratelimit.yaml:6"), "{p:?}");
+        let p = problems("domain: [\n");
+        assert!(p[0].starts_with("ratelimit.yaml:"), "{p:?}");
+    }
+
+    #[test]
+    fn a_domain_is_defined_once() {
+        let mut rules = RlsRules::default();
+        parse_into(&mut rules, "a.yaml", "domain: d\n").unwrap();
+        let p = parse_into(&mut rules, "b.yaml", "domain: d\n").unwrap_err();
+        assert_eq!(p[0].to_string(), "b.yaml:1: domain: duplicate domain \"d\"");
+    }
+}

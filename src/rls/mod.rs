@@ -1,0 +1,79 @@
+//! Envoy's rate limit APIs over gRPC (HTTP/2 cleartext): the RLS v3
+//! `ShouldRateLimit` ([`should`]), answered like envoyproxy/ratelimit from
+//! its YAML, and RLQS `StreamRateLimitQuotas` ([`quota`]), where each
+//! Envoy's token-bucket assignment is its lease of the shared quota. Both
+//! run on the gateway's limiter, store and leases.
+//!
+//! The generated tonic services are mounted on our own hyper connection
+//! loop rather than tonic's `Server` builder, whose `add_service` needs
+//! tonic's `router` feature and with it axum: two small path matches here
+//! cost less than a web framework in the dependency tree.
+
+pub mod matcher;
+pub mod should;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tower_service::Service as _;
+
+use crate::gateway::Gateway;
+
+const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+
+/// Both services, routed by the gRPC path.
+#[derive(Clone)]
+struct Routes {
+    rls: RateLimitServiceServer<should::ShouldRateLimit>,
+}
+
+type Reply = http::Response<tonic::body::Body>;
+
+impl hyper::service::Service<http::Request<Incoming>> for Routes {
+    type Response = Reply;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
+
+    fn call(&self, req: http::Request<Incoming>) -> Self::Future {
+        let path = req.uri().path();
+        if path.starts_with(RLS_PREFIX) {
+            let mut svc = self.rls.clone();
+            Box::pin(svc.call(req))
+        } else {
+            let status = tonic::Status::unimplemented(format!("no such service: {path}"));
+            Box::pin(std::future::ready(Ok(status.into_http())))
+        }
+    }
+}
+
+/// Serves both services on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
+    let routes = Routes {
+        rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway)),
+    };
+    loop {
+        let (stream, _peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "rls accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let routes = routes.clone();
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), routes);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "rls connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,261 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: the
+//! envoyproxy/ratelimit contract on leasegate's limiter.
+//!
+//! Each descriptor is matched against its domain's rules
+//! ([`super::matcher`]) and decided on its own key, with the same leases,
+//! store, deadline and breaker as HTTP requests. As in envoyproxy/ratelimit
+//! every descriptor is counted, whatever the others say; unlike it, a
+//! refused call takes nothing, so a blocked client does not push its own
+//! reset away.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tonic::{Request, Response, Status};
+
+use super::matcher;
+use crate::config::rls::{RlsLimit, Unit};
+use crate::config::RlsFailure;
+use crate::gateway::Gateway;
+use crate::limit::keyed::KeyDecision;
+use crate::metrics::RlsLabels;
+use crate::quota::Algorithm;
+
+/// The RLS v3 service over the gateway's limiter and config.
+pub struct ShouldRateLimit {
+    gateway: Arc<Gateway>,
+}
+
+impl ShouldRateLimit {
+    pub fn new(gateway: Arc<Gateway>) -> ShouldRateLimit {
+        ShouldRateLimit { gateway }
+    }
+}
+
+/// What one descriptor is checked against.
+enum Check {
+    /// No rule: OK, no limit reported, nothing counted.
+    None,
+    /// `unlimited`: OK with the largest remaining.
+    Unlimited,
+    Limit {
+        limit: Arc<RlsLimit>,
+        key: String,
+    },
+}
+
+#[tonic::async_trait]
+impl RateLimitService for ShouldRateLimit {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        if req.domain.is_empty() {
+            return Err(Status::invalid_argument("rate limit domain must not be empty"));
+        }
+        if req.descriptors.is_empty() {
+            return Err(Status::invalid_argument("rate limit descriptor list must not be empty"));
+        }
+        let config = self.gateway.config();
+        let rls = config.rls.as_ref();
+        let domain = rls.and_then(|r| r.rules.domains.get(&req.domain));
+        let mut checks: Vec<Check> = req
+            .descriptors
+            .iter()
+            .map(|d| match domain {
+                None => Check::None,
+                Some(level) => check_for(&req.domain, level, d),
+            })
+            .collect();
+        apply_replaces(&mut checks);
+
+        let limiter = &self.gateway.limiter;
+        let mut statuses = Vec::with_capacity(checks.len());
+        let mut quota_over = (0usize, 0usize); // (quota-mode descriptors, of which over)
+        for (check, d) in checks.iter().zip(&req.descriptors) {
+            let status = match check {
+                Check::None => status(Code::Ok, None, 0, 0),
+                Check::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), 0),
+                Check::Limit { limit, key } => {
+                    let hits = match &d.hits_addend {
+                        Some(h) => h.value,
+                        None => u64::from(req.hits_addend.max(1)),
+                    };
+                    let decision = if limit.requests_per_unit == 0 {
+                        // Nothing is ever allowed: no store call to make.
+                        Ok(KeyDecision {
+                            admitted: hits == 0,
+                            remaining: 0,
+                            reset_ms: 0,
+                            retry_after_ms: 0,
+                        })
+                    } else {
+                        limiter.check_key(key, &limit.spec(), hits).await
+                    };
+                    match decision {
+                        Ok(dec) => {
+                            let over = !dec.admitted;
+                            if limit.quota_mode {
+                                quota_over.0 += 1;
+                                quota_over.1 += usize::from(over);
+                            }
+                            let code = if over && !limit.shadow_mode {
+                                Code::OverLimit
+                            } else {
+                                Code::Ok
+                            };
+                            if over && limit.shadow_mode {
+                                tracing::debug!(key = %key, "rls shadow_mode over limit");
+                            }
+                            status(code, Some(limit), if over { 0 } else { dec.remaining }, dec.reset_ms)
+                        }
+                        Err(e) => match rls.map_or(RlsFailure::Unavailable, |r| r.on_store_failure) {
+                            RlsFailure::Unavailable => {
+                                return Err(Status::unavailable(format!("quota store: {e}")));
+                            }
+                            RlsFailure::Allow => status(Code::Ok, Some(limit), 0, 0),
+                        },
+                    }
+                }
+            };
+            statuses.push(status);
+        }
+        // Quota-mode descriptors refuse only when every one of them is over.
+        if quota_over.0 > 0 && quota_over.1 < quota_over.0 {
+            for (s, check) in statuses.iter_mut().zip(&checks) {
+                if matches!(check, Check::Limit { limit, .. } if limit.quota_mode) && s.code == Code::OverLimit as i32 {
+                    s.code = Code::Ok as i32;
+                }
+            }
+        }
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        let label = if domain.is_some() {
+            req.domain.clone()
+        } else {
+            "unknown".to_string()
+        };
+        self.gateway
+            .metrics
+            .rls_requests
+            .get_or_create(&RlsLabels {
+                domain: label,
+                code: overall.as_str_name(),
+            })
+            .inc();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// The rule a descriptor is checked against in a known domain. A limit
+/// the request carries (Envoy's per-action override) replaces the rules
+/// and is never in shadow mode, as in envoyproxy/ratelimit.
+fn check_for(domain: &str, level: &crate::config::rls::Level, d: &RateLimitDescriptor) -> Check {
+    let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+    if let Some(o) = &d.limit {
+        let Some(unit) = unit_of(o.unit) else {
+            return Check::None;
+        };
+        let limit = Arc::new(RlsLimit {
+            full_key: String::new(),
+            name: String::new(),
+            requests_per_unit: o.requests_per_unit,
+            unit,
+            unlimited: false,
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            share_threshold: false,
+            algorithm: Algorithm::FixedWindow,
+        });
+        // The override's quota is part of its key: two overrides on the
+        // same entries count apart, as theirs do.
+        let mut key = matcher::store_key(domain, &entries, None);
+        key.insert_str(key.len() - 1, &format!(":@{}/{}", o.requests_per_unit, unit.as_str()));
+        return Check::Limit { limit, key };
+    }
+    match matcher::find(level, &entries) {
+        None => Check::None,
+        Some(m) if m.limit.unlimited => Check::Unlimited,
+        Some(m) => Check::Limit {
+            key: matcher::store_key(domain, &entries, m.shared_pattern),
+            limit: Arc::clone(m.limit),
+        },
+    }
+}
+
+/// `replaces`: a matched limit named by another matched limit's
+/// `replaces` is not checked.
+fn apply_replaces(checks: &mut [Check]) {
+    let replaced: Vec<String> = checks
+        .iter()
+        .filter_map(|c| match c {
+            Check::Limit { limit, .. } => Some(limit.replaces.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for c in checks.iter_mut() {
+        if let Check::Limit { limit, .. } = c {
+            if !limit.name.is_empty() && replaced.contains(&limit.name) {
+                *c = Check::None;
+            }
+        }
+    }
+}
+
+fn unit_of(unit: i32) -> Option<Unit> {
+    Some(match PbUnit::try_from(unit).ok()? {
+        PbUnit::Second => Unit::Second,
+        PbUnit::Minute => Unit::Minute,
+        PbUnit::Hour => Unit::Hour,
+        PbUnit::Day => Unit::Day,
+        PbUnit::Week => Unit::Week,
+        PbUnit::Month => Unit::Month,
+        PbUnit::Year => Unit::Year,
+        PbUnit::Unknown => return None,
+    })
+}
+
+fn pb_unit(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn status(code: Code, limit: Option<&Arc<RlsLimit>>, remaining: u64, reset_ms: u64) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: limit.map(|l| RateLimit {
+            name: l.name.clone(),
+            requests_per_unit: l.requests_per_unit,
+            unit: pb_unit(l.unit) as i32,
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: limit.map(|_| PbDuration {
+            seconds: i64::try_from(reset_ms / 1_000).unwrap_or(i64::MAX),
+            nanos: ((reset_ms % 1_000) * 1_000_000) as i32,
+        }),
+        quota: None,
+    }
+}
