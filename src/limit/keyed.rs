@@ -10,7 +10,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::{blocked, Limiter};
-use crate::quota::{Spec, Unspent};
+use crate::quota::{Grant, Spec, Unspent};
 use crate::store::StoreError;
 
 /// The answer for one key.
@@ -73,18 +73,15 @@ impl Limiter {
                 if grant.granted == n {
                     return Ok(admitted(grant.remaining, grant.reset_ms));
                 }
-                if grant.granted > 0 {
-                    // All or none: the part granted goes back.
-                    let store = Arc::clone(&self.store);
-                    let (key, spec) = (key.to_string(), *spec);
-                    let unspent = Unspent {
+                // All or none: a part granted goes back.
+                self.give_back_later(
+                    key,
+                    spec,
+                    Unspent {
                         tokens: grant.granted,
                         window_ms: grant.window_ms,
-                    };
-                    tokio::spawn(async move {
-                        let _ = store.release(&key, &spec, unspent).await;
-                    });
-                }
+                    },
+                );
                 let wait = grant.retry_after_ms.max(grant.reset_ms).max(1);
                 Ok(KeyDecision {
                     admitted: false,
@@ -93,6 +90,25 @@ impl Limiter {
                     retry_after_ms: wait,
                 })
             }
+        }
+    }
+
+    /// `want` tokens of `key` straight from the store, past the leases (at
+    /// most `want`; under the store's deadline and breaker): for a caller
+    /// that keeps its own lease, as an RLQS assignment is.
+    pub async fn acquire_direct(&self, key: &str, spec: &Spec, want: u64) -> Result<Grant, StoreError> {
+        if want == 0 {
+            return Ok(Grant::default());
+        }
+        self.store.acquire(key, spec, want, Unspent::default()).await
+    }
+
+    /// Gives `unspent` tokens of `key` back to the store in the background,
+    /// within the bound on releases in flight.
+    pub fn give_back_later(self: &Arc<Self>, key: &str, spec: &Spec, unspent: Unspent) {
+        let lease = Arc::new(super::lease::Lease::new(key));
+        if let Some(r) = super::sweep::Release::new(&lease, *spec, unspent.tokens, unspent.window_ms) {
+            self.release_later(r);
         }
     }
 

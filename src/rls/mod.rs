@@ -9,7 +9,9 @@
 //! tonic's `router` feature and with it axum: two small path matches here
 //! cost less than a web framework in the dependency tree.
 
+pub mod assign;
 pub mod matcher;
+pub mod quota;
 pub mod should;
 
 use std::convert::Infallible;
@@ -17,6 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -26,11 +29,13 @@ use tower_service::Service as _;
 use crate::gateway::Gateway;
 
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+const RLQS_PREFIX: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 
 /// Both services, routed by the gRPC path.
 #[derive(Clone)]
 struct Routes {
     rls: RateLimitServiceServer<should::ShouldRateLimit>,
+    rlqs: RateLimitQuotaServiceServer<quota::QuotaService>,
 }
 
 type Reply = http::Response<tonic::body::Body>;
@@ -45,6 +50,9 @@ impl hyper::service::Service<http::Request<Incoming>> for Routes {
         if path.starts_with(RLS_PREFIX) {
             let mut svc = self.rls.clone();
             Box::pin(svc.call(req))
+        } else if path.starts_with(RLQS_PREFIX) {
+            let mut svc = self.rlqs.clone();
+            Box::pin(svc.call(req))
         } else {
             let status = tonic::Status::unimplemented(format!("no such service: {path}"));
             Box::pin(std::future::ready(Ok(status.into_http())))
@@ -55,7 +63,8 @@ impl hyper::service::Service<http::Request<Incoming>> for Routes {
 /// Serves both services on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
     let routes = Routes {
-        rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway)),
+        rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway.clone())),
+        rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(gateway)),
     };
     loop {
         let (stream, _peer) = match listener.accept().await {

@@ -1,0 +1,242 @@
+//! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`
+//! (RLQS): each Envoy reports its buckets' usage on a stream, and each
+//! matched bucket gets a token-bucket assignment that is that Envoy's lease
+//! of the shared quota ([`super::assign`]), paid to the same store with the
+//! same scripts as every other lease, so all streams on all instances add
+//! up to at most the limit.
+//!
+//! A bucket matches its stream's domain by its `bucket_id` entries sorted by
+//! key name, under the RLS rules. Every report is answered with renewed
+//! assignments sized to the demand it shows: an idle stream's share shrinks
+//! to the floor and the quota it no longer pays for goes to the busy ones
+//! within a report or two. Unmatched and unlimited buckets get `ALLOW_ALL`;
+//! buckets idle for six report intervals get `abandon_action`; when the quota is spent
+//! a bucket gets `DENY_ALL` until the next report finds some. A closed
+//! stream pays for nothing more: its share comes back as its assignments
+//! expire (Envoy keeps enforcing an assignment until its TTL, so what was
+//! paid for that long is spent, not given back).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy as PbStrategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::assign::{self, Held, Refill};
+use super::matcher;
+use crate::gateway::Gateway;
+use crate::quota::{Spec, Unspent};
+
+/// How long an `ALLOW_ALL` for an unmatched bucket lasts; every report
+/// renews it, and a rule added by a reload replaces it at the next one.
+const ALLOW_ALL_TTL_SECS: u64 = 60;
+/// A bucket that reports no request for this many report intervals is
+/// abandoned: Envoy forgets it, and reports it anew when traffic returns.
+const IDLE_INTERVALS: u64 = 6;
+
+pub struct QuotaService {
+    gateway: Arc<Gateway>,
+}
+
+impl QuotaService {
+    pub fn new(gateway: Arc<Gateway>) -> QuotaService {
+        QuotaService { gateway }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for QuotaService {
+    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let gateway = self.gateway.clone();
+        tokio::spawn(async move {
+            let mut stream = StreamState::default();
+            loop {
+                let reports = match inbound.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) | Err(_) => break,
+                };
+                let reply = stream.on_reports(&gateway, reports).await;
+                if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
+                    break;
+                }
+            }
+            tracing::debug!(buckets = stream.buckets.len(), "rlqs stream closed");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// One bucket of one stream.
+struct Bucket {
+    /// What Envoy holds now, as paid for (`None`: nothing paid, or DENY_ALL).
+    held: Option<Held>,
+    last_report_ms: u64,
+    /// Since when the bucket has reported no request, if it has not.
+    idle_since_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct StreamState {
+    domain: String,
+    buckets: HashMap<Vec<(String, String)>, Bucket>,
+}
+
+impl StreamState {
+    async fn on_reports(
+        &mut self,
+        gateway: &Arc<Gateway>,
+        reports: RateLimitQuotaUsageReports,
+    ) -> RateLimitQuotaResponse {
+        if !reports.domain.is_empty() {
+            self.domain = reports.domain;
+        }
+        let config = gateway.config();
+        let domain = config.rls.as_ref().and_then(|r| r.rules.domains.get(&self.domain));
+        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
+        for usage in reports.bucket_quota_usages {
+            let Some(id) = usage.bucket_id.clone() else { continue };
+            let mut entries: Vec<(String, String)> = id.bucket.clone().into_iter().collect();
+            entries.sort();
+            let borrowed: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let matched = domain.and_then(|d| matcher::find(d, &borrowed));
+            let action = match matched {
+                Some(m) if !m.limit.unlimited => {
+                    let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
+                    let spec = m.limit.spec();
+                    self.assign(gateway, entries, &usage, &key, &spec).await
+                }
+                // No rule, or an unlimited one: Envoy allows all.
+                _ => Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+                    assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
+                    rate_limit_strategy: Some(blanket(BlanketRule::AllowAll)),
+                })),
+            };
+            if let Some(action) = action {
+                actions.push(BucketAction {
+                    bucket_id: Some(id),
+                    bucket_action: Some(action),
+                });
+            }
+        }
+        RateLimitQuotaResponse { bucket_action: actions }
+    }
+
+    /// The assignment for one matched bucket, paid to the store; `None`
+    /// when the store failed (Envoy keeps what it has until it expires,
+    /// then its `expired_assignment_behavior` decides).
+    async fn assign(
+        &mut self,
+        gateway: &Arc<Gateway>,
+        entries: Vec<(String, String)>,
+        usage: &BucketQuotaUsage,
+        key: &str,
+        spec: &Spec,
+    ) -> Option<Action> {
+        let now = gateway.limiter.now_ms();
+        let bucket = self.buckets.entry(entries.clone()).or_insert(Bucket {
+            held: None,
+            last_report_ms: now,
+            idle_since_ms: None,
+        });
+        let used = usage.num_requests_allowed + usage.num_requests_denied;
+        // Envoy sends whole seconds and may send 0: our own clock then.
+        let reported = usage
+            .time_elapsed
+            .map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0) * 1_000);
+        let since = now.saturating_sub(bucket.last_report_ms);
+        let elapsed_ms = if reported > 0 { reported } else { since }.max(1_000);
+        bucket.last_report_ms = now;
+        let interval_secs = elapsed_ms.div_ceil(1_000);
+        if used == 0 {
+            let idle_since = *bucket.idle_since_ms.get_or_insert(now);
+            if now.saturating_sub(idle_since) >= IDLE_INTERVALS * interval_secs * 1_000 {
+                self.buckets.remove(&entries);
+                return Some(Action::AbandonAction(AbandonAction {}));
+            }
+        } else {
+            bucket.idle_since_ms = None;
+        }
+        let demand = used as f64 * 1_000.0 / elapsed_ms as f64;
+        // An expired bucket is still owed the fills it had before it ended.
+        let held = bucket.held;
+        let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
+        let next = assign::strategy_for(demand, spec, live);
+        let offer = assign::offer(next, held, now, interval_secs);
+        let limiter = &gateway.limiter;
+        let grant = match limiter.acquire_direct(key, spec, offer.cost).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::debug!(key, error = %e, "rlqs: the store failed; the assignment is not renewed");
+                return None;
+            }
+        };
+        let sent = if grant.granted >= offer.cost {
+            Some(offer)
+        } else {
+            let (sent, back) = assign::shortened(offer, held, now, grant.granted);
+            limiter.give_back_later(
+                key,
+                spec,
+                Unspent {
+                    tokens: back,
+                    window_ms: grant.window_ms,
+                },
+            );
+            sent
+        };
+        bucket.held = sent.map(|o| o.held);
+        Some(Action::QuotaAssignmentAction(match sent {
+            Some(o) => QuotaAssignmentAction {
+                assignment_time_to_live: Some(secs(o.ttl_secs(now))),
+                rate_limit_strategy: Some(token_bucket(o.held.refill)),
+            },
+            // The quota is spent: deny until a report finds some.
+            None => QuotaAssignmentAction {
+                assignment_time_to_live: Some(secs(2 * interval_secs)),
+                rate_limit_strategy: Some(blanket(BlanketRule::DenyAll)),
+            },
+        }))
+    }
+}
+
+fn secs(s: u64) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(s.max(1)).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}
+
+fn blanket(rule: BlanketRule) -> RateLimitStrategy {
+    RateLimitStrategy {
+        strategy: Some(PbStrategy::BlanketRule(rule as i32)),
+    }
+}
+
+fn token_bucket(s: Refill) -> RateLimitStrategy {
+    let tokens = u32::try_from(s.tokens).unwrap_or(u32::MAX);
+    RateLimitStrategy {
+        strategy: Some(PbStrategy::TokenBucket(TokenBucket {
+            max_tokens: tokens,
+            tokens_per_fill: Some(UInt32Value { value: tokens }),
+            fill_interval: Some(secs(s.fill_secs)),
+        })),
+    }
+}
