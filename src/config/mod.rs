@@ -41,6 +41,9 @@ pub struct Config {
     pub limits: Vec<Arc<Limit>>,
     /// `[events]`; `None`: no events are sent.
     pub events: Option<Events>,
+    /// `[region]`; `None`: this gateway enforces whole quotas and has no
+    /// inter-region link.
+    pub region: Option<Region>,
 }
 
 /// Where a config came from.
@@ -176,6 +179,25 @@ pub struct Events {
     pub min_interval: Duration,
 }
 
+/// `[region]`: this region's slice of every quota and its link to the
+/// other regions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Region {
+    pub name: String,
+    /// This region's slice of every limit's quota.
+    pub share: crate::quota::Share,
+    /// Where this gateway serves the inter-region link.
+    pub link: SocketAddr,
+    /// The primary region's link (`http://host:port`); `None`: this gateway
+    /// is in the primary region.
+    pub primary: Option<http::Uri>,
+    /// Ask the primary for more once a key used this much of its slice ...
+    pub rebalance_at: f64,
+    /// ... and at most once per key per this long, for tokens that last
+    /// this long.
+    pub rebalance_window: Duration,
+}
+
 pub use crate::quota::Algorithm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +255,10 @@ pub struct Limit {
     /// Sub-buckets per key (1: not sharded).
     pub shards: u32,
     pub shard_by: ShardBy,
+    /// This region's slice of every quota of the limit (`[region] share`;
+    /// the whole without `[region]`). Applied last, by
+    /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
+    pub share: crate::quota::Share,
 }
 
 /// What picks a request's sub-bucket of a sharded limit.
@@ -272,6 +298,7 @@ impl Limit {
             fallback_rate: None,
             shards: 1,
             shard_by: ShardBy::Ip,
+            share: crate::quota::Share::WHOLE,
         }
     }
 
@@ -296,11 +323,11 @@ impl Limit {
     }
 
     /// The quota of the local fallback bucket for a key of `spec` while the
-    /// store is away: `fallback_rate` when set, else `spec` divided over the
-    /// fleet (`[store] fleet_size`).
+    /// store is away: `fallback_rate` (this region's slice of it) when set,
+    /// else `spec` divided over the fleet (`[store] fleet_size`).
     pub fn fallback_spec(&self, spec: &crate::quota::Spec, fleet_size: u64) -> crate::quota::Spec {
         match self.fallback_rate {
-            Some(rate) => crate::quota::Spec::new(self.algorithm, rate, rate.count),
+            Some(rate) => crate::quota::Spec::new(self.algorithm, rate, rate.count).slice(self.share),
             None => spec.divided(fleet_size),
         }
     }

@@ -29,6 +29,7 @@ pub struct File {
     #[serde(default)]
     pub limits: Vec<Spanned<Limit>>,
     pub events: Option<Spanned<Events>>,
+    pub region: Option<Spanned<Region>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -191,4 +192,15 @@ pub struct Limit {
 pub struct Events {
     pub dogstatsd: Option<Spanned<String>>,
     pub min_interval_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    pub name: Spanned<String>,
+    pub share: Spanned<f64>,
+    pub link: Spanned<String>,
+    pub primary: Option<Spanned<String>>,
+    pub rebalance_at: Option<Spanned<f64>>,
+    pub rebalance_window_ms: Option<Spanned<i64>>,
 }
