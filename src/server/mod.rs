@@ -245,7 +245,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         if let (Some(region), Some(link)) = (region, link) {
             let listener = TcpListener::from_std(link).map_err(ServeError::Runtime)?;
-            announce("region link", &listener);
+            announce("link", &listener);
             region.start(listener, region_store, &shared.gateway.metrics);
         }
         if let Some(admin) = admin {
