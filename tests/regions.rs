@@ -91,7 +91,9 @@ impl Relay {
         let (count, m) = (connections.clone(), mode.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((inbound, _)) = listener.accept().await else { return };
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 count.fetch_add(1, Ordering::SeqCst);
                 match m.load(Ordering::SeqCst) {
                     REFUSE => drop(inbound),
@@ -104,7 +106,9 @@ impl Relay {
                     }
                     _ => {
                         tokio::spawn(async move {
-                            let Ok(outbound) = TcpStream::connect(target).await else { return };
+                            let Ok(outbound) = TcpStream::connect(target).await else {
+                                return;
+                            };
                             let (ri, wi) = inbound.into_split();
                             let (ro, wo) = outbound.into_split();
                             tokio::join!(pipe(ri, wo, latency), pipe(ro, wi, latency));
@@ -243,7 +247,10 @@ async fn below_the_threshold_a_region_stays_autonomous_and_a_surge_gets_a_transf
     assert_eq!((t.ok, t.other), (100, 0), "{t:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(w.relay.connections(), 0, "no link traffic below the threshold");
-    assert_eq!(metric(&w.eu, "leasegate_region_transfers_total{result=\"granted\"}").await, 0.0);
+    assert_eq!(
+        metric(&w.eu, "leasegate_region_transfers_total{result=\"granted\"}").await,
+        0.0
+    );
 
     // A surge crosses it: one transfer of one more slice (180 of the
     // primary's 300), credited for the window, spent after the slice.
@@ -324,7 +331,10 @@ async fn a_partition_changes_nothing_for_clients() {
     assert!(w.relay.connections() >= 1, "the coordinator did try");
     let m = w.ap.metrics().await;
     assert_eq!(sample(&m, "leasegate_region_link_up{region=\"ap-south\"}"), 0.0, "{m}");
-    assert!(sample(&m, "leasegate_region_transfers_total{result=\"error\"}") >= 1.0, "{m}");
+    assert!(
+        sample(&m, "leasegate_region_transfers_total{result=\"error\"}") >= 1.0,
+        "{m}"
+    );
     assert_eq!(sample(&m, "leasegate_region_transfers_total{result=\"granted\"}"), 0.0);
 
     // Healed: a probe finds the link within a few seconds.

@@ -184,6 +184,14 @@ max_keys = 10000
 failures = 3
 open_ms = 2000
 
+[region]
+name = "eu-central"
+share = 0.3
+link = "127.0.0.1:9911"
+primary = "http://127.0.0.1:9921"
+rebalance_at = 0.8
+rebalance_window_ms = 20000
+
 [[routes]]
 name = "demo"
 path_prefix = "/"
@@ -237,6 +245,14 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
         ("[store]", "max_keys") => vec![("max_keys = 10000", "max_keys = 20000")],
         ("[store.breaker]", "failures") => vec![("failures = 3", "failures = 4")],
         ("[store.breaker]", "open_ms") => vec![("open_ms = 2000", "open_ms = 3000")],
+        ("[region]", "name") => vec![("name = \"eu-central\"", "name = \"eu-west\"")],
+        ("[region]", "share") => vec![("share = 0.3", "share = 0.4")],
+        ("[region]", "link") => vec![("link = \"127.0.0.1:9911\"", "link = \"127.0.0.1:9912\"")],
+        ("[region]", "primary") => vec![("primary = \"http://127.0.0.1:9921\"\n", "")],
+        ("[region]", "rebalance_at") => vec![("rebalance_at = 0.8", "rebalance_at = 0.9")],
+        ("[region]", "rebalance_window_ms") => {
+            vec![("rebalance_window_ms = 20000", "rebalance_window_ms = 30000")]
+        }
         _ => return None,
     })
 }

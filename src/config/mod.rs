@@ -441,6 +441,17 @@ impl Config {
             }
             s.push('\n');
         }
+        if let Some(r) = &self.region {
+            let primary = match &r.primary {
+                Some(p) => format!("primary {p}"),
+                None => "the primary".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "region    {}: share {} of every limit, link {}, {primary}",
+                r.name, r.share, r.link
+            );
+        }
         if let Some(e) = &self.events {
             let _ = writeln!(
                 s,

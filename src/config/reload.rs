@@ -180,9 +180,6 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker),
         "[store] timeout_ms or [store.breaker] changed: they apply after a restart",
     );
-    warn(
-        old.region != new.region,
-        "[region] changed: it applies after a restart (limits keep the slice they started with)",
-    );
+    warn(old.region != new.region, "[region] changed: it applies after a restart");
     out
 }

@@ -78,6 +78,9 @@ fn primary_uri(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s
         .parse()
         .map_err(|_| format!("{s:?} is not a URL such as \"http://10.0.0.1:9911\""))?;
+    if uri.scheme_str().is_none() {
+        return Err(format!("{s:?} is not a URL such as \"http://10.0.0.1:9911\""));
+    }
     if uri.scheme_str() != Some("http") {
         return Err(format!(
             "{s:?}: the link speaks plain http:// (put it inside a tunnel or mesh for TLS)"
