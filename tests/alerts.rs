@@ -244,7 +244,7 @@ primary = "http://127.0.0.1:{}"
 [[routes]]
 name = "demo"
 path_prefix = "/"
-response = { status = 200, body = "ok" }
+response = {{ status = 200, body = "ok" }}
 "#,
         support::closed_port()
     ));
