@@ -395,3 +395,50 @@ async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_wha
     bad["key"] = "session:secret".into();
     assert_eq!(post_transfer(link, &bad).await.0, StatusCode::BAD_REQUEST);
 }
+
+/// The regional scripts on a real Redis, through the store: credit once per
+/// transfer, spent the batch that expires first first, gone with its
+/// window; one claim per key and window; the sliding-window transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_window() {
+    use leasegate::quota::{Algorithm, Rate, Spec};
+    use leasegate::store::redis::{RedisStore, Target};
+    use leasegate::store::QuotaStore;
+
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let key = "rl:{global:api}";
+    // The store dials in the background: wait for its first answer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.claim("rl:{warm:up}", 1).await.is_err() {
+        assert!(Instant::now() < deadline, "Redis never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 10);
+    assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 0, "credited once");
+    assert_eq!(store.credit(key, 2, 5, 300).await.unwrap(), 5);
+    // Transfer 2 ends first, so it is spent first.
+    assert_eq!(store.spend_credit(key, 3).await.unwrap(), 3);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Its last 2 tokens went with its window; transfer 1's 10 remain.
+    assert_eq!(store.spend_credit(key, 100).await.unwrap(), 10);
+    assert_eq!(store.spend_credit(key, 1).await.unwrap(), 0);
+
+    assert!(store.claim(key, 60_000).await.unwrap(), "the first claim wins");
+    assert!(!store.claim(key, 60_000).await.unwrap(), "the second loses");
+
+    let window = Spec::new(
+        Algorithm::SlidingWindow,
+        Rate {
+            count: 100,
+            period: Duration::from_secs(3_600),
+        },
+        100,
+    );
+    let k = "rl:{sw:api}";
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 8, 100, 60_000).await.unwrap(), 70);
+    assert_eq!(store.transfer_out(k, &window, 9, 1, 60_000).await.unwrap(), 0);
+}

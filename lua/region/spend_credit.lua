@@ -25,9 +25,13 @@ for _, b in ipairs(batches) do
   spent = spent + take
   if take == b[2] then
     redis.call('HDEL', KEYS[1], b[3])
-  else
-    redis.call('HINCRBY', KEYS[1], b[3], -take)
+  elseif take > 0 then
+    redis.call('HINCRBY', KEYS[1], b[3], 0 - take)
     left = left + b[2] - take
+  else
+    -- Nothing taken (want already met): untouched. (HINCRBY by -0 is an
+    -- error: Lua writes it "-0".)
+    left = left + b[2]
   end
 end
 return {spent, left, 0, 0, 0}
