@@ -114,7 +114,8 @@ for i in 0 1 2; do
   for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$(admin_port $i)/metrics" 2>/dev/null && break; sleep 0.1; done
 done
 
-links() { cat "$work/links"; }
+links() { cat "$work/links" 2>/dev/null || echo 0; }
+for _ in $(seq 50); do [ -s "$work/links" ] && break; sleep 0.1; done
 metric() { # region-index metric-line-prefix
   curl -fsS "http://127.0.0.1:$(admin_port "$1")/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $NF; found = 1} END {if (!found) print 0}'
 }
@@ -135,9 +136,9 @@ echo
 echo "| region | share | requests/s | p99 ms |"
 echo "|---|---|---|---|"
 before=$(links)
-for i in 0 1 2; do wrk_run "$i" /steady & done
-wait_wrks() { for j in $(jobs -p); do [ "$j" = "$relay" ] || wait "$j" 2>/dev/null || true; done; }
-wait_wrks
+wrks=()
+for i in 0 1 2; do wrk_run "$i" /steady & wrks+=($!); done
+wait "${wrks[@]}"
 for i in 0 1 2; do
   read -r rps p99 _ _ < <(summary "$i")
   echo "| ${names[$i]} | ${shares[$i]} | $rps | $p99 |"
@@ -184,8 +185,9 @@ echo
 kill -USR1 "$relay"
 errors0=$(metric 1 'leasegate_region_transfers_total{result="error"}')
 started=$(date +%s.%N)
-for i in 0 1 2; do wrk_run "$i" /part & done
-wait_wrks
+wrks=()
+for i in 0 1 2; do wrk_run "$i" /part & wrks+=($!); done
+wait "${wrks[@]}"
 ended=$(date +%s.%N)
 el=$(awk -v a="$started" -v b="$ended" 'BEGIN {print b - a}')
 echo "| region | requests/s | p99 ms | admitted | slice allowance |"
