@@ -205,3 +205,233 @@ impl Coordinator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::quota::{Algorithm, Grant, Rate, Share, Spec, Unspent};
+    use crate::region::link::{serve, Grantor};
+    use crate::store::{BoxFuture, StoreError};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// A regional store and a primary's store in one: claims once per key,
+    /// records credits, and grants transfers once per id from `tokens`.
+    #[derive(Default)]
+    struct Fake {
+        claimed: Mutex<Vec<String>>,
+        credits: Mutex<Vec<(u64, u64, u64)>>,
+        transfers: Mutex<HashMap<u64, u64>>,
+        tokens: AtomicU64,
+        takes: AtomicU64,
+        claim_fails: AtomicBool,
+    }
+
+    fn ready<'a, T: Send + 'a>(v: Result<T, StoreError>) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(std::future::ready(v))
+    }
+
+    impl QuotaStore for Fake {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            _: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            ready(Ok(Grant::default()))
+        }
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+            ready(Ok(()))
+        }
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn claim<'a>(&'a self, key: &'a str, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+            if self.claim_fails.load(Ordering::SeqCst) {
+                return ready(Err(StoreError::Unavailable("down".into())));
+            }
+            let mut c = self.claimed.lock().unwrap();
+            let first = !c.iter().any(|k| k == key);
+            c.push(key.to_string());
+            ready(Ok(first))
+        }
+        fn credit<'a>(&'a self, _: &'a str, id: u64, tokens: u64, ttl: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+            self.credits.lock().unwrap().push((id, tokens, ttl));
+            ready(Ok(tokens))
+        }
+        fn transfer_out<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            id: u64,
+            want: u64,
+            _: u64,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            let mut t = self.transfers.lock().unwrap();
+            if let Some(g) = t.get(&id) {
+                return ready(Ok(*g));
+            }
+            self.takes.fetch_add(1, Ordering::SeqCst);
+            let have = self.tokens.load(Ordering::SeqCst);
+            let g = have.min(want);
+            self.tokens.store(have - g, Ordering::SeqCst);
+            t.insert(id, g);
+            ready(Ok(g))
+        }
+    }
+
+    fn spec() -> Spec {
+        let whole = Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 1_000,
+                period: Duration::from_secs(60),
+            },
+            1_000,
+        );
+        whole.slice(Share::from_fraction(0.3).unwrap())
+    }
+
+    fn metrics() -> LinkMetrics {
+        LinkMetrics {
+            link_up: Gauge::default(),
+            granted: Counter::default(),
+            refused: Counter::default(),
+            error: Counter::default(),
+        }
+    }
+
+    /// A primary's link on an ephemeral port, granting from `primary`.
+    async fn primary_link(primary: Arc<Fake>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let grantor = Arc::new(Grantor {
+            store: primary,
+            share: Share::from_fraction(0.5).unwrap(),
+        });
+        tokio::spawn(serve(listener, Some(grantor)));
+        addr.to_string()
+    }
+
+    fn coordinator(region: Arc<Fake>, primary: String, timeout: Duration) -> Arc<Coordinator> {
+        Coordinator::new(
+            "eu".into(),
+            20_000,
+            region,
+            LinkClient::new(primary, timeout),
+            metrics(),
+            Arc::new(|| 1_000_000),
+        )
+    }
+
+    fn ask() -> Ask {
+        Ask {
+            key: "rl:{l:k}".into(),
+            spec: spec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let a = coordinator(region.clone(), link.clone(), Duration::from_secs(2));
+        let b = coordinator(region.clone(), link, Duration::from_secs(2));
+        // One more slice (300) of the primary's 500.
+        assert_eq!(a.rebalance(&ask(), 50).await, Outcome::Granted(300));
+        // Another gateway of the region, same key and window: not elected.
+        assert_eq!(b.rebalance(&ask(), 50).await, Outcome::NotElected);
+        let credits = region.credits.lock().unwrap().clone();
+        let id = threshold::transfer_id("eu", "rl:{l:k}", 50);
+        assert_eq!(credits, vec![(id, 300, 20_000)]);
+        assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
+        assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
+    }
+
+    #[tokio::test]
+    async fn an_empty_primary_refuses_and_a_claim_failure_asks_nobody() {
+        let primary = Arc::new(Fake::default());
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Refused);
+        assert_eq!(c.metrics.refused.get(), 1);
+        assert!(region.credits.lock().unwrap().is_empty());
+
+        region.claim_fails.store(true, Ordering::SeqCst);
+        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_a_lost_answer_moves_tokens_once() {
+        // The primary applied the transfer, the answer was lost: the retry
+        // carries the same id and gets the recorded answer.
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(1_000),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        let id = threshold::transfer_id("eu", "rl:{l:k}", 9);
+        primary.transfers.lock().unwrap().insert(id, 120);
+        assert_eq!(c.rebalance(&ask(), 9).await, Outcome::Granted(120));
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 0);
+        assert_eq!(primary.tokens.load(Ordering::SeqCst), 1_000);
+    }
+
+    #[tokio::test]
+    async fn a_refused_or_hanging_link_is_an_error_within_the_timeouts() {
+        // Refused: nothing listens.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), closed, Duration::from_millis(200));
+        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Error);
+        assert_eq!((c.metrics.error.get(), c.metrics.link_up.get()), (1, 0));
+
+        // Hanging: accepts, never answers. Two attempts, each cut at the timeout.
+        let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = hang.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((s, _)) = hang.accept().await {
+                conns.push(s);
+            }
+        });
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), addr, Duration::from_millis(200));
+        let started = std::time::Instant::now();
+        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(region.credits.lock().unwrap().is_empty());
+        held.abort();
+    }
+
+    #[tokio::test]
+    async fn the_run_loop_handles_a_key_once_per_window_here() {
+        let region = Arc::new(Fake::default());
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let c = coordinator(region.clone(), closed, Duration::from_millis(100));
+        assert!(c.first_here("k", 1));
+        assert!(!c.first_here("k", 1));
+        assert!(c.first_here("k", 2));
+        c.forget("k");
+        assert!(c.first_here("k", 2));
+    }
+}
