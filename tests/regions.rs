@@ -442,3 +442,66 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     assert_eq!(store.transfer_out(k, &window, 8, 100, 60_000).await.unwrap(), 70);
     assert_eq!(store.transfer_out(k, &window, 9, 1, 60_000).await.unwrap(), 0);
 }
+
+/// In process: what a region enforces for a key is the sub-bucket's share,
+/// then the slice, as `leasegate explain` shows it; and a reload keeps the
+/// slice the gateway started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slice_comes_last_and_a_reload_keeps_it() {
+    use leasegate::config::parse;
+    use leasegate::explain::{explain, Probe};
+    use std::path::Path;
+
+    let text = |share: f64| {
+        format!(
+            r#"
+[listeners]
+http = "127.0.0.1:0"
+
+[region]
+name = "eu-central"
+share = {share}
+link = "127.0.0.1:0"
+primary = "http://127.0.0.1:1"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+response = {{ status = 200, body = "ok" }}
+limits = ["global", "plain"]
+
+[[limits]]
+name = "global"
+rate = "1000/min"
+burst = 1500
+shards = 4
+shard_by = "ip"
+
+[[limits]]
+name = "plain"
+rate = "10/s"
+"#
+        )
+    };
+    let path = Path::new("gateway.toml");
+    let config = parse(path, &text(0.3)).unwrap();
+    let probe = Probe::parse("GET", "/", &[], Some("203.0.113.7")).unwrap();
+    let e = explain(&config, &probe, 0);
+    // A quarter of the quota for the sub-bucket, then 0.3 of it, rounded down.
+    assert_eq!((e.limits[0].rate.as_str(), e.limits[0].capacity), ("75/min", 112));
+    assert_eq!((e.limits[1].rate.as_str(), e.limits[1].capacity), ("3/s", 3));
+
+    let gw = leasegate::gateway::Gateway::new(
+        config,
+        std::sync::Arc::new(leasegate::metrics::Metrics::new()),
+        std::sync::Arc::new(leasegate::store::memory::MemoryStore::new(1_000)),
+    );
+    gw.apply(parse(path, &text(0.6)).unwrap()).await;
+    let applied = gw.config();
+    assert!(
+        applied.limits.iter().all(|l| l.share.ppm() == 300_000),
+        "a reload keeps the slice of the start"
+    );
+    let e = explain(&applied, &probe, 0);
+    assert_eq!(e.limits[1].capacity, 3);
+}
