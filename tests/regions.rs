@@ -410,7 +410,7 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     let key = "rl:{global:api}";
     // The store dials in the background: wait for its first answer.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while store.claim("rl:{warm:up}", 1).await.is_err() {
+    while store.claim("rl:{warm:up}", 0, 1).await.is_err() {
         assert!(Instant::now() < deadline, "Redis never answered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -425,8 +425,12 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     assert_eq!(store.spend_credit(key, 100).await.unwrap(), 10);
     assert_eq!(store.spend_credit(key, 1).await.unwrap(), 0);
 
-    assert!(store.claim(key, 60_000).await.unwrap(), "the first claim wins");
-    assert!(!store.claim(key, 60_000).await.unwrap(), "the second loses");
+    assert!(store.claim(key, 5, 60_000).await.unwrap(), "the first claim wins");
+    assert!(!store.claim(key, 5, 60_000).await.unwrap(), "the second loses");
+    assert!(
+        store.claim(key, 6, 60_000).await.unwrap(),
+        "the next window is claimed anew"
+    );
 
     let window = Spec::new(
         Algorithm::SlidingWindow,

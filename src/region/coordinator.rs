@@ -131,7 +131,14 @@ impl Coordinator {
     /// One ask: claim, transfer, credit, count.
     pub async fn rebalance(&self, ask: &Ask, window: u64) -> Outcome {
         let started = (self.clock)();
-        match self.store.claim(&ask.key, self.window_ms).await {
+        // One claim per key and (wall-clock aligned) window, the window the
+        // transfer id names too; kept a window past its end so a gateway
+        // whose clock lags a little still finds it.
+        match self
+            .store
+            .claim(&ask.key, window, self.window_ms.saturating_mul(2))
+            .await
+        {
             Ok(true) => {}
             Ok(false) => return Outcome::NotElected,
             Err(e) => {
@@ -247,13 +254,14 @@ mod tests {
         fn name(&self) -> &'static str {
             "fake"
         }
-        fn claim<'a>(&'a self, key: &'a str, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        fn claim<'a>(&'a self, key: &'a str, window: u64, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
             if self.claim_fails.load(Ordering::SeqCst) {
                 return ready(Err(StoreError::Unavailable("down".into())));
             }
             let mut c = self.claimed.lock().unwrap();
-            let first = !c.iter().any(|k| k == key);
-            c.push(key.to_string());
+            let key = format!("{key}:{window}");
+            let first = !c.iter().any(|k| *k == key);
+            c.push(key);
             ready(Ok(first))
         }
         fn credit<'a>(&'a self, _: &'a str, id: u64, tokens: u64, ttl: u64) -> BoxFuture<'a, Result<u64, StoreError>> {

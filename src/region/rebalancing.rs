@@ -107,8 +107,8 @@ impl QuotaStore for Rebalancing {
         self.inner.spend_credit(key, want)
     }
 
-    fn claim<'a>(&'a self, key: &'a str, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.claim(key, ttl_ms)
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.claim(key, window, ttl_ms)
     }
 }
 

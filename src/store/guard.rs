@@ -279,8 +279,8 @@ impl QuotaStore for Guarded {
         Box::pin(self.core.deadline_only(call))
     }
 
-    fn claim<'a>(&'a self, key: &'a str, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.core.inner.claim(key, ttl_ms);
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.core.inner.claim(key, window, ttl_ms);
         Box::pin(self.core.deadline_only(call))
     }
 

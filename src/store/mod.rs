@@ -94,10 +94,11 @@ pub trait QuotaStore: Send + Sync + 'static {
         unsupported()
     }
 
-    /// Sets `key`'s rebalance claim for `ttl_ms` unless it is set: true
-    /// for the one caller of all the region's gateways that set it.
-    fn claim<'a>(&'a self, key: &'a str, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let _ = (key, ttl_ms);
+    /// Sets `key`'s rebalance claim for `window` (kept `ttl_ms`) unless it
+    /// is set: true for the one caller, of all the region's gateways, that
+    /// set it.
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (key, window, ttl_ms);
         unsupported()
     }
 

@@ -508,8 +508,12 @@ impl QuotaStore for RedisStore {
         Box::pin(async move { call.await.map(|r| r[0]) })
     }
 
-    fn claim<'a>(&'a self, key: &'a str, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.call_keys(&CLAIM, vec![beside(key, "claim")], vec![ttl_ms.max(1)]);
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.call_keys(
+            &CLAIM,
+            vec![beside(key, &format!("claim:{window}"))],
+            vec![ttl_ms.max(1)],
+        );
         Box::pin(async move { call.await.map(|r| r[0] == 1) })
     }
 
