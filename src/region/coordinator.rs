@@ -260,7 +260,7 @@ mod tests {
             }
             let mut c = self.claimed.lock().unwrap();
             let key = format!("{key}:{window}");
-            let first = !c.iter().any(|k| *k == key);
+            let first = !c.contains(&key);
             c.push(key);
             ready(Ok(first))
         }
