@@ -334,6 +334,12 @@ async fn a_partition_changes_nothing_for_clients() {
     let refused = surge(w.ap.http(), 1.0).await;
 
     let admitted = warm.ok + hung.ok + refused.ok;
+    println!(
+        "partition: ap-south admitted {admitted} (slice 120); slowest answer {:?} while hung, {:?} while refused; link connections {}",
+        hung.slowest,
+        refused.slowest,
+        w.relay.connections()
+    );
     for t in [&hung, &refused] {
         assert_eq!(t.other, 0, "no 5xx during a partition: {t:?}");
         assert!(
