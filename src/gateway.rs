@@ -61,14 +61,20 @@ pub struct Gateway {
     /// `[events]`, when configured: swapped when a reload changes it.
     events: ArcSwapOption<Emitter>,
     draining: AtomicBool,
+    /// `[region] share` at start (the whole without `[region]`): `[region]`
+    /// is bound at start (its link, its coordinator, the primary's grants),
+    /// so a reload keeps every limit on this slice.
+    share: crate::quota::Share,
 }
 
 impl Gateway {
     pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
         let limiter = Limiter::new(store, Settings::from_config(&config), crate::clock::monotonic_clock());
         let events = start_events(&config, &metrics, None);
+        let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);
         let snapshot = Snapshot::new(config, &metrics);
         Gateway {
+            share,
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             limiter,
@@ -85,11 +91,19 @@ impl Gateway {
     /// Swaps in a new config. Requests in flight finish on the one they
     /// started with; leases survive for limits whose quota did not change,
     /// and go back to the store for limits changed or removed.
-    pub async fn apply(&self, config: Config) {
+    pub async fn apply(&self, mut config: Config) {
+        for l in &mut config.limits {
+            if l.share != self.share {
+                *l = Arc::new(Limit {
+                    share: self.share,
+                    ..(**l).clone()
+                });
+            }
+        }
         let snapshot = Snapshot::new(config, &self.metrics);
         let old = self.snapshot.load_full();
         // A limit changed when it is gone or its quota (any plan's) differs.
-        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone());
+        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share);
         let changed: std::collections::HashSet<String> = old
             .config
             .limits

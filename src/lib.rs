@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod problem;
 pub mod proxy;
 pub mod quota;
+pub mod region;
 pub mod rls;
 pub mod route;
 pub mod server;

@@ -33,6 +33,12 @@ pub struct RlsLabels {
     pub code: &'static str,
 }
 
+/// The gateway's own `[region] name`: one series per gateway.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegionLabels {
+    pub region: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
     pub upstream: String,
@@ -271,6 +277,12 @@ pub struct Metrics {
     pub circuit_open: Gauge,
     pub events: Family<ResultLabels, Counter>,
     pub rls_requests: Family<RlsLabels, Counter>,
+    /// Born when a region with a primary starts (a gateway without one has
+    /// no link to report on).
+    pub region_link_up: Family<RegionLabels, Gauge>,
+    /// By result: `granted`, `refused`, `error`; born at 0 with the
+    /// coordinator.
+    pub region_transfers: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -400,8 +412,22 @@ impl Metrics {
             "Envoy rate limit service decisions (ShouldRateLimit), by domain and overall code",
             rls_requests.clone(),
         );
+        let region_link_up = Family::default();
+        registry.register(
+            "leasegate_region_link_up",
+            "1 while the last exchange with the primary region's link succeeded, else 0",
+            region_link_up.clone(),
+        );
+        let region_transfers = Family::default();
+        registry.register(
+            "leasegate_region_transfers",
+            "Quota transfers this region asked the primary for, by result (granted, refused, error)",
+            region_transfers.clone(),
+        );
         Metrics {
             rls_requests,
+            region_link_up,
+            region_transfers,
             events,
             requests,
             request_seconds,

@@ -227,18 +227,27 @@ rate = "100/min"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_read_only_metrics_a_fresh_gateway_exports() {
-    let gw = Gateway::start(
+    // A region with a primary, so the link's series exist too (a gateway
+    // without `[region]` has no link to report on).
+    let gw = Gateway::start(&format!(
         r#"
 [listeners]
 http = "127.0.0.1:0"
 admin = "127.0.0.1:0"
 
+[region]
+name = "eu-central"
+share = 0.5
+link = "127.0.0.1:0"
+primary = "http://127.0.0.1:{}"
+
 [[routes]]
 name = "demo"
 path_prefix = "/"
-response = { status = 200, body = "ok" }
+response = {{ status = 200, body = "ok" }}
 "#,
-    );
+        support::closed_port()
+    ));
     let mut c = support::client::http1(gw.http()).await;
     let (status, _, _) = support::client::text(support::client::send(&mut c, support::client::get("/")).await).await;
     assert_eq!(status, 200);
@@ -260,6 +269,8 @@ response = { status = 200, body = "ok" }
         r#"rate_limit_bypassed_total{reason="store_error"} 0"#,
         r#"leasegate_config_reloads_total{result="error"} 0"#,
         "leasegate_circuit_open 0",
+        r#"leasegate_region_transfers_total{result="error"} 0"#,
+        r#"leasegate_region_link_up{region="eu-central"} 1"#,
     ] {
         assert!(
             scrape.lines().any(|l| l == series),

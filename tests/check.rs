@@ -566,3 +566,54 @@ fn a_negative_events_interval_names_its_range() {
         "-5 is out of range: use 100 to 86400000",
     );
 }
+
+#[test]
+fn region_problems_name_their_line_and_key() {
+    // BASE is 16 lines; [region] is on line 18, its keys from 19.
+    let region = |body: &str| format!("{BASE}\n[region]\n{body}");
+    let ok = "name = \"eu-central\"\nshare = 0.3\nlink = \"127.0.0.1:9911\"\nprimary = \"http://127.0.0.1:9921\"\n";
+    let (code, stdout, stderr, _dir) = support::check(&region(ok));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(
+            "region    eu-central: share 0.3 of every limit, link 127.0.0.1:9911, primary http://127.0.0.1:9921/"
+        ),
+        "{stdout}"
+    );
+    refused(
+        &region(&ok.replace("0.3", "0")),
+        20,
+        "region.share",
+        "use a fraction above 0 and at most 1",
+    );
+    refused(
+        &region(&ok.replace("127.0.0.1:9911", "eu.internal")),
+        21,
+        "region.link",
+        "is not an address",
+    );
+    refused(
+        &region(&ok.replace("http://127.0.0.1:9921", "127.0.0.1:9921")),
+        22,
+        "region.primary",
+        "is not a URL",
+    );
+    refused(
+        &region(&format!("{ok}rebalance_at = 1.5\n")),
+        23,
+        "region.rebalance_at",
+        "out of range",
+    );
+    refused(
+        &region(&format!("{ok}rebalance_window_ms = 0\n")),
+        23,
+        "region.rebalance_window_ms",
+        "out of range",
+    );
+    refused(
+        &region(&format!("{ok}weight = 1\n")),
+        23,
+        "region.weight",
+        "unknown key",
+    );
+}

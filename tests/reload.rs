@@ -187,6 +187,13 @@ open_ms = 2000
 [rls]
 listen = "127.0.0.1:8081"
 config = "ratelimit.yaml"
+[region]
+name = "eu-central"
+share = 0.3
+link = "127.0.0.1:9911"
+primary = "http://127.0.0.1:9921"
+rebalance_at = 0.8
+rebalance_window_ms = 20000
 
 [[routes]]
 name = "demo"
@@ -242,6 +249,14 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
         ("[store.breaker]", "failures") => vec![("failures = 3", "failures = 4")],
         ("[store.breaker]", "open_ms") => vec![("open_ms = 2000", "open_ms = 3000")],
         ("[rls]", "listen") => vec![("listen = \"127.0.0.1:8081\"", "listen = \"127.0.0.1:8082\"")],
+        ("[region]", "name") => vec![("name = \"eu-central\"", "name = \"eu-west\"")],
+        ("[region]", "share") => vec![("share = 0.3", "share = 0.4")],
+        ("[region]", "link") => vec![("link = \"127.0.0.1:9911\"", "link = \"127.0.0.1:9912\"")],
+        ("[region]", "primary") => vec![("primary = \"http://127.0.0.1:9921\"\n", "")],
+        ("[region]", "rebalance_at") => vec![("rebalance_at = 0.8", "rebalance_at = 0.9")],
+        ("[region]", "rebalance_window_ms") => {
+            vec![("rebalance_window_ms = 20000", "rebalance_window_ms = 30000")]
+        }
         _ => return None,
     })
 }

@@ -44,6 +44,9 @@ pub struct Config {
     pub events: Option<Events>,
     /// `[rls]`; `None`: no Envoy rate limit service.
     pub rls: Option<Rls>,
+    /// `[region]`; `None`: this gateway enforces whole quotas and has no
+    /// inter-region link.
+    pub region: Option<Region>,
 }
 
 /// `[rls]`: Envoy's rate limit services over gRPC.
@@ -207,6 +210,25 @@ pub struct Events {
     pub min_interval: Duration,
 }
 
+/// `[region]`: this region's slice of every quota and its link to the
+/// other regions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Region {
+    pub name: String,
+    /// This region's slice of every limit's quota.
+    pub share: crate::quota::Share,
+    /// Where this gateway serves the inter-region link.
+    pub link: SocketAddr,
+    /// The primary region's link (`http://host:port`); `None`: this gateway
+    /// is in the primary region.
+    pub primary: Option<http::Uri>,
+    /// Ask the primary for more once a key used this much of its slice ...
+    pub rebalance_at: f64,
+    /// ... and at most once per key per this long, for tokens that last
+    /// this long.
+    pub rebalance_window: Duration,
+}
+
 pub use crate::quota::Algorithm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +286,10 @@ pub struct Limit {
     /// Sub-buckets per key (1: not sharded).
     pub shards: u32,
     pub shard_by: ShardBy,
+    /// This region's slice of every quota of the limit (`[region] share`;
+    /// the whole without `[region]`). Applied last, by
+    /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
+    pub share: crate::quota::Share,
 }
 
 /// What picks a request's sub-bucket of a sharded limit.
@@ -303,6 +329,7 @@ impl Limit {
             fallback_rate: None,
             shards: 1,
             shard_by: ShardBy::Ip,
+            share: crate::quota::Share::WHOLE,
         }
     }
 
@@ -327,11 +354,11 @@ impl Limit {
     }
 
     /// The quota of the local fallback bucket for a key of `spec` while the
-    /// store is away: `fallback_rate` when set, else `spec` divided over the
-    /// fleet (`[store] fleet_size`).
+    /// store is away: `fallback_rate` (this region's slice of it) when set,
+    /// else `spec` divided over the fleet (`[store] fleet_size`).
     pub fn fallback_spec(&self, spec: &crate::quota::Spec, fleet_size: u64) -> crate::quota::Spec {
         match self.fallback_rate {
-            Some(rate) => crate::quota::Spec::new(self.algorithm, rate, rate.count),
+            Some(rate) => crate::quota::Spec::new(self.algorithm, rate, rate.count).slice(self.share),
             None => spec.divided(fleet_size),
         }
     }
@@ -467,6 +494,17 @@ impl Config {
                 let _ = write!(s, ", fallback {f}");
             }
             s.push('\n');
+        }
+        if let Some(r) = &self.region {
+            let primary = match &r.primary {
+                Some(p) => format!("primary {p}"),
+                None => "the primary".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "region    {}: share {} of every limit, link {}, {primary}",
+                r.name, r.share, r.link
+            );
         }
         if let Some(e) = &self.events {
             let _ = writeln!(

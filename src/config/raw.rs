@@ -30,6 +30,7 @@ pub struct File {
     pub limits: Vec<Spanned<Limit>>,
     pub events: Option<Spanned<Events>>,
     pub rls: Option<Spanned<Rls>>,
+    pub region: Option<Spanned<Region>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,4 +202,16 @@ pub struct Rls {
     pub listen: Option<Spanned<String>>,
     pub config: Option<Spanned<String>>,
     pub on_store_failure: Option<Spanned<String>>,
+}
+
+/// `[region]`: this gateway's region and its quota slice.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    pub name: Spanned<String>,
+    pub share: Spanned<f64>,
+    pub link: Spanned<String>,
+    pub primary: Option<Spanned<String>>,
+    pub rebalance_at: Option<Spanned<f64>>,
+    pub rebalance_window_ms: Option<Spanned<i64>>,
 }

@@ -204,5 +204,6 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
         "[rls] listen changed: it applies after a restart",
     );
+    warn(old.region != new.region, "[region] changed: it applies after a restart");
     out
 }

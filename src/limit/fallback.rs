@@ -54,11 +54,13 @@ impl Limiter {
         match limit.config.fallback_rate {
             Some(rate) => {
                 let set = Spec::new(limit.config.algorithm, rate, rate.count);
-                // A set fallback_rate is the whole key's: a sub-bucket gets its share.
+                // A set fallback_rate is the whole key's: a sub-bucket gets
+                // its share, and a region its slice, as the quota does.
                 match shard {
                     Some(s) => set.share(s, limit.shards),
                     None => set,
                 }
+                .slice(limit.config.share)
             }
             None => {
                 let rate = self.leases.with(h, |l| l.admitted_rate()).unwrap_or(0.0);

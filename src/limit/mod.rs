@@ -141,8 +141,11 @@ pub struct Verdict {
 
 /// The quota of a request's key under `limit` (whose plain quota is
 /// `spec`, split in `shards`): the plan's rate when the request's plan is
-/// one of the limit's, then its sub-bucket's share when sharded. The
-/// limiter and `leasegate explain` both ask this.
+/// one of the limit's, then its sub-bucket's share when sharded, then this
+/// region's slice (`[region] share`; the whole without `[region]`). The
+/// slice comes last so that another region, given the key's whole quota
+/// ([`Spec::whole`]), computes its own slice of it exactly. The limiter and
+/// `leasegate explain` both ask this.
 pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (Spec, Option<u32>) {
     let spec = if facts.plan.is_none() || limit.plans.is_empty() {
         spec
@@ -150,10 +153,10 @@ pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (S
         limit.spec_for(facts.plan)
     };
     if shards <= 1 {
-        return (spec, None);
+        return (spec.slice(limit.share), None);
     }
     let shard = key::shard(limit.shard_by, shards, facts);
-    (spec.share(shard, shards), Some(shard))
+    (spec.share(shard, shards).slice(limit.share), Some(shard))
 }
 
 /// The store key of a request under `limit`, with its sub-bucket.

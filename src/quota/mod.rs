@@ -6,8 +6,11 @@
 //! algorithms, so an embedded store and Redis compute the same answers.
 
 pub mod fixed_window;
+pub mod slice;
 pub mod sliding_window;
 pub mod token_bucket;
+
+pub use slice::Share;
 
 use std::fmt;
 use std::str::FromStr;
@@ -46,6 +49,11 @@ pub struct Spec {
     period_ms: u64,
     /// Token bucket: the burst. Sliding window: the limit (= count).
     pub capacity: u64,
+    /// `count` and `capacity` before [`Spec::slice`] cut this region's
+    /// share out of them (equal to them when unsliced): what another
+    /// region needs to compute its own slice of the same key exactly.
+    whole_count: u64,
+    whole_capacity: u64,
 }
 
 /// Largest `capacity × period_ms`: values stay exact in a double, as they
@@ -55,11 +63,36 @@ pub const MAX_UNITS: u64 = 1 << 53;
 impl Spec {
     pub fn new(algorithm: Algorithm, rate: Rate, capacity: u64) -> Spec {
         let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX).max(1);
+        let (count, capacity) = (rate.count.max(1), capacity.max(1));
         Spec {
             algorithm,
-            count: rate.count.max(1),
+            count,
             period_ms,
-            capacity: capacity.max(1),
+            capacity,
+            whole_count: count,
+            whole_capacity: capacity,
+        }
+    }
+
+    /// This region's slice of the quota: `share` of the count and of the
+    /// capacity, rounded down (so the regions' slices never add up to more
+    /// than the whole) but at least 1. The whole is remembered
+    /// ([`Spec::whole`]). Slicing a sliced spec slices the whole again.
+    pub fn slice(&self, share: Share) -> Spec {
+        Spec {
+            count: share.of(self.whole_count),
+            capacity: share.of(self.whole_capacity),
+            ..*self
+        }
+    }
+
+    /// The quota before [`Spec::slice`]: every region's slice of a key is
+    /// computed from this.
+    pub fn whole(&self) -> Spec {
+        Spec {
+            count: self.whole_count,
+            capacity: self.whole_capacity,
+            ..*self
         }
     }
 
@@ -77,6 +110,8 @@ impl Spec {
         Spec {
             count: part(self.count),
             capacity: part(self.capacity),
+            whole_count: part(self.whole_count),
+            whole_capacity: part(self.whole_capacity),
             ..*self
         }
     }

@@ -73,6 +73,7 @@ use crate::config::{Config, StoreBackend};
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
+use crate::region::Region;
 use crate::store::guard::Guarded;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSetupError, RedisStore, Target};
@@ -96,9 +97,22 @@ pub enum ServeError {
     Redis(#[from] RedisSetupError),
 }
 
+/// `[region]` as the region room takes it.
+fn region_settings(r: &crate::config::Region) -> crate::region::Settings {
+    crate::region::Settings {
+        name: r.name.clone(),
+        share: r.share,
+        link: r.link,
+        primary: r.primary.as_ref().and_then(|u| u.authority()).map(|a| a.to_string()),
+        rebalance_at: r.rebalance_at,
+        window_ms: r.rebalance_window.as_millis() as u64,
+    }
+}
+
 /// The quota store the config asks for, behind the guard (deadline,
-/// breaker, store metrics). Returns at once even if Redis is down.
-fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<dyn QuotaStore>, ServeError> {
+/// breaker, store metrics), with `[region]`'s credit and rebalance signal
+/// inside the guard. Returns at once even if Redis is down.
+fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<dyn QuotaStore>, Option<Region>), ServeError> {
     let inner: Arc<dyn QuotaStore> = match &config.store.backend {
         StoreBackend::Memory => Arc::new(MemoryStore::new(config.store.max_keys)),
         StoreBackend::Redis { url } => Arc::new(RedisStore::start(&Target::Node(url.clone()))?),
@@ -108,13 +122,21 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<dyn QuotaStore>,
             master: master.clone(),
         })?),
     };
-    Ok(Arc::new(Guarded::new(
+    let (region, inner) = match &config.region {
+        Some(r) => {
+            let (region, wrapped) = Region::wrap(region_settings(r), inner);
+            (Some(region), wrapped)
+        }
+        None => (None, inner),
+    };
+    let guarded = Arc::new(Guarded::new(
         inner,
         config.store.timeout,
         config.store.breaker,
         crate::clock::monotonic_clock(),
         metrics.clone(),
-    )))
+    ));
+    Ok((guarded, region))
 }
 
 /// Returns expired leases to the store and forgets idle keys, for as long
@@ -163,6 +185,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let https = config.listeners.https.map(|a| bind("https", a)).transpose()?;
     let admin = config.listeners.admin.map(|a| bind("admin", a)).transpose()?;
     let rls = config.rls.as_ref().map(|r| bind("rls", r.listen)).transpose()?;
+    let link = config
+        .region
+        .as_ref()
+        .map(|r| bind("region link", r.link))
+        .transpose()?;
     let tls = match (&config.tls, &https) {
         (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
         (None, Some(_)) => return Err(ServeError::NoTls),
@@ -173,8 +200,9 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     }
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
-    let store = store(&config, &metrics)?;
+    let (store, region) = store(&config, &metrics)?;
     let store_name = store.name();
+    let region_store = store.clone();
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
         gateway: Arc::new(Gateway::new(config, metrics, store)),
@@ -215,6 +243,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
                 .spawn(move || worker(listeners, shared, stop, grace))
                 .map_err(ServeError::Runtime)?;
             threads.push(thread);
+        }
+        if let (Some(region), Some(link)) = (region, link) {
+            let listener = TcpListener::from_std(link).map_err(ServeError::Runtime)?;
+            announce("link", &listener);
+            region.start(listener, region_store, &shared.gateway.metrics);
         }
         if let Some(admin) = admin {
             let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;

@@ -82,6 +82,14 @@ impl Guarded {
 }
 
 impl Core {
+    /// `call` under the deadline, with no breaker and no metrics.
+    async fn deadline_only<T>(&self, call: BoxFuture<'_, Result<T, StoreError>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
+        }
+    }
+
     /// `op`: 0 acquire, 1 release (an index into [`OPS`]).
     async fn guard<'a, T>(
         self: &'a Arc<Self>,
@@ -245,6 +253,35 @@ impl QuotaStore for Guarded {
 
     fn name(&self) -> &'static str {
         self.core.inner.name()
+    }
+
+    // Transfers between regions run in the background, never for a
+    // request: the deadline bounds them, the breaker leaves them alone.
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let call = self.core.inner.transfer_out(key, spec, id, want, remember_ms);
+        Box::pin(self.core.deadline_only(call))
+    }
+
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let call = self.core.inner.credit(key, id, tokens, ttl_ms);
+        Box::pin(self.core.deadline_only(call))
+    }
+
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let call = self.core.inner.spend_credit(key, want);
+        Box::pin(self.core.deadline_only(call))
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.core.inner.claim(key, window, ttl_ms);
+        Box::pin(self.core.deadline_only(call))
     }
 
     /// The inner store's ping under the deadline; the breaker is left alone.

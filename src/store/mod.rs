@@ -31,6 +31,12 @@ pub enum StoreError {
     CircuitOpen { retry_after_ms: u64 },
 }
 
+fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(std::future::ready(Err(StoreError::Failed(
+        "transfers between regions need the redis backend".into(),
+    ))))
+}
+
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.
 pub trait QuotaStore: Send + Sync + 'static {
     /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
@@ -56,6 +62,45 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// The primary's side of a transfer between regions: takes up to
+    /// `want` tokens of `key` (quota `spec`) out of this store's bucket,
+    /// never more than it holds, once per transfer `id`: a repeated call
+    /// with the same id answers what the first one granted and takes
+    /// nothing. The id is remembered for `remember_ms`.
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (key, spec, id, want, remember_ms);
+        unsupported()
+    }
+
+    /// The requesting region's side: adds `tokens` granted by transfer
+    /// `id` to `key`'s credit for `ttl_ms`, once per id. Returns the tokens
+    /// credited (0 when the transfer was credited before).
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (key, id, tokens, ttl_ms);
+        unsupported()
+    }
+
+    /// Spends up to `want` tokens of `key`'s unexpired credit.
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (key, want);
+        unsupported()
+    }
+
+    /// Sets `key`'s rebalance claim for `window` (kept `ttl_ms`) unless it
+    /// is set: true for the one caller, of all the region's gateways, that
+    /// set it.
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (key, window, ttl_ms);
+        unsupported()
+    }
 
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The

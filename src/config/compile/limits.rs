@@ -231,6 +231,8 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
             canary_percent,
             enforce_after: l.enforce_after.map(Spanned::into_inner),
             plans,
+            // `[region]` sets this region's slice once both are compiled.
+            share: crate::quota::Share::WHOLE,
         });
     }
     out

@@ -3,7 +3,7 @@
 //!
 //! One file per part of the config: `listeners` (listeners and TLS), `store`
 //! (store, Redis URLs, leasing), `identity` (trusted proxies, JWT, API keys),
-//! `upstreams`, `limits` and `routes`. This file holds the [`Check`] that
+//! `upstreams`, `limits`, `routes`, `events` and `region`. This file holds the [`Check`] that
 //! collects problems, the order of compilation, `[gateway]`, and the helpers
 //! they share.
 
@@ -11,6 +11,7 @@ mod events;
 mod identity;
 mod limits;
 mod listeners;
+mod region;
 mod rls;
 mod routes;
 mod store;
@@ -82,7 +83,13 @@ pub(super) fn compile(
     let leasing = leasing(&mut c, raw.leasing);
     let identity = identity(&mut c, raw.identity, base);
     let upstreams = upstreams(&mut c, raw.upstreams);
-    let limits = limits(&mut c, raw.limits);
+    let region = raw.region.as_ref().and_then(|r| region::region(&mut c, r));
+    let mut limits = limits(&mut c, raw.limits);
+    if let Some(r) = &region {
+        for l in &mut limits {
+            l.share = r.share;
+        }
+    }
     let routes = routes(&mut c, raw.routes, &upstreams, &limits);
     let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
     let rls = raw.rls.as_ref().and_then(|r| rls::rls(&mut c, r, base));
@@ -103,6 +110,7 @@ pub(super) fn compile(
         limits: limits.into_iter().map(Arc::new).collect(),
         events,
         rls,
+        region,
     })
 }
 

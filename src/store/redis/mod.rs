@@ -59,6 +59,42 @@ static SLIDING_WINDOW: LazyLock<Script> =
 static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 
+// Transfers between regions (`src/region/`): the primary's transfer-out
+// wraps the acquire script of each algorithm, so the bucket math exists
+// once; the requesting region's credit, its spending and the claim that
+// elects one asker per key and window.
+static TRANSFER_OUT_BUCKET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/token_bucket.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static TRANSFER_OUT_WINDOW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/sliding_window.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static TRANSFER_OUT_FIXED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/fixed_window.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static CREDIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/credit.lua")));
+static SPEND_CREDIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/region/spend_credit.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/claim.lua")));
+
+/// A key beside a bucket, outside its braces: the same hash slot, so a
+/// script may touch both in a Redis Cluster.
+fn beside(key: &str, suffix: &str) -> String {
+    format!("{key}:{suffix}")
+}
+
 /// How long the client waits for a connection or a reply before calling it
 /// broken. Far above the store deadline on purpose: the caller gives up
 /// after `timeout_ms` (the guard), while a slow reply still lands and keeps
@@ -261,6 +297,34 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Runs `script` over several keys on the I/O thread, with no give-back
+    /// (the transfer scripts): the first integer of its reply and the
+    /// rest.
+    fn call_keys(
+        &self,
+        script: &'static Script,
+        keys: Vec<String>,
+        args: Vec<u64>,
+    ) -> BoxFuture<'_, Result<[u64; 5], StoreError>> {
+        let Some(mut connection) = self.connection.get().cloned() else {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
+                "not connected to Redis yet".into(),
+            ))));
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.io.spawn(async move {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let _ = answer.send(connection.run_keys(script, &keys, &args).await);
+        });
+        Box::pin(async move {
+            match answered.await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(e)) => Err(e.classify()),
+                Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
+            }
+        })
+    }
+
     /// `PING` on the I/O thread, over the connection calls use (dialling
     /// it if there is none, as a call would); with Sentinel, `ROLE`, which
     /// must say `master`.
@@ -422,6 +486,55 @@ impl QuotaStore for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let keys = vec![key.to_owned(), beside(key, &format!("xfer:{id:016x}"))];
+        let call = match spec.algorithm {
+            Algorithm::TokenBucket => self.call_keys(
+                &TRANSFER_OUT_BUCKET,
+                keys,
+                vec![spec.count, spec.period_ms(), spec.capacity, want, 0, remember_ms],
+            ),
+            Algorithm::SlidingWindow => self.call_keys(
+                &TRANSFER_OUT_WINDOW,
+                keys,
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+            ),
+            Algorithm::FixedWindow => self.call_keys(
+                &TRANSFER_OUT_FIXED,
+                keys,
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+            ),
+        };
+        Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let keys = vec![beside(key, "credit"), beside(key, &format!("credited:{id:016x}"))];
+        let call = self.call_keys(&CREDIT, keys, vec![tokens, ttl_ms.max(1)]);
+        Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let call = self.call_keys(&SPEND_CREDIT, vec![beside(key, "credit")], vec![want]);
+        Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.call_keys(
+            &CLAIM,
+            vec![beside(key, &format!("claim:{window}"))],
+            vec![ttl_ms.max(1)],
+        );
+        Box::pin(async move { call.await.map(|r| r[0] == 1) })
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -33,7 +33,21 @@ impl CallError {
 
 impl Connection {
     pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], CallError> {
-        let mut call = script.key(key);
+        self.run_keys(script, &[key], args).await
+    }
+
+    /// `run` with several keys (all in one hash slot: `rl:{...}` and keys
+    /// named after it).
+    pub(super) async fn run_keys(
+        &mut self,
+        script: &Script,
+        keys: &[&str],
+        args: &[u64],
+    ) -> Result<[u64; 5], CallError> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
         for a in args {
             call.arg(*a);
         }

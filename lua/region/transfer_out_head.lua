@@ -1,0 +1,20 @@
+-- Transfer out (the primary's side of a transfer), around the acquire
+-- script of the key's algorithm (token_bucket.lua or sliding_window.lua,
+-- pasted in between this head and transfer_out_tail.lua at build time, so
+-- the bucket math exists once).
+--
+-- KEYS[1]: the bucket; KEYS[2]: the transfer's record.
+-- ARGV[1..5]: the acquire script's own arguments, `want` being the tokens
+-- asked for and nothing given back; ARGV[6]: how long to remember the
+-- transfer, in ms.
+--
+-- Takes up to `want` tokens from the primary's own bucket, as a request
+-- would (never more than the bucket holds), and records the answer under
+-- the transfer's id: a retried transfer gets the first answer and takes
+-- nothing more. Reply: {granted, remaining, 0, 0, replayed (0 or 1)}.
+
+local recorded = redis.call('GET', KEYS[2])
+if recorded then return {tonumber(recorded), 0, 0, 0, 1} end
+local remember = tonumber(ARGV[6])
+
+local function take()

@@ -1,0 +1,445 @@
+//! The background side of a region with a primary: takes the asks the
+//! request path signalled, elects one gateway of the region per key and
+//! window (a claim in the regional store), asks the primary over the link,
+//! and credits what it grants to the regional store.
+//!
+//! Nothing here runs in a request's await. A hung or refused link costs
+//! this task [`LINK_TIMEOUT`](super::link::LINK_TIMEOUT) per ask (at most
+//! [`IN_FLIGHT`] at once; more asks are dropped), and requests keep being
+//! decided against the region's own slice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{mpsc, Semaphore};
+
+use super::link::LinkClient;
+use super::rebalancing::Ask;
+use super::threshold;
+use super::wire::TransferRequest;
+use crate::clock::Clock;
+use crate::store::QuotaStore;
+
+/// Transfers asked at once; asks beyond it are dropped (the key asks
+/// again on its next store call).
+pub const IN_FLIGHT: usize = 16;
+/// Attempts per transfer (the same id each time).
+const ATTEMPTS: usize = 2;
+/// While the link is down, a probe this often finds it back.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// The region's metrics: `leasegate_region_link_up` and
+/// `leasegate_region_transfers_total{result}`.
+#[derive(Clone, Debug)]
+pub struct LinkMetrics {
+    pub link_up: Gauge,
+    pub granted: Counter,
+    pub refused: Counter,
+    pub error: Counter,
+}
+
+/// What an ask came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Another gateway of the region asks for this key in this window (or
+    /// this one already did).
+    NotElected,
+    Granted(u64),
+    /// The primary had nothing to give.
+    Refused,
+    Error,
+}
+
+pub struct Coordinator {
+    pub region: String,
+    pub window_ms: u64,
+    pub store: Arc<dyn QuotaStore>,
+    pub client: LinkClient,
+    pub metrics: LinkMetrics,
+    pub clock: Clock,
+    in_flight: Arc<Semaphore>,
+    /// Key → the last window this gateway handled it in: repeated asks of
+    /// a hot key cost a map lookup, not a store call.
+    asked: Mutex<HashMap<String, u64>>,
+}
+
+impl Coordinator {
+    pub fn new(
+        region: String,
+        window_ms: u64,
+        store: Arc<dyn QuotaStore>,
+        client: LinkClient,
+        metrics: LinkMetrics,
+        clock: Clock,
+    ) -> Arc<Coordinator> {
+        // Up until an exchange says otherwise.
+        metrics.link_up.set(1);
+        Arc::new(Coordinator {
+            region,
+            window_ms: window_ms.max(1),
+            store,
+            client,
+            metrics,
+            clock,
+            in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+            asked: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Takes asks until the channel closes.
+    pub async fn run(self: Arc<Self>, mut asks: mpsc::Receiver<Ask>) {
+        tokio::spawn(self.clone().probe_while_down());
+        while let Some(ask) = asks.recv().await {
+            let window = threshold::window_index((self.clock)(), self.window_ms);
+            if !self.first_here(&ask.key, window) {
+                continue;
+            }
+            let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+                // Busy with others: forget it, so a later ask may try.
+                self.forget(&ask.key);
+                continue;
+            };
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.rebalance(&ask, window).await;
+                drop(permit);
+            });
+        }
+    }
+
+    fn first_here(&self, key: &str, window: u64) -> bool {
+        let Ok(mut asked) = self.asked.lock() else { return false };
+        if asked.get(key) == Some(&window) {
+            return false;
+        }
+        if asked.len() >= 100_000 {
+            asked.retain(|_, w| *w >= window);
+        }
+        asked.insert(key.to_owned(), window);
+        true
+    }
+
+    fn forget(&self, key: &str) {
+        if let Ok(mut asked) = self.asked.lock() {
+            asked.remove(key);
+        }
+    }
+
+    /// One ask: claim, transfer, credit, count.
+    pub async fn rebalance(&self, ask: &Ask, window: u64) -> Outcome {
+        let started = (self.clock)();
+        // One claim per key and (wall-clock aligned) window, the window the
+        // transfer id names too; kept a window past its end so a gateway
+        // whose clock lags a little still finds it.
+        match self
+            .store
+            .claim(&ask.key, window, self.window_ms.saturating_mul(2))
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return Outcome::NotElected,
+            Err(e) => {
+                // Without the regional store there is nothing to credit to.
+                tracing::debug!(key = %ask.key, error = %e, "region: claim failed");
+                self.forget(&ask.key);
+                return Outcome::Error;
+            }
+        }
+        let id = threshold::transfer_id(&self.region, &ask.key, window);
+        let request = TransferRequest::new(
+            id,
+            &self.region,
+            &ask.key,
+            &ask.spec,
+            threshold::ask(&ask.spec),
+            self.window_ms,
+        );
+        let mut answer = None;
+        for attempt in 1..=ATTEMPTS {
+            match self.client.transfer(&request).await {
+                Ok(a) => {
+                    self.metrics.link_up.set(1);
+                    answer = Some(a);
+                    break;
+                }
+                Err(e) => {
+                    self.metrics.link_up.set(0);
+                    tracing::warn!(key = %ask.key, id, attempt, error = %e, "region: transfer failed");
+                }
+            }
+        }
+        let Some(answer) = answer else {
+            self.metrics.error.inc();
+            return Outcome::Error;
+        };
+        if answer.granted == 0 {
+            self.metrics.refused.inc();
+            return Outcome::Refused;
+        }
+        // The tokens last for what is left of the window they were asked in.
+        let ttl = self
+            .window_ms
+            .saturating_sub((self.clock)().saturating_sub(started))
+            .max(1);
+        match self.store.credit(&ask.key, id, answer.granted, ttl).await {
+            Ok(_) => {
+                self.metrics.granted.inc();
+                tracing::info!(key = %ask.key, id, granted = answer.granted, "region: transfer credited");
+                Outcome::Granted(answer.granted)
+            }
+            Err(e) => {
+                // Granted by the primary, lost here: under-admission, never over.
+                tracing::warn!(key = %ask.key, id, error = %e, "region: crediting a transfer failed");
+                self.metrics.error.inc();
+                Outcome::Error
+            }
+        }
+    }
+
+    /// While the last exchange failed, probes the link every
+    /// [`PROBE_EVERY`] so `link_up` comes back without waiting for a hot
+    /// key. A healthy link sees no probes.
+    async fn probe_while_down(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            if self.metrics.link_up.get() == 0 && self.client.health().await.is_ok() {
+                self.metrics.link_up.set(1);
+                tracing::info!("region: link to the primary is back");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::quota::{Algorithm, Grant, Rate, Share, Spec, Unspent};
+    use crate::region::link::{serve, Grantor};
+    use crate::store::{BoxFuture, StoreError};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// A regional store and a primary's store in one: claims once per key,
+    /// records credits, and grants transfers once per id from `tokens`.
+    #[derive(Default)]
+    struct Fake {
+        claimed: Mutex<Vec<String>>,
+        credits: Mutex<Vec<(u64, u64, u64)>>,
+        transfers: Mutex<HashMap<u64, u64>>,
+        tokens: AtomicU64,
+        takes: AtomicU64,
+        claim_fails: AtomicBool,
+    }
+
+    fn ready<'a, T: Send + 'a>(v: Result<T, StoreError>) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(std::future::ready(v))
+    }
+
+    impl QuotaStore for Fake {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            _: u64,
+            _: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            ready(Ok(Grant::default()))
+        }
+        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+            ready(Ok(()))
+        }
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn claim<'a>(&'a self, key: &'a str, window: u64, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+            if self.claim_fails.load(Ordering::SeqCst) {
+                return ready(Err(StoreError::Unavailable("down".into())));
+            }
+            let mut c = self.claimed.lock().unwrap();
+            let key = format!("{key}:{window}");
+            let first = !c.contains(&key);
+            c.push(key);
+            ready(Ok(first))
+        }
+        fn credit<'a>(&'a self, _: &'a str, id: u64, tokens: u64, ttl: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+            self.credits.lock().unwrap().push((id, tokens, ttl));
+            ready(Ok(tokens))
+        }
+        fn transfer_out<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a Spec,
+            id: u64,
+            want: u64,
+            _: u64,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            let mut t = self.transfers.lock().unwrap();
+            if let Some(g) = t.get(&id) {
+                return ready(Ok(*g));
+            }
+            self.takes.fetch_add(1, Ordering::SeqCst);
+            let have = self.tokens.load(Ordering::SeqCst);
+            let g = have.min(want);
+            self.tokens.store(have - g, Ordering::SeqCst);
+            t.insert(id, g);
+            ready(Ok(g))
+        }
+    }
+
+    fn spec() -> Spec {
+        let whole = Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 1_000,
+                period: Duration::from_secs(60),
+            },
+            1_000,
+        );
+        whole.slice(Share::from_fraction(0.3).unwrap())
+    }
+
+    fn metrics() -> LinkMetrics {
+        LinkMetrics {
+            link_up: Gauge::default(),
+            granted: Counter::default(),
+            refused: Counter::default(),
+            error: Counter::default(),
+        }
+    }
+
+    /// A primary's link on an ephemeral port, granting from `primary`.
+    async fn primary_link(primary: Arc<Fake>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let grantor = Arc::new(Grantor {
+            store: primary,
+            share: Share::from_fraction(0.5).unwrap(),
+        });
+        tokio::spawn(serve(listener, Some(grantor)));
+        addr.to_string()
+    }
+
+    fn coordinator(region: Arc<Fake>, primary: String, timeout: Duration) -> Arc<Coordinator> {
+        Coordinator::new(
+            "eu".into(),
+            20_000,
+            region,
+            LinkClient::new(primary, timeout),
+            metrics(),
+            Arc::new(|| 1_000_000),
+        )
+    }
+
+    fn ask() -> Ask {
+        Ask {
+            key: "rl:{l:k}".into(),
+            spec: spec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let a = coordinator(region.clone(), link.clone(), Duration::from_secs(2));
+        let b = coordinator(region.clone(), link, Duration::from_secs(2));
+        // One more slice (300) of the primary's 500.
+        assert_eq!(a.rebalance(&ask(), 50).await, Outcome::Granted(300));
+        // Another gateway of the region, same key and window: not elected.
+        assert_eq!(b.rebalance(&ask(), 50).await, Outcome::NotElected);
+        let credits = region.credits.lock().unwrap().clone();
+        let id = threshold::transfer_id("eu", "rl:{l:k}", 50);
+        assert_eq!(credits, vec![(id, 300, 20_000)]);
+        assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
+        assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
+    }
+
+    #[tokio::test]
+    async fn an_empty_primary_refuses_and_a_claim_failure_asks_nobody() {
+        let primary = Arc::new(Fake::default());
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Refused);
+        assert_eq!(c.metrics.refused.get(), 1);
+        assert!(region.credits.lock().unwrap().is_empty());
+
+        region.claim_fails.store(true, Ordering::SeqCst);
+        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_a_lost_answer_moves_tokens_once() {
+        // The primary applied the transfer, the answer was lost: the retry
+        // carries the same id and gets the recorded answer.
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(1_000),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        let id = threshold::transfer_id("eu", "rl:{l:k}", 9);
+        primary.transfers.lock().unwrap().insert(id, 120);
+        assert_eq!(c.rebalance(&ask(), 9).await, Outcome::Granted(120));
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 0);
+        assert_eq!(primary.tokens.load(Ordering::SeqCst), 1_000);
+    }
+
+    #[tokio::test]
+    async fn a_refused_or_hanging_link_is_an_error_within_the_timeouts() {
+        // Refused: nothing listens.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), closed, Duration::from_millis(200));
+        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Error);
+        assert_eq!((c.metrics.error.get(), c.metrics.link_up.get()), (1, 0));
+
+        // Hanging: accepts, never answers. Two attempts, each cut at the timeout.
+        let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = hang.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((s, _)) = hang.accept().await {
+                conns.push(s);
+            }
+        });
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), addr, Duration::from_millis(200));
+        let started = std::time::Instant::now();
+        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(region.credits.lock().unwrap().is_empty());
+        held.abort();
+    }
+
+    #[tokio::test]
+    async fn the_run_loop_handles_a_key_once_per_window_here() {
+        let region = Arc::new(Fake::default());
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let c = coordinator(region.clone(), closed, Duration::from_millis(100));
+        assert!(c.first_here("k", 1));
+        assert!(!c.first_here("k", 1));
+        assert!(c.first_here("k", 2));
+        c.forget("k");
+        assert!(c.first_here("k", 2));
+    }
+}

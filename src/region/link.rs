@@ -1,0 +1,219 @@
+//! The inter-region link: a small HTTP/1.1 server on `[region] link` and
+//! its client. The primary answers `POST /v1/transfer` from its own
+//! store; every region answers `GET /v1/health`.
+//!
+//! The client opens one connection per exchange (transfers are rare: at
+//! most one per key and window) and gives up after [`LINK_TIMEOUT`],
+//! connect, request and answer included; the connection dies with the
+//! exchange, so a hanging peer leaves nothing behind.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
+use crate::quota::Share;
+use crate::store::QuotaStore;
+
+/// The longest a transfer (or a probe) may take, end to end. Far below the
+/// rebalance window and above a few ocean round trips.
+pub const LINK_TIMEOUT: Duration = Duration::from_millis(750);
+
+/// What grants transfers: the primary's store and its slice.
+pub struct Grantor {
+    pub store: Arc<dyn QuotaStore>,
+    pub share: Share,
+}
+
+/// Serves the link until the task is dropped. `grantor`: `None` on a
+/// region that is not the primary (it answers health only).
+pub async fn serve(listener: TcpListener, grantor: Option<Arc<Grantor>>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "region link: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let grantor = grantor.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| answer(req, grantor.clone()));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "region link connection ended");
+            }
+        });
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn answer(req: Request<Incoming>, grantor: Option<Arc<Grantor>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(match (req.method(), req.uri().path()) {
+        (&Method::GET, HEALTH_PATH) => reply(StatusCode::OK, "{}"),
+        (&Method::POST, TRANSFER_PATH) => match grantor {
+            None => reply(StatusCode::CONFLICT, "{\"error\":\"this region is not the primary\"}"),
+            Some(g) => transfer(req, &g).await,
+        },
+        _ => reply(StatusCode::NOT_FOUND, "{\"error\":\"no such link path\"}"),
+    })
+}
+
+async fn transfer(req: Request<Incoming>, g: &Grantor) -> Response<Full<Bytes>> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "{\"error\":\"body too large\"}"),
+    };
+    let t = match TransferRequest::parse(&body) {
+        Ok(t) => t,
+        Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
+    };
+    let spec = match t.spec(g.share) {
+        Ok(s) => s,
+        Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
+    };
+    // Never more than a whole slice in one transfer; the script grants no
+    // more than the bucket holds.
+    let want = t.want.min(spec.capacity);
+    let remember = t.window_ms.saturating_mul(2);
+    match g.store.transfer_out(&t.key, &spec, t.id, want, remember).await {
+        Ok(granted) => {
+            tracing::info!(region = %t.region, key = %t.key, id = t.id, want, granted, "region transfer answered");
+            let answer = TransferAnswer { id: t.id, granted };
+            match serde_json::to_vec(&answer) {
+                Ok(b) => reply(StatusCode::OK, b),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, error_json(&e.to_string())),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(region = %t.region, key = %t.key, error = %e, "region transfer: store failed");
+            reply(StatusCode::SERVICE_UNAVAILABLE, error_json(&e.to_string()))
+        }
+    }
+}
+
+fn error_json(why: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "error": why })).unwrap_or_default()
+}
+
+/// Why an exchange over the link failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("no answer within {0} ms")]
+    Timeout(u128),
+    #[error("connect: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("http: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("the peer answered {0}")]
+    Status(u16),
+    #[error("unreadable answer: {0}")]
+    Answer(String),
+}
+
+/// The client side: asks the primary's link.
+#[derive(Debug, Clone)]
+pub struct LinkClient {
+    /// `host:port` of the primary's link.
+    authority: String,
+    timeout: Duration,
+}
+
+impl LinkClient {
+    pub fn new(authority: String, timeout: Duration) -> LinkClient {
+        LinkClient { authority, timeout }
+    }
+
+    /// Asks for a transfer; the same request may be sent again (same id)
+    /// and gets the same answer.
+    pub async fn transfer(&self, t: &TransferRequest) -> Result<TransferAnswer, LinkError> {
+        let body = serde_json::to_vec(t).map_err(|e| LinkError::Answer(e.to_string()))?;
+        let (status, body) = self.exchange(Method::POST, TRANSFER_PATH, body).await?;
+        if status != StatusCode::OK {
+            return Err(LinkError::Status(status.as_u16()));
+        }
+        let a: TransferAnswer = serde_json::from_slice(&body).map_err(|e| LinkError::Answer(e.to_string()))?;
+        if a.id != t.id {
+            return Err(LinkError::Answer(format!(
+                "answer for transfer {} instead of {}",
+                a.id, t.id
+            )));
+        }
+        Ok(a)
+    }
+
+    /// `GET /v1/health`.
+    pub async fn health(&self) -> Result<(), LinkError> {
+        match self.exchange(Method::GET, HEALTH_PATH, Vec::new()).await? {
+            (StatusCode::OK, _) => Ok(()),
+            (s, _) => Err(LinkError::Status(s.as_u16())),
+        }
+    }
+
+    async fn exchange(&self, method: Method, path: &str, body: Vec<u8>) -> Result<(StatusCode, Bytes), LinkError> {
+        let timeout = self.timeout;
+        match tokio::time::timeout(timeout, self.exchange_now(method, path, body)).await {
+            Ok(r) => r,
+            Err(_) => Err(LinkError::Timeout(timeout.as_millis())),
+        }
+    }
+
+    async fn exchange_now(&self, method: Method, path: &str, body: Vec<u8>) -> Result<(StatusCode, Bytes), LinkError> {
+        let stream = TcpStream::connect(self.authority.as_str())
+            .await
+            .map_err(LinkError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, self.authority.as_str())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| LinkError::Answer(e.to_string()))?;
+        // The connection is driven here, not by a spawned task: it ends
+        // with the exchange (or its timeout), whatever the peer does.
+        let work = async move {
+            let resp = sender.send_request(req).await?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| LinkError::Answer(e.to_string()))?
+                .to_bytes();
+            Ok::<_, LinkError>((status, body))
+        };
+        let mut work = std::pin::pin!(work);
+        let mut conn = std::pin::pin!(conn);
+        tokio::select! {
+            biased;
+            r = &mut work => r,
+            c = &mut conn => match c {
+                Err(e) => Err(e.into()),
+                Ok(()) => work.await,
+            },
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Multi-region quota slices: every region enforces its `share` of every
+//! quota on its own store, and asks the primary region for more when a key
+//! runs hot.
+//!
+//! - The slice itself is applied where a key's quota is computed
+//!   ([`crate::limit::key_spec`], with [`crate::quota::Spec::slice`]): a
+//!   request never crosses a region.
+//! - [`rebalancing`]: the regional store of a region with a primary. It
+//!   spends transferred credit after the bucket, and signals a key that
+//!   used `rebalance_at` of its slice with a `try_send` (never a wait).
+//! - [`coordinator`]: in the background, one gateway of the region per key
+//!   and window (a claim in the regional store) asks the primary for a
+//!   transfer, and credits the grant for the rest of the window.
+//! - [`link`]: the HTTP/1.1 link (server and client), [`wire`] its JSON.
+//! - [`threshold`]: the pure rules (when, how much, which id).
+//!
+//! A partition changes nothing for requests: the link is only ever used by
+//! the coordinator, whose failures are counted and logged.
+
+pub mod coordinator;
+pub mod link;
+pub mod rebalancing;
+pub mod threshold;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::metrics::{Metrics, RegionLabels, ResultLabels};
+use crate::quota::Share;
+use crate::store::QuotaStore;
+use coordinator::{Coordinator, LinkMetrics};
+use link::{Grantor, LinkClient, LINK_TIMEOUT};
+use rebalancing::{Ask, Rebalancing, ASK_QUEUE};
+
+/// `[region]`, as this room uses it (built by the server from the config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub name: String,
+    pub share: Share,
+    pub link: SocketAddr,
+    /// `host:port` of the primary's link; `None` on the primary.
+    pub primary: Option<String>,
+    pub rebalance_at: f64,
+    pub window_ms: u64,
+}
+
+/// A region's store for requests, and what its background tasks need.
+pub struct Region {
+    settings: Settings,
+    asks: Option<mpsc::Receiver<Ask>>,
+}
+
+impl Region {
+    /// Wraps the regional store for requests: a region with a primary
+    /// spends credit and signals hot keys; the primary uses its store as
+    /// it is.
+    pub fn wrap(settings: Settings, store: Arc<dyn QuotaStore>) -> (Region, Arc<dyn QuotaStore>) {
+        if settings.primary.is_none() {
+            return (Region { settings, asks: None }, store);
+        }
+        let (tx, rx) = mpsc::channel(ASK_QUEUE);
+        let wrapped = Arc::new(Rebalancing::new(store, settings.rebalance_at, tx));
+        (
+            Region {
+                settings,
+                asks: Some(rx),
+            },
+            wrapped,
+        )
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Serves the link on `listener` and, with a primary, runs the
+    /// coordinator; on the caller's runtime. `store`: the guarded store.
+    pub fn start(self, listener: tokio::net::TcpListener, store: Arc<dyn QuotaStore>, metrics: &Metrics) {
+        let s = self.settings;
+        let grantor = s.primary.is_none().then(|| {
+            Arc::new(Grantor {
+                store: store.clone(),
+                share: s.share,
+            })
+        });
+        tokio::spawn(link::serve(listener, grantor));
+        let (Some(primary), Some(asks)) = (s.primary, self.asks) else {
+            return;
+        };
+        let family = &metrics.region_transfers;
+        let count = |result| family.get_or_create(&ResultLabels { result }).clone();
+        let link_metrics = LinkMetrics {
+            link_up: metrics
+                .region_link_up
+                .get_or_create(&RegionLabels { region: s.name.clone() })
+                .clone(),
+            granted: count("granted"),
+            refused: count("refused"),
+            error: count("error"),
+        };
+        let coordinator = Coordinator::new(
+            s.name,
+            s.window_ms,
+            store,
+            LinkClient::new(primary, LINK_TIMEOUT),
+            link_metrics,
+            // Wall-clock windows, so every gateway of the region names a
+            // window (and so a transfer id) alike.
+            crate::clock::system_clock(),
+        );
+        tokio::spawn(coordinator.run(asks));
+    }
+}

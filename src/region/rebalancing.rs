@@ -1,0 +1,209 @@
+//! The store of a region that has a primary: the regional store, plus
+//! credit spending and the non-blocking rebalance signal.
+//!
+//! Sits inside the guard (`Guarded(Rebalancing(store))`), so a request's
+//! store call, credit included, stays within the one deadline. The request
+//! path adds at most one regional call (spending credit, only when the
+//! bucket came up short) and a `try_send` on a bounded channel: it never
+//! waits on the link, and a full channel drops the signal.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::threshold;
+use crate::quota::{Grant, Spec, Unspent};
+use crate::store::{BoxFuture, QuotaStore, StoreError};
+
+/// A key that crossed `rebalance_at` of its slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub key: String,
+    pub spec: Spec,
+}
+
+/// How many asks may wait for the coordinator; more are dropped.
+pub const ASK_QUEUE: usize = 1_024;
+
+pub struct Rebalancing {
+    inner: Arc<dyn QuotaStore>,
+    rebalance_at: f64,
+    asks: mpsc::Sender<Ask>,
+}
+
+impl Rebalancing {
+    pub fn new(inner: Arc<dyn QuotaStore>, rebalance_at: f64, asks: mpsc::Sender<Ask>) -> Rebalancing {
+        Rebalancing {
+            inner,
+            rebalance_at,
+            asks,
+        }
+    }
+
+    /// Tells the coordinator when the answer shows the key crossed its
+    /// threshold. Never waits: a full queue drops the ask (the next store
+    /// call of that key will signal again).
+    fn signal(&self, key: &str, spec: &Spec, remaining: u64) {
+        if threshold::crossed(spec, remaining, self.rebalance_at) {
+            let _ = self.asks.try_send(Ask {
+                key: key.to_owned(),
+                spec: *spec,
+            });
+        }
+    }
+}
+
+impl QuotaStore for Rebalancing {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        Box::pin(async move {
+            let mut grant = self.inner.acquire(key, spec, want, unspent).await?;
+            self.signal(key, spec, grant.remaining);
+            if grant.granted < want {
+                // The slice is spent: tokens another region transferred
+                // come next. Their failure is not the acquire's.
+                match self.inner.spend_credit(key, want - grant.granted).await {
+                    Ok(extra) => grant.granted += extra,
+                    Err(e) => tracing::debug!(%key, error = %e, "spending region credit failed"),
+                }
+            }
+            Ok(grant)
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release(key, spec, unspent)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.ping()
+    }
+
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.transfer_out(key, spec, id, want, remember_ms)
+    }
+
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.credit(key, id, tokens, ttl_ms)
+    }
+
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.spend_credit(key, want)
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.claim(key, window, ttl_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::quota::{Algorithm, Rate};
+    use crate::store::memory::MemoryStore;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// The memory store, with a credit of `credit` tokens.
+    struct WithCredit {
+        memory: MemoryStore,
+        credit: AtomicU64,
+    }
+
+    impl QuotaStore for WithCredit {
+        fn acquire<'a>(
+            &'a self,
+            k: &'a str,
+            s: &'a Spec,
+            w: u64,
+            u: Unspent,
+        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+            self.memory.acquire(k, s, w, u)
+        }
+        fn release<'a>(&'a self, k: &'a str, s: &'a Spec, u: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.memory.release(k, s, u)
+        }
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn spend_credit<'a>(&'a self, _: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+            let have = self.credit.load(Ordering::Relaxed);
+            let take = have.min(want);
+            self.credit.store(have - take, Ordering::Relaxed);
+            Box::pin(std::future::ready(Ok(take)))
+        }
+    }
+
+    fn spec() -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 10,
+                period: Duration::from_secs(3_600),
+            },
+            10,
+        )
+    }
+
+    #[tokio::test]
+    async fn below_the_threshold_nothing_is_asked_and_at_it_once_per_call() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let inner = Arc::new(WithCredit {
+            memory: MemoryStore::new(1_000),
+            credit: AtomicU64::new(0),
+        });
+        let store = Rebalancing::new(inner, 0.8, tx);
+        let s = spec();
+        // 7 of 10 used: below 0.8.
+        store.acquire("rl:{a:1}", &s, 7, Unspent::default()).await.unwrap();
+        assert!(rx.try_recv().is_err());
+        // 8 of 10: at the threshold.
+        store.acquire("rl:{a:1}", &s, 1, Unspent::default()).await.unwrap();
+        let ask = rx.try_recv().unwrap();
+        assert_eq!(ask.key, "rl:{a:1}");
+        assert_eq!(ask.spec, s);
+    }
+
+    #[tokio::test]
+    async fn a_short_bucket_spends_credit_and_a_full_queue_never_blocks() {
+        let (tx, _rx) = mpsc::channel(1);
+        let inner = Arc::new(WithCredit {
+            memory: MemoryStore::new(1_000),
+            credit: AtomicU64::new(4),
+        });
+        let store = Rebalancing::new(inner.clone(), 0.5, tx);
+        let s = spec();
+        let g = store.acquire("rl:{a:1}", &s, 12, Unspent::default()).await.unwrap();
+        assert_eq!(g.granted, 12, "10 from the bucket and 2 of the credit");
+        let g = store.acquire("rl:{a:1}", &s, 5, Unspent::default()).await.unwrap();
+        assert_eq!(g.granted, 2, "the rest of the credit, and no more");
+        // The queue (1) is full from the first call: these return at once.
+        for _ in 0..10 {
+            let g = tokio::time::timeout(
+                Duration::from_millis(50),
+                store.acquire("rl:{a:1}", &s, 1, Unspent::default()),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+            assert_eq!(g.granted, 0);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! When a key asks for more, how much, and under which transfer id: pure
+//! functions of the key's quota, the store's answer and the time.
+
+use sha2::{Digest, Sha256};
+
+use crate::quota::Spec;
+
+/// Tokens of its slice a key has used for a grant to leave `remaining`:
+/// measured by the region's bucket itself, so it counts every gateway of
+/// the region, net of what the bucket refilled.
+pub fn used(spec: &Spec, remaining: u64) -> u64 {
+    spec.capacity.saturating_sub(remaining)
+}
+
+/// The use at which a key of `spec` asks for more: `rebalance_at` of its
+/// slice, rounded up, at least one token.
+pub fn trigger_level(spec: &Spec, rebalance_at: f64) -> u64 {
+    let level = (spec.capacity as f64 * rebalance_at).ceil();
+    if level.is_finite() && level >= 1.0 {
+        (level.min(spec.capacity as f64) as u64).max(1)
+    } else {
+        1
+    }
+}
+
+/// Whether a store answer that left `remaining` means the key crossed
+/// `rebalance_at` of its slice.
+pub fn crossed(spec: &Spec, remaining: u64, rebalance_at: f64) -> bool {
+    used(spec, remaining) >= trigger_level(spec, rebalance_at)
+}
+
+/// What a region asks the primary for: one more slice of the key's quota.
+/// The primary grants less when it has less.
+pub fn ask(spec: &Spec) -> u64 {
+    spec.capacity
+}
+
+/// The rebalance window `now_ms` falls in.
+pub fn window_index(now_ms: u64, window_ms: u64) -> u64 {
+    now_ms / window_ms.max(1)
+}
+
+/// The id of the transfer `region` asks for `key` in `window`: the same for
+/// every gateway of the region and every retry in that window, so that
+/// neither two askers nor a retry can move tokens twice (the primary
+/// answers a known id from its record).
+pub fn transfer_id(region: &str, key: &str, window: u64) -> u64 {
+    let mut h = Sha256::new();
+    h.update(region.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    h.update([0]);
+    h.update(window.to_be_bytes());
+    let d = h.finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(id)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::quota::{Algorithm, Rate};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn spec(capacity: u64) -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: capacity,
+                period: Duration::from_secs(60),
+            },
+            capacity,
+        )
+    }
+
+    #[test]
+    fn a_key_asks_once_it_used_rebalance_at_of_its_slice() {
+        let s = spec(100);
+        assert_eq!(trigger_level(&s, 0.8), 80);
+        assert!(!crossed(&s, 21, 0.8)); // used 79
+        assert!(crossed(&s, 20, 0.8)); // used 80
+        assert!(crossed(&s, 0, 0.8));
+        // Rounded up: 0.75 of 10 is 7.5, so 8.
+        assert_eq!(trigger_level(&spec(10), 0.75), 8);
+        // A tiny slice asks after one token; rebalance_at 1 after the last.
+        assert_eq!(trigger_level(&spec(1), 0.1), 1);
+        assert_eq!(trigger_level(&spec(50), 1.0), 50);
+        assert!(!crossed(&spec(50), 1, 1.0));
+        assert!(crossed(&spec(50), 0, 1.0));
+        // A remaining above the capacity (a burst shrunk by a reload) is unused.
+        assert!(!crossed(&s, 500, 0.8));
+    }
+
+    #[test]
+    fn an_ask_is_one_more_slice() {
+        assert_eq!(ask(&spec(3_000)), 3_000);
+    }
+
+    #[test]
+    fn transfer_ids_are_one_per_region_key_and_window() {
+        let a = transfer_id("eu", "rl:{l:k}", 7);
+        assert_eq!(a, transfer_id("eu", "rl:{l:k}", 7));
+        assert_ne!(a, transfer_id("us", "rl:{l:k}", 7));
+        assert_ne!(a, transfer_id("eu", "rl:{l:k2}", 7));
+        assert_ne!(a, transfer_id("eu", "rl:{l:k}", 8));
+        // No ambiguity between region and key boundaries.
+        assert_ne!(transfer_id("e", "url", 1), transfer_id("eu", "rl", 1));
+        assert_eq!(window_index(39_999, 20_000), 1);
+        assert_eq!(window_index(40_000, 20_000), 2);
+        assert_eq!(window_index(5, 0), 5);
+    }
+
+    proptest! {
+        #[test]
+        fn crossing_is_monotonic_in_use(cap in 1u64..1_000_000, at in 0.000_001f64..=1.0, remaining in 0u64..1_000_000) {
+            let s = spec(cap);
+            let level = trigger_level(&s, at);
+            prop_assert!(level >= 1 && level <= cap);
+            if crossed(&s, remaining, at) {
+                // Any lower remaining (more use) crosses too.
+                prop_assert!(crossed(&s, remaining.saturating_sub(1), at));
+                prop_assert!(used(&s, remaining) as f64 >= (cap as f64 * at).min(cap as f64) - 1e-9 || level == 1);
+            } else {
+                prop_assert!((used(&s, remaining) as f64) < (cap as f64 * at).ceil());
+            }
+        }
+    }
+}

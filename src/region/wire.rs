@@ -1,0 +1,172 @@
+//! The link's messages: JSON over HTTP/1.1, `POST /v1/transfer`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::quota::{Algorithm, Rate, Share, Spec, MAX_UNITS};
+
+/// The path transfers are asked on.
+pub const TRANSFER_PATH: &str = "/v1/transfer";
+/// The path that answers 200 while the link serves (a probe).
+pub const HEALTH_PATH: &str = "/v1/health";
+/// Largest request body the link reads.
+pub const MAX_BODY: usize = 16 * 1024;
+/// Longest transfer window (and so record) the primary accepts.
+pub const MAX_WINDOW_MS: u64 = 86_400_000;
+
+/// A region asks the primary for tokens of one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferRequest {
+    /// One per (region, key, window): a retry sends the same id.
+    pub id: u64,
+    /// The asking region's name (for logs).
+    pub region: String,
+    /// The store key, `rl:{...}`.
+    pub key: String,
+    /// `token_bucket` or `sliding_window`.
+    pub algorithm: String,
+    /// The key's whole quota (before any region's slice): the primary
+    /// takes its own slice of it, exactly as its own limiter does.
+    pub count: u64,
+    pub period_ms: u64,
+    pub capacity: u64,
+    /// Tokens asked for.
+    pub want: u64,
+    /// How long the tokens may be spent, and so how long the primary
+    /// remembers the id (twice that).
+    pub window_ms: u64,
+}
+
+/// The primary's answer: what it moved for this id (the same on a retry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferAnswer {
+    pub id: u64,
+    pub granted: u64,
+}
+
+/// Why a transfer request was refused before any store call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    #[error("not a transfer request: {0}")]
+    Json(String),
+    #[error("key {0:?} is not a rate-limit key (rl:{{...}})")]
+    Key(String),
+    #[error("unknown algorithm {0:?}")]
+    Algorithm(String),
+    #[error("quota out of range (count, period_ms and capacity ≥ 1, capacity × period below 2^53)")]
+    Quota,
+    #[error("window_ms out of range (1 to {MAX_WINDOW_MS})")]
+    Window,
+}
+
+impl TransferRequest {
+    /// A request for `want` tokens of `key`, whose quota here is `spec`.
+    pub fn new(id: u64, region: &str, key: &str, spec: &Spec, want: u64, window_ms: u64) -> TransferRequest {
+        let whole = spec.whole();
+        TransferRequest {
+            id,
+            region: region.to_string(),
+            key: key.to_string(),
+            algorithm: whole.algorithm.as_str().to_string(),
+            count: whole.count,
+            period_ms: whole.period_ms(),
+            capacity: whole.capacity,
+            want,
+            window_ms,
+        }
+    }
+
+    /// Parses and checks a request body.
+    pub fn parse(body: &[u8]) -> Result<TransferRequest, BadRequest> {
+        let r: TransferRequest = serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
+        // The link touches rate-limit buckets only, never another key.
+        if !r.key.starts_with("rl:{") || !r.key.contains('}') || r.key.len() > 1024 {
+            return Err(BadRequest::Key(r.key));
+        }
+        if r.window_ms == 0 || r.window_ms > MAX_WINDOW_MS {
+            return Err(BadRequest::Window);
+        }
+        r.spec(Share::WHOLE)?;
+        Ok(r)
+    }
+
+    /// The key's quota in a region of `share`: what that region's limiter
+    /// uses for the key.
+    pub fn spec(&self, share: Share) -> Result<Spec, BadRequest> {
+        let algorithm = match self.algorithm.as_str() {
+            "token_bucket" => Algorithm::TokenBucket,
+            "sliding_window" => Algorithm::SlidingWindow,
+            other => return Err(BadRequest::Algorithm(other.to_string())),
+        };
+        let ok = self.count >= 1
+            && self.capacity >= 1
+            && self.period_ms >= 1
+            && u128::from(self.capacity) * u128::from(self.period_ms) < u128::from(MAX_UNITS);
+        if !ok {
+            return Err(BadRequest::Quota);
+        }
+        let rate = Rate {
+            count: self.count,
+            period: std::time::Duration::from_millis(self.period_ms),
+        };
+        Ok(Spec::new(algorithm, rate, self.capacity).slice(share))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::time::Duration;
+
+    fn whole() -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 10_000,
+                period: Duration::from_secs(60),
+            },
+            10_000,
+        )
+    }
+
+    #[test]
+    fn a_request_carries_the_whole_quota_and_the_primary_slices_it() {
+        let eu = whole().slice(Share::from_fraction(0.3).unwrap());
+        let r = TransferRequest::new(7, "eu", "rl:{api:k}", &eu, eu.capacity, 20_000);
+        assert_eq!((r.count, r.capacity, r.want), (10_000, 10_000, 3_000));
+        let body = serde_json::to_vec(&r).unwrap();
+        let back = TransferRequest::parse(&body).unwrap();
+        assert_eq!(back, r);
+        let primary = back.spec(Share::from_fraction(0.4).unwrap()).unwrap();
+        assert_eq!(primary, whole().slice(Share::from_fraction(0.4).unwrap()));
+    }
+
+    #[test]
+    fn the_link_refuses_what_is_not_a_bucket_transfer() {
+        let ok = TransferRequest::new(1, "eu", "rl:{api:k}", &whole(), 5, 1_000);
+        let with = |f: &dyn Fn(&mut TransferRequest)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            TransferRequest::parse(&serde_json::to_vec(&r).unwrap())
+        };
+        assert!(with(&|_| {}).is_ok());
+        assert!(matches!(with(&|r| r.key = "config:x".into()), Err(BadRequest::Key(_))));
+        assert!(matches!(
+            with(&|r| r.algorithm = "leaky".into()),
+            Err(BadRequest::Algorithm(_))
+        ));
+        assert!(matches!(with(&|r| r.capacity = 0), Err(BadRequest::Quota)));
+        assert!(matches!(with(&|r| r.capacity = 1 << 50), Err(BadRequest::Quota)));
+        assert!(matches!(with(&|r| r.window_ms = 0), Err(BadRequest::Window)));
+        assert!(matches!(
+            TransferRequest::parse(b"{\"id\":1}"),
+            Err(BadRequest::Json(_))
+        ));
+        assert!(matches!(
+            TransferRequest::parse(b"{\"id\":1,\"extra\":2}"),
+            Err(BadRequest::Json(_))
+        ));
+    }
+}
