@@ -414,6 +414,19 @@ fn check_validates_the_yaml_with_file_and_line() {
         "{err}"
     );
     assert!(err.contains("gateway.toml:") && err.contains("rls.config"), "{err}");
+    // A good file: check says what it read.
+    dir.write("ratelimit.yaml", YAML);
+    let out = std::process::Command::new(support::binary())
+        .args(["check", "--config"])
+        .arg(&toml)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("rls       grpc 127.0.0.1:0: 1 domain(s), 12 rule(s) with a limit"),
+        "{text}"
+    );
 }
 
 /// Two instances on one Redis share each descriptor's quota: however the

@@ -506,6 +506,17 @@ impl Config {
                 r.name, r.share, r.link
             );
         }
+        if let Some(r) = &self.rls {
+            let _ = writeln!(
+                s,
+                "rls       grpc {}: {} domain(s), {} rule(s) with a limit, from {}; on store failure {}",
+                r.listen,
+                r.rules.domains.len(),
+                r.rules.limit_count(),
+                r.config_path.display(),
+                r.on_store_failure.as_str()
+            );
+        }
         if let Some(e) = &self.events {
             let _ = writeln!(
                 s,
