@@ -83,6 +83,13 @@ impl Gateway {
         }
     }
 
+    /// This region's slice of every quota (`[region] share` at start; the
+    /// whole without `[region]`): the Envoy rate limit services apply it
+    /// too.
+    pub fn share(&self) -> crate::quota::Share {
+        self.share
+    }
+
     /// The config in force now.
     pub fn config(&self) -> Arc<Config> {
         self.snapshot.load().config.clone()

@@ -7,7 +7,7 @@
 mod support;
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
@@ -183,7 +183,9 @@ async fn buckets_get_token_buckets_in_whole_seconds_and_unmatched_ones_allow_all
         .await;
     let (tokens, fill, ttl) = token_bucket(&answer[&k(&acme)]).expect("a token bucket for a matched bucket");
     assert!(tokens / fill <= 100, "within the limit's rate: {tokens}/{fill}s");
-    assert!(ttl >= 2, "outlives the next report: {ttl}");
+    // Before the stream's report interval is known, an assignment outlives
+    // a slow timer: two intervals of 10 s.
+    assert_eq!(ttl, 20, "outlives the next report");
     // 60 per minute: one per second at most.
     let (tokens, fill, _) = token_bucket(&answer[&k(&nested)]).expect("the nested rule matched");
     assert!(tokens as f64 / fill as f64 <= 1.0, "{tokens}/{fill}s");
@@ -202,22 +204,29 @@ async fn a_fleet_on_one_redis_stays_within_the_quota_and_follows_demand() {
     let b = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
     let (mut ea, mut eb) = (Envoy::connect(&a).await, Envoy::connect(&b).await);
     let acme = bucket(&[("tenant", "acme")]);
-    // Both busy, each asking for more than the whole limit (100/s).
+    // Both busy, each asking for more than the whole limit (100/s). The
+    // first reports learn the interval (until then assignments are paid
+    // ten seconds ahead, so they start small).
     let mut rates = Vec::new();
-    for round in 0..5 {
+    let second = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    for round in 0..7 {
+        let before = second();
         let ra = ea.report(&[(acme.clone(), 150, 150)], 1).await;
         let rb = eb.report(&[(acme.clone(), 150, 150)], 1).await;
+        let same_window = before == second();
         let ta = token_bucket(&ra[&k(&acme)]);
         let tb = token_bucket(&rb[&k(&acme)]);
         let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
         let sum = rate(ta) + rate(tb);
         println!("round {round}: a {ta:?} b {tb:?} (sum {sum}/s)");
-        // Each round's new assignments are paid from one second's quota.
-        assert!(sum <= 100.0, "round {round}: {ta:?} + {tb:?} exceed 100/s");
+        // Reports paid within one second's window share its 100.
+        if same_window {
+            assert!(sum <= 100.0, "round {round}: {ta:?} + {tb:?} exceed 100/s");
+        }
         rates.push((rate(ta), rate(tb)));
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
-    let busy: f64 = rates.iter().skip(1).map(|(x, y)| x + y).sum::<f64>() / 4.0;
+    let busy: f64 = rates.iter().skip(3).map(|(x, y)| x + y).sum::<f64>() / 4.0;
     assert!(busy >= 50.0, "busy streams use the quota: {rates:?}");
     // a goes idle; b stays busy: a's share flows to b within a few reports.
     let mut last = (0.0, 0.0);

@@ -139,6 +139,14 @@ use Code::{Ok as OK, OverLimit as Over};
 
 /// Waits while the hour is about to turn, so a test's hourly windows do
 /// not reset under it.
+fn clear_of_the_minute() {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let left = 60 - now % 60;
+    if left < 5 {
+        std::thread::sleep(Duration::from_secs(left + 1));
+    }
+}
+
 fn clear_of_the_hour() {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
     let left = 3_600 - now % 3_600;
@@ -183,13 +191,19 @@ async fn matches_like_envoyproxy_ratelimit_rule_by_rule() {
     // unlimited: OK with the largest remaining.
     let r = ask(&mut c, "edge", &[("remote_address", "10.0.0.1")]).await;
     assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, u32::MAX));
-    // shadow_mode: counted, never refused.
+    // shadow_mode: counted, never refused (over its limit of 1: nothing
+    // remains, the rule is reported).
     assert_eq!(codes(&mut c, &[("shadow", "s")], 3).await, [OK, OK, OK]);
+    let r = ask(&mut c, "edge", &[("shadow", "s")]).await;
+    assert_eq!(code(&r), OK);
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 1);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
 }
 
 #[tokio::test]
 async fn answers_with_envoys_fields_in_descriptor_order() {
     clear_of_the_hour();
+    clear_of_the_minute();
     let gw = memory_gateway();
     let mut c = client(&gw).await;
     let r = c
@@ -270,17 +284,26 @@ async fn replaces_hits_addend_and_overrides() {
     // hits_addend: the request's, then a descriptor's own (which wins; 0
     // only looks).
     let mut req = request("edge", vec![descriptor(&[("weights", "w")])]);
+    let mut own = req.clone();
+    own.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    // Looking at a fresh key: OK, the whole limit left, nothing taken.
+    let r = c.should_rate_limit(own.clone()).await.unwrap().into_inner();
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, 10), "{r:?}");
     req.hits_addend = 6;
     let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
     assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, 4), "{r:?}");
+    // A descriptor's own addend wins over the request's.
+    let mut three = req.clone();
+    three.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
+    let r = c.should_rate_limit(three).await.unwrap().into_inner();
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, 1), "{r:?}");
+    // A cost that overruns what is left is refused and ends the budget,
+    // as envoyproxy/ratelimit's INCRBY counts it.
     let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
-    assert_eq!(code(&r), Over, "6 more do not fit in 4: {r:?}");
-    let mut own = req.clone();
-    own.descriptors[0].hits_addend = Some(UInt64Value { value: 4 });
-    assert_eq!(code(&c.should_rate_limit(own.clone()).await.unwrap().into_inner()), OK);
-    own.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
-    assert_eq!(code(&c.should_rate_limit(own).await.unwrap().into_inner()), OK);
-    // Refused calls took nothing: after 6 + 4 of 10 the key is full.
+    assert_eq!(code(&r), Over, "6 more do not fit in 1: {r:?}");
+    // Looking now: over, and looking took nothing.
+    let r = c.should_rate_limit(own.clone()).await.unwrap().into_inner();
+    assert_eq!(code(&r), Over, "{r:?}");
     assert_eq!(codes(&mut c, &[("weights", "w")], 1).await, [Over]);
     // A request's own limit replaces the rules (even where none matches).
     let mut d = descriptor(&[("unconfigured", "x")]);
@@ -393,6 +416,46 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
             break;
         }
         assert!(Instant::now() < deadline, "SIGHUP never applied:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // gateway.toml moves the rules to a directory whose file is bad: the
+    // reload is refused. Fixing that file, and only that, applies it: the
+    // watcher follows the place the file on disk names.
+    let rules = gw.dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: key2\n    colour: red\n",
+    )
+    .unwrap();
+    let toml = gw.dir.path().join("gateway.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(&toml, text.replace("config = \"ratelimit.yaml\"", "config = \"rules\"")).unwrap();
+    assert!(
+        gw.wait_for_log("edge.yaml:4: descriptors[0].colour", Duration::from_secs(10)),
+        "{}",
+        gw.log()
+    );
+    std::fs::write(
+        rules.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: key2\n    value: gold\n    rate_limit: {unit: hour, requests_per_unit: 99}\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
+        if r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 99)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fixed file was never applied:\n{}",
+            gw.log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -27,7 +27,7 @@ pub struct Reloader {
 }
 
 /// Why a reload was asked for.
-type Fingerprint = ((SystemTime, u64, u64), Vec<(PathBuf, Option<SystemTime>, u64)>);
+type Fingerprint = ((SystemTime, u64, u64), Vec<(PathBuf, Option<SystemTime>, u64, u64)>);
 
 #[derive(Debug, Clone, Copy)]
 pub enum Trigger {
@@ -122,11 +122,8 @@ impl Reloader {
         #[cfg(not(unix))]
         let inode = 0;
         let rls = self
-            .gateway
-            .config()
-            .rls
-            .as_ref()
-            .map(|r| super::rls::fingerprint_of(&r.config_path))
+            .rls_path()
+            .map(|p| super::rls::fingerprint_of(&p))
             .unwrap_or_default();
         Some(((m.modified().ok()?, m.len(), inode), rls))
     }
@@ -134,14 +131,37 @@ impl Reloader {
     /// The digest a load of the files on disk would record
     /// ([`Config::inputs_sha256`]).
     fn hash(&self) -> Option<[u8; 32]> {
-        let toml: [u8; 32] = std::fs::read(&self.path).ok().map(|b| Sha256::digest(&b).into())?;
-        let rls = self
-            .gateway
-            .config()
-            .rls
-            .as_ref()
-            .map(|r| super::rls::digest_of(&r.config_path).unwrap_or_default());
+        let bytes = std::fs::read(&self.path).ok()?;
+        let toml: [u8; 32] = Sha256::digest(&bytes).into();
+        // Unreadable YAML: a digest of zeros, unlike the one in force, so
+        // a reload runs and reports it.
+        let rls = self.rls_path().map(|p| super::rls::digest_of(&p).unwrap_or_default());
         Some(super::inputs_digest(&toml, rls.as_ref()))
+    }
+
+    /// The `[rls] config` the file on disk names (resolved as a load
+    /// resolves it), else the one in force: after an edit that moved it
+    /// was refused, the new place is the one to watch.
+    fn rls_path(&self) -> Option<PathBuf> {
+        #[derive(serde::Deserialize)]
+        struct Peek {
+            rls: Option<PeekRls>,
+        }
+        #[derive(serde::Deserialize)]
+        struct PeekRls {
+            config: Option<String>,
+        }
+        let on_disk = std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|t| toml::from_str::<Peek>(&t).ok())
+            .map(|p| p.rls.and_then(|r| r.config));
+        match on_disk {
+            Some(named) => {
+                let base = self.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+                named.map(|c| base.join(c))
+            }
+            None => self.gateway.config().rls.as_ref().map(|r| r.config_path.clone()),
+        }
     }
 }
 

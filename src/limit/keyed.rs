@@ -31,19 +31,30 @@ impl Limiter {
         self.leases.hasher.hash_one(key)
     }
 
-    /// Takes `hits` tokens of `key` under `spec`, all or none. `hits` 0
-    /// only looks: admitted unless the key is blocked. More than one token
-    /// is taken from the lease at once when it holds enough, else in one
-    /// store call of its own (given back whole if partly granted).
+    /// Takes `hits` tokens of `key` under `spec`. One token: the lease, or
+    /// the key's store call, as for an HTTP request (a refusal takes
+    /// nothing). `hits` 0 only looks, at the lease when there is one, else
+    /// at the store (a call that takes nothing). More than one: from the
+    /// lease when it holds that many, else in one store call of its own,
+    /// and a call that does not get them all keeps what it got and is
+    /// refused, as envoyproxy/ratelimit's `INCRBY` counts a cost that
+    /// overruns the budget (so it ends the budget).
     pub async fn check_key(self: &Arc<Self>, key: &str, spec: &Spec, hits: u64) -> Result<KeyDecision, StoreError> {
         let h = self.hash_key(key);
         let now = self.now_ms();
-        if hits > spec.capacity {
-            // Never fits, whatever the store holds: no call to make.
-            return Ok(self.refusal(h, now, spec.period_ms()));
-        }
         match hits {
-            0 => Ok(self.look(h, spec, now)),
+            0 => match self.look(h, now) {
+                Some(d) => Ok(d),
+                None => {
+                    let g = self.store.acquire(key, spec, 0, Unspent::default()).await?;
+                    Ok(KeyDecision {
+                        admitted: g.remaining > 0,
+                        remaining: g.remaining,
+                        reset_ms: g.reset_ms,
+                        retry_after_ms: g.retry_after_ms,
+                    })
+                }
+            },
             1 => {
                 if let Some((remaining, reset_ms)) = self.take_local(h, *spec, now) {
                     return Ok(admitted(remaining, reset_ms));
@@ -51,42 +62,31 @@ impl Limiter {
                 let settings = self.settings();
                 match self.slow_path(h, key, spec, &settings).await? {
                     Some((remaining, reset_ms)) => Ok(admitted(remaining, reset_ms)),
-                    None => Ok(self.refusal(h, self.now_ms(), 1)),
+                    None => Ok(self.refusal(h, self.now_ms())),
                 }
             }
             n => {
-                let local = self
-                    .leases
-                    .with(h, |l| l.try_take_n(n, now).then(|| (l.remaining(), l.reset_ms(now))));
-                if let Some(Some((remaining, reset_ms))) = local {
-                    return Ok(admitted(remaining, reset_ms));
-                }
-                if let Some(wait) = self.leases.with(h, |l| blocked::remaining(l, now)).flatten() {
-                    return Ok(KeyDecision {
-                        admitted: false,
-                        remaining: 0,
-                        reset_ms: wait,
-                        retry_after_ms: wait,
-                    });
+                let local = self.leases.with(h, |l| {
+                    if blocked::remaining(l, now).is_some() {
+                        Some(None)
+                    } else {
+                        l.try_take_n(n, now).then(|| Some((l.remaining(), l.reset_ms(now))))
+                    }
+                });
+                match local.flatten() {
+                    Some(Some((remaining, reset_ms))) => return Ok(admitted(remaining, reset_ms)),
+                    Some(None) => return Ok(self.refusal(h, now)),
+                    None => {}
                 }
                 let grant = self.store.acquire(key, spec, n, Unspent::default()).await?;
                 if grant.granted == n {
                     return Ok(admitted(grant.remaining, grant.reset_ms));
                 }
-                // All or none: a part granted goes back.
-                self.give_back_later(
-                    key,
-                    spec,
-                    Unspent {
-                        tokens: grant.granted,
-                        window_ms: grant.window_ms,
-                    },
-                );
-                let wait = grant.retry_after_ms.max(grant.reset_ms).max(1);
+                let wait = grant.retry_after_ms.max(1);
                 Ok(KeyDecision {
                     admitted: false,
-                    remaining: grant.remaining,
-                    reset_ms: grant.reset_ms.max(1),
+                    remaining: 0,
+                    reset_ms: wait,
                     retry_after_ms: wait,
                 })
             }
@@ -112,33 +112,30 @@ impl Limiter {
         }
     }
 
-    /// Hits 0: what the lease says, taking nothing.
-    fn look(&self, h: u64, spec: &Spec, now: u64) -> KeyDecision {
-        self.leases
-            .with(h, |l| match blocked::remaining(l, now) {
-                Some(wait) => KeyDecision {
+    /// Hits 0: what the key's lease says, taking nothing; `None` without a
+    /// lease.
+    fn look(&self, h: u64, now: u64) -> Option<KeyDecision> {
+        self.leases.with(h, |l| match blocked::remaining(l, now) {
+            Some(_) => {
+                let wait = blocked::retry_after(l, now);
+                KeyDecision {
                     admitted: false,
                     remaining: 0,
                     reset_ms: wait,
                     retry_after_ms: wait,
-                },
-                None => admitted(l.remaining(), l.reset_ms(now)),
-            })
-            .unwrap_or(KeyDecision {
-                admitted: true,
-                remaining: spec.count,
-                reset_ms: 0,
-                retry_after_ms: 0,
-            })
+                }
+            }
+            None => admitted(l.remaining(), l.reset_ms(now)),
+        })
     }
 
-    /// A refused key: when it may come back, from its local block (at
-    /// least `floor_ms`).
-    fn refusal(&self, h: u64, now: u64, floor_ms: u64) -> KeyDecision {
+    /// A refused key: when it may come back, the store's retry time as
+    /// its lease remembers it (not the local block, which is capped).
+    fn refusal(&self, h: u64, now: u64) -> KeyDecision {
         let wait = self
             .leases
             .with(h, |l| blocked::retry_after(l, now))
-            .unwrap_or(floor_ms)
+            .unwrap_or(1)
             .max(1);
         KeyDecision {
             admitted: false,

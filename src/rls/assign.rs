@@ -16,7 +16,8 @@
 //!
 //! Rates follow demand: `(allowed + denied) / elapsed`, with headroom, within
 //! the limit's own rate. Envoy reads whole seconds only, so fills and TTLs
-//! are whole seconds ≥ 1; rates under one per second use longer fills.
+//! are whole seconds ≥ 1: a limit of one per second or more fills every
+//! second; a slower one has a single strategy, one token per its spacing.
 
 use crate::quota::Spec;
 
@@ -49,39 +50,39 @@ pub fn limit_rate(spec: &Spec) -> f64 {
 
 /// The strategy for a stream whose demand is `demand` requests per second
 /// under `spec`, given the one it has (kept while demand stays near it).
+///
+/// Envoy tells two token-bucket strategies apart by `max_tokens`,
+/// `tokens_per_fill` and the nanoseconds of `fill_interval`, not its
+/// seconds: a strategy that changed only its fill seconds would be taken
+/// for the same one while the server paid for the other. So a limit of at
+/// least one per second always fills every second and varies its tokens;
+/// a slower limit has one strategy only, one token per its own spacing.
 pub fn strategy_for(demand: f64, spec: &Spec, current: Option<Refill>) -> Refill {
     let limit = limit_rate(spec);
-    let floor = (limit / 100.0).max(1.0 / MAX_FILL_SECS as f64).min(limit);
+    if limit < 1.0 {
+        let spacing = (1.0 / limit.max(1e-9)).ceil();
+        return Refill {
+            tokens: 1,
+            fill_secs: (spacing as u64).clamp(1, MAX_FILL_SECS),
+        };
+    }
+    let floor = (limit / 100.0).max(1.0);
     let want = if demand.is_finite() && demand > 0.0 {
         demand * HEADROOM
     } else {
         0.0
     };
-    let target = want.clamp(floor, limit.max(floor));
-    if let Some(c) = current {
+    let target = want.clamp(floor, limit);
+    if let Some(c) = current.filter(|c| c.fill_secs == 1) {
         let r = c.per_second();
-        let at_ceiling = r >= limit && target >= limit;
+        let at_ceiling = r >= limit.floor() && target >= limit.floor();
         if at_ceiling || (target <= r * HYSTERESIS && target >= r / HYSTERESIS) {
             return c;
         }
     }
-    represent(target)
-}
-
-/// The nearest strategy at or under `rate` per second (at least one token
-/// per `MAX_FILL_SECS`).
-fn represent(rate: f64) -> Refill {
-    if rate >= 1.0 {
-        Refill {
-            tokens: rate.floor() as u64,
-            fill_secs: 1,
-        }
-    } else {
-        let fill = (1.0 / rate.max(1.0 / MAX_FILL_SECS as f64)).ceil() as u64;
-        Refill {
-            tokens: 1,
-            fill_secs: fill.clamp(1, MAX_FILL_SECS),
-        }
+    Refill {
+        tokens: (target.floor() as u64).max(1),
+        fill_secs: 1,
     }
 }
 
@@ -141,21 +142,22 @@ fn is_renewal(next: Refill, held: Option<Held>, now_ms: u64) -> Option<Held> {
 }
 
 /// The assignment for `next` at `now_ms`, when reports come every
-/// `interval_secs`: paid up to the next report, expiring one interval
+/// `interval_ms` (at least a second): paid up to the next report, expiring one interval
 /// after it (a TTL of two intervals), so a late report never leaves Envoy
 /// without an assignment.
 /// The same refill on a live bucket extends it and pays the fills of the
 /// extension; anything else is a new bucket, which starts full, and pays
 /// too what the bucket it replaces is owed.
-pub fn offer(next: Refill, held: Option<Held>, now_ms: u64, interval_secs: u64) -> Offer {
-    let interval = interval_secs.max(1) * 1_000;
+pub fn offer(next: Refill, held: Option<Held>, now_ms: u64, interval_ms: u64) -> Offer {
+    let interval = interval_ms.max(1_000);
     // The horizon falls half a fill before the next report: fills land in
     // step with the reports (Envoy starts the bucket as the answer comes),
     // so a horizon on the next report itself would put a fill at each end
     // whenever the report runs a millisecond late, and charge two fills to
     // one window of the store.
     let paid_to = (now_ms + interval).saturating_sub(next.fill_ms() / 2).max(now_ms + 1);
-    let expires_ms = now_ms + 2 * interval;
+    // Whole seconds, as Envoy reads them, rounded up.
+    let expires_ms = now_ms + (2 * interval).div_ceil(1_000) * 1_000;
     match is_renewal(next, held, now_ms) {
         Some(h) => {
             let paid_to_ms = paid_to.max(h.paid_to_ms);
@@ -246,6 +248,30 @@ mod tests {
     }
 
     #[test]
+    fn strategies_envoy_would_take_for_the_same_differ_in_nothing_else() {
+        // Envoy compares tokens and the fill's nanoseconds, not its
+        // seconds: a limit under one per second has one strategy whatever
+        // the demand; a faster one always fills every second.
+        let slow = spec(10, 60_000);
+        let one = strategy_for(0.0, &slow, None);
+        assert_eq!(one, refill(1, 6));
+        for demand in [0.01, 0.1, 0.5, 3.0, 1_000.0] {
+            assert_eq!(strategy_for(demand, &slow, Some(one)), one);
+            assert_eq!(strategy_for(demand, &slow, None), one);
+        }
+        let fast = spec(100, 1_000);
+        let mut current = None;
+        for demand in [0.0, 0.3, 2.0, 50.0, 300.0, 0.0] {
+            let next = strategy_for(demand, &fast, current);
+            assert_eq!(next.fill_secs, 1, "{demand}");
+            if let Some(c) = current {
+                assert!(next == c || next.tokens != c.tokens);
+            }
+            current = Some(next);
+        }
+    }
+
+    #[test]
     fn a_rate_is_kept_while_demand_stays_near_it() {
         let s = spec(1_000, 1_000);
         let c = strategy_for(80.0, &s, None);
@@ -262,34 +288,34 @@ mod tests {
         // Reports every second: the full bucket only; the first fill lands
         // at the next report, which pays for it. Paid to half a fill
         // before that report; the TTL is two intervals.
-        let o = offer(r, None, 5_000, 1);
+        let o = offer(r, None, 5_000, 1_000);
         assert_eq!(o.cost, 10);
         assert_eq!(
             (o.held.paid_to_ms, o.held.expires_ms, o.ttl_secs(5_000)),
             (5_500, 7_000, 2)
         );
         // Every 3 s: the start and the fills at +1 s and +2 s.
-        assert_eq!(offer(r, None, 5_000, 3).cost, 30);
+        assert_eq!(offer(r, None, 5_000, 3_000).cost, 30);
         // The next report, on time: the fill at +1 s.
-        let next = offer(r, Some(o.held), 6_000, 1);
+        let next = offer(r, Some(o.held), 6_000, 1_000);
         assert_eq!(
             (next.cost, next.held.origin_ms, next.held.paid_to_ms),
             (10, 5_000, 6_500)
         );
         // Late by 900 ms: the fill at +1 s (in the unpaid tail: it may have
         // been spent already) and the one at +2 s, before the new horizon.
-        assert_eq!(offer(r, Some(o.held), 6_900, 1).cost, 20);
+        assert_eq!(offer(r, Some(o.held), 6_900, 1_000).cost, 20);
         // The old bucket's fill at 6 s (landing as the report came) is
         // owed, then the new bucket's start.
-        assert_eq!(offer(refill(20, 1), Some(o.held), 6_000, 1).cost, 10 + 20);
+        assert_eq!(offer(refill(20, 1), Some(o.held), 6_000, 1_000).cost, 10 + 20);
         // Expired at 7 s: its fills at 6 s and 7 s are owed.
-        assert_eq!(offer(r, Some(o.held), 7_000, 1).cost, 20 + 10);
+        assert_eq!(offer(r, Some(o.held), 7_000, 1_000).cost, 20 + 10);
     }
 
     #[test]
     fn a_short_grant_buys_a_smaller_bucket_after_what_is_owed() {
         let r = refill(10, 1);
-        let o = offer(r, None, 0, 3);
+        let o = offer(r, None, 0, 3_000);
         assert_eq!(o.cost, 30);
         // 25 pay for 8 per fill (8 at the start, 8 at +1 s, 8 at +2 s).
         let (short, back) = shortened(o, None, 0, 25);
@@ -303,7 +329,7 @@ mod tests {
         assert_eq!(shortened(o, None, 0, 2), (None, 2));
         // A renewal short of its fills: what is owed first (the fill at
         // 3 s, landing as the report came), then a smaller new bucket.
-        let renew = offer(r, Some(o.held), 3_000, 3);
+        let renew = offer(r, Some(o.held), 3_000, 3_000);
         assert_eq!(renew.cost, 30);
         let (short, back) = shortened(renew, Some(o.held), 3_000, 15);
         let short = short.unwrap();
@@ -344,7 +370,7 @@ mod tests {
                 interval = next_interval;
                 let debt = held.map_or(0, |h| owed(h, now));
                 let next = strategy_for(demand, &s, held.map(|h| h.refill));
-                let o = offer(next, held, now, interval);
+                let o = offer(next, held, now, interval * 1_000);
                 let granted = if short { o.cost.min(grant_cap) } else { o.cost };
                 let sent = if granted >= o.cost {
                     paid += o.cost;

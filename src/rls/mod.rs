@@ -18,15 +18,21 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tower_service::Service as _;
 
 use crate::gateway::Gateway;
+
+/// Most gRPC connections open at once (Envoys hold one or a few each).
+const MAX_CONNECTIONS: usize = 10_000;
+/// Most concurrent calls and streams on one connection.
+const MAX_STREAMS_PER_CONNECTION: u32 = 1_000;
 
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const RLQS_PREFIX: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
@@ -66,23 +72,35 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
         rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway.clone())),
         rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(gateway)),
     };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, _peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "rls accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("rls connection refused: {MAX_CONNECTIONS} open");
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let routes = routes.clone();
         tokio::spawn(async move {
+            // Envoys hold their connections for long: a peer that vanished
+            // without a reset is found by the pings, and its streams end.
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .keep_alive_timeout(Duration::from_secs(10))
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .serve_connection(TokioIo::new(stream), routes);
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "rls connection ended");
             }
+            drop(slot);
         });
     }
 }

@@ -27,7 +27,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -44,6 +46,8 @@ const ALLOW_ALL_TTL_SECS: u64 = 60;
 /// A bucket that reports no request for this many report intervals is
 /// abandoned: Envoy forgets it, and reports it anew when traffic returns.
 const IDLE_INTERVALS: u64 = 6;
+/// The longest report interval believed (Envoy's are seconds to minutes).
+const MAX_INTERVAL_SECS: u64 = 3_600;
 
 pub struct QuotaService {
     gateway: Arc<Gateway>,
@@ -97,7 +101,21 @@ struct Bucket {
 struct StreamState {
     domain: String,
     buckets: HashMap<Vec<(String, String)>, Bucket>,
+    /// When the last periodic report came (one naming a bucket already
+    /// known: Envoy reports a new bucket at once, then all of them on one
+    /// timer).
+    last_periodic_ms: Option<u64>,
+    /// The longest gap seen between periodic reports: Envoy's
+    /// `reporting_interval` for this stream, once two have come.
+    interval_ms: Option<u64>,
 }
+
+/// The report interval assumed until a stream's own is seen: assignments
+/// then outlive a slow timer (Envoy's examples use 1 s to 60 s).
+const FIRST_INTERVAL_SECS: u64 = 10;
+/// Most buckets one stream may hold state for; beyond, new buckets get
+/// `ALLOW_ALL` until some are abandoned.
+const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 
 impl StreamState {
     async fn on_reports(
@@ -108,26 +126,45 @@ impl StreamState {
         if !reports.domain.is_empty() {
             self.domain = reports.domain;
         }
+        let now = gateway.limiter.now_ms();
+        let known = reports.bucket_quota_usages.iter().any(|u| {
+            u.bucket_id
+                .as_ref()
+                .is_some_and(|id| self.buckets.contains_key(&sorted(id)))
+        });
+        if known {
+            if let Some(last) = self.last_periodic_ms {
+                let gap = now.saturating_sub(last).min(MAX_INTERVAL_SECS * 1_000);
+                self.interval_ms = Some(self.interval_ms.map_or(gap, |i| i.max(gap)));
+            }
+            self.last_periodic_ms = Some(now);
+        }
+        let interval_ms = self.interval_ms.unwrap_or(FIRST_INTERVAL_SECS * 1_000).max(1_000);
         let config = gateway.config();
         let domain = config.rls.as_ref().and_then(|r| r.rules.domains.get(&self.domain));
         let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
         for usage in reports.bucket_quota_usages {
             let Some(id) = usage.bucket_id.clone() else { continue };
-            let mut entries: Vec<(String, String)> = id.bucket.clone().into_iter().collect();
-            entries.sort();
+            let entries = sorted(&id);
             let borrowed: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let matched = domain.and_then(|d| matcher::find(d, &borrowed));
+            let room = self.buckets.len() < MAX_BUCKETS_PER_STREAM || self.buckets.contains_key(&entries);
             let action = match matched {
-                Some(m) if !m.limit.unlimited => {
+                Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
-                    let spec = m.limit.spec();
-                    self.assign(gateway, entries, &usage, &key, &spec).await
+                    let spec = m.limit.spec().slice(gateway.share());
+                    self.assign(gateway, entries, &usage, &key, &spec, interval_ms).await
                 }
-                // No rule, or an unlimited one: Envoy allows all.
-                _ => Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-                    assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
-                    rate_limit_strategy: Some(blanket(BlanketRule::AllowAll)),
-                })),
+                // No rule, or an unlimited one: Envoy allows all. What the
+                // bucket held is forgotten, so a rule that comes back (a
+                // reload) starts it as the new bucket Envoy will make.
+                _ => {
+                    self.buckets.remove(&entries);
+                    Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+                        assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
+                        rate_limit_strategy: Some(blanket(BlanketRule::AllowAll)),
+                    }))
+                }
             };
             if let Some(action) = action {
                 actions.push(BucketAction {
@@ -149,6 +186,7 @@ impl StreamState {
         usage: &BucketQuotaUsage,
         key: &str,
         spec: &Spec,
+        interval_ms: u64,
     ) -> Option<Action> {
         let now = gateway.limiter.now_ms();
         let bucket = self.buckets.entry(entries.clone()).or_insert(Bucket {
@@ -156,18 +194,18 @@ impl StreamState {
             last_report_ms: now,
             idle_since_ms: None,
         });
-        let used = usage.num_requests_allowed + usage.num_requests_denied;
+        let used = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
         // Envoy sends whole seconds and may send 0: our own clock then.
-        let reported = usage
-            .time_elapsed
-            .map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0) * 1_000);
+        // A client's number: clamped before any arithmetic.
+        let reported = usage.time_elapsed.map_or(0, |d| {
+            u64::try_from(d.seconds).unwrap_or(0).min(MAX_INTERVAL_SECS) * 1_000
+        });
         let since = now.saturating_sub(bucket.last_report_ms);
         let elapsed_ms = if reported > 0 { reported } else { since }.max(1_000);
         bucket.last_report_ms = now;
-        let interval_secs = elapsed_ms.div_ceil(1_000);
         if used == 0 {
             let idle_since = *bucket.idle_since_ms.get_or_insert(now);
-            if now.saturating_sub(idle_since) >= IDLE_INTERVALS * interval_secs * 1_000 {
+            if now.saturating_sub(idle_since) >= IDLE_INTERVALS * interval_ms {
                 self.buckets.remove(&entries);
                 return Some(Action::AbandonAction(AbandonAction {}));
             }
@@ -179,7 +217,7 @@ impl StreamState {
         let held = bucket.held;
         let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
         let next = assign::strategy_for(demand, spec, live);
-        let offer = assign::offer(next, held, now, interval_secs);
+        let offer = assign::offer(next, held, now, interval_ms);
         let limiter = &gateway.limiter;
         let grant = match limiter.acquire_direct(key, spec, offer.cost).await {
             Ok(g) => g,
@@ -210,7 +248,7 @@ impl StreamState {
             },
             // The quota is spent: deny until a report finds some.
             None => QuotaAssignmentAction {
-                assignment_time_to_live: Some(secs(2 * interval_secs)),
+                assignment_time_to_live: Some(secs((2 * interval_ms).div_ceil(1_000))),
                 rate_limit_strategy: Some(blanket(BlanketRule::DenyAll)),
             },
         }))
@@ -239,4 +277,11 @@ fn token_bucket(s: Refill) -> RateLimitStrategy {
             fill_interval: Some(secs(s.fill_secs)),
         })),
     }
+}
+
+/// A bucket id's entries sorted by key name: the descriptor it is matched as.
+fn sorted(id: &BucketId) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    entries.sort();
+    entries
 }

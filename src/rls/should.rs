@@ -77,6 +77,8 @@ impl RateLimitService for ShouldRateLimit {
         apply_replaces(&mut checks);
 
         let limiter = &self.gateway.limiter;
+        // In a region, each region's store holds its slice, as for HTTP.
+        let share = self.gateway.share();
         let mut statuses = Vec::with_capacity(checks.len());
         let mut quota_over = (0usize, 0usize); // (quota-mode descriptors, of which over)
         for (check, d) in checks.iter().zip(&req.descriptors) {
@@ -97,7 +99,7 @@ impl RateLimitService for ShouldRateLimit {
                             retry_after_ms: 0,
                         })
                     } else {
-                        limiter.check_key(key, &limit.spec(), hits).await
+                        limiter.check_key(key, &limit.spec().slice(share), hits).await
                     };
                     match decision {
                         Ok(dec) => {

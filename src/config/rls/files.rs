@@ -97,15 +97,19 @@ pub fn digest_of(path: &Path) -> Option<[u8; 32]> {
 
 /// What changes when one of the files at `path` changes, cheaply: their
 /// names, modification times, sizes and inodes.
-pub fn fingerprint_of(path: &Path) -> Vec<(PathBuf, Option<std::time::SystemTime>, u64)> {
+pub fn fingerprint_of(path: &Path) -> Vec<(PathBuf, Option<std::time::SystemTime>, u64, u64)> {
     files_of(path)
         .unwrap_or_default()
         .into_iter()
         .map(|f| {
             let m = std::fs::metadata(&f).ok();
             let modified = m.as_ref().and_then(|m| m.modified().ok());
+            #[cfg(unix)]
+            let inode = m.as_ref().map_or(0, std::os::unix::fs::MetadataExt::ino);
+            #[cfg(not(unix))]
+            let inode = 0;
             let len = m.map_or(0, |m| m.len());
-            (f, modified, len)
+            (f, modified, len, inode)
         })
         .collect()
 }

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::Problem;
@@ -158,63 +159,180 @@ pub use files::{digest_of, fingerprint_of, load};
 
 // ---- the YAML, as envoyproxy/ratelimit reads it ----
 
+// envoyproxy/ratelimit checks every map's keys against one flat list
+// (below), then decodes leniently: a key of the list is accepted anywhere,
+// and meaningful only where it belongs. Each struct here names its own keys
+// and ignores the rest of the list, so `deny_unknown_fields` refuses
+// exactly what envoyproxy/ratelimit refuses, with the line. An explicit
+// null reads as the default, as in Go.
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     domain: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     descriptors: Vec<RawDescriptor>,
+    #[serde(default, rename = "key")]
+    _key: Option<IgnoredAny>,
+    #[serde(default, rename = "value")]
+    _value: Option<IgnoredAny>,
+    #[serde(default, rename = "rate_limit")]
+    _rate_limit: Option<IgnoredAny>,
+    #[serde(default, rename = "unit")]
+    _unit: Option<IgnoredAny>,
+    #[serde(default, rename = "requests_per_unit")]
+    _requests_per_unit: Option<IgnoredAny>,
+    #[serde(default, rename = "unlimited")]
+    _unlimited: Option<IgnoredAny>,
+    #[serde(default, rename = "shadow_mode")]
+    _shadow_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "name")]
+    _name: Option<IgnoredAny>,
+    #[serde(default, rename = "replaces")]
+    _replaces: Option<IgnoredAny>,
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "quota_mode")]
+    _quota_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "share_threshold")]
+    _share_threshold: Option<IgnoredAny>,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<IgnoredAny>,
+    #[serde(default, rename = "algorithm")]
+    _algorithm: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDescriptor {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     value: String,
+    #[serde(default, deserialize_with = "nullable")]
     rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     descriptors: Vec<RawDescriptor>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     shadow_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     quota_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     share_threshold: bool,
-    /// Stats options of envoyproxy/ratelimit: accepted, no effect here.
+    /// Stats options of envoyproxy/ratelimit (and keys of the list that
+    /// belong elsewhere): accepted, no effect here.
     #[serde(default, rename = "detailed_metric")]
-    _detailed_metric: bool,
+    _detailed_metric: Option<IgnoredAny>,
     #[serde(default, rename = "value_to_metric")]
-    _value_to_metric: bool,
+    _value_to_metric: Option<IgnoredAny>,
     #[serde(default, rename = "metadata")]
-    _metadata: Option<serde_yaml_ng::Value>,
+    _metadata: Option<IgnoredAny>,
+    #[serde(default, rename = "domain")]
+    _domain: Option<IgnoredAny>,
+    #[serde(default, rename = "unit")]
+    _unit: Option<IgnoredAny>,
+    #[serde(default, rename = "requests_per_unit")]
+    _requests_per_unit: Option<IgnoredAny>,
+    #[serde(default, rename = "unlimited")]
+    _unlimited: Option<IgnoredAny>,
+    #[serde(default, rename = "name")]
+    _name: Option<IgnoredAny>,
+    #[serde(default, rename = "replaces")]
+    _replaces: Option<IgnoredAny>,
+    #[serde(default, rename = "algorithm")]
+    _algorithm: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     requests_per_unit: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     unit: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     unlimited: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     replaces: Vec<RawReplace>,
     /// leasegate's extension: `fixed_window` (the default),
     /// `token_bucket` or `sliding_window`.
+    #[serde(default, deserialize_with = "nullable")]
     algorithm: Option<String>,
+    #[serde(default, rename = "domain")]
+    _domain: Option<IgnoredAny>,
+    #[serde(default, rename = "key")]
+    _key: Option<IgnoredAny>,
+    #[serde(default, rename = "value")]
+    _value: Option<IgnoredAny>,
+    #[serde(default, rename = "rate_limit")]
+    _rate_limit: Option<IgnoredAny>,
+    #[serde(default, rename = "descriptors")]
+    _descriptors: Option<IgnoredAny>,
+    #[serde(default, rename = "shadow_mode")]
+    _shadow_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "quota_mode")]
+    _quota_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "share_threshold")]
+    _share_threshold: Option<IgnoredAny>,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplace {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     name: String,
+    #[serde(default, rename = "domain")]
+    _domain: Option<IgnoredAny>,
+    #[serde(default, rename = "key")]
+    _key: Option<IgnoredAny>,
+    #[serde(default, rename = "value")]
+    _value: Option<IgnoredAny>,
+    #[serde(default, rename = "rate_limit")]
+    _rate_limit: Option<IgnoredAny>,
+    #[serde(default, rename = "descriptors")]
+    _descriptors: Option<IgnoredAny>,
+    #[serde(default, rename = "unit")]
+    _unit: Option<IgnoredAny>,
+    #[serde(default, rename = "requests_per_unit")]
+    _requests_per_unit: Option<IgnoredAny>,
+    #[serde(default, rename = "unlimited")]
+    _unlimited: Option<IgnoredAny>,
+    #[serde(default, rename = "shadow_mode")]
+    _shadow_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "replaces")]
+    _replaces: Option<IgnoredAny>,
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "quota_mode")]
+    _quota_mode: Option<IgnoredAny>,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: Option<IgnoredAny>,
+    #[serde(default, rename = "share_threshold")]
+    _share_threshold: Option<IgnoredAny>,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<IgnoredAny>,
+    #[serde(default, rename = "algorithm")]
+    _algorithm: Option<IgnoredAny>,
+}
+
+/// A value that may be an explicit null: read as the default.
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Parses one file's text into `rules` (one domain).
@@ -403,6 +521,24 @@ impl Compiler<'_> {
                 Algorithm::FixedWindow
             }
         };
+        // The scripts keep token-bucket and sliding-window state as
+        // `count × period_ms` in doubles, exact only below 2^53.
+        let period_ms = unit.map_or(1_000, |u| u.seconds() * 1_000);
+        if algorithm != Algorithm::FixedWindow
+            && u128::from(r.requests_per_unit) * u128::from(period_ms) > u128::from(crate::quota::MAX_UNITS)
+        {
+            self.problem(
+                &format!("{at}.requests_per_unit"),
+                Some(&format!("requests_per_unit: {}", r.requests_per_unit)),
+                format!(
+                    "{} per {} is too large for {}: requests_per_unit × the unit in ms must stay below 2^53 (use fixed_window or a shorter unit)",
+                    r.requests_per_unit,
+                    r.unit,
+                    algorithm.as_str()
+                ),
+            );
+            ok = false;
+        }
         ok.then(|| {
             Arc::new(RlsLimit {
                 full_key: flags.full_key,
@@ -526,8 +662,25 @@ mod tests {
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
         );
         assert!(p[0].starts_with("ratelimit.yaml:6"), "{p:?}");
+        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n      algorithm: token_bucket\n");
+        assert!(
+            p[0].starts_with("ratelimit.yaml:6: descriptors[0].rate_limit.requests_per_unit"),
+            "{p:?}"
+        );
+        assert!(parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n").is_ok());
         let p = problems("domain: [\n");
         assert!(p[0].starts_with("ratelimit.yaml:"), "{p:?}");
+    }
+
+    #[test]
+    fn accepts_what_envoyproxy_ratelimit_accepts() {
+        // Keys of its flat list in other places, explicit nulls.
+        let rules = parse(
+            "domain: d\ndescriptors:\n  - key: k\n    value:\n    name: ignored\n    descriptors:\n    rate_limit:\n      unit: second\n      requests_per_unit: 3\n      shadow_mode: true\n      replaces:\n",
+        )
+        .unwrap();
+        let l = rules.domains["d"].any["k"].limit.clone().unwrap();
+        assert_eq!((l.requests_per_unit, l.shadow_mode), (3, false));
     }
 
     #[test]
