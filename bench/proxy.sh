@@ -1,29 +1,53 @@
 #!/usr/bin/env bash
-# Proxy throughput and latency: direct to an nginx upstream, nginx as reverse
-# proxy, leasegate as reverse proxy (same route, no limits), and leasegate
-# with one rate limit on every request (never exceeded: the cost of the
-# decision), alternating in one run. The proxy under test is pinned to CPU 0; the upstream and wrk
-# share CPU 1, so both proxies get exactly one core.
+# leasegate against nginx on one core, like with like, alternating in one
+# run (issue #12's table):
 #
-#   bench/proxy.sh [seconds per run] [rounds] [connections]
+#   proxy            nginx reverse proxy            vs leasegate proxy + one limit every request passes
+#                    (both without access log)
+#   proxy + log      nginx, default access_log      vs leasegate, JSON access log (stdout)
+#                    to a file                          to a file
+#   429              nginx limit_req (serving a     vs leasegate, a limit that refuses every
+#                    file, limit_req_status 429)        request (full headers, problem+json)
+#   h2 over TLS      nginx https http2 proxy        vs leasegate https proxy + one limit
+#                    (h2load)                           (h2load)
 #
-# Installs wrk and nginx from the system packages if missing (needs root).
-# Prints a markdown table of medians: requests/s and p99 latency.
+# and the upstream directly, for scale. The proxy under test is pinned to
+# CPU 0 (nginx: one worker; leasegate: workers = 1); the upstream (nginx)
+# and the load (wrk -t1, or h2load -t1) share CPU 1.
+#
+#   bench/proxy.sh [seconds per run] [rounds] [connections] [out dir]
+#
+# Reports, per target: requests/s and p99 (median and min-max over the
+# rounds), the proxy's CPU per request, and leasegate ÷ nginx per pair
+# (the ratio of each round, median and min-max), as markdown tables, and
+# draws them into OUT/proxy.png (python3 with matplotlib, installed with
+# pip if missing). Installs wrk, nginx and h2load (nghttp2-client) from the
+# system packages if missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
 
 DURATION=${1:-8}
-ROUNDS=${2:-3}
-CONNS=${3:-50}
-UP_PORT=18081 NGINX_PORT=18082 LG_PORT=18083 LG_ADMIN=18084 LGL_PORT=18085 LGL_ADMIN=18086
+ROUNDS=${2:-5}
+CONNS=${3:-32}
+OUT=${4:-bench/out}
+UP_PORT=18081
+declare -A PORT=(
+  [nginx]=18082 [leasegate]=18083
+  [nginx-log]=18084 [leasegate-log]=18085
+  [nginx-429]=18086 [leasegate-429]=18087
+  [nginx-h2]=18088 [leasegate-h2]=18089
+)
+ADMIN_BASE=18190
 
-need_tools wrk:wrk nginx:nginx curl:curl
+need_tools wrk:wrk nginx:nginx curl:curl h2load:nghttp2-client taskset:util-linux
 if [ "$(nproc)" -lt 2 ]; then
   echo "bench/proxy.sh needs at least 2 CPUs (proxy on one, load and upstream on the other)" >&2
   exit 1
 fi
-cargo build --release --quiet
+python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
+cargo build --release --quiet --bin leasegate
+mkdir -p "$OUT"
 
 work=$(mktemp -d)
 pids=()
@@ -34,13 +58,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-nginx_conf() { # name body
+nginx_conf() { # name http-body
   mkdir -p "$work/$1/logs"
   cat > "$work/$1/nginx.conf" <<CONF
 worker_processes 1;
 daemon off;
 pid $work/$1/nginx.pid;
-error_log $work/$1/logs/error.log warn;
+error_log $work/$1/logs/error.log crit;
 events { worker_connections 4096; }
 http {
   access_log off;
@@ -54,28 +78,51 @@ http {
 }
 CONF
 }
+start_nginx() { # name cpu
+  taskset -c "$2" nginx -p "$work/$1" -c "$work/$1/nginx.conf" &
+  pids+=($!)
+  PID[$1]=$!
+}
+declare -A PID
 
-# The upstream: a fixed 200 with keep-alive.
-nginx_conf upstream "server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } }"
-taskset -c 1 nginx -p "$work/upstream" -c "$work/upstream/nginx.conf" & pids+=($!)
-
-# nginx as reverse proxy, keep-alive to the upstream, forwarding headers set.
-nginx_conf proxy "upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }
-  server { listen 127.0.0.1:$NGINX_PORT;
-    location / { proxy_pass http://backend; proxy_http_version 1.1;
+PROXY_LOCATION="location / { proxy_pass http://backend; proxy_http_version 1.1;
       proxy_set_header Connection \"\";
       proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme; } }"
-taskset -c 0 nginx -p "$work/proxy" -c "$work/proxy/nginx.conf" & pids+=($!); NGINX_MASTER=$!
+      proxy_set_header X-Forwarded-Proto \$scheme; }"
+UPSTREAM_BLOCK="upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }"
 
-# leasegate as reverse proxy, one worker.
-cat > "$work/gateway.toml" <<CONF
+# The upstream: a fixed 200 with keep-alive, on CPU 1.
+nginx_conf upstream "server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } }"
+start_nginx upstream 1
+
+nginx_conf nginx "$UPSTREAM_BLOCK
+  server { listen 127.0.0.1:${PORT[nginx]}; $PROXY_LOCATION }"
+nginx_conf nginx-log "$UPSTREAM_BLOCK
+  access_log $work/nginx-log/access.log;
+  server { listen 127.0.0.1:${PORT[nginx-log]}; $PROXY_LOCATION }"
+mkdir -p "$work/www" && echo ok > "$work/www/index.html"
+nginx_conf nginx-429 "limit_req_zone \$server_name zone=one:1m rate=1r/m;
+  server { listen 127.0.0.1:${PORT[nginx-429]};
+    location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }"
+nginx_conf nginx-h2 "$UPSTREAM_BLOCK
+  server { listen 127.0.0.1:${PORT[nginx-h2]} ssl http2;
+    ssl_certificate $PWD/certs/dev.crt; ssl_certificate_key $PWD/certs/dev.key;
+    $PROXY_LOCATION }"
+for n in nginx nginx-log nginx-429 nginx-h2; do start_nginx "$n" 0; done
+
+# leasegate NAME LISTENER-LINE ACCESS-LOG LIMIT-RATE
+leasegate() {
+  local name=$1 admin=$((ADMIN_BASE + ${#pids[@]}))
+  cat > "$work/$name.toml" <<CONF
 [gateway]
 workers = 1
-access_log = "off"                # nginx runs with access_log off too
+access_log = "$3"
 [listeners]
-http = "127.0.0.1:$LG_PORT"
-admin = "127.0.0.1:$LG_ADMIN"
+$2
+admin = "127.0.0.1:$admin"
+[tls]
+cert = "$PWD/certs/dev.crt"
+key = "$PWD/certs/dev.key"
 [[upstreams]]
 name = "backend"
 targets = ["http://127.0.0.1:$UP_PORT"]
@@ -83,70 +130,149 @@ targets = ["http://127.0.0.1:$UP_PORT"]
 name = "all"
 path_prefix = "/"
 upstream = "backend"
-CONF
-LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/gateway.toml" & pids+=($!); LG_PID=$!
-
-# The same, with one limit every request passes (one hot key).
-sed -e "s/$LG_PORT/$LGL_PORT/; s/$LG_ADMIN/$LGL_ADMIN/" "$work/gateway.toml" > "$work/limited.toml"
-cat >> "$work/limited.toml" <<CONF
-limits = ["big"]
+limits = ["one"]
 [[limits]]
-name = "big"
-rate = "100000000/s"
+name = "one"
+rate = "$4"
+by = ["route"]
 CONF
-LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/limited.toml" & pids+=($!); LGL_PID=$!
+  LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/$name.toml" \
+    > "$work/$name.access.log" &
+  pids+=($!)
+  PID[$name]=$!
+}
+PASS="100000000/s"
+leasegate leasegate "http = \"127.0.0.1:${PORT[leasegate]}\"" off "$PASS"
+leasegate leasegate-log "http = \"127.0.0.1:${PORT[leasegate-log]}\"" json "$PASS"
+leasegate leasegate-429 "http = \"127.0.0.1:${PORT[leasegate-429]}\"" off "1/h"
+leasegate leasegate-h2 "https = \"127.0.0.1:${PORT[leasegate-h2]}\"" off "$PASS"
 
-for port in $UP_PORT $NGINX_PORT $LG_PORT $LGL_PORT; do
-  for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
-  curl -fsS -o /dev/null "http://127.0.0.1:$port/" || { echo "port $port is not answering" >&2; exit 1; }
+for n in upstream nginx leasegate nginx-log leasegate-log nginx-429 leasegate-429; do
+  port=${PORT[$n]:-$UP_PORT}
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
+done
+for n in nginx-h2 leasegate-h2; do
+  for _ in $(seq 100); do curl -sk -o /dev/null --http2 "https://127.0.0.1:${PORT[$n]}/" && break; sleep 0.1; done
 done
 
-# CPU ticks (user+system) used so far by the given pids and their children.
+# CPU ticks (user+system) used so far by a pid and its children.
 ticks() {
-  local t=0 p
-  for p in "$@"; do
-    for q in $p $(pgrep -P "$p" || true); do
-      [ -r "/proc/$q/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$q/stat")))
-    done
+  local t=0 q
+  for q in $1 $(pgrep -P "$1" || true); do
+    [ -r "/proc/$q/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$q/stat")))
   done
   echo $t
 }
 HZ=$(getconf CLK_TCK)
 
-run() { # port [proxy pid] -> "rps p99_ms cpu_us_per_request"
-  local before after
-  before=$(ticks ${2:-})
-  taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$1/" > "$work/wrk.out"
-  after=$(ticks ${2:-})
-  local rps p99 reqs cpu=-
-  rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
-  p99=$(wrk_p99_ms "$work/wrk.out")
-  reqs=$(awk '/requests in/ {print $1}' "$work/wrk.out")
-  if [ -n "${2:-}" ]; then cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}'); fi
-  if grep -q "Non-2xx" "$work/wrk.out"; then echo "non-2xx responses from port $1" >&2; cat "$work/wrk.out" >&2; exit 1; fi
+# run NAME -> "rps p99_ms cpu_us_per_request"
+run() {
+  local name=$1 before after rps p99 reqs cpu="-"
+  local pid=${PID[$name]:-}
+  [ -n "$pid" ] && before=$(ticks "$pid")
+  case $name in
+    *-h2)
+      taskset -c 1 h2load -t1 -c"$CONNS" -m10 -D"$DURATION" "https://127.0.0.1:${PORT[$name]}/" > "$work/load.out" 2>&1
+      rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' "$work/load.out")
+      reqs=$(awk '/^requests:/ {print $6}' "$work/load.out")
+      # h2load has no percentiles: the mean + 3 sd of its request times stands in.
+      p99=$(awk 'function ms(v) { if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
+                                 if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
+                                 if (v ~ /s$/) return substr(v, 1, length(v) - 1) * 1000
+                                 return v + 0 }
+        /^time for request:/ {printf "%.2f", ms($6) + 3 * ms($7)}' "$work/load.out")
+      ;;
+    *)
+      local port=${PORT[$name]:-$UP_PORT}
+      taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$port/" > "$work/load.out"
+      rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/load.out")
+      p99=$(wrk_p99_ms "$work/load.out")
+      reqs=$(awk '/requests in/ {print $1}' "$work/load.out")
+      case $name in
+        *-429) grep -q "Non-2xx" "$work/load.out" || { echo "$name: expected 429s" >&2; cat "$work/load.out" >&2; exit 1; } ;;
+        *) if grep -q "Non-2xx" "$work/load.out"; then echo "$name: non-2xx answers" >&2; cat "$work/load.out" >&2; exit 1; fi ;;
+      esac
+      ;;
+  esac
+  if [ -n "$pid" ]; then
+    after=$(ticks "$pid")
+    cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+  fi
   echo "$rps $p99 $cpu"
 }
 
-declare -A RPS P99 CPU
-names=(direct nginx leasegate leasegate+limit)
-declare -A PORT=([direct]=$UP_PORT [nginx]=$NGINX_PORT [leasegate]=$LG_PORT [leasegate+limit]=$LGL_PORT)
-declare -A PID=([direct]="" [nginx]=$NGINX_MASTER [leasegate]=$LG_PID [leasegate+limit]=$LGL_PID)
-for n in "${names[@]}"; do run "${PORT[$n]}" >/dev/null; done   # warm-up
+names=(upstream nginx leasegate nginx-log leasegate-log nginx-429 leasegate-429 nginx-h2 leasegate-h2)
+for n in "${names[@]}"; do run "$n" >/dev/null; done   # warm-up
+: > "$work/rows"
 for r in $(seq "$ROUNDS"); do
-  for n in "${names[@]}"; do
-    read -r rps p99 cpu < <(run "${PORT[$n]}" "${PID[$n]}")
-    RPS[$n]+="$rps "; P99[$n]+="$p99 "; CPU[$n]+="$cpu "
-    echo "round $r $n: $rps req/s, p99 $p99 ms, proxy CPU $cpu us/request" >&2
+  # Alternate which side of each pair goes first.
+  order=("${names[@]}")
+  if [ $((r % 2)) -eq 0 ]; then
+    order=(upstream leasegate nginx leasegate-log nginx-log leasegate-429 nginx-429 leasegate-h2 nginx-h2)
+  fi
+  for n in "${order[@]}"; do
+    read -r rps p99 cpu < <(run "$n")
+    echo "$r $n $rps $p99 $cpu" >> "$work/rows"
+    echo "round $r $n: $rps req/s, p99 $p99 ms, CPU $cpu us/request" >&2
   done
 done
+cp "$work/rows" "$OUT/proxy.rows"
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# Tables and the plot, from the rows (round name rps p99 cpu).
+python3 - "$OUT" "$ROUNDS" "$DURATION" "$CONNS" <<'PY'
+import sys, statistics, collections
+out, rounds, duration, conns = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rows = [l.split() for l in open(f"{out}/proxy.rows")]
+by = collections.defaultdict(dict)
+for r, name, rps, p99, cpu in rows:
+    by[name][int(r)] = (float(rps), float(p99), None if cpu == "-" else float(cpu))
+def stat(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals: return "—"
+    m = statistics.median(vals)
+    return f"{m:,.2f} ({min(vals):,.2f}–{max(vals):,.2f})" if m < 100 else f"{m:,.0f} ({min(vals):,.0f}–{max(vals):,.0f})"
+print(f"\n| target | requests/s | p99 ms | proxy CPU µs/request |\n|---|---|---|---|")
+for name in by:
+    v = by[name].values()
+    print(f"| {name} | {stat([x[0] for x in v])} | {stat([x[1] for x in v])} | {stat([x[2] for x in v])} |")
+pairs = [("proxy, no access log", "nginx", "leasegate"),
+         ("proxy, access log", "nginx-log", "leasegate-log"),
+         ("429 path", "nginx-429", "leasegate-429"),
+         ("h2 over TLS (h2load)", "nginx-h2", "leasegate-h2")]
+print(f"\n| pair | leasegate ÷ nginx, requests/s | p99 leasegate vs nginx (ms, medians) |\n|---|---|---|")
+ratios = {}
+for label, n, l in pairs:
+    rs = [by[l][r][0] / by[n][r][0] for r in by[n] if r in by[l]]
+    ratios[label] = rs
+    p_l = statistics.median([x[1] for x in by[l].values()]); p_n = statistics.median([x[1] for x in by[n].values()])
+    print(f"| {label} | {statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}) | {p_l:.2f} vs {p_n:.2f} |")
+print(f"\n{rounds} rounds of {duration} s, {conns} connections; medians with min–max over the rounds.")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("(matplotlib missing: no plot)", file=sys.stderr); sys.exit(0)
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+labels = [p[0] for p in pairs]
+x = range(len(pairs))
+for i, (who, color) in enumerate([("nginx", "#888888"), ("leasegate", "#d9822b")]):
+    med, lo, hi = [], [], []
+    for label, n, l in pairs:
+        vals = [v[0] for v in by[n if who == "nginx" else l].values()]
+        m = statistics.median(vals); med.append(m); lo.append(m - min(vals)); hi.append(max(vals) - m)
+    ax1.bar([j + (i - 0.5) * 0.38 for j in x], med, 0.38, yerr=[lo, hi], capsize=4, label=who, color=color)
+ax1.set_xticks(list(x)); ax1.set_xticklabels(labels, rotation=12, fontsize=8)
+ax1.set_ylabel("requests/s (median, min–max)"); ax1.set_title("Throughput on one core"); ax1.legend()
+meds = [statistics.median(ratios[l]) for l in labels]
+errs = [[m - min(ratios[l]) for m, l in zip(meds, labels)], [max(ratios[l]) - m for m, l in zip(meds, labels)]]
+ax2.bar(list(x), meds, 0.5, yerr=errs, capsize=4, color=["#2b8a3e" if m >= 1 else "#c92a2a" for m in meds])
+ax2.axhline(1.0, color="black", linewidth=1)
+for j, m in zip(x, meds): ax2.text(j, m + 0.02, f"{m:.2f}×", ha="center", fontsize=9)
+ax2.set_xticks(list(x)); ax2.set_xticklabels(labels, rotation=12, fontsize=8)
+ax2.set_ylabel("leasegate ÷ nginx (per round)"); ax2.set_title("Ratio (1.0 = parity)")
+fig.tight_layout(); fig.savefig(f"{out}/proxy.png", dpi=110)
+print(f"plot: {out}/proxy.png", file=sys.stderr)
+PY
 echo
-echo "| target | requests/s (median of $ROUNDS) | p99 ms (median) | proxy CPU µs/request (median) |"
-echo "|---|---|---|---|"
-for n in "${names[@]}"; do
-  cpu=$( [ -n "${PID[$n]}" ] && echo "${CPU[$n]}" | median || echo "—")
-  echo "| $n | $(echo "${RPS[$n]}" | median) | $(echo "${P99[$n]}" | median) | $cpu |"
-done
-echo
-echo "wrk -t1 -c$CONNS -d${DURATION}s; proxies pinned to CPU 0, wrk and upstream to CPU 1; $(nproc) CPUs, $(uname -r)"
+echo "proxies pinned to CPU 0, load and upstream to CPU 1; $(nproc) CPUs, $(uname -r); $(nginx -v 2>&1)"
