@@ -268,19 +268,42 @@ async fn an_idle_bucket_is_abandoned() {
     let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
     let mut envoy = Envoy::connect(&gw).await;
     let acme = bucket(&[("tenant", "idle")]);
-    let first = envoy.report(&[(acme.clone(), 5, 0)], 0).await;
+    let other = bucket(&[("path", "/nothing-matches")]);
+    let first = envoy.report(&[(acme.clone(), 5, 0), (other.clone(), 1, 0)], 0).await;
     assert!(token_bucket(&first[&k(&acme)]).is_some());
-    let mut abandoned_after = None;
+    assert_eq!(blanket(&first[&k(&other)]), Some(BlanketRule::AllowAll));
+    let (mut acme_after, mut other_after) = (None, None);
     for i in 1..=10 {
         tokio::time::sleep(Duration::from_millis(1_000)).await;
-        let answer = envoy.report(&[(acme.clone(), 0, 0)], 1).await;
-        if matches!(answer[&k(&acme)], Action::AbandonAction(_)) {
-            abandoned_after = Some(i);
+        let mut usages = Vec::new();
+        if acme_after.is_none() {
+            usages.push((acme.clone(), 0, 0));
+        }
+        if other_after.is_none() {
+            usages.push((other.clone(), 0, 0));
+        }
+        let answer = envoy.report(&usages, 1).await;
+        if answer
+            .get(&k(&acme))
+            .is_some_and(|a| matches!(a, Action::AbandonAction(_)))
+        {
+            acme_after = Some(i);
+        }
+        if answer
+            .get(&k(&other))
+            .is_some_and(|a| matches!(a, Action::AbandonAction(_)))
+        {
+            other_after = Some(i);
+        }
+        if acme_after.is_some() && other_after.is_some() {
             break;
         }
     }
-    let after = abandoned_after.expect("abandoned within 10 idle reports");
+    let after = acme_after.expect("abandoned within 10 idle reports");
     assert!(after >= 6, "not before six idle intervals: {after}");
+    // An ALLOW_ALL bucket that goes idle is abandoned too.
+    let after = other_after.expect("the unmatched bucket abandoned within 10 idle reports");
+    assert!(after >= 6, "{after}");
     // Traffic again: a new bucket, a new assignment.
     let again = envoy.report(&[(acme.clone(), 3, 0)], 0).await;
     assert!(token_bucket(&again[&k(&acme)]).is_some());

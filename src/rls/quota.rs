@@ -108,6 +108,8 @@ struct StreamState {
     /// The longest gap seen between periodic reports: Envoy's
     /// `reporting_interval` for this stream, once two have come.
     interval_ms: Option<u64>,
+    /// `ALLOW_ALL` buckets that report no request, and since when.
+    allowed_idle_since: HashMap<Vec<(String, String)>, u64>,
 }
 
 /// The report interval assumed until a stream's own is seen: assignments
@@ -160,10 +162,15 @@ impl StreamState {
                 // reload) starts it as the new bucket Envoy will make.
                 _ => {
                     self.buckets.remove(&entries);
-                    Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-                        assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
-                        rate_limit_strategy: Some(blanket(BlanketRule::AllowAll)),
-                    }))
+                    let used = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
+                    if self.idle_allowed(entries, used, now, interval_ms) {
+                        Some(Action::AbandonAction(AbandonAction {}))
+                    } else {
+                        Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+                            assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
+                            rate_limit_strategy: Some(blanket(BlanketRule::AllowAll)),
+                        }))
+                    }
                 }
             };
             if let Some(action) = action {
@@ -174,6 +181,24 @@ impl StreamState {
             }
         }
         RateLimitQuotaResponse { bucket_action: actions }
+    }
+
+    /// Whether an `ALLOW_ALL` bucket has been idle for long enough to be
+    /// abandoned (then forgotten); tracks at most `MAX_BUCKETS_PER_STREAM`.
+    fn idle_allowed(&mut self, entries: Vec<(String, String)>, used: u64, now: u64, interval_ms: u64) -> bool {
+        if used > 0 {
+            self.allowed_idle_since.remove(&entries);
+            return false;
+        }
+        if !self.allowed_idle_since.contains_key(&entries) && self.allowed_idle_since.len() >= MAX_BUCKETS_PER_STREAM {
+            return false;
+        }
+        let since = *self.allowed_idle_since.entry(entries.clone()).or_insert(now);
+        if now.saturating_sub(since) >= IDLE_INTERVALS * interval_ms {
+            self.allowed_idle_since.remove(&entries);
+            return true;
+        }
+        false
     }
 
     /// The assignment for one matched bucket, paid to the store; `None`
