@@ -179,11 +179,12 @@ impl Coordinator {
             self.metrics.refused.inc();
             return Outcome::Refused;
         }
-        // The tokens last for what is left of the window they were asked in.
-        let ttl = self
-            .window_ms
-            .saturating_sub((self.clock)().saturating_sub(started))
-            .max(1);
+        let Some(ttl) = credit_ttl(window, self.window_ms, ask.spec.period_ms(), started, (self.clock)()) else {
+            // Granted too late to be spent: lost here, under-admission.
+            tracing::warn!(key = %ask.key, id, granted = answer.granted, "region: transfer landed after its window");
+            self.metrics.error.inc();
+            return Outcome::Error;
+        };
         match self.store.credit(&ask.key, id, answer.granted, ttl).await {
             Ok(_) => {
                 self.metrics.granted.inc();
@@ -211,6 +212,19 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// How long a grant may be spent, credited at `now_ms` (`None`: no
+/// longer). Never past the end of the aligned `window` it was granted for,
+/// and never past one period of the limit after the ask (`asked_ms`, before
+/// the primary took the tokens): by then the primary's own bucket has
+/// refilled what it gave, so credit still alive would be spent twice, once
+/// here and once there.
+pub fn credit_ttl(window: u64, window_ms: u64, period_ms: u64, asked_ms: u64, now_ms: u64) -> Option<u64> {
+    let window_end = window.saturating_add(1).saturating_mul(window_ms);
+    let period_end = asked_ms.saturating_add(period_ms);
+    let ttl = window_end.min(period_end).saturating_sub(now_ms);
+    (ttl > 0).then_some(ttl)
 }
 
 #[cfg(test)]
@@ -322,14 +336,23 @@ mod tests {
         addr.to_string()
     }
 
+    /// The window the tests' clock is in: 20 s windows, the clock at the
+    /// start of window 50.
+    const NOW: u64 = 1_000_000;
+    const W: u64 = 50;
+
     fn coordinator(region: Arc<Fake>, primary: String, timeout: Duration) -> Arc<Coordinator> {
+        coordinator_at(region, primary, timeout, NOW)
+    }
+
+    fn coordinator_at(region: Arc<Fake>, primary: String, timeout: Duration, now: u64) -> Arc<Coordinator> {
         Coordinator::new(
             "eu".into(),
             20_000,
             region,
             LinkClient::new(primary, timeout),
             metrics(),
-            Arc::new(|| 1_000_000),
+            Arc::new(move || now),
         )
     }
 
@@ -338,6 +361,67 @@ mod tests {
             key: "rl:{l:k}".into(),
             spec: spec(),
         }
+    }
+
+    fn ask_of(spec: Spec) -> Ask {
+        Ask {
+            key: "rl:{l:k}".into(),
+            spec,
+        }
+    }
+
+    #[test]
+    fn credit_lasts_to_the_end_of_its_window_and_at_most_one_period() {
+        // Asked and credited at the start of window 50 of 20 s, a 60 s limit:
+        // the whole window.
+        assert_eq!(credit_ttl(50, 20_000, 60_000, 1_000_000, 1_000_000), Some(20_000));
+        // Credited 15 s into the window: its last 5 s, not 20 s from now.
+        assert_eq!(credit_ttl(50, 20_000, 60_000, 1_014_000, 1_015_000), Some(5_000));
+        // A 1 s limit: one period after the ask, whatever the window.
+        assert_eq!(credit_ttl(50, 20_000, 1_000, 1_000_000, 1_000_300), Some(700));
+        // Past either end: nothing to credit.
+        assert_eq!(credit_ttl(50, 20_000, 1_000, 1_000_000, 1_001_000), None);
+        assert_eq!(credit_ttl(50, 20_000, 60_000, 1_000_000, 1_020_000), None);
+    }
+
+    #[tokio::test]
+    async fn a_limit_shorter_than_the_window_gets_credit_for_one_period_only() {
+        // 100/s with a 20 s window: credit living 20 s would be spent while
+        // the primary's bucket refills what it gave, 20 times over.
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        let fast = Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 100,
+                period: Duration::from_secs(1),
+            },
+            100,
+        )
+        .slice(Share::from_fraction(0.3).unwrap());
+        assert_eq!(c.rebalance(&ask_of(fast), W).await, Outcome::Granted(30));
+        let credits = region.credits.lock().unwrap().clone();
+        assert_eq!(credits.len(), 1);
+        assert_eq!(credits[0].2, 1_000, "one period of the limit, not the window");
+    }
+
+    #[tokio::test]
+    async fn credit_ends_with_the_aligned_window_it_was_granted_for() {
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        // 15 s into window 50.
+        let c = coordinator_at(region.clone(), link, Duration::from_secs(2), NOW + 15_000);
+        assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(300));
+        assert_eq!(region.credits.lock().unwrap()[0].2, 5_000);
     }
 
     #[tokio::test]
@@ -351,11 +435,11 @@ mod tests {
         let a = coordinator(region.clone(), link.clone(), Duration::from_secs(2));
         let b = coordinator(region.clone(), link, Duration::from_secs(2));
         // One more slice (300) of the primary's 500.
-        assert_eq!(a.rebalance(&ask(), 50).await, Outcome::Granted(300));
+        assert_eq!(a.rebalance(&ask(), W).await, Outcome::Granted(300));
         // Another gateway of the region, same key and window: not elected.
-        assert_eq!(b.rebalance(&ask(), 50).await, Outcome::NotElected);
+        assert_eq!(b.rebalance(&ask(), W).await, Outcome::NotElected);
         let credits = region.credits.lock().unwrap().clone();
-        let id = threshold::transfer_id("eu", "rl:{l:k}", 50);
+        let id = threshold::transfer_id("eu", "rl:{l:k}", W);
         assert_eq!(credits, vec![(id, 300, 20_000)]);
         assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
         assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
@@ -367,12 +451,12 @@ mod tests {
         let link = primary_link(primary.clone()).await;
         let region = Arc::new(Fake::default());
         let c = coordinator(region.clone(), link, Duration::from_secs(2));
-        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Refused);
+        assert_eq!(c.rebalance(&ask(), W).await, Outcome::Refused);
         assert_eq!(c.metrics.refused.get(), 1);
         assert!(region.credits.lock().unwrap().is_empty());
 
         region.claim_fails.store(true, Ordering::SeqCst);
-        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        assert_eq!(c.rebalance(&ask(), W + 1).await, Outcome::Error);
         assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
     }
 
@@ -387,9 +471,9 @@ mod tests {
         let link = primary_link(primary.clone()).await;
         let region = Arc::new(Fake::default());
         let c = coordinator(region.clone(), link, Duration::from_secs(2));
-        let id = threshold::transfer_id("eu", "rl:{l:k}", 9);
+        let id = threshold::transfer_id("eu", "rl:{l:k}", W);
         primary.transfers.lock().unwrap().insert(id, 120);
-        assert_eq!(c.rebalance(&ask(), 9).await, Outcome::Granted(120));
+        assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(120));
         assert_eq!(primary.takes.load(Ordering::SeqCst), 0);
         assert_eq!(primary.tokens.load(Ordering::SeqCst), 1_000);
     }
