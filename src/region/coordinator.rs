@@ -3,10 +3,13 @@
 //! window (a claim in the regional store), asks the primary over the link,
 //! and credits what it grants to the regional store.
 //!
-//! Nothing here runs in a request's await. A hung or refused link costs
-//! this task [`LINK_TIMEOUT`](super::link::LINK_TIMEOUT) per ask (at most
-//! [`IN_FLIGHT`] at once; more asks are dropped), and requests keep being
-//! decided against the region's own slice.
+//! Nothing here runs in a request's await. A failed exchange (timeout,
+//! refused connection, 5xx) is asked again with the same transfer id and
+//! [`BACKOFF`] until the window ends, so a grant that landed while its
+//! answer was lost is still credited; a hung link keeps at most
+//! [`IN_FLIGHT`] asks retrying (more are dropped), and requests keep being
+//! decided against the region's own slice. A transfer given up releases
+//! its claim.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,15 +22,16 @@ use tokio::sync::{mpsc, Semaphore};
 use super::link::LinkClient;
 use super::rebalancing::Ask;
 use super::threshold;
-use super::wire::TransferRequest;
+use super::wire::{TransferAnswer, TransferRequest};
 use crate::clock::Clock;
 use crate::store::QuotaStore;
 
 /// Transfers asked at once; asks beyond it are dropped (the key asks
 /// again on its next store call).
 pub const IN_FLIGHT: usize = 16;
-/// Attempts per transfer (the same id each time).
-const ATTEMPTS: usize = 2;
+/// Between attempts of one transfer (the same id each time): the first
+/// pause, doubled after each failure up to the second.
+pub const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(4));
 /// While the link is down, a probe this often finds it back.
 const PROBE_EVERY: Duration = Duration::from_secs(2);
 
@@ -64,6 +68,8 @@ pub struct Coordinator {
     /// Key → the last window this gateway handled it in: repeated asks of
     /// a hot key cost a map lookup, not a store call.
     asked: Mutex<HashMap<String, u64>>,
+    /// [`BACKOFF`], shorter in tests.
+    pub backoff: (Duration, Duration),
 }
 
 impl Coordinator {
@@ -86,6 +92,7 @@ impl Coordinator {
             clock,
             in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
             asked: Mutex::new(HashMap::new()),
+            backoff: BACKOFF,
         })
     }
 
@@ -143,7 +150,8 @@ impl Coordinator {
             Ok(false) => return Outcome::NotElected,
             Err(e) => {
                 // Without the regional store there is nothing to credit to.
-                tracing::debug!(key = %ask.key, error = %e, "region: claim failed");
+                tracing::warn!(key = %ask.key, error = %e, "region: claim failed");
+                self.metrics.error.inc();
                 self.forget(&ask.key);
                 return Outcome::Error;
             }
@@ -157,23 +165,16 @@ impl Coordinator {
             threshold::ask(&ask.spec),
             self.window_ms,
         );
-        let mut answer = None;
-        for attempt in 1..=ATTEMPTS {
-            match self.client.transfer(&request).await {
-                Ok(a) => {
-                    self.metrics.link_up.set(1);
-                    answer = Some(a);
-                    break;
-                }
-                Err(e) => {
-                    self.metrics.link_up.set(0);
-                    tracing::warn!(key = %ask.key, id, attempt, error = %e, "region: transfer failed");
-                }
-            }
-        }
-        let Some(answer) = answer else {
-            self.metrics.error.inc();
-            return Outcome::Error;
+        // Retries carry the same id, so a grant that landed on the primary
+        // while its answer was lost is answered again, never taken twice.
+        // Worth it while the grant could still be spent: until the end of
+        // the window (which comes before the primary forgets the id, two
+        // windows after it took the tokens).
+        let window_end = window.saturating_add(1).saturating_mul(self.window_ms);
+        let remembered = started.saturating_add(self.window_ms.saturating_mul(2));
+        let budget = Duration::from_millis(window_end.min(remembered).saturating_sub(started));
+        let Some(answer) = self.ask_primary(&request, &ask.key, budget).await else {
+            return self.give_up(ask, window).await;
         };
         if answer.granted == 0 {
             self.metrics.refused.inc();
@@ -192,12 +193,51 @@ impl Coordinator {
                 Outcome::Granted(answer.granted)
             }
             Err(e) => {
-                // Granted by the primary, lost here: under-admission, never over.
+                // Granted by the primary, not credited here (yet): the next
+                // ask of the key, here or on another gateway, retries the
+                // same id and gets the recorded grant to credit.
                 tracing::warn!(key = %ask.key, id, error = %e, "region: crediting a transfer failed");
-                self.metrics.error.inc();
-                Outcome::Error
+                self.give_up(ask, window).await
             }
         }
+    }
+
+    /// Asks the primary for `request`, again with backoff after a failure
+    /// worth retrying, for at most `budget`. `None`: no answer.
+    async fn ask_primary(&self, request: &TransferRequest, key: &str, budget: Duration) -> Option<TransferAnswer> {
+        let until = tokio::time::Instant::now() + budget;
+        let mut backoff = self.backoff.0;
+        for attempt in 1u32.. {
+            match self.client.transfer(request).await {
+                Ok(a) => {
+                    self.metrics.link_up.set(1);
+                    return Some(a);
+                }
+                Err(e) => {
+                    if e.is_transport() {
+                        self.metrics.link_up.set(0);
+                    }
+                    tracing::warn!(key, id = request.id, attempt, error = %e, "region: transfer failed");
+                    if !e.is_retryable() || tokio::time::Instant::now() + backoff >= until {
+                        return None;
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.backoff.1);
+        }
+        None
+    }
+
+    /// After an ask failed: counted, and the key's claim is released (here
+    /// and in the region), so its next ask is elected again.
+    async fn give_up(&self, ask: &Ask, window: u64) -> Outcome {
+        self.metrics.error.inc();
+        if let Err(e) = self.store.unclaim(&ask.key, window).await {
+            tracing::debug!(key = %ask.key, error = %e, "region: releasing the claim failed");
+        }
+        self.forget(&ask.key);
+        Outcome::Error
     }
 
     /// While the last exchange failed, probes the link every
@@ -246,6 +286,11 @@ mod tests {
         tokens: AtomicU64,
         takes: AtomicU64,
         claim_fails: AtomicBool,
+        unclaimed: Mutex<Vec<String>>,
+        /// The first this many transfer calls answer only after `slow_ms`
+        /// (the tokens are taken at once).
+        slow_calls: AtomicU64,
+        slow_ms: AtomicU64,
     }
 
     fn ready<'a, T: Send + 'a>(v: Result<T, StoreError>) -> BoxFuture<'a, Result<T, StoreError>> {
@@ -278,6 +323,12 @@ mod tests {
             c.push(key);
             ready(Ok(first))
         }
+        fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+            let key = format!("{key}:{window}");
+            self.claimed.lock().unwrap().retain(|k| *k != key);
+            self.unclaimed.lock().unwrap().push(key);
+            ready(Ok(()))
+        }
         fn credit<'a>(&'a self, _: &'a str, id: u64, tokens: u64, ttl: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
             self.credits.lock().unwrap().push((id, tokens, ttl));
             ready(Ok(tokens))
@@ -290,16 +341,29 @@ mod tests {
             want: u64,
             _: u64,
         ) -> BoxFuture<'a, Result<u64, StoreError>> {
-            let mut t = self.transfers.lock().unwrap();
-            if let Some(g) = t.get(&id) {
-                return ready(Ok(*g));
-            }
-            self.takes.fetch_add(1, Ordering::SeqCst);
-            let have = self.tokens.load(Ordering::SeqCst);
-            let g = have.min(want);
-            self.tokens.store(have - g, Ordering::SeqCst);
-            t.insert(id, g);
-            ready(Ok(g))
+            let g = {
+                let mut t = self.transfers.lock().unwrap();
+                match t.get(&id) {
+                    Some(g) => *g,
+                    None => {
+                        self.takes.fetch_add(1, Ordering::SeqCst);
+                        let have = self.tokens.load(Ordering::SeqCst);
+                        let g = have.min(want);
+                        self.tokens.store(have - g, Ordering::SeqCst);
+                        t.insert(id, g);
+                        g
+                    }
+                }
+            };
+            let slow = self
+                .slow_calls
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let delay = Duration::from_millis(if slow { self.slow_ms.load(Ordering::SeqCst) } else { 0 });
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                Ok(g)
+            })
         }
     }
 
@@ -346,14 +410,21 @@ mod tests {
     }
 
     fn coordinator_at(region: Arc<Fake>, primary: String, timeout: Duration, now: u64) -> Arc<Coordinator> {
-        Coordinator::new(
+        windowed(region, primary, timeout, 20_000, now)
+    }
+
+    /// With `window_ms` windows, the clock at `now`, short backoffs.
+    fn windowed(region: Arc<Fake>, primary: String, timeout: Duration, window_ms: u64, now: u64) -> Arc<Coordinator> {
+        let mut c = Coordinator::new(
             "eu".into(),
-            20_000,
+            window_ms,
             region,
             LinkClient::new(primary, timeout),
             metrics(),
             Arc::new(move || now),
-        )
+        );
+        Arc::get_mut(&mut c).unwrap().backoff = (Duration::from_millis(50), Duration::from_millis(100));
+        c
     }
 
     fn ask() -> Ask {
@@ -458,6 +529,46 @@ mod tests {
         region.claim_fails.store(true, Ordering::SeqCst);
         assert_eq!(c.rebalance(&ask(), W + 1).await, Outcome::Error);
         assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
+        assert_eq!(c.metrics.error.get(), 1, "a failed claim is an error");
+    }
+
+    #[tokio::test]
+    async fn a_slow_link_is_asked_again_with_the_same_id_until_the_landed_grant_is_credited() {
+        // The primary takes the tokens at once but its answers come after
+        // the client gave up, three times: the fourth attempt (same id)
+        // gets the recorded grant, which is credited; nothing moves twice.
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            slow_calls: AtomicU64::new(3),
+            slow_ms: AtomicU64::new(400),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_millis(150));
+        assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(300));
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 1);
+        assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
+        assert_eq!(region.credits.lock().unwrap().len(), 1);
+        assert_eq!((c.metrics.granted.get(), c.metrics.error.get()), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_failed_transfer_releases_the_claim_so_the_key_asks_again() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let region = Arc::new(Fake::default());
+        // 1 s windows, at the start of one: a second of retries.
+        let c = windowed(region.clone(), closed, Duration::from_millis(100), 1_000, NOW);
+        assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
+        let claim = format!("rl:{{l:k}}:{}", NOW / 1_000);
+        assert_eq!(*region.unclaimed.lock().unwrap(), vec![claim]);
+        // Elected again, here and in the region.
+        assert!(c.first_here("rl:{l:k}", NOW / 1_000));
+        assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
+        assert_eq!(c.metrics.error.get(), 2);
     }
 
     #[tokio::test]
@@ -485,12 +596,14 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().to_string()
         };
+        // 1 s windows, at the start of one: retried for a second at most.
         let region = Arc::new(Fake::default());
-        let c = coordinator(region.clone(), closed, Duration::from_millis(200));
-        assert_eq!(c.rebalance(&ask(), 1).await, Outcome::Error);
+        let c = windowed(region.clone(), closed, Duration::from_millis(200), 1_000, NOW);
+        assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
         assert_eq!((c.metrics.error.get(), c.metrics.link_up.get()), (1, 0));
 
-        // Hanging: accepts, never answers. Two attempts, each cut at the timeout.
+        // Hanging: accepts, never answers. Attempts cut at the timeout,
+        // again after a pause, until the window ends.
         let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = hang.local_addr().unwrap().to_string();
         let held = tokio::spawn(async move {
@@ -500,12 +613,12 @@ mod tests {
             }
         });
         let region = Arc::new(Fake::default());
-        let c = coordinator(region.clone(), addr, Duration::from_millis(200));
+        let c = windowed(region.clone(), addr, Duration::from_millis(200), 1_000, NOW);
         let started = std::time::Instant::now();
-        assert_eq!(c.rebalance(&ask(), 2).await, Outcome::Error);
+        assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
         let took = started.elapsed();
         assert!(
-            took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+            took >= Duration::from_millis(450) && took < Duration::from_secs(3),
             "{took:?}"
         );
         assert!(region.credits.lock().unwrap().is_empty());

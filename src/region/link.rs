@@ -23,9 +23,13 @@ use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSF
 use crate::quota::Share;
 use crate::store::QuotaStore;
 
-/// The longest a transfer (or a probe) may take, end to end. Far below the
-/// rebalance window and above a few ocean round trips.
-pub const LINK_TIMEOUT: Duration = Duration::from_millis(750);
+/// The longest a transfer (or a probe) may take, end to end: connect,
+/// request, the primary's store call and the answer. A background
+/// exchange, so far above a few ocean round trips on a congested path (a
+/// slow answer costs nothing; a timed-out one is retried), and at most a
+/// quarter of the shortest rebalance window
+/// ([`MIN_WINDOW_MS`](crate::region::MIN_WINDOW_MS)).
+pub const LINK_TIMEOUT: Duration = Duration::from_millis(2_500);
 
 /// What grants transfers: the primary's store and its slice.
 pub struct Grantor {
@@ -131,6 +135,21 @@ pub enum LinkError {
     Status(u16),
     #[error("unreadable answer: {0}")]
     Answer(String),
+}
+
+impl LinkError {
+    /// The link itself failed (no connection, no answer in time, a broken
+    /// exchange): what `leasegate_region_link_up` reports.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, LinkError::Timeout(_) | LinkError::Connect(_) | LinkError::Http(_))
+    }
+
+    /// Worth asking again with the same id: the link failed, or the
+    /// primary's store did (5xx). A 4xx or an unreadable answer would be the
+    /// same again.
+    pub fn is_retryable(&self) -> bool {
+        self.is_transport() || matches!(self, LinkError::Status(s) if *s >= 500)
+    }
 }
 
 /// The client side: asks the primary's link.

@@ -35,6 +35,11 @@ use coordinator::{Coordinator, LinkMetrics};
 use link::{Grantor, LinkClient, LINK_TIMEOUT};
 use rebalancing::{Ask, Rebalancing, ASK_QUEUE};
 
+/// The shortest `rebalance_window_ms` the config accepts: four times
+/// [`LINK_TIMEOUT`], so a transfer whose answer was lost has time to be
+/// asked again (same id) and credited within its window.
+pub const MIN_WINDOW_MS: u64 = 4 * LINK_TIMEOUT.as_millis() as u64;
+
 /// `[region]`, as this room uses it (built by the server from the config).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
