@@ -514,6 +514,9 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
         store.claim(key, 6, 60_000).await.unwrap(),
         "the next window is claimed anew"
     );
+    // A transfer given up releases its claim: the key is elected again.
+    store.unclaim(key, 5).await.unwrap();
+    assert!(store.claim(key, 5, 60_000).await.unwrap(), "claimed again");
 
     let window = Spec::new(
         Algorithm::SlidingWindow,
@@ -528,6 +531,21 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
     assert_eq!(store.transfer_out(k, &window, 8, 100, 60_000).await.unwrap(), 70);
     assert_eq!(store.transfer_out(k, &window, 9, 1, 60_000).await.unwrap(), 0);
+
+    // The fixed window (the RLS rules' algorithm) transfers alike.
+    let fixed = Spec::new(
+        Algorithm::FixedWindow,
+        Rate {
+            count: 50,
+            period: Duration::from_secs(3_600),
+        },
+        50,
+    );
+    let k = "rl:{fw:api}";
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 8, 100, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &fixed, 9, 1, 60_000).await.unwrap(), 0);
 }
 
 /// In process: what a region enforces for a key is the sub-bucket's share,

@@ -23,7 +23,7 @@ pub struct TransferRequest {
     pub region: String,
     /// The store key, `rl:{...}`.
     pub key: String,
-    /// `token_bucket` or `sliding_window`.
+    /// `token_bucket`, `sliding_window` or `fixed_window`.
     pub algorithm: String,
     /// The key's whole quota (before any region's slice): the primary
     /// takes its own slice of it, exactly as its own limiter does.
@@ -97,6 +97,9 @@ impl TransferRequest {
         let algorithm = match self.algorithm.as_str() {
             "token_bucket" => Algorithm::TokenBucket,
             "sliding_window" => Algorithm::SlidingWindow,
+            // The store transfers out of a fixed window too
+            // (TRANSFER_OUT_FIXED): the algorithm of the RLS rules.
+            "fixed_window" => Algorithm::FixedWindow,
             other => return Err(BadRequest::Algorithm(other.to_string())),
         };
         let ok = self.count >= 1
@@ -141,6 +144,24 @@ mod tests {
         assert_eq!(back, r);
         let primary = back.spec(Share::from_fraction(0.4).unwrap()).unwrap();
         assert_eq!(primary, whole().slice(Share::from_fraction(0.4).unwrap()));
+    }
+
+    #[test]
+    fn every_algorithm_the_store_transfers_out_of_crosses_the_link() {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+            let spec = Spec::new(
+                algorithm,
+                Rate {
+                    count: 100,
+                    period: Duration::from_secs(60),
+                },
+                100,
+            );
+            let r = TransferRequest::new(3, "eu", "rl:{api:k}", &spec, 10, 20_000);
+            assert_eq!(r.algorithm, algorithm.as_str());
+            let back = TransferRequest::parse(&serde_json::to_vec(&r).unwrap()).unwrap();
+            assert_eq!(back.spec(Share::WHOLE).unwrap(), spec, "{algorithm:?}");
+        }
     }
 
     #[test]
