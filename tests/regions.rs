@@ -467,6 +467,27 @@ async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_wha
     // The primary's slice is 300: 200 are left, whatever is asked.
     let (_, b) = post_transfer(link, &ask(42, 300)).await;
     assert_eq!(b["granted"], 200, "only what is left of the slice");
+    // The primary grants by its own limits: a request whose quota is not
+    // the primary's is refused and touches nothing (run with other
+    // parameters, the bucket script would have reset the empty bucket).
+    for (field, value) in [
+        ("capacity", serde_json::json!(1_000_000)),
+        ("count", serde_json::json!(QUOTA * 10)),
+        ("period_ms", serde_json::json!(1_000)),
+        ("algorithm", serde_json::json!("sliding_window")),
+        ("key", serde_json::json!("rl:{other:api}")),
+        ("key", serde_json::json!("rl:{rls:edge:k=v}")),
+    ] {
+        let mut forged = ask(50, 300);
+        forged[field] = value.clone();
+        let (s, a) = post_transfer(link, &forged).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{field}={value}: {a}");
+        assert!(a["error"].is_string(), "{a}");
+    }
+    // One hash tag, the whole key: nothing may follow it.
+    let mut beside = ask(51, 300);
+    beside["key"] = "rl:{global:api}:credit".into();
+    assert_eq!(post_transfer(link, &beside).await.0, StatusCode::BAD_REQUEST);
     let (_, c) = post_transfer(link, &ask(43, 300)).await;
     assert_eq!(c["granted"], 0, "nothing left: nothing granted");
     // And the primary's own clients find the bucket empty.

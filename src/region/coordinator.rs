@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::link::LinkClient;
+use super::link::{LinkClient, LinkError};
 use super::rebalancing::Ask;
 use super::threshold;
 use super::wire::{TransferAnswer, TransferRequest};
@@ -173,8 +173,23 @@ impl Coordinator {
         let window_end = window.saturating_add(1).saturating_mul(self.window_ms);
         let remembered = started.saturating_add(self.window_ms.saturating_mul(2));
         let budget = Duration::from_millis(window_end.min(remembered).saturating_sub(started));
-        let Some(answer) = self.ask_primary(&request, &ask.key, budget).await else {
-            return self.give_up(ask, window).await;
+        let answer = match self.ask_primary(&request, &ask.key, budget).await {
+            Ok(a) => a,
+            Err(LinkError::Refused(why)) => {
+                // The primary's limits differ from ours: asking again in
+                // this window gets the same answer, so the claim stays.
+                tracing::warn!(key = %ask.key, id, error = %why, "region: the primary refused the transfer");
+                self.metrics.refused.inc();
+                return Outcome::Refused;
+            }
+            Err(e) if !e.is_retryable() => {
+                // A 4xx or an unreadable answer: the same again on a new
+                // ask, so the claim stays for the window.
+                tracing::warn!(key = %ask.key, id, error = %e, "region: transfer given up");
+                self.metrics.error.inc();
+                return Outcome::Error;
+            }
+            Err(_) => return self.give_up(ask, window).await,
         };
         if answer.granted == 0 {
             self.metrics.refused.inc();
@@ -203,30 +218,39 @@ impl Coordinator {
     }
 
     /// Asks the primary for `request`, again with backoff after a failure
-    /// worth retrying, for at most `budget`. `None`: no answer.
-    async fn ask_primary(&self, request: &TransferRequest, key: &str, budget: Duration) -> Option<TransferAnswer> {
+    /// worth retrying, for at most `budget`; the last failure when none
+    /// answered.
+    async fn ask_primary(
+        &self,
+        request: &TransferRequest,
+        key: &str,
+        budget: Duration,
+    ) -> Result<TransferAnswer, LinkError> {
         let until = tokio::time::Instant::now() + budget;
         let mut backoff = self.backoff.0;
-        for attempt in 1u32.. {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
             match self.client.transfer(request).await {
                 Ok(a) => {
                     self.metrics.link_up.set(1);
-                    return Some(a);
+                    return Ok(a);
                 }
                 Err(e) => {
-                    if e.is_transport() {
-                        self.metrics.link_up.set(0);
+                    // Only the link itself failing says it is down.
+                    self.metrics.link_up.set(if e.is_transport() { 0 } else { 1 });
+                    if matches!(e, LinkError::Refused(_)) {
+                        return Err(e);
                     }
                     tracing::warn!(key, id = request.id, attempt, error = %e, "region: transfer failed");
                     if !e.is_retryable() || tokio::time::Instant::now() + backoff >= until {
-                        return None;
+                        return Err(e);
                     }
                 }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(self.backoff.1);
         }
-        None
     }
 
     /// After an ask failed: counted, and the key's claim is released (here
@@ -395,6 +419,17 @@ mod tests {
         let grantor = Arc::new(Grantor {
             store: primary,
             share: Share::from_fraction(0.5).unwrap(),
+            quotas: Arc::new(|limit: &str| {
+                let spec = match limit {
+                    "l" => spec().whole(),
+                    "fast" => fast().whole(),
+                    _ => return None,
+                };
+                Some(crate::region::LimitQuotas {
+                    specs: vec![spec],
+                    shards: 1,
+                })
+            }),
         });
         tokio::spawn(serve(listener, Some(grantor)));
         addr.to_string()
@@ -434,11 +469,21 @@ mod tests {
         }
     }
 
-    fn ask_of(spec: Spec) -> Ask {
-        Ask {
-            key: "rl:{l:k}".into(),
-            spec,
-        }
+    fn ask_of(key: &str, spec: Spec) -> Ask {
+        Ask { key: key.into(), spec }
+    }
+
+    /// A 100/s limit, sliced 0.3.
+    fn fast() -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            Rate {
+                count: 100,
+                period: Duration::from_secs(1),
+            },
+            100,
+        )
+        .slice(Share::from_fraction(0.3).unwrap())
     }
 
     #[test]
@@ -466,16 +511,10 @@ mod tests {
         let link = primary_link(primary.clone()).await;
         let region = Arc::new(Fake::default());
         let c = coordinator(region.clone(), link, Duration::from_secs(2));
-        let fast = Spec::new(
-            Algorithm::TokenBucket,
-            Rate {
-                count: 100,
-                period: Duration::from_secs(1),
-            },
-            100,
-        )
-        .slice(Share::from_fraction(0.3).unwrap());
-        assert_eq!(c.rebalance(&ask_of(fast), W).await, Outcome::Granted(30));
+        assert_eq!(
+            c.rebalance(&ask_of("rl:{fast:k}", fast()), W).await,
+            Outcome::Granted(30)
+        );
         let credits = region.credits.lock().unwrap().clone();
         assert_eq!(credits.len(), 1);
         assert_eq!(credits[0].2, 1_000, "one period of the limit, not the window");
@@ -530,6 +569,27 @@ mod tests {
         assert_eq!(c.rebalance(&ask(), W + 1).await, Outcome::Error);
         assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
         assert_eq!(c.metrics.error.get(), 1, "a failed claim is an error");
+    }
+
+    #[tokio::test]
+    async fn a_quota_the_primary_does_not_have_is_refused_and_takes_nothing() {
+        let primary = Arc::new(Fake {
+            tokens: AtomicU64::new(500),
+            ..Fake::default()
+        });
+        let link = primary_link(primary.clone()).await;
+        let region = Arc::new(Fake::default());
+        let c = coordinator(region.clone(), link, Duration::from_secs(2));
+        // Limit "l" is 1000/min at the primary; this region says 100/s.
+        assert_eq!(c.rebalance(&ask_of("rl:{l:k}", fast()), W).await, Outcome::Refused);
+        assert_eq!(c.rebalance(&ask_of("rl:{nope:k}", spec()), W).await, Outcome::Refused);
+        assert_eq!(primary.takes.load(Ordering::SeqCst), 0);
+        assert_eq!((c.metrics.refused.get(), c.metrics.error.get()), (2, 0));
+        assert_eq!(c.metrics.link_up.get(), 1, "the link works");
+        assert!(
+            region.unclaimed.lock().unwrap().is_empty(),
+            "the claim stays for the window"
+        );
     }
 
     #[tokio::test]

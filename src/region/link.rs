@@ -19,6 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::quotas::{resolve, Quotas};
 use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
 use crate::quota::Share;
 use crate::store::QuotaStore;
@@ -31,10 +32,12 @@ use crate::store::QuotaStore;
 /// ([`MIN_WINDOW_MS`](crate::region::MIN_WINDOW_MS)).
 pub const LINK_TIMEOUT: Duration = Duration::from_millis(2_500);
 
-/// What grants transfers: the primary's store and its slice.
+/// What grants transfers: the primary's store, its slice and its limits.
 pub struct Grantor {
     pub store: Arc<dyn QuotaStore>,
     pub share: Share,
+    /// The primary's own limits: a key's quota comes from here.
+    pub quotas: Quotas,
 }
 
 /// Serves the link until the task is dropped. `grantor`: `None` on a
@@ -94,9 +97,14 @@ async fn transfer(req: Request<Incoming>, g: &Grantor) -> Response<Full<Bytes>> 
         Ok(t) => t,
         Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
     };
-    let spec = match t.spec(g.share) {
+    // The primary's own quota of the key, never the request's: the
+    // transfer runs the primary's bucket script.
+    let spec = match resolve(&t, &g.quotas, g.share) {
         Ok(s) => s,
-        Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
+        Err(why) => {
+            tracing::warn!(region = %t.region, key = %t.key, error = %why, "region transfer refused");
+            return reply(StatusCode::UNPROCESSABLE_ENTITY, error_json(&why.to_string()));
+        }
     };
     // Never more than a whole slice in one transfer; the script grants no
     // more than the bucket holds.
@@ -133,6 +141,10 @@ pub enum LinkError {
     Http(#[from] hyper::Error),
     #[error("the peer answered {0}")]
     Status(u16),
+    /// The primary understood the request and will not grant it (its
+    /// limits differ): the same again on a retry.
+    #[error("the primary refused: {0}")]
+    Refused(String),
     #[error("unreadable answer: {0}")]
     Answer(String),
 }
@@ -170,6 +182,13 @@ impl LinkClient {
     pub async fn transfer(&self, t: &TransferRequest) -> Result<TransferAnswer, LinkError> {
         let body = serde_json::to_vec(t).map_err(|e| LinkError::Answer(e.to_string()))?;
         let (status, body) = self.exchange(Method::POST, TRANSFER_PATH, body).await?;
+        if status == StatusCode::UNPROCESSABLE_ENTITY {
+            let why = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or_default();
+            return Err(LinkError::Refused(why));
+        }
         if status != StatusCode::OK {
             return Err(LinkError::Status(status.as_u16()));
         }

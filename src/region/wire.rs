@@ -26,7 +26,8 @@ pub struct TransferRequest {
     /// `token_bucket`, `sliding_window` or `fixed_window`.
     pub algorithm: String,
     /// The key's whole quota (before any region's slice): the primary
-    /// takes its own slice of it, exactly as its own limiter does.
+    /// checks it against its own limit for the key and refuses a
+    /// difference ([`super::quotas::resolve`]); it never runs on it.
     pub count: u64,
     pub period_ms: u64,
     pub capacity: u64,
@@ -60,6 +61,23 @@ pub enum BadRequest {
     Window,
 }
 
+/// The limit a store key belongs to: `rl:{<limit>}` or
+/// `rl:{<limit>:<parts>}`, the whole key one hash tag, nothing after the
+/// closing brace and no brace inside (part values never hold one), at most
+/// 1 KiB; the limit named as the config names limits.
+pub fn key_limit(key: &str) -> Option<&str> {
+    if key.len() > 1024 {
+        return None;
+    }
+    let inner = key.strip_prefix("rl:{")?.strip_suffix('}')?;
+    if inner.contains(['{', '}']) {
+        return None;
+    }
+    let limit = inner.split(':').next()?;
+    let named = !limit.is_empty() && limit.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    named.then_some(limit)
+}
+
 impl TransferRequest {
     /// A request for `want` tokens of `key`, whose quota here is `spec`.
     pub fn new(id: u64, region: &str, key: &str, spec: &Spec, want: u64, window_ms: u64) -> TransferRequest {
@@ -81,7 +99,7 @@ impl TransferRequest {
     pub fn parse(body: &[u8]) -> Result<TransferRequest, BadRequest> {
         let r: TransferRequest = serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
         // The link touches rate-limit buckets only, never another key.
-        if !r.key.starts_with("rl:{") || !r.key.contains('}') || r.key.len() > 1024 {
+        if key_limit(&r.key).is_none() {
             return Err(BadRequest::Key(r.key));
         }
         if r.window_ms == 0 || r.window_ms > MAX_WINDOW_MS {
@@ -174,6 +192,25 @@ mod tests {
         };
         assert!(with(&|_| {}).is_ok());
         assert!(matches!(with(&|r| r.key = "config:x".into()), Err(BadRequest::Key(_))));
+        // One hash tag, the whole key: nothing after it, no brace inside.
+        for key in [
+            "rl:{api:k}x",
+            "rl:{api:k}:credit",
+            "rl:{api:k}}",
+            "rl:{api:{k}",
+            "rl:{}",
+            "rl:{:k}",
+            "rl:{a b:k}",
+            "rl:{api:k",
+        ] {
+            assert!(
+                matches!(with(&|r| r.key = key.into()), Err(BadRequest::Key(_))),
+                "{key}"
+            );
+        }
+        assert_eq!(key_limit("rl:{api:k:s03}"), Some("api"));
+        assert_eq!(key_limit("rl:{global}"), Some("global"));
+        assert_eq!(key_limit("rl:{rls:edge:k=v}"), Some("rls"));
         assert!(matches!(
             with(&|r| r.algorithm = "leaky".into()),
             Err(BadRequest::Algorithm(_))
