@@ -242,7 +242,9 @@ impl LinkClient {
         if status != StatusCode::OK {
             return Err(LinkError::Status(status.as_u16()));
         }
-        let a: TransferAnswer = serde_json::from_slice(&body).map_err(|e| LinkError::Answer(e.to_string()))?;
+        let mut a: TransferAnswer = serde_json::from_slice(&body).map_err(|e| LinkError::Answer(e.to_string()))?;
+        // Never credit more than was asked, whatever the peer says.
+        a.granted = a.granted.min(t.want);
         if a.id != t.id {
             return Err(LinkError::Answer(format!(
                 "answer for transfer {} instead of {}",
@@ -338,6 +340,45 @@ mod tests {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
         String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A peer that answers every connection with `body` (200).
+    async fn answering(body: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        addr.to_string()
+    }
+
+    #[tokio::test]
+    async fn the_client_credits_no_more_than_it_asked_and_reads_newer_answers() {
+        let spec = crate::quota::Spec::new(
+            crate::quota::Algorithm::TokenBucket,
+            crate::quota::Rate {
+                count: 100,
+                period: Duration::from_secs(60),
+            },
+            100,
+        );
+        let t = TransferRequest::new(7, "eu", "rl:{api:k}", &spec, 30, 20_000);
+        let peer = answering("{\"id\":7,\"granted\":5000,\"note\":\"from a newer primary\"}").await;
+        let a = LinkClient::new(peer, Duration::from_secs(1))
+            .transfer(&t)
+            .await
+            .unwrap();
+        assert_eq!(a, TransferAnswer { id: 7, granted: 30 });
     }
 
     #[tokio::test]

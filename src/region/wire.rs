@@ -39,8 +39,9 @@ pub struct TransferRequest {
 }
 
 /// The primary's answer: what it moved for this id (the same on a retry).
+/// Fields it may add later are ignored, so a newer primary still answers
+/// an older region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TransferAnswer {
     pub id: u64,
     pub granted: u64,
