@@ -81,8 +81,7 @@ impl Coordinator {
         metrics: LinkMetrics,
         clock: Clock,
     ) -> Arc<Coordinator> {
-        // Up until an exchange says otherwise.
-        metrics.link_up.set(1);
+        // Unknown (0) until the first probe, right at the start of `run`.
         Arc::new(Coordinator {
             region,
             window_ms: window_ms.max(1),
@@ -264,17 +263,32 @@ impl Coordinator {
         Outcome::Error
     }
 
-    /// While the last exchange failed, probes the link every
-    /// [`PROBE_EVERY`] so `link_up` comes back without waiting for a hot
-    /// key. A healthy link sees no probes.
+    /// Probes the link once at the start, so `link_up` says from the start
+    /// whether the primary answers; then, while the last exchange failed,
+    /// every [`PROBE_EVERY`] so it comes back without waiting for a hot
+    /// key. A healthy link sees no probes after the first.
     async fn probe_while_down(self: Arc<Self>) {
+        let up = reachable(&self.client.health().await);
+        self.metrics.link_up.set(i64::from(up));
+        if !up {
+            tracing::warn!("region: the primary's link does not answer");
+        }
         loop {
             tokio::time::sleep(PROBE_EVERY).await;
-            if self.metrics.link_up.get() == 0 && self.client.health().await.is_ok() {
+            if self.metrics.link_up.get() == 0 && reachable(&self.client.health().await) {
                 self.metrics.link_up.set(1);
                 tracing::info!("region: link to the primary is back");
             }
         }
+    }
+}
+
+/// Whether an exchange's outcome says the link works: anything but a
+/// transport failure (a peer that answers, even with an error, is there).
+fn reachable(r: &Result<(), LinkError>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(e) => !e.is_transport(),
     }
 }
 
@@ -683,6 +697,42 @@ mod tests {
         );
         assert!(region.credits.lock().unwrap().is_empty());
         held.abort();
+    }
+
+    #[tokio::test]
+    async fn link_up_comes_from_a_probe_at_the_start_and_only_transport_failures_lower_it() {
+        // Nothing listens: down from the start, before any ask.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let c = coordinator(Arc::new(Fake::default()), closed, Duration::from_millis(200));
+        c.metrics.link_up.set(1);
+        let (_tx, rx) = mpsc::channel(1);
+        let task = tokio::spawn(c.clone().run(rx));
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while c.metrics.link_up.get() != 0 {
+            assert!(std::time::Instant::now() < deadline, "the start probe never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        task.abort();
+
+        // A primary that answers: up from the start; a refusal (it
+        // answered) leaves it up.
+        let link = primary_link(Arc::new(Fake::default())).await;
+        let c = coordinator(Arc::new(Fake::default()), link, Duration::from_secs(2));
+        let (_tx, rx) = mpsc::channel(1);
+        let task = tokio::spawn(c.clone().run(rx));
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while c.metrics.link_up.get() != 1 {
+            assert!(std::time::Instant::now() < deadline, "the start probe never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(c.rebalance(&ask_of("rl:{nope:k}", spec()), W).await, Outcome::Refused);
+        assert_eq!(c.metrics.link_up.get(), 1);
+        task.abort();
+        assert!(reachable(&Err(LinkError::Status(503))));
+        assert!(!reachable(&Err(LinkError::Timeout(1))));
     }
 
     #[tokio::test]
