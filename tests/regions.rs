@@ -546,10 +546,17 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
 
     assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 10);
     assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 0, "credited once");
-    assert_eq!(store.credit(key, 2, 5, 300).await.unwrap(), 5);
-    // Transfer 2 ends first, so it is spent first.
+    // Transfer 2 ends first (2 s: room for a loaded box between the two
+    // calls), so it is spent first.
+    let ttl = Duration::from_millis(2_000);
+    let before = Instant::now();
+    assert_eq!(store.credit(key, 2, 5, ttl.as_millis() as u64).await.unwrap(), 5);
+    let credited = Instant::now();
     assert_eq!(store.spend_credit(key, 3).await.unwrap(), 3);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(before.elapsed() < ttl, "too slow to tell: {:?}", before.elapsed());
+    // Redis set the expiry before `credited`: wait past it by the clock,
+    // not by a guess of how long the calls take.
+    tokio::time::sleep_until((credited + ttl + Duration::from_millis(100)).into()).await;
     // Its last 2 tokens went with its window; transfer 1's 10 remain.
     assert_eq!(store.spend_credit(key, 100).await.unwrap(), 10);
     assert_eq!(store.spend_credit(key, 1).await.unwrap(), 0);
