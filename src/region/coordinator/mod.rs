@@ -179,12 +179,12 @@ impl Coordinator {
         );
         // Retries carry the same id, so a grant that landed on the primary
         // while its answer was lost is answered again, never taken twice.
-        // Worth it while the grant could still be spent: until the end of
-        // the window (which comes before the primary forgets the id, two
-        // windows after it took the tokens).
-        let window_end = window.saturating_add(1).saturating_mul(self.window_ms);
-        let remembered = started.saturating_add(self.window_ms.saturating_mul(2));
-        let budget = Duration::from_millis(window_end.min(remembered).saturating_sub(started));
+        // Worth it while the grant could still be credited (`credit_ttl`:
+        // until the end of the window, and one period of the limit), which
+        // is always before the primary forgets the id (two windows after it
+        // took the tokens).
+        let creditable = credit_ttl(window, self.window_ms, ask.spec.period_ms(), started, started).unwrap_or(0);
+        let budget = Duration::from_millis(creditable.min(self.window_ms.saturating_mul(2)));
         let answer = match self.ask_primary(&request, &ask.key, budget).await {
             Ok(a) => a,
             Err(LinkError::Refused(why)) => {

@@ -316,6 +316,24 @@ async fn a_slow_link_is_asked_again_with_the_same_id_until_the_landed_grant_is_c
 }
 
 #[tokio::test]
+async fn retries_stop_once_a_grant_could_no_longer_be_credited() {
+    // A 100/s limit: credit could live one second, so the transfer is not
+    // retried for the rest of the 20 s window.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let c = coordinator(Arc::new(Fake::default()), closed, Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    assert_eq!(c.rebalance(&ask_of("rl:{fast:k}", fast()), W).await, Outcome::Error);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_failed_transfer_releases_the_claim_so_the_key_asks_again() {
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
