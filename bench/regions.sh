@@ -201,7 +201,7 @@ done
 awk -v a="$total" -v s="$SURGE_RATE" -v el="$el" 'BEGIN {
   allowance = s + s * el / 60
   printf "\nGlobal admitted %d against the allowance %.0f (%.3f) during %.1f s of partition.\n", a, allowance, a / allowance, el }'
-echo "Transfer errors counted in eu-central: $(( $(metric 1 'leasegate_region_transfers_total{result="error"}') - errors0 )); link_up: eu-central $(metric 1 'leasegate_region_link_up{'), ap-south $(metric 2 'leasegate_region_link_up{')."
+echo "Transfers given up in eu-central (retried until their window ends, then counted error): $(( $(metric 1 'leasegate_region_transfers_total{result="error"}') - errors0 )); link_up: eu-central $(metric 1 'leasegate_region_link_up{'), ap-south $(metric 2 'leasegate_region_link_up{')."
 echo "Gateway 5xx answers: $(for i in 0 1 2; do curl -fsS "http://127.0.0.1:$(admin_port $i)/metrics" | awk '/^leasegate_requests_total\{.*status="5/ {n += $NF} END {printf "%d ", n + 0}'; done)(us-east eu-central ap-south)"
 kill -USR2 "$relay"
 echo

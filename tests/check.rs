@@ -610,6 +610,13 @@ fn region_problems_name_their_line_and_key() {
         "region.rebalance_window_ms",
         "out of range",
     );
+    // Shorter than four link timeouts: no time to retry a lost answer.
+    refused(
+        &region(&format!("{ok}rebalance_window_ms = 2000\n")),
+        23,
+        "region.rebalance_window_ms",
+        "2000 is out of range: use 10000 to 86400000",
+    );
     refused(
         &region(&format!("{ok}weight = 1\n")),
         23,

@@ -18,24 +18,67 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
+use super::quotas::{resolve, Quotas};
 use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
 use crate::quota::Share;
 use crate::store::QuotaStore;
 
-/// The longest a transfer (or a probe) may take, end to end. Far below the
-/// rebalance window and above a few ocean round trips.
-pub const LINK_TIMEOUT: Duration = Duration::from_millis(750);
+/// The longest a transfer (or a probe) may take, end to end: connect,
+/// request, the primary's store call and the answer. A background
+/// exchange, so far above a few ocean round trips on a congested path (a
+/// slow answer costs nothing; a timed-out one is retried), and at most a
+/// quarter of the shortest rebalance window
+/// ([`MIN_WINDOW_MS`](crate::region::MIN_WINDOW_MS)).
+pub const LINK_TIMEOUT: Duration = Duration::from_millis(2_500);
 
-/// What grants transfers: the primary's store and its slice.
+/// What grants transfers: the primary's store, its slice and its limits.
 pub struct Grantor {
     pub store: Arc<dyn QuotaStore>,
     pub share: Share,
+    /// The primary's own limits: a key's quota comes from here.
+    pub quotas: Quotas,
+}
+
+/// Connections the link serves at once; more are closed at once. The
+/// link carries at most a few transfers per key and window from each
+/// region, and probes while down.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The longest a request's body may take to arrive.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection lives: the client opens one per exchange.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How much of the gateway a peer of the link may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    pub connections: usize,
+    pub request_timeout: Duration,
+    pub connection_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            connections: MAX_CONNECTIONS,
+            request_timeout: REQUEST_TIMEOUT,
+            connection_timeout: CONNECTION_TIMEOUT,
+        }
+    }
 }
 
 /// Serves the link until the task is dropped. `grantor`: `None` on a
 /// region that is not the primary (it answers health only).
 pub async fn serve(listener: TcpListener, grantor: Option<Arc<Grantor>>) {
+    serve_with(listener, grantor, ServeLimits::default()).await;
+}
+
+/// [`serve`], within `limits`: a slow or crowding peer (the link has no
+/// authentication of its own) holds at most `limits.connections`, each for
+/// a bounded time.
+pub async fn serve_with(listener: TcpListener, grantor: Option<Arc<Grantor>>, limits: ServeLimits) {
+    let open = Arc::new(Semaphore::new(limits.connections));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -45,17 +88,25 @@ pub async fn serve(listener: TcpListener, grantor: Option<Arc<Grantor>>) {
                 continue;
             }
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "region link: too many connections, closing one");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let grantor = grantor.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| answer(req, grantor.clone()));
+            let service = service_fn(move |req| answer(req, grantor.clone(), limits.request_timeout));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(5))
+                .header_read_timeout(limits.request_timeout)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "region link connection ended");
+            match tokio::time::timeout(limits.connection_timeout, conn).await {
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "region link connection ended"),
+                Err(_) => tracing::debug!(%peer, "region link connection timed out"),
+                Ok(Ok(())) => {}
             }
+            drop(permit);
         });
     }
 }
@@ -70,29 +121,40 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-async fn answer(req: Request<Incoming>, grantor: Option<Arc<Grantor>>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    grantor: Option<Arc<Grantor>>,
+    request_timeout: Duration,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match (req.method(), req.uri().path()) {
         (&Method::GET, HEALTH_PATH) => reply(StatusCode::OK, "{}"),
         (&Method::POST, TRANSFER_PATH) => match grantor {
             None => reply(StatusCode::CONFLICT, "{\"error\":\"this region is not the primary\"}"),
-            Some(g) => transfer(req, &g).await,
+            Some(g) => transfer(req, &g, request_timeout).await,
         },
         _ => reply(StatusCode::NOT_FOUND, "{\"error\":\"no such link path\"}"),
     })
 }
 
-async fn transfer(req: Request<Incoming>, g: &Grantor) -> Response<Full<Bytes>> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "{\"error\":\"body too large\"}"),
+async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration) -> Response<Full<Bytes>> {
+    let read = Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(request_timeout, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "{\"error\":\"body too large\"}"),
+        Err(_) => return reply(StatusCode::REQUEST_TIMEOUT, "{\"error\":\"body too slow\"}"),
     };
     let t = match TransferRequest::parse(&body) {
         Ok(t) => t,
         Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
     };
-    let spec = match t.spec(g.share) {
+    // The primary's own quota of the key, never the request's: the
+    // transfer runs the primary's bucket script.
+    let spec = match resolve(&t, &g.quotas, g.share) {
         Ok(s) => s,
-        Err(e) => return reply(StatusCode::BAD_REQUEST, error_json(&e.to_string())),
+        Err(why) => {
+            tracing::warn!(region = %t.region, key = %t.key, error = %why, "region transfer refused");
+            return reply(StatusCode::UNPROCESSABLE_ENTITY, error_json(&why.to_string()));
+        }
     };
     // Never more than a whole slice in one transfer; the script grants no
     // more than the bucket holds.
@@ -129,8 +191,27 @@ pub enum LinkError {
     Http(#[from] hyper::Error),
     #[error("the peer answered {0}")]
     Status(u16),
+    /// The primary understood the request and will not grant it (its
+    /// limits differ): the same again on a retry.
+    #[error("the primary refused: {0}")]
+    Refused(String),
     #[error("unreadable answer: {0}")]
     Answer(String),
+}
+
+impl LinkError {
+    /// The link itself failed (no connection, no answer in time, a broken
+    /// exchange): what `leasegate_region_link_up` reports.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, LinkError::Timeout(_) | LinkError::Connect(_) | LinkError::Http(_))
+    }
+
+    /// Worth asking again with the same id: the link failed, or the
+    /// primary's store did (5xx). A 4xx or an unreadable answer would be the
+    /// same again.
+    pub fn is_retryable(&self) -> bool {
+        self.is_transport() || matches!(self, LinkError::Status(s) if *s >= 500)
+    }
 }
 
 /// The client side: asks the primary's link.
@@ -151,10 +232,19 @@ impl LinkClient {
     pub async fn transfer(&self, t: &TransferRequest) -> Result<TransferAnswer, LinkError> {
         let body = serde_json::to_vec(t).map_err(|e| LinkError::Answer(e.to_string()))?;
         let (status, body) = self.exchange(Method::POST, TRANSFER_PATH, body).await?;
+        if status == StatusCode::UNPROCESSABLE_ENTITY {
+            let why = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or_default();
+            return Err(LinkError::Refused(why));
+        }
         if status != StatusCode::OK {
             return Err(LinkError::Status(status.as_u16()));
         }
-        let a: TransferAnswer = serde_json::from_slice(&body).map_err(|e| LinkError::Answer(e.to_string()))?;
+        let mut a: TransferAnswer = serde_json::from_slice(&body).map_err(|e| LinkError::Answer(e.to_string()))?;
+        // Never credit more than was asked, whatever the peer says.
+        a.granted = a.granted.min(t.want);
         if a.id != t.id {
             return Err(LinkError::Answer(format!(
                 "answer for transfer {} instead of {}",
@@ -214,6 +304,122 @@ impl LinkClient {
                 Err(e) => Err(e.into()),
                 Ok(()) => work.await,
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn limits(connections: usize) -> ServeLimits {
+        ServeLimits {
+            connections,
+            request_timeout: Duration::from_millis(200),
+            connection_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// A primary's link granting nothing, on an ephemeral port.
+    async fn link(limits: ServeLimits) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let grantor = Arc::new(Grantor {
+            store: Arc::new(crate::store::memory::MemoryStore::new(100)),
+            share: Share::WHOLE,
+            quotas: Arc::new(|_: &str| None),
+        });
+        tokio::spawn(serve_with(listener, Some(grantor), limits));
+        addr
+    }
+
+    /// Everything the peer sends until it closes (or 5 s).
+    async fn read_all(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A peer that answers every connection with `body` (200).
+    async fn answering(body: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        addr.to_string()
+    }
+
+    #[tokio::test]
+    async fn the_client_credits_no_more_than_it_asked_and_reads_newer_answers() {
+        let spec = crate::quota::Spec::new(
+            crate::quota::Algorithm::TokenBucket,
+            crate::quota::Rate {
+                count: 100,
+                period: Duration::from_secs(60),
+            },
+            100,
+        );
+        let t = TransferRequest::new(7, "eu", "rl:{api:k}", &spec, 30, 20_000);
+        let peer = answering("{\"id\":7,\"granted\":5000,\"note\":\"from a newer primary\"}").await;
+        let a = LinkClient::new(peer, Duration::from_secs(1))
+            .transfer(&t)
+            .await
+            .unwrap();
+        assert_eq!(a, TransferAnswer { id: 7, granted: 30 });
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_comes_is_cut_at_the_request_timeout() {
+        let addr = link(limits(8)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /v1/transfer HTTP/1.1\r\nhost: l\r\ncontent-length: 100\r\n\r\n{")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let answer = read_all(&mut s).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_at_once() {
+        let addr = link(limits(2)).await;
+        let client = LinkClient::new(addr.to_string(), Duration::from_secs(1));
+        client.health().await.unwrap();
+        // Two idle connections hold the link's two places ...
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ... so a third is closed without an answer.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let _ = third.write_all(b"GET /v1/health HTTP/1.1\r\nhost: l\r\n\r\n").await;
+        assert_eq!(read_all(&mut third).await, "");
+        assert!(client.health().await.is_err());
+        // Closed, they free their places (idle ones would be cut at the
+        // request timeout).
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while client.health().await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the link never took a connection again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod coordinator;
 pub mod link;
+pub mod quotas;
 pub mod rebalancing;
 pub mod threshold;
 pub mod wire;
@@ -33,7 +34,13 @@ use crate::quota::Share;
 use crate::store::QuotaStore;
 use coordinator::{Coordinator, LinkMetrics};
 use link::{Grantor, LinkClient, LINK_TIMEOUT};
+pub use quotas::{LimitQuotas, Quotas};
 use rebalancing::{Ask, Rebalancing, ASK_QUEUE};
+
+/// The shortest `rebalance_window_ms` the config accepts: four times
+/// [`LINK_TIMEOUT`], so a transfer whose answer was lost has time to be
+/// asked again (same id) and credited within its window.
+pub const MIN_WINDOW_MS: u64 = 4 * LINK_TIMEOUT.as_millis() as u64;
 
 /// `[region]`, as this room uses it (built by the server from the config).
 #[derive(Debug, Clone, PartialEq)]
@@ -77,13 +84,21 @@ impl Region {
     }
 
     /// Serves the link on `listener` and, with a primary, runs the
-    /// coordinator; on the caller's runtime. `store`: the guarded store.
-    pub fn start(self, listener: tokio::net::TcpListener, store: Arc<dyn QuotaStore>, metrics: &Metrics) {
+    /// coordinator; on the caller's runtime. `store`: the guarded store;
+    /// `quotas`: this gateway's limits, which the primary grants by.
+    pub fn start(
+        self,
+        listener: tokio::net::TcpListener,
+        store: Arc<dyn QuotaStore>,
+        quotas: Quotas,
+        metrics: &Metrics,
+    ) {
         let s = self.settings;
         let grantor = s.primary.is_none().then(|| {
             Arc::new(Grantor {
                 store: store.clone(),
                 share: s.share,
+                quotas,
             })
         });
         tokio::spawn(link::serve(listener, grantor));

@@ -110,6 +110,10 @@ impl QuotaStore for Rebalancing {
     fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.inner.claim(key, window, ttl_ms)
     }
+
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.unclaim(key, window)
+    }
 }
 
 #[cfg(test)]

@@ -23,10 +23,11 @@ pub struct TransferRequest {
     pub region: String,
     /// The store key, `rl:{...}`.
     pub key: String,
-    /// `token_bucket` or `sliding_window`.
+    /// `token_bucket`, `sliding_window` or `fixed_window`.
     pub algorithm: String,
     /// The key's whole quota (before any region's slice): the primary
-    /// takes its own slice of it, exactly as its own limiter does.
+    /// checks it against its own limit for the key and refuses a
+    /// difference ([`super::quotas::resolve`]); it never runs on it.
     pub count: u64,
     pub period_ms: u64,
     pub capacity: u64,
@@ -38,8 +39,9 @@ pub struct TransferRequest {
 }
 
 /// The primary's answer: what it moved for this id (the same on a retry).
+/// Fields it may add later are ignored, so a newer primary still answers
+/// an older region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TransferAnswer {
     pub id: u64,
     pub granted: u64,
@@ -58,6 +60,23 @@ pub enum BadRequest {
     Quota,
     #[error("window_ms out of range (1 to {MAX_WINDOW_MS})")]
     Window,
+}
+
+/// The limit a store key belongs to: `rl:{<limit>}` or
+/// `rl:{<limit>:<parts>}`, the whole key one hash tag, nothing after the
+/// closing brace and no brace inside (part values never hold one), at most
+/// 1 KiB; the limit named as the config names limits.
+pub fn key_limit(key: &str) -> Option<&str> {
+    if key.len() > 1024 {
+        return None;
+    }
+    let inner = key.strip_prefix("rl:{")?.strip_suffix('}')?;
+    if inner.contains(['{', '}']) {
+        return None;
+    }
+    let limit = inner.split(':').next()?;
+    let named = !limit.is_empty() && limit.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    named.then_some(limit)
 }
 
 impl TransferRequest {
@@ -81,7 +100,7 @@ impl TransferRequest {
     pub fn parse(body: &[u8]) -> Result<TransferRequest, BadRequest> {
         let r: TransferRequest = serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
         // The link touches rate-limit buckets only, never another key.
-        if !r.key.starts_with("rl:{") || !r.key.contains('}') || r.key.len() > 1024 {
+        if key_limit(&r.key).is_none() {
             return Err(BadRequest::Key(r.key));
         }
         if r.window_ms == 0 || r.window_ms > MAX_WINDOW_MS {
@@ -97,6 +116,9 @@ impl TransferRequest {
         let algorithm = match self.algorithm.as_str() {
             "token_bucket" => Algorithm::TokenBucket,
             "sliding_window" => Algorithm::SlidingWindow,
+            // The store transfers out of a fixed window too
+            // (TRANSFER_OUT_FIXED): the algorithm of the RLS rules.
+            "fixed_window" => Algorithm::FixedWindow,
             other => return Err(BadRequest::Algorithm(other.to_string())),
         };
         let ok = self.count >= 1
@@ -144,6 +166,24 @@ mod tests {
     }
 
     #[test]
+    fn every_algorithm_the_store_transfers_out_of_crosses_the_link() {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+            let spec = Spec::new(
+                algorithm,
+                Rate {
+                    count: 100,
+                    period: Duration::from_secs(60),
+                },
+                100,
+            );
+            let r = TransferRequest::new(3, "eu", "rl:{api:k}", &spec, 10, 20_000);
+            assert_eq!(r.algorithm, algorithm.as_str());
+            let back = TransferRequest::parse(&serde_json::to_vec(&r).unwrap()).unwrap();
+            assert_eq!(back.spec(Share::WHOLE).unwrap(), spec, "{algorithm:?}");
+        }
+    }
+
+    #[test]
     fn the_link_refuses_what_is_not_a_bucket_transfer() {
         let ok = TransferRequest::new(1, "eu", "rl:{api:k}", &whole(), 5, 1_000);
         let with = |f: &dyn Fn(&mut TransferRequest)| {
@@ -153,6 +193,25 @@ mod tests {
         };
         assert!(with(&|_| {}).is_ok());
         assert!(matches!(with(&|r| r.key = "config:x".into()), Err(BadRequest::Key(_))));
+        // One hash tag, the whole key: nothing after it, no brace inside.
+        for key in [
+            "rl:{api:k}x",
+            "rl:{api:k}:credit",
+            "rl:{api:k}}",
+            "rl:{api:{k}",
+            "rl:{}",
+            "rl:{:k}",
+            "rl:{a b:k}",
+            "rl:{api:k",
+        ] {
+            assert!(
+                matches!(with(&|r| r.key = key.into()), Err(BadRequest::Key(_))),
+                "{key}"
+            );
+        }
+        assert_eq!(key_limit("rl:{api:k:s03}"), Some("api"));
+        assert_eq!(key_limit("rl:{global}"), Some("global"));
+        assert_eq!(key_limit("rl:{rls:edge:k=v}"), Some("rls"));
         assert!(matches!(
             with(&|r| r.algorithm = "leaky".into()),
             Err(BadRequest::Algorithm(_))

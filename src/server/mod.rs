@@ -109,6 +109,20 @@ fn region_settings(r: &crate::config::Region) -> crate::region::Settings {
     }
 }
 
+/// Limit `name` of `config` as the primary grants transfers by it: its
+/// quota and its plans' (whole, before the slice), and its sub-buckets. The
+/// config in force, so a reload that changes a limit changes what the
+/// primary accepts with it.
+fn limit_quotas(config: &Config, name: &str) -> Option<crate::region::LimitQuotas> {
+    let limit = config.limits.iter().find(|l| l.name == name)?;
+    let mut specs = vec![limit.spec()];
+    specs.extend(limit.plans.iter().map(|(plan, _)| limit.spec_for(Some(plan))));
+    Some(crate::region::LimitQuotas {
+        specs,
+        shards: limit.shards,
+    })
+}
+
 /// The quota store the config asks for, behind the guard (deadline,
 /// breaker, store metrics), with `[region]`'s credit and rebalance signal
 /// inside the guard. Returns at once even if Redis is down.
@@ -247,7 +261,9 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         if let (Some(region), Some(link)) = (region, link) {
             let listener = TcpListener::from_std(link).map_err(ServeError::Runtime)?;
             announce("link", &listener);
-            region.start(listener, region_store, &shared.gateway.metrics);
+            let gateway = shared.gateway.clone();
+            let quotas: crate::region::Quotas = Arc::new(move |name: &str| limit_quotas(&gateway.config(), name));
+            region.start(listener, region_store, quotas, &shared.gateway.metrics);
         }
         if let Some(admin) = admin {
             let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;

@@ -284,6 +284,11 @@ impl QuotaStore for Guarded {
         Box::pin(self.core.deadline_only(call))
     }
 
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let call = self.core.inner.unclaim(key, window);
+        Box::pin(self.core.deadline_only(call))
+    }
+
     /// The inner store's ping under the deadline; the breaker is left alone.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let core = &self.core;

@@ -102,6 +102,13 @@ pub trait QuotaStore: Send + Sync + 'static {
         unsupported()
     }
 
+    /// Drops `key`'s rebalance claim for `window`, so that the region's
+    /// next ask for the key is elected again (the asker gave up).
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (key, window);
+        unsupported()
+    }
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.

@@ -54,11 +54,13 @@ pub(super) fn region(c: &mut Check, r: &Spanned<raw::Region>) -> Option<Region> 
         },
     };
     let rebalance_at = in_range(c, &r.rebalance_at, "region.rebalance_at", 0.000_001, 1.0, 0.8);
+    // At least four link timeouts: a transfer whose answer was lost is
+    // asked again, and credited, within its window.
     let window = in_range(
         c,
         &r.rebalance_window_ms,
         "region.rebalance_window_ms",
-        1,
+        crate::region::MIN_WINDOW_MS,
         86_400_000,
         20_000,
     );
@@ -199,6 +201,26 @@ mod tests {
                 "[region]\nname = \"a\"\nshare = 0.5\nlink = \"127.0.0.1:1\"\nprimary = \"{ok}\"\n"
             ));
             assert!(p.is_empty(), "{ok}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn a_window_is_at_least_four_link_timeouts() {
+        let min = crate::region::MIN_WINDOW_MS;
+        assert!(u128::from(min) >= 4 * crate::region::link::LINK_TIMEOUT.as_millis());
+        let at = |ms: u64| {
+            problems(&format!(
+                "[region]\nname = \"a\"\nshare = 0.5\nlink = \"127.0.0.1:1\"\nrebalance_window_ms = {ms}\n"
+            ))
+        };
+        for bad in [1, 1_000, min - 1] {
+            assert!(
+                at(bad).iter().any(|(_, k, _)| k == "region.rebalance_window_ms"),
+                "{bad}"
+            );
+        }
+        for ok in [min, 20_000, 86_400_000] {
+            assert!(at(ok).is_empty(), "{ok}: {:?}", at(ok));
         }
     }
 

@@ -88,6 +88,7 @@ static CREDIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../
 static SPEND_CREDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/region/spend_credit.lua")));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/claim.lua")));
+static UNCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/unclaim.lua")));
 
 /// A key beside a bucket, outside its braces: the same hash slot, so a
 /// script may touch both in a Redis Cluster.
@@ -535,6 +536,11 @@ impl QuotaStore for RedisStore {
             vec![ttl_ms.max(1)],
         );
         Box::pin(async move { call.await.map(|r| r[0] == 1) })
+    }
+
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let call = self.call_keys(&UNCLAIM, vec![beside(key, &format!("claim:{window}"))], vec![]);
+        Box::pin(async move { call.await.map(|_| ()) })
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
