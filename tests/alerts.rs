@@ -270,11 +270,19 @@ response = {{ status = 200, body = "ok" }}
         r#"leasegate_config_reloads_total{result="error"} 0"#,
         "leasegate_circuit_open 0",
         r#"leasegate_region_transfers_total{result="error"} 0"#,
-        r#"leasegate_region_link_up{region="eu-central"} 1"#,
     ] {
         assert!(
             scrape.lines().any(|l| l == series),
             "a fresh gateway lacks `{series}`:\n{scrape}"
         );
     }
+    // The link's gauge exists from the start: 1 before the start probe
+    // answers, 0 once it found the primary's (closed) port.
+    assert!(
+        scrape.lines().any(|l| {
+            l == r#"leasegate_region_link_up{region="eu-central"} 1"#
+                || l == r#"leasegate_region_link_up{region="eu-central"} 0"#
+        }),
+        "a fresh gateway lacks leasegate_region_link_up:\n{scrape}"
+    );
 }
