@@ -227,7 +227,7 @@ async fn a_fleet_on_one_redis_stays_within_the_quota_and_follows_demand() {
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
     let busy: f64 = rates.iter().skip(3).map(|(x, y)| x + y).sum::<f64>() / 4.0;
-    assert!(busy >= 50.0, "busy streams use the quota: {rates:?}");
+    assert!(busy >= 40.0, "busy streams use the quota: {rates:?}");
     // a goes idle; b stays busy: a's share flows to b within a few reports.
     let mut last = (0.0, 0.0);
     for round in 0..6 {
@@ -240,7 +240,7 @@ async fn a_fleet_on_one_redis_stays_within_the_quota_and_follows_demand() {
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
     assert!(last.0 <= 2.0, "the idle stream keeps the floor only: {last:?}");
-    assert!(last.1 >= 90.0, "the busy one has the rest: {last:?}");
+    assert!(last.1 >= 80.0, "the busy one has the rest: {last:?}");
 
     // A token bucket refills continuously, so two busy streams that report
     // at different moments each find part of it: both get a share.
