@@ -552,14 +552,17 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     let before = Instant::now();
     assert_eq!(store.credit(key, 2, 5, ttl.as_millis() as u64).await.unwrap(), 5);
     let credited = Instant::now();
-    assert_eq!(store.spend_credit(key, 3).await.unwrap(), 3);
+    // 3 of transfer 2's 5; what is left (2 + 10) is said too.
+    let spent = store.spend_credit(key, 3).await.unwrap();
+    assert_eq!((spent.spent, spent.left), (3, 12));
     assert!(before.elapsed() < ttl, "too slow to tell: {:?}", before.elapsed());
     // Redis set the expiry before `credited`: wait past it by the clock,
     // not by a guess of how long the calls take.
     tokio::time::sleep_until((credited + ttl + Duration::from_millis(100)).into()).await;
     // Its last 2 tokens went with its window; transfer 1's 10 remain.
-    assert_eq!(store.spend_credit(key, 100).await.unwrap(), 10);
-    assert_eq!(store.spend_credit(key, 1).await.unwrap(), 0);
+    let spent = store.spend_credit(key, 100).await.unwrap();
+    assert_eq!((spent.spent, spent.left), (10, 0));
+    assert_eq!(store.spend_credit(key, 1).await.unwrap().spent, 0);
 
     assert!(store.claim(key, 5, 60_000).await.unwrap(), "the first claim wins");
     assert!(!store.claim(key, 5, 60_000).await.unwrap(), "the second loses");

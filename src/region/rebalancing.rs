@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::threshold;
 use crate::quota::{Grant, Spec, Unspent};
-use crate::store::{BoxFuture, QuotaStore, StoreError};
+use crate::store::{BoxFuture, Credit, QuotaStore, StoreError};
 
 /// A key that crossed `rebalance_at` of its slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +53,17 @@ impl Rebalancing {
     }
 }
 
+/// The grant once credit was spent: what credit is left counts as what
+/// the key has left, so a key living on credit is not taken for drained
+/// (blocked locally, refused with a retry time) while credit remains.
+fn spent_credit(grant: &mut Grant, credit: Credit) {
+    grant.granted += credit.spent;
+    if credit.left > 0 {
+        grant.remaining = grant.remaining.max(credit.left);
+        grant.retry_after_ms = 0;
+    }
+}
+
 impl QuotaStore for Rebalancing {
     fn acquire<'a>(
         &'a self,
@@ -68,7 +79,7 @@ impl QuotaStore for Rebalancing {
                 // The slice is spent: tokens another region transferred
                 // come next. Their failure is not the acquire's.
                 match self.inner.spend_credit(key, want - grant.granted).await {
-                    Ok(extra) => grant.granted += extra,
+                    Ok(credit) => spent_credit(&mut grant, credit),
                     Err(e) => tracing::debug!(%key, error = %e, "spending region credit failed"),
                 }
             }
@@ -103,7 +114,7 @@ impl QuotaStore for Rebalancing {
         self.inner.credit(key, id, tokens, ttl_ms)
     }
 
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
         self.inner.spend_credit(key, want)
     }
 
@@ -147,11 +158,14 @@ mod tests {
         fn name(&self) -> &'static str {
             "test"
         }
-        fn spend_credit<'a>(&'a self, _: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        fn spend_credit<'a>(&'a self, _: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
             let have = self.credit.load(Ordering::Relaxed);
             let take = have.min(want);
             self.credit.store(have - take, Ordering::Relaxed);
-            Box::pin(std::future::ready(Ok(take)))
+            Box::pin(std::future::ready(Ok(Credit {
+                spent: take,
+                left: have - take,
+            })))
         }
     }
 
@@ -196,6 +210,9 @@ mod tests {
         let s = spec();
         let g = store.acquire("rl:{a:1}", &s, 12, Unspent::default()).await.unwrap();
         assert_eq!(g.granted, 12, "10 from the bucket and 2 of the credit");
+        // The bucket is empty but credit is left: the grant says so, so
+        // the limiter does not block the key as drained.
+        assert_eq!((g.remaining, g.retry_after_ms), (2, 0));
         let g = store.acquire("rl:{a:1}", &s, 5, Unspent::default()).await.unwrap();
         assert_eq!(g.granted, 2, "the rest of the credit, and no more");
         // The queue (1) is full from the first call: these return at once.

@@ -274,7 +274,7 @@ impl QuotaStore for Guarded {
         Box::pin(self.core.deadline_only(call))
     }
 
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<super::Credit, StoreError>> {
         let call = self.core.inner.spend_credit(key, want);
         Box::pin(self.core.deadline_only(call))
     }

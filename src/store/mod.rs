@@ -16,6 +16,14 @@ use std::pin::Pin;
 pub use crate::quota::Unspent;
 use crate::quota::{Grant, Spec};
 
+/// What spending a region's credit did: tokens spent, and unexpired
+/// tokens left after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Credit {
+    pub spent: u64,
+    pub left: u64,
+}
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,7 +97,7 @@ pub trait QuotaStore: Send + Sync + 'static {
     }
 
     /// Spends up to `want` tokens of `key`'s unexpired credit.
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
         let _ = (key, want);
         unsupported()
     }

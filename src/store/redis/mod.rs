@@ -524,9 +524,14 @@ impl QuotaStore for RedisStore {
         Box::pin(async move { call.await.map(|r| r[0]) })
     }
 
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<super::Credit, StoreError>> {
         let call = self.call_keys(&SPEND_CREDIT, vec![beside(key, "credit")], vec![want]);
-        Box::pin(async move { call.await.map(|r| r[0]) })
+        Box::pin(async move {
+            call.await.map(|r| super::Credit {
+                spent: r[0],
+                left: r[1],
+            })
+        })
     }
 
     fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
