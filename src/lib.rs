@@ -4,6 +4,7 @@
 //! validation) do no network I/O and take time as an argument; the I/O shells
 //! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
 
+pub mod accept;
 pub mod body;
 pub mod clock;
 pub mod config;

@@ -18,7 +18,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use super::quotas::{resolve, Quotas};
 use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
@@ -78,24 +77,9 @@ pub async fn serve(listener: TcpListener, grantor: Option<Arc<Grantor>>) {
 /// authentication of its own) holds at most `limits.connections`, each for
 /// a bounded time.
 pub async fn serve_with(listener: TcpListener, grantor: Option<Arc<Grantor>>, limits: ServeLimits) {
-    let open = Arc::new(Semaphore::new(limits.connections));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "region link: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "region link: too many connections, closing one");
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    crate::accept::serve_each(listener, "region link", limits.connections, move |stream, peer| {
         let grantor = grantor.clone();
-        tokio::spawn(async move {
+        async move {
             let service = service_fn(move |req| answer(req, grantor.clone(), limits.request_timeout));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -106,9 +90,9 @@ pub async fn serve_with(listener: TcpListener, grantor: Option<Arc<Grantor>>, li
                 Err(_) => tracing::debug!(%peer, "region link connection timed out"),
                 Ok(Ok(())) => {}
             }
-            drop(permit);
-        });
-    }
+        }
+    })
+    .await;
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -72,23 +72,9 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
         rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway.clone())),
         rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(gateway)),
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let (stream, _peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "rls accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!("rls connection refused: {MAX_CONNECTIONS} open");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    crate::accept::serve_each(listener, "rls", MAX_CONNECTIONS, move |stream, _peer| {
         let routes = routes.clone();
-        tokio::spawn(async move {
+        async move {
             // Envoys hold their connections for long: a peer that vanished
             // without a reset is found by the pings, and its streams end.
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -100,7 +86,7 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "rls connection ended");
             }
-            drop(slot);
-        });
-    }
+        }
+    })
+    .await;
 }

@@ -18,18 +18,13 @@ use tokio::net::TcpListener;
 use crate::body::Body;
 use crate::gateway::Gateway;
 
+/// Most admin connections at once (scrapers, health checks, operators).
+const MAX_CONNECTIONS: usize = 256;
+
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    crate::accept::serve_each(listener, "admin", MAX_CONNECTIONS, move |stream, _peer| {
         let gateway = gateway.clone();
-        tokio::spawn(async move {
+        async move {
             let service = service_fn(move |req| {
                 let resp = handle(&req, &gateway);
                 async move { Ok::<_, Infallible>(resp) }
@@ -39,8 +34,9 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
                 .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        });
-    }
+        }
+    })
+    .await;
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
