@@ -159,96 +159,33 @@ pub use files::{digest_of, fingerprint_of, load};
 
 // ---- the YAML, as envoyproxy/ratelimit reads it ----
 
-// envoyproxy/ratelimit checks every map's keys against one flat list
-// (below), then decodes leniently: a key of the list is accepted anywhere,
-// and meaningful only where it belongs. Each struct here names its own keys
-// and ignores the rest of the list, so `deny_unknown_fields` refuses
-// exactly what envoyproxy/ratelimit refuses, with the line. An explicit
-// null reads as the default, as in Go.
+// envoyproxy/ratelimit checks every map's keys against one flat list,
+// then decodes leniently: a key of the list is accepted in any map, and
+// meaningful only where it belongs. So one struct holds the whole list and
+// reads every map of the file (the file, a descriptor, a `rate_limit`, a
+// `replaces` entry): `deny_unknown_fields` then refuses exactly what
+// envoyproxy/ratelimit refuses, with the line. An explicit null reads as
+// the default, as in Go.
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawFile {
+struct RawMap {
     #[serde(default, deserialize_with = "nullable")]
     domain: String,
-    #[serde(default, deserialize_with = "nullable")]
-    descriptors: Vec<RawDescriptor>,
-    #[serde(default, rename = "key")]
-    _key: Option<IgnoredAny>,
-    #[serde(default, rename = "value")]
-    _value: Option<IgnoredAny>,
-    #[serde(default, rename = "rate_limit")]
-    _rate_limit: Option<IgnoredAny>,
-    #[serde(default, rename = "unit")]
-    _unit: Option<IgnoredAny>,
-    #[serde(default, rename = "requests_per_unit")]
-    _requests_per_unit: Option<IgnoredAny>,
-    #[serde(default, rename = "unlimited")]
-    _unlimited: Option<IgnoredAny>,
-    #[serde(default, rename = "shadow_mode")]
-    _shadow_mode: Option<IgnoredAny>,
-    #[serde(default, rename = "name")]
-    _name: Option<IgnoredAny>,
-    #[serde(default, rename = "replaces")]
-    _replaces: Option<IgnoredAny>,
-    #[serde(default, rename = "detailed_metric")]
-    _detailed_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "quota_mode")]
-    _quota_mode: Option<IgnoredAny>,
-    #[serde(default, rename = "value_to_metric")]
-    _value_to_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "share_threshold")]
-    _share_threshold: Option<IgnoredAny>,
-    #[serde(default, rename = "metadata")]
-    _metadata: Option<IgnoredAny>,
-    #[serde(default, rename = "algorithm")]
-    _algorithm: Option<IgnoredAny>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDescriptor {
     #[serde(default, deserialize_with = "nullable")]
     key: String,
     #[serde(default, deserialize_with = "nullable")]
     value: String,
     #[serde(default, deserialize_with = "nullable")]
-    rate_limit: Option<RawRateLimit>,
+    rate_limit: Option<Box<RawMap>>,
     #[serde(default, deserialize_with = "nullable")]
-    descriptors: Vec<RawDescriptor>,
+    descriptors: Vec<RawMap>,
     #[serde(default, deserialize_with = "nullable")]
     shadow_mode: bool,
     #[serde(default, deserialize_with = "nullable")]
     quota_mode: bool,
     #[serde(default, deserialize_with = "nullable")]
     share_threshold: bool,
-    /// Stats options of envoyproxy/ratelimit (and keys of the list that
-    /// belong elsewhere): accepted, no effect here.
-    #[serde(default, rename = "detailed_metric")]
-    _detailed_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "value_to_metric")]
-    _value_to_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "metadata")]
-    _metadata: Option<IgnoredAny>,
-    #[serde(default, rename = "domain")]
-    _domain: Option<IgnoredAny>,
-    #[serde(default, rename = "unit")]
-    _unit: Option<IgnoredAny>,
-    #[serde(default, rename = "requests_per_unit")]
-    _requests_per_unit: Option<IgnoredAny>,
-    #[serde(default, rename = "unlimited")]
-    _unlimited: Option<IgnoredAny>,
-    #[serde(default, rename = "name")]
-    _name: Option<IgnoredAny>,
-    #[serde(default, rename = "replaces")]
-    _replaces: Option<IgnoredAny>,
-    #[serde(default, rename = "algorithm")]
-    _algorithm: Option<IgnoredAny>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRateLimit {
     #[serde(default, deserialize_with = "nullable")]
     requests_per_unit: u32,
     #[serde(default, deserialize_with = "nullable")]
@@ -258,72 +195,18 @@ struct RawRateLimit {
     #[serde(default, deserialize_with = "nullable")]
     name: String,
     #[serde(default, deserialize_with = "nullable")]
-    replaces: Vec<RawReplace>,
+    replaces: Vec<RawMap>,
     /// leasegate's extension: `fixed_window` (the default),
     /// `token_bucket` or `sliding_window`.
     #[serde(default, deserialize_with = "nullable")]
     algorithm: Option<String>,
-    #[serde(default, rename = "domain")]
-    _domain: Option<IgnoredAny>,
-    #[serde(default, rename = "key")]
-    _key: Option<IgnoredAny>,
-    #[serde(default, rename = "value")]
-    _value: Option<IgnoredAny>,
-    #[serde(default, rename = "rate_limit")]
-    _rate_limit: Option<IgnoredAny>,
-    #[serde(default, rename = "descriptors")]
-    _descriptors: Option<IgnoredAny>,
-    #[serde(default, rename = "shadow_mode")]
-    _shadow_mode: Option<IgnoredAny>,
+    /// Stats options of envoyproxy/ratelimit: accepted, no effect here.
     #[serde(default, rename = "detailed_metric")]
     _detailed_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "quota_mode")]
-    _quota_mode: Option<IgnoredAny>,
     #[serde(default, rename = "value_to_metric")]
     _value_to_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "share_threshold")]
-    _share_threshold: Option<IgnoredAny>,
     #[serde(default, rename = "metadata")]
     _metadata: Option<IgnoredAny>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReplace {
-    #[serde(default, deserialize_with = "nullable")]
-    name: String,
-    #[serde(default, rename = "domain")]
-    _domain: Option<IgnoredAny>,
-    #[serde(default, rename = "key")]
-    _key: Option<IgnoredAny>,
-    #[serde(default, rename = "value")]
-    _value: Option<IgnoredAny>,
-    #[serde(default, rename = "rate_limit")]
-    _rate_limit: Option<IgnoredAny>,
-    #[serde(default, rename = "descriptors")]
-    _descriptors: Option<IgnoredAny>,
-    #[serde(default, rename = "unit")]
-    _unit: Option<IgnoredAny>,
-    #[serde(default, rename = "requests_per_unit")]
-    _requests_per_unit: Option<IgnoredAny>,
-    #[serde(default, rename = "unlimited")]
-    _unlimited: Option<IgnoredAny>,
-    #[serde(default, rename = "shadow_mode")]
-    _shadow_mode: Option<IgnoredAny>,
-    #[serde(default, rename = "replaces")]
-    _replaces: Option<IgnoredAny>,
-    #[serde(default, rename = "detailed_metric")]
-    _detailed_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "quota_mode")]
-    _quota_mode: Option<IgnoredAny>,
-    #[serde(default, rename = "value_to_metric")]
-    _value_to_metric: Option<IgnoredAny>,
-    #[serde(default, rename = "share_threshold")]
-    _share_threshold: Option<IgnoredAny>,
-    #[serde(default, rename = "metadata")]
-    _metadata: Option<IgnoredAny>,
-    #[serde(default, rename = "algorithm")]
-    _algorithm: Option<IgnoredAny>,
 }
 
 /// A value that may be an explicit null: read as the default.
@@ -337,7 +220,7 @@ where
 
 /// Parses one file's text into `rules` (one domain).
 pub fn parse_into(rules: &mut RlsRules, file: &str, text: &str) -> Result<(), Vec<Problem>> {
-    let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|e| {
+    let raw: RawMap = serde_yaml_ng::from_str(text).map_err(|e| {
         let (key, reason) = yaml_problem(&e.to_string());
         vec![Problem {
             file: file.to_string(),
@@ -415,7 +298,7 @@ impl Compiler<'_> {
         });
     }
 
-    fn level(&mut self, parent: &str, descriptors: Vec<RawDescriptor>, path: &str) -> Level {
+    fn level(&mut self, parent: &str, descriptors: Vec<RawMap>, path: &str) -> Level {
         let mut level = Level::default();
         for (i, d) in descriptors.into_iter().enumerate() {
             let at = format!("{path}[{i}]");
@@ -447,7 +330,7 @@ impl Compiler<'_> {
             let limit = d.rate_limit.and_then(|r| {
                 self.limit(
                     &format!("{at}.rate_limit"),
-                    r,
+                    *r,
                     RuleFlags {
                         full_key: full_key.clone(),
                         shadow_mode: d.shadow_mode,
@@ -469,7 +352,7 @@ impl Compiler<'_> {
         level
     }
 
-    fn limit(&mut self, at: &str, r: RawRateLimit, flags: RuleFlags) -> Option<Arc<RlsLimit>> {
+    fn limit(&mut self, at: &str, r: RawMap, flags: RuleFlags) -> Option<Arc<RlsLimit>> {
         let unit = Unit::parse(&r.unit);
         let mut ok = true;
         if r.unlimited && unit.is_some() {
