@@ -308,3 +308,48 @@ async fn an_idle_bucket_is_abandoned() {
     let again = envoy.report(&[(acme.clone(), 3, 0)], 0).await;
     assert!(token_bucket(&again[&k(&acme)]).is_some());
 }
+
+/// A client cannot grow a stream's state without bound, nor crash it with
+/// the numbers it reports: past 10 000 buckets new ones get ALLOW_ALL, and
+/// absurd counts and elapsed times still get an answer.
+#[tokio::test]
+async fn a_stream_holds_a_bounded_number_of_buckets_and_survives_absurd_reports() {
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let mut envoy = Envoy::connect(&gw).await;
+    let many: Vec<(BucketId, u64, u64)> = (0..10_001)
+        .map(|i| (bucket(&[("tenant", &format!("t{i}"))]), 1, 0))
+        .collect();
+    let answer = envoy.report(&many, 0).await;
+    assert_eq!(answer.len(), 10_001);
+    assert!(
+        token_bucket(&answer[&k(&many[9_999].0)]).is_some(),
+        "the 10 000th is tracked"
+    );
+    assert_eq!(
+        blanket(&answer[&k(&many[10_000].0)]),
+        Some(BlanketRule::AllowAll),
+        "the 10 001st is not"
+    );
+    // u64::MAX requests over i64::MAX seconds: answered, and the stream lives.
+    let reports = RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(many[0].0.clone()),
+            time_elapsed: Some(PbDuration {
+                seconds: i64::MAX,
+                nanos: 0,
+            }),
+            num_requests_allowed: u64::MAX,
+            num_requests_denied: u64::MAX,
+        }],
+    };
+    envoy.tx.send(reports).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(5), envoy.rx.message())
+        .await
+        .expect("an answer")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.bucket_action.len(), 1);
+    let again = envoy.report(&[(many[1].0.clone(), 1, 0)], 1).await;
+    assert!(token_bucket(&again[&k(&many[1].0)]).is_some());
+}

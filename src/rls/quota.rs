@@ -100,7 +100,7 @@ struct Bucket {
 #[derive(Default)]
 struct StreamState {
     domain: String,
-    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    buckets: HashMap<Entries, Bucket>,
     /// When the last periodic report came (one naming a bucket already
     /// known: Envoy reports a new bucket at once, then all of them on one
     /// timer).
@@ -109,7 +109,7 @@ struct StreamState {
     /// `reporting_interval` for this stream, once two have come.
     interval_ms: Option<u64>,
     /// `ALLOW_ALL` buckets that report no request, and since when.
-    allowed_idle_since: HashMap<Vec<(String, String)>, u64>,
+    allowed_idle_since: HashMap<Entries, u64>,
 }
 
 /// The report interval assumed until a stream's own is seen: assignments
@@ -129,11 +129,17 @@ impl StreamState {
             self.domain = reports.domain;
         }
         let now = gateway.limiter.now_ms();
-        let known = reports.bucket_quota_usages.iter().any(|u| {
-            u.bucket_id
-                .as_ref()
-                .is_some_and(|id| self.buckets.contains_key(&sorted(id)))
-        });
+        // Each bucket's entries sorted by key, once: the descriptor it is.
+        let usages: Vec<(BucketId, Entries, BucketQuotaUsage)> = reports
+            .bucket_quota_usages
+            .into_iter()
+            .filter_map(|mut u| {
+                let id = u.bucket_id.take()?;
+                let entries = sorted(&id);
+                Some((id, entries, u))
+            })
+            .collect();
+        let known = usages.iter().any(|(_, entries, _)| self.buckets.contains_key(entries));
         if known {
             if let Some(last) = self.last_periodic_ms {
                 let gap = now.saturating_sub(last).min(MAX_INTERVAL_SECS * 1_000);
@@ -144,10 +150,8 @@ impl StreamState {
         let interval_ms = self.interval_ms.unwrap_or(FIRST_INTERVAL_SECS * 1_000).max(1_000);
         let config = gateway.config();
         let domain = config.rls.as_ref().and_then(|r| r.rules.domains.get(&self.domain));
-        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
-        for usage in reports.bucket_quota_usages {
-            let Some(id) = usage.bucket_id.clone() else { continue };
-            let entries = sorted(&id);
+        let mut actions = Vec::with_capacity(usages.len());
+        for (id, entries, usage) in usages {
             let borrowed: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let matched = domain.and_then(|d| matcher::find(d, &borrowed));
             let room = self.buckets.len() < MAX_BUCKETS_PER_STREAM || self.buckets.contains_key(&entries);
@@ -185,7 +189,7 @@ impl StreamState {
 
     /// Whether an `ALLOW_ALL` bucket has been idle for long enough to be
     /// abandoned (then forgotten); tracks at most `MAX_BUCKETS_PER_STREAM`.
-    fn idle_allowed(&mut self, entries: Vec<(String, String)>, used: u64, now: u64, interval_ms: u64) -> bool {
+    fn idle_allowed(&mut self, entries: Entries, used: u64, now: u64, interval_ms: u64) -> bool {
         if used > 0 {
             self.allowed_idle_since.remove(&entries);
             return false;
@@ -207,7 +211,7 @@ impl StreamState {
     async fn assign(
         &mut self,
         gateway: &Arc<Gateway>,
-        entries: Vec<(String, String)>,
+        entries: Entries,
         usage: &BucketQuotaUsage,
         key: &str,
         spec: &Spec,
@@ -305,8 +309,11 @@ fn token_bucket(s: Refill) -> RateLimitStrategy {
 }
 
 /// A bucket id's entries sorted by key name: the descriptor it is matched as.
-fn sorted(id: &BucketId) -> Vec<(String, String)> {
-    let mut entries: Vec<(String, String)> = id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+type Entries = Vec<(String, String)>;
+
+/// `id`'s [`Entries`].
+fn sorted(id: &BucketId) -> Entries {
+    let mut entries: Entries = id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     entries.sort();
     entries
 }
