@@ -106,8 +106,7 @@ impl Limiter {
     /// Gives `unspent` tokens of `key` back to the store in the background,
     /// within the bound on releases in flight.
     pub fn give_back_later(self: &Arc<Self>, key: &str, spec: &Spec, unspent: Unspent) {
-        let lease = Arc::new(super::lease::Lease::new(key));
-        if let Some(r) = super::sweep::Release::new(&lease, *spec, unspent.tokens, unspent.window_ms) {
+        if let Some(r) = super::sweep::Release::of_key(Arc::from(key), *spec, unspent) {
             self.release_later(r);
         }
     }

@@ -8,6 +8,7 @@
 //! never takes a lock and never waits for the store.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The parameters of lease sizing, from `[leasing]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -124,7 +125,7 @@ pub struct Lease {
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
-    key: Box<str>,
+    key: Arc<str>,
 }
 
 /// What a refill brings.
@@ -140,7 +141,7 @@ pub struct Granted {
 impl Lease {
     pub fn new(key: &str) -> Lease {
         Lease {
-            key: Box::from(key),
+            key: Arc::from(key),
             ..Lease::default()
         }
     }
@@ -148,6 +149,11 @@ impl Lease {
     /// The store key this lease draws from.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The store key, shared (for tokens going back after the lease).
+    pub fn shared_key(&self) -> Arc<str> {
+        Arc::clone(&self.key)
     }
 
     /// Spends one token if one is at hand and the lease has not expired:

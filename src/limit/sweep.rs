@@ -23,9 +23,9 @@ pub const RELEASES_IN_FLIGHT: usize = 64;
 /// Background releases waiting or in flight at most; more are dropped.
 pub const MAX_PENDING_RELEASES: usize = 4_096;
 
-/// One lease's tokens on their way back.
+/// Tokens of a key on their way back.
 pub(super) struct Release {
-    pub lease: Arc<Lease>,
+    pub key: Arc<str>,
     pub spec: Spec,
     pub unspent: Unspent,
 }
@@ -33,12 +33,13 @@ pub(super) struct Release {
 impl Release {
     /// `tokens` of `lease`, counted in `window_ms`, going back under
     /// `spec`; none when there are no tokens.
-    pub fn new(lease: &Arc<Lease>, spec: Spec, tokens: u64, window_ms: u64) -> Option<Release> {
-        (tokens > 0).then(|| Release {
-            lease: lease.clone(),
-            spec,
-            unspent: Unspent { tokens, window_ms },
-        })
+    pub fn new(lease: &Lease, spec: Spec, tokens: u64, window_ms: u64) -> Option<Release> {
+        Release::of_key(lease.shared_key(), spec, Unspent { tokens, window_ms })
+    }
+
+    /// `unspent` tokens of `key` (one that no lease holds here).
+    pub fn of_key(key: Arc<str>, spec: Spec, unspent: Unspent) -> Option<Release> {
+        (unspent.tokens > 0).then_some(Release { key, spec, unspent })
     }
 
     /// Takes every token at hand of `lease`, if it has any and a spec.
@@ -77,7 +78,7 @@ impl Limiter {
         let releases = &self.releases;
         if releases.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RELEASES {
             releases.pending.fetch_sub(1, Ordering::AcqRel);
-            tracing::debug!(key = r.lease.key(), "too many releases pending; this one is dropped");
+            tracing::debug!(key = &*r.key, "too many releases pending; this one is dropped");
             return;
         }
         let (store, slots, pending) = (self.store.clone(), releases.slots.clone(), releases.pending.clone());
@@ -170,10 +171,10 @@ impl Limiter {
 
 /// One release; returns the tokens that went back.
 async fn release(store: &dyn QuotaStore, r: Release) -> u64 {
-    match store.release(r.lease.key(), &r.spec, r.unspent).await {
+    match store.release(&r.key, &r.spec, r.unspent).await {
         Ok(()) => r.unspent.tokens,
         Err(e) => {
-            tracing::debug!(key = r.lease.key(), error = %e, "releasing a lease failed");
+            tracing::debug!(key = &*r.key, error = %e, "releasing a lease failed");
             0
         }
     }
