@@ -9,6 +9,7 @@ use http::header::{self, HeaderValue};
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
+use crate::access_log;
 use crate::body::Body;
 use crate::config::{AccessLog, Config, Limit, Mode};
 use crate::connection::ConnInfo;
@@ -159,27 +160,44 @@ impl Gateway {
         let snapshot = self.snapshot.load_full();
         let started = std::time::Instant::now();
         let mut route = None;
-        let resp = if snapshot.config.gateway.access_log == AccessLog::Off {
-            self.serve(&snapshot, req, conn, None, &mut route).await
-        } else {
-            let method = req.method().clone();
-            let path = req.uri().path().to_string();
-            let mut record = Record::default();
-            let resp = self.serve(&snapshot, req, conn, Some(&mut record), &mut route).await;
-            tracing::info!(
-                target: "access",
-                request_id = resp.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or(""),
-                route = record.route.as_deref().unwrap_or("-"),
-                method = method.as_str(),
-                path = %path,
-                status = resp.status().as_u16(),
-                identity = record.identity.as_deref().unwrap_or("-"),
-                limit = if record.outcome.is_empty() { "-" } else { record.outcome },
-                upstream = record.upstream.as_deref().unwrap_or("-"),
-                // Whole microseconds: 0.263, not 0.26327300000000003.
-                ms = started.elapsed().as_micros() as f64 / 1_000.0,
-            );
-            resp
+        let log = match snapshot.config.gateway.access_log {
+            AccessLog::Off => None,
+            _ => access_log::format(),
+        };
+        let resp = match log {
+            None => self.serve(&snapshot, req, conn, None, &mut route).await,
+            Some(format) => {
+                let method = req.method().clone();
+                let uri = req.uri().clone();
+                let mut record = Record::default();
+                let resp = self.serve(&snapshot, req, conn, Some(&mut record), &mut route).await;
+                let matched = route.and_then(|i| snapshot.config.routes.get(i));
+                let line = access_log::Line {
+                    request_id: resp
+                        .headers()
+                        .get(&X_REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or(""),
+                    route: matched.map_or("-", |r| r.name.as_str()),
+                    method: method.as_str(),
+                    path: uri.path(),
+                    status: resp.status().as_u16(),
+                    identity: record.identity.unwrap_or("-"),
+                    limit: if record.outcome.is_empty() { "-" } else { record.outcome },
+                    upstream: matched
+                        .and_then(|r| match &r.action {
+                            Action::Forward(u) => Some(u.name.as_str()),
+                            Action::Respond(_) => None,
+                        })
+                        .unwrap_or("-"),
+                    micros: started.elapsed().as_micros() as u64,
+                };
+                match format {
+                    access_log::Format::Json => access_log::record_json(&line),
+                    access_log::Format::Text => log_text(&line),
+                }
+                resp
+            }
         };
         route
             .and_then(|i| snapshot.routes.get(i))
@@ -200,12 +218,6 @@ impl Gateway {
         let request_id = request_id(req.headers());
         *route_index = route_index_of(&snapshot.config.routes, &req);
         let route = route_index.and_then(|i| snapshot.config.routes.get(i)).cloned();
-        if let (Some(r), Some(route)) = (record.as_deref_mut(), &route) {
-            r.route = Some(route.name.clone());
-            if let Action::Forward(u) = &route.action {
-                r.upstream = Some(u.name.clone());
-            }
-        }
 
         let identity = match &route {
             Some(_) => {
@@ -222,7 +234,7 @@ impl Gateway {
                 match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
                     Ok(id) => {
                         if let Some(r) = record.as_deref_mut() {
-                            r.identity = Some(id.tier.name().to_string());
+                            r.identity = Some(id.tier.name());
                         }
                         Some(id)
                     }
@@ -460,10 +472,25 @@ pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> Smal
 /// What the access log says about a request, filled in as it is served.
 #[derive(Debug, Default)]
 struct Record {
-    route: Option<String>,
-    identity: Option<String>,
-    upstream: Option<String>,
+    identity: Option<&'static str>,
     outcome: &'static str,
+}
+
+/// The access-log line in the text format, through `tracing`'s fmt layer.
+fn log_text(line: &access_log::Line<'_>) {
+    tracing::info!(
+        target: "access",
+        request_id = line.request_id,
+        route = line.route,
+        method = line.method,
+        path = %line.path,
+        status = line.status,
+        identity = line.identity,
+        limit = line.limit,
+        upstream = line.upstream,
+        // Whole microseconds: 0.263, not 0.26327300000000003.
+        ms = line.micros as f64 / 1_000.0,
+    );
 }
 
 /// The worst outcome among a verdict's limits, for the access log.

@@ -5,6 +5,7 @@
 //! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
 
 pub mod accept;
+pub mod access_log;
 pub mod body;
 pub mod clock;
 pub mod config;

@@ -243,12 +243,13 @@ fn explain(
 fn access_log_writer() -> Box<dyn std::io::Write + Send> {
     use std::os::fd::AsFd;
     match std::io::stdout().as_fd().try_clone_to_owned() {
-        Ok(fd) => Box::new(std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::from(fd))),
+        Ok(fd) => Box::new(std::fs::File::from(fd)),
         Err(_) => Box::new(std::io::stdout()),
     }
 }
 
-fn init_logging(access: AccessLog) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+fn init_logging(access: AccessLog) -> Option<leasegate::access_log::Guard> {
+    use leasegate::access_log::{self, BatchWriter, Format};
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
 
@@ -258,34 +259,25 @@ fn init_logging(access: AccessLog) -> Option<tracing_appender::non_blocking::Wor
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter)
         .with_filter(filter_fn(|m| m.target() != "access"));
-    let only_access = || filter_fn(|m| m.target() == "access");
-    let (writer, guard) = tracing_appender::non_blocking(access_log_writer());
     let registry = tracing_subscriber::registry().with(diagnostics);
     match access {
         AccessLog::Off => {
             registry.init();
             None
         }
+        // Written by hand into the batches (access_log.rs), not by tracing.
         AccessLog::Json => {
-            let layer = tracing_subscriber::fmt::layer()
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false)
-                .with_target(false)
-                .with_writer(writer)
-                .with_filter(only_access());
-            registry.with(layer).init();
-            Some(guard)
+            registry.init();
+            access_log::start(Format::Json, access_log_writer())
         }
         AccessLog::Text => {
             let layer = tracing_subscriber::fmt::layer()
                 .with_ansi(false)
                 .with_target(false)
-                .with_writer(writer)
-                .with_filter(only_access());
+                .with_writer(BatchWriter)
+                .with_filter(filter_fn(|m| m.target() == "access"));
             registry.with(layer).init();
-            Some(guard)
+            access_log::start(Format::Text, access_log_writer())
         }
     }
 }

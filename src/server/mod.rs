@@ -330,7 +330,14 @@ fn announce(kind: &str, listener: &TcpListener) {
 }
 
 fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>, grace: Duration) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // Access-log lines gather in this thread's batch, handed to the writer
+    // when the runtime goes idle (or the batch is full or old).
+    crate::access_log::batch_this_thread();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(crate::access_log::flush_thread)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "worker runtime failed to start");
@@ -342,6 +349,7 @@ fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>
             tracing::error!(error = %e, "worker stopped");
         }
     });
+    crate::access_log::flush_thread();
 }
 
 /// Resolves once shutdown has been asked for (at once if it already was).
