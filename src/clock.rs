@@ -4,9 +4,13 @@
 //!
 //! The monotonic clock is coarse. Reading the system clock costs ~36 ns on this class of machine (kvm
 //! guests), more than the rest of a rate-limit decision. Leases and local
-//! blocks need milliseconds, not nanoseconds, so one background thread
-//! publishes the time every millisecond and a read is one atomic load.
-//! Readings are at most a tick or two behind; nothing that needs exact time
+//! blocks need milliseconds, not nanoseconds, so the time is published
+//! and a read is one atomic load. Each request publishes the instant it
+//! started (read anyway, for its duration); a background thread publishes
+//! every millisecond while no request does, and every [`BUSY_TICK`] while
+//! requests do, so a busy worker's core is not woken a thousand times a
+//! second for nothing. Readings are at most a tick behind (a few ms; up to
+//! [`BUSY_TICK`] just after traffic stops); nothing that needs exact time
 //! (the quota math) uses this clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +39,13 @@ pub fn monotonic_clock() -> Clock {
     coarse()
 }
 
+/// The clock thread's period while requests publish the time.
+pub const BUSY_TICK: Duration = Duration::from_millis(10);
+
 struct Ticker {
     now_ms: AtomicU64,
+    /// Set by [`publish`], cleared by each tick.
+    published: std::sync::atomic::AtomicBool,
     start: Instant,
     /// False if the thread could not start: reads then use the precise
     /// clock, slower but never frozen.
@@ -49,6 +58,7 @@ fn ticker() -> &'static Ticker {
         let start = Instant::now();
         let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
             now_ms: AtomicU64::new(1),
+            published: std::sync::atomic::AtomicBool::new(false),
             start,
             live: std::sync::atomic::AtomicBool::new(true),
         }));
@@ -57,8 +67,9 @@ fn ticker() -> &'static Ticker {
             .spawn(move || loop {
                 ticker
                     .now_ms
-                    .store(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(1));
+                    .fetch_max(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                let busy = ticker.published.swap(false, Ordering::Relaxed);
+                std::thread::sleep(if busy { BUSY_TICK } else { Duration::from_millis(1) });
             });
         if spawned.is_err() {
             ticker.live.store(false, Ordering::Relaxed);
@@ -75,6 +86,22 @@ pub fn coarse_now_ms() -> u64 {
         t.now_ms.load(Ordering::Relaxed)
     } else {
         t.start.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// Publishes `now` (an instant just read) to the coarse clock: a request
+/// does at its start, so that under traffic the clock thread can sleep.
+pub fn publish(now: Instant) {
+    ticker().publish(now);
+}
+
+impl Ticker {
+    fn publish(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.start).as_millis() as u64 + 1;
+        if ms > self.now_ms.load(Ordering::Relaxed) {
+            self.now_ms.fetch_max(ms, Ordering::Relaxed);
+            self.published.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -95,5 +122,24 @@ mod tests {
         let b = coarse_now_ms();
         assert!(b >= a + 20, "{a} -> {b}");
         assert!(b <= a + 200, "{a} -> {b}");
+    }
+
+    #[test]
+    fn published_instants_move_the_clock_and_never_back() {
+        let start = Instant::now();
+        let t = Ticker {
+            now_ms: AtomicU64::new(1),
+            published: std::sync::atomic::AtomicBool::new(false),
+            start,
+            live: std::sync::atomic::AtomicBool::new(true),
+        };
+        t.publish(start + Duration::from_millis(500));
+        assert_eq!(t.now_ms.load(Ordering::Relaxed), 501);
+        assert!(t.published.swap(false, Ordering::Relaxed));
+        // An older instant (another worker's) neither moves it back nor
+        // counts as news.
+        t.publish(start + Duration::from_millis(200));
+        assert_eq!(t.now_ms.load(Ordering::Relaxed), 501);
+        assert!(!t.published.load(Ordering::Relaxed));
     }
 }

@@ -159,6 +159,7 @@ impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let snapshot = self.snapshot.load_full();
         let started = std::time::Instant::now();
+        crate::clock::publish(started);
         let mut route = None;
         let log = match snapshot.config.gateway.access_log {
             AccessLog::Off => None,
