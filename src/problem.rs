@@ -78,17 +78,41 @@ impl RequestError {
 
 /// The 429 for a refused request: names the limit, says when to retry.
 /// `Retry-After` is whole seconds, at least 1, rounded up.
+///
+/// A flood of refusals repeats the same body (one limit, a retry time that
+/// changes once a second), so each thread keeps the last one it wrote: a
+/// repeat costs a reference count, not a JSON document.
 pub fn too_many_requests(limit: &str, retry_after_ms: u64) -> Response<Body> {
+    thread_local! {
+        static LAST: std::cell::RefCell<(String, u64, bytes::Bytes)> =
+            const { std::cell::RefCell::new((String::new(), 0, bytes::Bytes::new())) };
+    }
     let secs = retry_after_ms.div_ceil(1000).max(1);
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": format!("rate limit \"{limit}\" exceeded; retry in {secs} s"),
-        "limit": limit,
-        "retry_after": secs,
+    let body = LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.1 != secs || last.0 != limit || last.2.is_empty() {
+            *last = (
+                limit.to_string(),
+                secs,
+                bytes::Bytes::from(too_many_requests_body(limit, secs)),
+            );
+        }
+        last.2.clone()
     });
-    with_retry_after(StatusCode::TOO_MANY_REQUESTS, body, secs)
+    with_retry_after(StatusCode::TOO_MANY_REQUESTS, Body::full(body), secs)
+}
+
+/// The problem+json of a 429, members in the order serde_json's map
+/// writes them (sorted), as it was written through `serde_json::Value`.
+fn too_many_requests_body(limit: &str, secs: u64) -> Vec<u8> {
+    let name = serde_json::to_string(limit).unwrap_or_default();
+    // The name inside `detail` is the same escaped text, between escaped quotes.
+    let inner = name.get(1..name.len().saturating_sub(1)).unwrap_or_default();
+    format!(
+        "{{\"detail\":\"rate limit \\\"{inner}\\\" exceeded; retry in {secs} s\",\"limit\":{name},\"retry_after\":{secs},\
+         \"status\":429,\"title\":\"Too Many Requests\",\"type\":\"about:blank\"}}"
+    )
+    .into_bytes()
 }
 
 /// The 401 for credentials that were presented and are not valid, under
@@ -109,11 +133,15 @@ pub fn store_unavailable(retry_after_secs: u64) -> Response<Body> {
         "status": 503,
         "detail": "rate limiting is unavailable and this route fails closed; retry shortly",
     });
-    with_retry_after(StatusCode::SERVICE_UNAVAILABLE, body, retry_after_secs.max(1))
+    with_retry_after(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Body::full(body.to_string()),
+        retry_after_secs.max(1),
+    )
 }
 
-fn with_retry_after(status: StatusCode, body: serde_json::Value, secs: u64) -> Response<Body> {
-    let mut resp = Response::new(Body::full(body.to_string()));
+fn with_retry_after(status: StatusCode, body: Body, secs: u64) -> Response<Body> {
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
@@ -141,6 +169,37 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_429_body_is_the_problem_json_document_it_always_was() {
+        for (limit, retry_ms) in [
+            ("per_client", 1),
+            ("per_client", 3_600_000),
+            ("a \"quoted\" \\ name", 1_500),
+            ("ünïcödé ☃ \u{1} \t", 61_000),
+            ("", 0),
+        ] {
+            let secs = u64::div_ceil(retry_ms, 1000).max(1);
+            let expected = serde_json::json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": format!("rate limit \"{limit}\" exceeded; retry in {secs} s"),
+                "limit": limit,
+                "retry_after": secs,
+            })
+            .to_string();
+            // Twice: the second comes from the thread's last body.
+            for _ in 0..2 {
+                let resp = too_many_requests(limit, retry_ms);
+                assert_eq!(resp.headers()[RETRY_AFTER], secs.to_string().as_str());
+                let Body::Full(Some(body)) = resp.into_body() else {
+                    panic!("a full body")
+                };
+                assert_eq!(std::str::from_utf8(&body).unwrap(), expected);
+            }
+        }
+    }
 
     #[test]
     fn statuses_follow_the_source() {

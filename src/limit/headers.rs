@@ -6,8 +6,6 @@
 //! many clients read describes the most restrictive limit (on a 429, the
 //! one that refused). All values are whole seconds.
 
-use std::fmt::Write as _;
-
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -42,12 +40,16 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
         return;
     }
     if matches!(style, Style::All | Style::Ietf) {
-        let mut policy = String::with_capacity(32 * statuses.len());
-        let mut state = String::with_capacity(32 * statuses.len());
+        // Written byte by byte (no `fmt`): every admitted response carries them.
+        let mut policy = Vec::with_capacity(32 * statuses.len());
+        let mut state = Vec::with_capacity(32 * statuses.len());
         for (i, s) in statuses.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            let _ = write!(policy, "{sep}\"{}\";q={};w={}", s.name, s.quota, s.window_secs);
-            let _ = write!(state, "{sep}\"{}\";r={};t={}", s.name, s.remaining, s.reset_secs);
+            if i > 0 {
+                policy.extend_from_slice(b", ");
+                state.extend_from_slice(b", ");
+            }
+            item(&mut policy, s.name, b";q=", s.quota, b";w=", s.window_secs);
+            item(&mut state, s.name, b";r=", s.remaining, b";t=", s.reset_secs);
         }
         insert(headers, &RATELIMIT_POLICY, policy);
         insert(headers, &RATELIMIT, state);
@@ -68,8 +70,35 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
     }
 }
 
-fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
-    if let Ok(v) = HeaderValue::from_str(&value) {
+/// `"name";a=1;b=2`
+fn item(out: &mut Vec<u8>, name: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(a);
+    push_decimal(out, x);
+    out.extend_from_slice(b);
+    push_decimal(out, y);
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// A value that is not a valid header value (a limit name with control
+/// characters) leaves the field out, as before.
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(name.clone(), v);
     }
 }
@@ -118,6 +147,22 @@ mod tests {
         let mut h = HeaderMap::new();
         render(&mut h, Style::None, &statuses, None);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn numbers_are_written_in_full() {
+        let mut h = HeaderMap::new();
+        let big = st("x", u64::MAX, 0, 1_000_000_007);
+        render(&mut h, Style::Ietf, &[big, st("y", 9, 10, 100)], None);
+        assert_eq!(
+            h["ratelimit-policy"],
+            r#""x";q=18446744073709551615;w=60, "y";q=9;w=60"#
+        );
+        assert_eq!(h["ratelimit"], r#""x";r=0;t=1000000007, "y";r=10;t=100"#);
+        // A name no header may carry leaves the fields out.
+        let mut h = HeaderMap::new();
+        render(&mut h, Style::Ietf, &[st("bad\nname", 1, 1, 1)], None);
+        assert!(h.get("ratelimit").is_none());
     }
 
     #[test]

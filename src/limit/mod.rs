@@ -269,10 +269,12 @@ impl Limiter {
         store_key(&limit.config, facts, shard)
     }
 
-    /// The verdict when every limit has a token at hand, without waiting
-    /// for anything; `None` (and nothing spent) when one of them has not.
-    /// This is the common path: a hash, a read lock and one
-    /// compare-and-swap per limit.
+    /// The verdict when every limit decides from memory, without waiting
+    /// for anything: a token at hand, or a key blocked after a refusal (the
+    /// local short-circuit). `None` (and nothing spent) when one of them
+    /// needs the store. This is the common path: a hash, a read lock and
+    /// one compare-and-swap per limit; a blocked key's refusal builds no
+    /// key string and no future.
     pub fn try_check(
         self: &Arc<Self>,
         all: &[Arc<LimitRuntime>],
@@ -284,12 +286,35 @@ impl Limiter {
         for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let (spec, shard) = limit.spec_for(facts);
             let h = self.key_hash(limit, facts, shard);
-            let Some((remaining, reset_ms)) = self.take_local(h, spec, now) else {
+            if let Some((remaining, reset_ms)) = self.take_local(h, spec, now) {
+                verdict.taken.push(h);
+                verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
+                continue;
+            }
+            // As the slow path would find it: blocked, and marked in use.
+            let blocked = self
+                .leases
+                .with(h, |l| {
+                    let blocked = blocked::remaining(l, now).is_some();
+                    if blocked {
+                        l.touch(now);
+                    }
+                    blocked
+                })
+                .unwrap_or(false);
+            if !blocked {
                 self.undo(&verdict);
                 return None;
-            };
-            verdict.taken.push(h);
-            verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
+            }
+            let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
+            let refused = lv.outcome == Outcome::Limited;
+            verdict.limits.push(lv);
+            if refused {
+                verdict.refused = Some(verdict.limits.len() - 1);
+                self.undo(&verdict);
+                verdict.taken.clear();
+                break;
+            }
         }
         for lv in &verdict.limits {
             if let Some(limit) = all.get(lv.limit) {
@@ -362,7 +387,7 @@ impl Limiter {
                             verdict.taken.push(h);
                             admitted(i, &spec, remaining, reset_ms)
                         }
-                        Ok(None) => self.refused(i, limit, h, &key, &spec),
+                        Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
                         // A limit that cannot refuse here cannot fail the
                         // request either: its fallback bucket only keeps its
                         // counts honest, and the bypass metric leaves it out.
@@ -398,7 +423,9 @@ impl Limiter {
 
     /// The verdict of a limit whose key is refused (by the store or by the
     /// local block).
-    fn refused(&self, i: usize, limit: &LimitRuntime, h: u64, key: &str, spec: &Spec) -> LimitVerdict {
+    /// `key` names the key for the shadow-block log line, the one use of
+    /// the string: a refusal answered from memory never builds it otherwise.
+    fn refused(&self, i: usize, limit: &LimitRuntime, h: u64, key: &dyn Fn() -> String, spec: &Spec) -> LimitVerdict {
         let now = self.now_ms();
         let (retry_after_ms, over, remaining, reset_ms) = self
             .leases
@@ -413,7 +440,7 @@ impl Limiter {
             tracing::info!(
                 target: "rate_limit_shadow_block",
                 limit = %limit.config.name,
-                key = %key,
+                key = %key(),
                 over_by = over,
                 over_percent = stage::over_percent(over, spec.count),
                 "rate_limit_shadow_block"

@@ -524,3 +524,72 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
 }
+
+#[tokio::test]
+async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it() {
+    let (store, limiter) = setup();
+    let limits = vec![
+        limit("wide", "10/min", None, Mode::Enforce),
+        limit("narrow", "2/min", None, Mode::Enforce),
+        limit("shadow", "1/min", None, Mode::Shadow),
+    ];
+    let h = http::HeaderMap::new();
+    // Before any refusal, a key without tokens needs the store.
+    assert!(limiter.try_check(&limits, &[1], &facts("a", &h)).is_none());
+    for _ in 0..2 {
+        assert_eq!(
+            limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+            None
+        );
+    }
+    // The third request is refused by the store: "narrow" is now blocked.
+    assert_eq!(
+        limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+        Some(1)
+    );
+    for _ in 0..5 {
+        let fast = limiter
+            .try_check(&limits, &[0, 1], &facts("a", &h))
+            .expect("a blocked key decides from memory");
+        let slow = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        assert_eq!(fast.refused, Some(1));
+        assert_eq!(fast.refused, slow.refused);
+        assert!(fast.taken.is_empty(), "the refused request keeps no token");
+        let (f, s) = (&fast.limits[1], &slow.limits[1]);
+        assert_eq!((f.outcome, f.remaining, f.quota), (s.outcome, s.remaining, s.quota));
+        assert!(f.retry_after_ms.abs_diff(s.retry_after_ms) <= 5);
+    }
+    // Refusals of the blocked key alone cost no store call.
+    let calls = store.acquires.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        let v = limiter.try_check(&limits, &[1], &facts("a", &h)).expect("blocked");
+        assert_eq!(v.refused, Some(0));
+    }
+    assert_eq!(
+        store.acquires.load(Ordering::SeqCst),
+        calls,
+        "no store call while blocked"
+    );
+    // "wide" spent only on the 2 admitted requests: refusals gave theirs back.
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if limiter
+            .check(&limits, &[0], &facts("a", &h), true)
+            .await
+            .refused
+            .is_none()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 8);
+    // A shadow limit's blocked key admits, from memory too.
+    for _ in 0..2 {
+        let _ = limiter.check(&limits, &[2], &facts("b", &h), true).await;
+    }
+    let v = limiter
+        .try_check(&limits, &[2], &facts("b", &h))
+        .expect("a blocked shadow key decides from memory");
+    assert_eq!(v.refused, None);
+    assert_eq!(v.limits[0].outcome, Outcome::ShadowLimited);
+}
