@@ -318,7 +318,7 @@ impl Limiter {
         }
         for lv in &verdict.limits {
             if let Some(limit) = all.get(lv.limit) {
-                limit.count(Outcome::Admitted);
+                limit.count(lv.outcome);
             }
         }
         Some(verdict)
