@@ -81,9 +81,14 @@ struct Batch {
 
 /// Stops the writer when dropped, after every batch handed over before is
 /// written (this thread's too).
+/// A stdout that takes no more (a stuck pipe) holds up the exit by at most
+/// [`EXIT_WAIT`].
 pub struct Guard {
-    thread: Option<std::thread::JoinHandle<()>>,
+    written: mpsc::Receiver<()>,
 }
+
+/// How long the exit waits for the lines still buffered to be written.
+pub const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -91,9 +96,7 @@ impl Drop for Guard {
         if let Some(sink) = SINK.get() {
             let _ = sink.tx.send(Msg::Stop);
         }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let _ = self.written.recv_timeout(EXIT_WAIT);
     }
 }
 
@@ -108,7 +111,8 @@ pub fn start(format: Format, mut out: Box<dyn Write + Send>) -> Option<Guard> {
         dropped: AtomicU64::new(0),
     })
     .ok()?;
-    let thread = std::thread::Builder::new()
+    let (done, written) = mpsc::channel();
+    std::thread::Builder::new()
         .name("leasegate-access-log".into())
         .spawn(move || {
             while let Ok(Msg::Batch { bytes, lines }) = rx.recv() {
@@ -119,9 +123,10 @@ pub fn start(format: Format, mut out: Box<dyn Write + Send>) -> Option<Guard> {
                     sink.queued.fetch_sub(lines, Ordering::Relaxed);
                 }
             }
+            let _ = done.send(());
         })
         .ok()?;
-    Some(Guard { thread: Some(thread) })
+    Some(Guard { written })
 }
 
 /// The format the access log runs in, if it was started.
