@@ -156,11 +156,9 @@ impl Resolver {
                 client_ip,
             });
         }
-        let mut value = String::with_capacity(32);
-        let _ = write!(value, "subnet:{net}");
         Ok(Identity {
             tier: Tier::Subnet,
-            value,
+            value: subnet_value(&net),
             tenant: None,
             plan: None,
             client_ip,
@@ -313,6 +311,40 @@ pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
     IpNet::new(ip, prefix).map_or_else(|_| IpNet::from(ip), |n| n.trunc())
 }
 
+/// `subnet:<cidr>`. Every request of the subnet tier has one made: an IPv4
+/// network is written digit by digit (no `fmt`), IPv6 by its `Display`
+/// (its zero compression is not worth repeating).
+fn subnet_value(net: &IpNet) -> String {
+    let mut value = String::with_capacity(32);
+    value.push_str("subnet:");
+    match net {
+        IpNet::V4(v4) => {
+            for (i, octet) in v4.addr().octets().into_iter().enumerate() {
+                if i > 0 {
+                    value.push('.');
+                }
+                push_decimal(&mut value, octet);
+            }
+            value.push('/');
+            push_decimal(&mut value, v4.prefix_len());
+        }
+        IpNet::V6(_) => {
+            let _ = write!(value, "{net}");
+        }
+    }
+    value
+}
+
+fn push_decimal(out: &mut String, n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
+}
+
 /// 16 hex digits over JA4, header-name order and subnet.
 fn fingerprint_hash(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
     let mut h = Sha256::new();
@@ -412,6 +444,25 @@ mod tests {
         Connection {
             peer: peer.parse().unwrap(),
             ja4: None,
+        }
+    }
+
+    #[test]
+    fn subnet_values_are_what_display_writes() {
+        for net in [
+            "0.0.0.0/0",
+            "10.0.0.0/8",
+            "198.51.100.0/24",
+            "255.255.255.255/32",
+            "1.20.100.0/22",
+            "2001:db8::/64",
+        ] {
+            let net: IpNet = net.parse().unwrap();
+            assert_eq!(subnet_value(&net), format!("subnet:{net}"));
+        }
+        for a in 0..=255u8 {
+            let net = IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(a, 255 - a, a / 3, 0), 24).unwrap());
+            assert_eq!(subnet_value(&net), format!("subnet:{net}"));
         }
     }
 
