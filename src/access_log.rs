@@ -160,7 +160,9 @@ fn hand_over(batch: &mut Batch) {
         return;
     }
     let lines = std::mem::take(&mut batch.lines);
-    let bytes = std::mem::replace(&mut batch.bytes, Vec::with_capacity(BATCH_BYTES + 1024));
+    // The next batch grows from empty: a one-line batch (an idle worker's)
+    // holds a line's bytes, not a full batch's, while it waits its turn.
+    let bytes = std::mem::take(&mut batch.bytes);
     let Some(sink) = SINK.get() else { return };
     if sink.queued.load(Ordering::Relaxed) + lines > MAX_QUEUED_LINES {
         sink.dropped.fetch_add(lines as u64, Ordering::Relaxed);
@@ -382,6 +384,123 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The one test that starts the process's writer (it is started once
+    /// per process): batches reach it when due, and a stuck one drops
+    /// lines instead of holding anyone up. Lines of other tests that may
+    /// reach the same writer are told apart by their request id.
+    #[test]
+    fn batches_are_written_when_due_and_a_stuck_stdout_drops_lines_without_blocking() {
+        use std::sync::atomic::AtomicBool;
+        use std::time::Instant;
+        struct Stdout {
+            out: Arc<Mutex<Vec<u8>>>,
+            stuck: Arc<AtomicBool>,
+        }
+        impl Write for Stdout {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                while self.stuck.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                self.out.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let stuck = Arc::new(AtomicBool::new(false));
+        let stdout = Stdout {
+            out: out.clone(),
+            stuck: stuck.clone(),
+        };
+        let guard = start(Format::Json, Box::new(stdout)).expect("the first start");
+        assert_eq!(format(), Some(Format::Json));
+        const ID: &str = "batch-test-7f3a";
+        let line = Line {
+            request_id: ID,
+            route: "r",
+            method: "GET",
+            path: "/",
+            status: 200,
+            identity: "subnet",
+            limit: "-",
+            upstream: "-",
+            micros: 1,
+        };
+        let written = || {
+            let out = out.lock().unwrap();
+            String::from_utf8_lossy(&out).lines().filter(|l| l.contains(ID)).count()
+        };
+        let wait_for = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while written() < n && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert_eq!(written(), n);
+        };
+        // Any thread but a worker hands each line over at once.
+        std::thread::scope(|s| {
+            s.spawn(|| record_json(&line));
+        });
+        wait_for(1);
+        // A worker's line waits for its batch to be due: by age here.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                batch_this_thread();
+                record_json(&line);
+                std::thread::sleep(Duration::from_millis(50));
+                assert_eq!(written(), 1, "a worker's first line waits for its batch");
+                std::thread::sleep(Duration::from_millis(BATCH_AGE_MS));
+                record_json(&line);
+            });
+        });
+        wait_for(3);
+        // By size, and whatever is left when the worker idles or stops.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                batch_this_thread();
+                let per_line = {
+                    let mut one = Vec::new();
+                    write_json(&mut one, &line, SystemTime::now());
+                    one.len()
+                };
+                for _ in 0..BATCH_BYTES / per_line + 1 {
+                    record_json(&line);
+                }
+                record_json(&line);
+                flush_thread();
+            });
+        });
+        let n = 3 + BATCH_BYTES / (written_len(&line)) + 2;
+        wait_for(n);
+        // A stdout that takes nothing: lines past the bound are dropped and
+        // counted, and recording never waits.
+        stuck.store(true, Ordering::SeqCst);
+        let before = dropped();
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..MAX_QUEUED_LINES + 1_000 {
+                    record_json(&line);
+                }
+            });
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "recording never waits on stdout"
+        );
+        assert!(dropped() - before >= 999, "dropped {}", dropped() - before);
+        stuck.store(false, Ordering::SeqCst);
+        drop(guard);
+    }
+
+    fn written_len(line: &Line<'_>) -> usize {
+        let mut one = Vec::new();
+        write_json(&mut one, line, SystemTime::now());
+        one.len()
     }
 
     /// What the `tracing` JSON layer, set up as main.rs set it up before,
