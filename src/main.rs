@@ -265,7 +265,7 @@ fn init_logging(access: AccessLog) -> Option<leasegate::access_log::Guard> {
             registry.init();
             None
         }
-        // Written by hand into the batches (access_log.rs), not by tracing.
+        // Written by hand into the batches (access_log/), not by tracing.
         AccessLog::Json => {
             registry.init();
             access_log::start(Format::Json, access_log_writer())
