@@ -55,26 +55,7 @@ case $MODE in
   *) echo "mode: proxy, log or 429" >&2; exit 2 ;;
 esac
 start() { # name binary port admin
-  cat > "$work/$1.toml" <<CONF
-[gateway]
-workers = 1
-access_log = "$log"
-[listeners]
-http = "127.0.0.1:$3"
-admin = "127.0.0.1:$4"
-[[upstreams]]
-name = "backend"
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-name = "all"
-path_prefix = "/"
-upstream = "backend"
-limits = ["one"]
-[[limits]]
-name = "one"
-rate = "$rate"
-by = ["route"]
-CONF
+  leasegate_toml "http = \"127.0.0.1:$3\"" "$4" "$log" "$rate" "$UP_PORT" > "$work/$1.toml"
   LEASEGATE_LOG=warn taskset -c 0 "$2" run --config "$work/$1.toml" > "$work/$1.out" &
   pids+=($!)
 }

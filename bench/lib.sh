@@ -23,3 +23,32 @@ wrk_p99_ms() { awk "$WRK_MS"' $1 == "99%" {v = ms($2); if (v > p) p = v} END {pr
 
 # wrk_max_ms FILE: the slowest request of one wrk run, in ms.
 wrk_max_ms() { awk "$WRK_MS"' $1 == "Latency" && NF >= 4 {print ms($4)}' "$1"; }
+
+# leasegate_toml LISTENER-LINE ADMIN-PORT ACCESS-LOG RATE UPSTREAM-PORT [CERT-DIR]:
+# the benches' leasegate: one worker, one route to the upstream, one limit
+# of RATE on it (a TLS section when CERT-DIR holds dev.crt and dev.key).
+leasegate_toml() {
+  cat <<CONF
+[gateway]
+workers = 1
+access_log = "$3"
+[listeners]
+$1
+admin = "127.0.0.1:$2"
+${6:+[tls]
+cert = \"$6/dev.crt\"
+key = \"$6/dev.key\"}
+[[upstreams]]
+name = "backend"
+targets = ["http://127.0.0.1:$5"]
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "backend"
+limits = ["one"]
+[[limits]]
+name = "one"
+rate = "$4"
+by = ["route"]
+CONF
+}

@@ -113,29 +113,7 @@ for n in nginx nginx-log nginx-429 nginx-h2; do start_nginx "$n" 0; done
 # leasegate NAME LISTENER-LINE ACCESS-LOG LIMIT-RATE
 leasegate() {
   local name=$1 admin=$((ADMIN_BASE + ${#pids[@]}))
-  cat > "$work/$name.toml" <<CONF
-[gateway]
-workers = 1
-access_log = "$3"
-[listeners]
-$2
-admin = "127.0.0.1:$admin"
-[tls]
-cert = "$PWD/certs/dev.crt"
-key = "$PWD/certs/dev.key"
-[[upstreams]]
-name = "backend"
-targets = ["http://127.0.0.1:$UP_PORT"]
-[[routes]]
-name = "all"
-path_prefix = "/"
-upstream = "backend"
-limits = ["one"]
-[[limits]]
-name = "one"
-rate = "$4"
-by = ["route"]
-CONF
+  leasegate_toml "$2" "$admin" "$3" "$4" "$UP_PORT" "$PWD/certs" > "$work/$name.toml"
   LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/$name.toml" \
     > "$work/$name.access.log" &
   pids+=($!)
