@@ -245,3 +245,32 @@ async fn every_request_gets_one_structured_access_log_line() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(quiet.access_log().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_access_log_writes_the_same_fields_as_key_value_pairs() {
+    let text = config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\"")
+        .replace("workers = 2\n", "workers = 2\naccess_log = \"text\"\n");
+    let gw = Gateway::start(&text);
+    let mut c = client::http1(gw.http()).await;
+    assert_eq!(get(&mut c).await.0, 200);
+    let req = Request::get("/x?q=1")
+        .header("host", "x")
+        .header("x-request-id", "abc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(client::send(&mut c, req).await.status(), 429);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while gw.access_log().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = gw.access_log();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let line = &lines[1];
+    assert!(line.contains("  INFO "), "{line}");
+    let fields = line.split_once("  INFO ").map(|(_, f)| f).unwrap();
+    let fields = fields.split_once(" ms=").map(|(f, _)| f).unwrap();
+    assert_eq!(
+        fields,
+        r#"request_id="abc" route="demo" method="GET" path=/x status=429 identity="subnet" limit="limited" upstream="-""#
+    );
+}

@@ -386,6 +386,23 @@ async fn a_low_limit_admits_exactly_its_quota_then_refuses_from_memory() {
     assert_eq!(v.refused, None);
 }
 
+/// How many of `n` requests `which` admits.
+async fn admitted(
+    limiter: &Arc<Limiter>,
+    limits: &[Arc<LimitRuntime>],
+    which: &[usize],
+    facts: &Facts<'_>,
+    n: usize,
+) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        if limiter.check(limits, which, facts, true).await.refused.is_none() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
 #[tokio::test]
 async fn a_refusal_by_the_second_limit_gives_back_the_first() {
     let (_, limiter) = setup();
@@ -405,18 +422,7 @@ async fn a_refusal_by_the_second_limit_gives_back_the_first() {
         assert_eq!(v.refused, Some(1));
     }
     // "wide" spent only on the 2 admitted requests: 8 left for its own route.
-    let mut admitted = 0;
-    for _ in 0..20 {
-        if limiter
-            .check(&limits, &[0], &facts("a", &h), true)
-            .await
-            .refused
-            .is_none()
-        {
-            admitted += 1;
-        }
-    }
-    assert_eq!(admitted, 8);
+    assert_eq!(admitted(&limiter, &limits, &[0], &facts("a", &h), 20).await, 8);
 }
 
 #[tokio::test]
@@ -571,18 +577,7 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
         "no store call while blocked"
     );
     // "wide" spent only on the 2 admitted requests: refusals gave theirs back.
-    let mut admitted = 0;
-    for _ in 0..20 {
-        if limiter
-            .check(&limits, &[0], &facts("a", &h), true)
-            .await
-            .refused
-            .is_none()
-        {
-            admitted += 1;
-        }
-    }
-    assert_eq!(admitted, 8);
+    assert_eq!(admitted(&limiter, &limits, &[0], &facts("a", &h), 20).await, 8);
     // A shadow limit's blocked key admits, from memory too.
     for _ in 0..2 {
         let _ = limiter.check(&limits, &[2], &facts("b", &h), true).await;
