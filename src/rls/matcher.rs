@@ -49,7 +49,7 @@ pub fn find<'a>(domain: &'a Level, entries: &[(&str, &str)]) -> Option<Matched<'
 
 /// One entry's node at `level`, and the wildcard it matched by.
 fn step<'a>(level: &'a Level, key: &str, value: &str) -> Option<(&'a Node, Option<&'a str>)> {
-    if let Some(n) = level.exact.get(&(key.to_string(), value.to_string())) {
+    if let Some(n) = level.exact.get(key).and_then(|values| values.get(value)) {
         return Some((n, None));
     }
     if let Some((_, pattern, n)) = level

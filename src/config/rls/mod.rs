@@ -110,8 +110,9 @@ pub fn limit_spec(algorithm: Algorithm, requests: u32, unit: Unit) -> Spec {
 /// One level of a domain's tree.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Level {
-    /// `(key, value)` → node.
-    pub exact: HashMap<(String, String), Node>,
+    /// key → value → node: a descriptor entry is looked up by its `&str`s,
+    /// without building a key.
+    pub exact: HashMap<String, HashMap<String, Node>>,
     /// `(key, pattern)` in config order: values with `*` anywhere.
     pub wildcards: Vec<(String, String, Node)>,
     /// A key with no value: any value.
@@ -145,7 +146,7 @@ impl RlsRules {
     pub fn limit_count(&self) -> usize {
         fn count(level: &Level) -> usize {
             let node = |n: &Node| usize::from(n.limit.is_some()) + count(&n.children);
-            level.exact.values().map(node).sum::<usize>()
+            level.exact.values().flat_map(HashMap::values).map(node).sum::<usize>()
                 + level.wildcards.iter().map(|(_, _, n)| node(n)).sum::<usize>()
                 + level.any.values().map(node).sum::<usize>()
         }
@@ -317,7 +318,10 @@ impl Compiler<'_> {
             } else if d.value.contains('*') {
                 level.wildcards.iter().any(|(k, v, _)| *k == d.key && *v == d.value)
             } else {
-                level.exact.contains_key(&(d.key.clone(), d.value.clone()))
+                level
+                    .exact
+                    .get(&d.key)
+                    .is_some_and(|values| values.contains_key(&d.value))
             };
             if duplicate {
                 self.problem(
@@ -346,7 +350,7 @@ impl Compiler<'_> {
             } else if d.value.contains('*') {
                 level.wildcards.push((d.key, d.value, node));
             } else {
-                level.exact.insert((d.key, d.value), node);
+                level.exact.entry(d.key).or_default().insert(d.value, node);
             }
         }
         level
@@ -462,11 +466,11 @@ mod tests {
         )
         .unwrap();
         let d = &rules.domains["mongo_cps"];
-        let users = d.exact[&("database".into(), "users".into())].limit.clone().unwrap();
+        let users = d.exact["database"]["users"].limit.clone().unwrap();
         assert_eq!((users.requests_per_unit, users.unit), (500, Unit::Second));
         assert_eq!(users.algorithm, Algorithm::FixedWindow);
         assert_eq!(users.full_key, "mongo_cps.database_users");
-        let default = d.exact[&("database".into(), "default".into())].limit.clone().unwrap();
+        let default = d.exact["database"]["default"].limit.clone().unwrap();
         assert_eq!(default.algorithm, Algorithm::TokenBucket);
         assert!(d.any["remote_address"].limit.as_ref().unwrap().unlimited);
         let (k, v, n) = &d.wildcards[0];
