@@ -105,7 +105,8 @@ struct StreamState {
     /// known: Envoy reports a new bucket at once, then all of them on one
     /// timer).
     last_periodic_ms: Option<u64>,
-    /// The longest gap seen between periodic reports: Envoy's
+    /// The gap between periodic reports (a stalled one fading out, see
+    /// [`next_interval`]): Envoy's
     /// `reporting_interval` for this stream, once two have come.
     interval_ms: Option<u64>,
     /// `ALLOW_ALL` buckets that report no request, and since when.
@@ -143,7 +144,7 @@ impl StreamState {
         if known {
             if let Some(last) = self.last_periodic_ms {
                 let gap = now.saturating_sub(last).min(MAX_INTERVAL_SECS * 1_000);
-                self.interval_ms = Some(self.interval_ms.map_or(gap, |i| i.max(gap)));
+                self.interval_ms = Some(next_interval(self.interval_ms, gap));
             }
             self.last_periodic_ms = Some(now);
         }
@@ -284,6 +285,15 @@ impl StreamState {
     }
 }
 
+/// The report interval learned so far, after a report `gap` ms after the
+/// last: never below the latest gap (each report pays the fills up to the
+/// next, so an interval shorter than Envoy's would leave tokens unpaid),
+/// but a stalled report's long gap fades by a quarter a report instead of
+/// ruling the stream (paying up to an hour of fills at once) for good.
+fn next_interval(learned: Option<u64>, gap: u64) -> u64 {
+    learned.map_or(gap, |i| (i - i / 4).max(gap))
+}
+
 fn secs(s: u64) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(s.max(1)).unwrap_or(i64::MAX),
@@ -316,4 +326,25 @@ fn sorted(id: &BucketId) -> Entries {
     let mut entries: Entries = id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     entries.sort();
     entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_interval;
+
+    #[test]
+    fn the_learned_interval_follows_reports_and_forgets_a_stall() {
+        assert_eq!(next_interval(None, 5_000), 5_000);
+        // A later, longer gap is taken at once: fills are paid up to it.
+        assert_eq!(next_interval(Some(5_000), 7_000), 7_000);
+        // One stalled report, then on-time ones: back to 5 s, never below.
+        let mut i = next_interval(Some(5_000), 3_600_000);
+        let mut reports = 0;
+        while i > 5_000 {
+            i = next_interval(Some(i), 5_000);
+            reports += 1;
+        }
+        assert_eq!(i, 5_000);
+        assert!(reports < 30, "{reports} reports to forget a stall");
+    }
 }
