@@ -43,8 +43,11 @@ impl Rebalancing {
     /// Tells the coordinator when the answer shows the key crossed its
     /// threshold. Never waits: a full queue drops the ask (the next store
     /// call of that key will signal again).
+    /// Envoy RLS keys are never asked for: the primary has no `[[limits]]`
+    /// to check them against and refuses them, so an ask would only cost a
+    /// claim, a link call and a warning per hot key and window.
     fn signal(&self, key: &str, spec: &Spec, remaining: u64) {
-        if threshold::crossed(spec, remaining, self.rebalance_at) {
+        if threshold::crossed(spec, remaining, self.rebalance_at) && super::wire::key_limit(key) != Some("rls") {
             let _ = self.asks.try_send(Ask {
                 key: key.to_owned(),
                 spec: *spec,
@@ -197,6 +200,13 @@ mod tests {
         let ask = rx.try_recv().unwrap();
         assert_eq!(ask.key, "rl:{a:1}");
         assert_eq!(ask.spec, s);
+        // An Envoy RLS key past its threshold asks nothing: the primary
+        // would refuse it.
+        store
+            .acquire("rl:{rls:edge:k=v}", &s, 9, Unspent::default())
+            .await
+            .unwrap();
+        assert!(rx.try_recv().is_err());
     }
 
     #[tokio::test]
