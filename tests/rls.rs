@@ -137,22 +137,22 @@ async fn codes(c: &mut RateLimitServiceClient<Channel>, entries: &[(&str, &str)]
 
 use Code::{Ok as OK, OverLimit as Over};
 
-/// Waits while the hour is about to turn, so a test's hourly windows do
-/// not reset under it.
-fn clear_of_the_minute() {
+/// Waits while a window of `period` seconds is within `margin` seconds of
+/// turning, so a test's windows do not reset under it.
+fn clear_of(period: u64, margin: u64) {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-    let left = 60 - now % 60;
-    if left < 5 {
+    let left = period - now % period;
+    if left < margin {
         std::thread::sleep(Duration::from_secs(left + 1));
     }
 }
 
+fn clear_of_the_minute() {
+    clear_of(60, 5);
+}
+
 fn clear_of_the_hour() {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-    let left = 3_600 - now % 3_600;
-    if left < 15 {
-        std::thread::sleep(Duration::from_secs(left + 1));
-    }
+    clear_of(3_600, 15);
 }
 
 #[tokio::test]
