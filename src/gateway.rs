@@ -309,15 +309,14 @@ impl Gateway {
         let facts = facts(route, identity, req.headers());
         let which = applying_limits(&snapshot.config.limits, route, identity.tier);
         // Tokens at hand decide without building a future that waits.
-        match self.limiter.try_check(&snapshot.limits, &which, &facts) {
-            Some(verdict) => verdict,
-            // Boxed: the waiting path is rare, and inline it would make every
-            // request's future (moved into hyper's box per request) larger.
-            None => {
-                let fail_open = route.on_store_failure == StoreFailure::Allow;
-                Box::pin(self.limiter.check(&snapshot.limits, &which, &facts, fail_open)).await
-            }
+        let mut verdict = Verdict::default();
+        if self.limiter.try_check(&snapshot.limits, &which, &facts, &mut verdict) {
+            return verdict;
         }
+        // Boxed: the waiting path is rare, and inline it would make every
+        // request's future (moved into hyper's box per request) larger.
+        let fail_open = route.on_store_failure == StoreFailure::Allow;
+        Box::pin(self.limiter.check(&snapshot.limits, &which, &facts, fail_open)).await
     }
 
     /// Shadow- and soft-limited decisions to the event pipeline, at most one

@@ -66,25 +66,49 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
 /// hash alike. Used to find a lease; the string is built only when the
 /// store must be asked.
 pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart], facts: &Facts<'_>) {
+    hasher.write_usize(limit.len());
+    hasher.write(limit.as_bytes());
+    hash_parts(hasher, by, facts);
+}
+
+/// The parts of [`hash_into`] after the limit's name: for a caller that
+/// feeds the name once worked out ([`name_id`]) instead of its bytes.
+pub fn hash_parts(hasher: &mut impl std::hash::Hasher, by: &[KeyPart], facts: &Facts<'_>) {
     fn part(hasher: &mut impl std::hash::Hasher, bytes: &[u8]) {
         hasher.write_usize(bytes.len());
         hasher.write(bytes);
     }
-    part(hasher, limit.as_bytes());
+    // As `part` of `[prefix] + bytes`, without building that slice.
+    fn prefixed(hasher: &mut impl std::hash::Hasher, prefix: u8, bytes: &[u8]) {
+        hasher.write_usize(1 + bytes.len());
+        hasher.write_u8(prefix);
+        hasher.write(bytes);
+    }
+    // The address parts out of line: inline, the compiler worked out the
+    // canonical address and subnet ahead of the loop for every key, a
+    // hundred-odd instructions that a key of other parts never used.
+    #[inline(never)]
+    fn address(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => part(hasher, &v4.octets()),
+            IpAddr::V6(v6) => part(hasher, &v6.octets()),
+        }
+    }
+    // Prefixed so a subnet never hashes like an address.
+    #[inline(never)]
+    fn network(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
+        match subnet(ip) {
+            IpAddr::V4(v4) => prefixed(hasher, 24, &v4.octets()),
+            IpAddr::V6(v6) => prefixed(hasher, 64, &v6.octets()),
+        }
+    }
     for p in by {
         match p {
             KeyPart::Identity => part(hasher, facts.identity.as_bytes()),
             KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
             KeyPart::Route => part(hasher, facts.route.as_bytes()),
-            KeyPart::Ip => match facts.ip.to_canonical() {
-                IpAddr::V4(v4) => part(hasher, &v4.octets()),
-                IpAddr::V6(v6) => part(hasher, &v6.octets()),
-            },
-            // Prefixed so a subnet never hashes like an address.
-            KeyPart::Subnet => match subnet(facts.ip) {
-                IpAddr::V4(v4) => part(hasher, &[&[24u8][..], &v4.octets()].concat()),
-                IpAddr::V6(v6) => part(hasher, &[&[64u8][..], &v6.octets()].concat()),
-            },
+            KeyPart::Ip => address(hasher, facts.ip),
+            KeyPart::Subnet => network(hasher, facts.ip),
             // A missing header gets a length no value can have.
             KeyPart::Header(name) => match facts.headers.get(name) {
                 Some(v) => part(hasher, v.as_bytes()),
@@ -92,6 +116,14 @@ pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart
             },
         }
     }
+}
+
+/// A limit's name as 64 bits, fed to a key's hash in place of the name's
+/// bytes (the names are the operator's: a fixed seed serves). Two names
+/// share it with odds of 2^-64.
+pub fn name_id(name: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x6c65_6173_6567_6174).hash_one(name)
 }
 
 /// The network of `ip`: its /24 (IPv4, also IPv4-mapped IPv6) or /64.

@@ -100,6 +100,9 @@ pub struct Lease {
     waiting: AtomicU64,
     /// Forgotten by the lease table: tokens added later go back at once.
     evicted: AtomicBool,
+    /// Threads' fronts keeping this lease (see `near`): references that
+    /// do not make it busy.
+    near: AtomicU64,
     /// The store's window of the last grant (sliding window), for giving
     /// tokens back to the window they were counted in.
     window_ms: AtomicU64,
@@ -387,6 +390,20 @@ impl Lease {
 
     pub fn is_evicted(&self) -> bool {
         self.evicted.load(Ordering::Acquire)
+    }
+
+    /// How many threads' fronts keep this lease.
+    pub fn held_near(&self) -> usize {
+        self.near.load(Ordering::Acquire) as usize
+    }
+
+    /// A front starts (+1) or stops (-1) keeping this lease.
+    pub(super) fn near_count(&self, delta: i64) {
+        if delta >= 0 {
+            self.near.fetch_add(delta as u64, Ordering::AcqRel);
+        } else {
+            self.near.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
+        }
     }
 
     /// Records a store answer that granted nothing.

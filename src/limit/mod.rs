@@ -11,7 +11,8 @@
 //! path.
 
 //!
-//! Rooms: [`table`] (the bounded lease table), `slow_path` (one store call
+//! Rooms: [`table`] (the bounded lease table), `near` (each thread's
+//! front of it: a hot key's lease without a lock), `slow_path` (one store call
 //! per key at a time, serving the requests queued behind it), `fallback`
 //! (local buckets while the store is away), `sweep` (tokens going back),
 //! [`blocked`] (the short-circuit after a refusal), [`stage`] (what a
@@ -25,6 +26,7 @@ pub mod headers;
 pub mod key;
 pub mod keyed;
 pub mod lease;
+mod near;
 pub mod report;
 mod slow_path;
 pub mod stage;
@@ -52,6 +54,11 @@ pub struct LimitRuntime {
     /// `config.shards`, kept beside `spec` so an unsharded decision does
     /// not touch the config at all.
     shards: u32,
+    /// `spec` cut to this region's slice: the quota of every key of an
+    /// unsharded limit without plans, worked out once.
+    sliced: Spec,
+    /// The name as it enters key hashes ([`key::name_id`]).
+    name_id: u64,
     /// Whether a canary limit enforces on this instance.
     pub enforcing: bool,
     counters: [StripedCounter; 4],
@@ -71,6 +78,8 @@ impl LimitRuntime {
         LimitRuntime {
             spec: config.spec(),
             shards: config.shards,
+            sliced: config.spec().slice(config.share),
+            name_id: key::name_id(&config.name),
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
             counters: [
                 counter(Outcome::Admitted),
@@ -106,6 +115,9 @@ impl LimitRuntime {
     /// The quota of a request's key, and its sub-bucket when the limit is
     /// sharded.
     fn spec_for(&self, facts: &Facts<'_>) -> (Spec, Option<u32>) {
+        if self.shards <= 1 && (facts.plan.is_none() || self.config.plans.is_empty()) {
+            return (self.sliced, None);
+        }
         key_spec(&self.config, self.spec, self.shards, facts)
     }
 }
@@ -258,7 +270,8 @@ impl Limiter {
     /// The hash of `limit`'s key for `facts`, without building the key.
     fn key_hash(&self, limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> u64 {
         let mut hasher = self.leases.hasher.build_hasher();
-        key::hash_into(&mut hasher, &limit.config.name, &limit.config.by, facts);
+        hasher.write_u64(limit.name_id);
+        key::hash_parts(&mut hasher, &limit.config.by, facts);
         if let Some(s) = shard {
             hasher.write_u32(s);
         }
@@ -272,17 +285,24 @@ impl Limiter {
     /// The verdict when every limit decides from memory, without waiting
     /// for anything: a token at hand, or a key blocked after a refusal (the
     /// local short-circuit). `None` (and nothing spent) when one of them
-    /// needs the store. This is the common path: a hash, a read lock and
-    /// one compare-and-swap per limit; a blocked key's refusal builds no
+    /// needs the store. This is the common path: a hash, a lookup in the
+    /// thread's front (a shard's read lock when it misses) and one
+    /// compare-and-swap per limit; a blocked key's refusal builds no
     /// key string and no future.
+    ///
+    /// Fills `verdict` (empty on entry) and returns true; false, with
+    /// `verdict` left empty, when one limit needs the store. Written in
+    /// place: a verdict is a few hundred bytes, and moving it in and out of
+    /// an `Option` cost this path a third of its time.
     pub fn try_check(
         self: &Arc<Self>,
         all: &[Arc<LimitRuntime>],
         which: &[usize],
         facts: &Facts<'_>,
-    ) -> Option<Verdict> {
+        verdict: &mut Verdict,
+    ) -> bool {
+        debug_assert!(verdict.limits.is_empty() && verdict.taken.is_empty());
         let now = self.now_ms();
-        let mut verdict = Verdict::default();
         for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let (spec, shard) = limit.spec_for(facts);
             let h = self.key_hash(limit, facts, shard);
@@ -303,15 +323,16 @@ impl Limiter {
                 })
                 .unwrap_or(false);
             if !blocked {
-                self.undo(&verdict);
-                return None;
+                self.undo(verdict);
+                *verdict = Verdict::default();
+                return false;
             }
             let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
             let refused = lv.outcome == Outcome::Limited;
             verdict.limits.push(lv);
             if refused {
                 verdict.refused = Some(verdict.limits.len() - 1);
-                self.undo(&verdict);
+                self.undo(verdict);
                 verdict.taken.clear();
                 break;
             }
@@ -321,7 +342,7 @@ impl Limiter {
                 limit.count(lv.outcome);
             }
         }
-        Some(verdict)
+        true
     }
 
     /// Spends a token at hand for `h`, if there is one, starting a refill

@@ -103,7 +103,7 @@ impl Limiter {
             let touched = lease.touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
             // A lease someone holds (a store call in flight) stays.
-            !(idle && lease.available() == 0 && Arc::strong_count(lease) == 1)
+            !(idle && lease.available() == 0 && !super::near::is_held(lease))
         });
         self.release_batch(to_release).await;
     }

@@ -5,7 +5,8 @@
 //! nothing else. Two keys would share a lease only on a full 64-bit
 //! collision under a per-process random seed (about 1 in 10^7 for a million
 //! live keys). Sharded so unrelated keys rarely share a lock; a lock is held
-//! only for the lookup (and the atomic spend), never across an await.
+//! only for the lookup (and the atomic spend), never across an await. Each
+//! thread's front (`near`) answers its hot keys without the lock.
 //!
 //! The cap is hard: a shard never holds more than its share of
 //! `[store] max_keys`. A new key at a full shard evicts an eighth of it at
@@ -17,12 +18,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use super::lease::Lease;
+use super::near;
 
 pub const SHARDS: usize = 64;
 
 type Shard = RwLock<crate::int_hash::IntMap<u64, Arc<Lease>>>;
 
 pub struct LeaseTable {
+    /// This table's entries in threads' fronts (see `near`).
+    id: u64,
     shards: Box<[Shard]>,
     pub(super) hasher: foldhash::fast::RandomState,
     per_shard_cap: usize,
@@ -36,6 +40,7 @@ pub type Evicted = Vec<Arc<Lease>>;
 impl LeaseTable {
     pub fn new(max_keys: usize) -> LeaseTable {
         LeaseTable {
+            id: super::near::new_table_id(),
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
             hasher: foldhash::fast::RandomState::default(),
             per_shard_cap: max_keys.div_ceil(SHARDS).max(8),
@@ -51,10 +56,25 @@ impl LeaseTable {
         &self.shards[(h >> 58) as usize % SHARDS]
     }
 
-    /// Runs `f` on the lease of `h`, if there is one, under a read lock.
+    /// Runs `f` on the lease of `h`, if there is one: from this thread's
+    /// front when it keeps the lease (no lock), else under the shard's read
+    /// lock, offering the lease to the front on its second miss there.
     pub fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
-        let shard = self.shard(h).read().ok()?;
-        shard.get(&h).map(|l| f(l))
+        let mut f = Some(f);
+        if let Some(t) = near::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {
+            return Some(t);
+        }
+        // Taken only by a hit, which returned.
+        let f = f.take()?;
+        let (t, keep) = {
+            let shard = self.shard(h).read().ok()?;
+            let lease = shard.get(&h)?;
+            (f(lease), near::wants(self.id, h).then(|| lease.clone()))
+        };
+        if let Some(lease) = keep {
+            near::keep(self.id, h, lease);
+        }
+        Some(t)
     }
 
     pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
@@ -75,7 +95,7 @@ impl LeaseTable {
             // Idle leases first: nothing at hand, nobody holding them.
             let mut victims: Vec<u64> = shard
                 .iter()
-                .filter(|(_, l)| l.available() == 0 && Arc::strong_count(l) == 1)
+                .filter(|(_, l)| l.available() == 0 && !near::is_held(l))
                 .map(|(k, _)| *k)
                 .take(batch)
                 .collect();

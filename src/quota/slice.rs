@@ -36,6 +36,11 @@ impl Share {
 
     /// `floor(total × share)`, at least 1 (a quota is never zero).
     pub fn of(self, total: u64) -> u64 {
+        // The whole (every gateway without `[region]`), without the
+        // 128-bit division every decision would otherwise pay.
+        if self == Share::WHOLE {
+            return total.max(1);
+        }
         let part = u128::from(total) * u128::from(self.0) / u128::from(PPM);
         u64::try_from(part).unwrap_or(u64::MAX).max(1)
     }
@@ -43,6 +48,9 @@ impl Share {
     /// `ceil(total × share)`: the first level at which a fraction of a
     /// quota counts as reached.
     pub fn of_ceil(self, total: u64) -> u64 {
+        if self == Share::WHOLE {
+            return total;
+        }
         let part = (u128::from(total) * u128::from(self.0)).div_ceil(u128::from(PPM));
         u64::try_from(part).unwrap_or(u64::MAX)
     }
