@@ -284,7 +284,7 @@ impl Limiter {
 
     /// The verdict when every limit decides from memory, without waiting
     /// for anything: a token at hand, or a key blocked after a refusal (the
-    /// local short-circuit). `None` (and nothing spent) when one of them
+    /// local short-circuit). False (and nothing spent) when one of them
     /// needs the store. This is the common path: a hash, a lookup in the
     /// thread's front (a shard's read lock when it misses) and one
     /// compare-and-swap per limit; a blocked key's refusal builds no

@@ -4,9 +4,11 @@
 //! worker deciding in that shard shares).
 //!
 //! Each thread keeps [`SLOTS`] leases, one per slot, the slot picked by the
-//! key's hash. A key earns a slot by missing in it twice in a row, so a
-//! stream of distinct keys (a flood of new identities, a scan) never churns
-//! the leases kept here; a hot key gets in on its second decision.
+//! key's hash. A key earns a slot by missing in it twice with no other miss
+//! or hit there in between, so a stream of distinct keys (a flood of new
+//! identities, a scan) never churns the leases kept here, nor does a key
+//! that shares its slot with a kept key still in use; a hot key gets in on
+//! its second decision.
 //!
 //! An entry is believed only while its lease is not evicted: the table
 //! marks every lease it lets go of ([`Lease::evict`]), and a decision on an
@@ -15,7 +17,7 @@
 //! nobody uses from one a store call holds ([`is_held`]). What a thread
 //! keeps here is bounded by [`SLOTS`], and goes when the thread ends.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -60,8 +62,11 @@ struct Slot {
     /// (table id, key hash) of `lease`.
     key: (u64, u64),
     lease: Option<Kept>,
-    /// The last key that missed here: a second miss in a row keeps it.
-    candidate: (u64, u64),
+    /// The last key that missed here: a second miss in a row keeps it. A
+    /// hit clears it, so a kept key still in use is never replaced by one
+    /// missing between its hits (two keys of one slot would otherwise take
+    /// turns, each swap two shared counts and an Arc's).
+    candidate: Cell<(u64, u64)>,
 }
 
 thread_local! {
@@ -81,7 +86,11 @@ pub fn with<T>(table: u64, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
             let front = front.try_borrow().ok()?;
             let slot = &front[index(h)];
             let Kept(lease) = slot.lease.as_ref()?;
-            (slot.key == (table, h) && !lease.is_evicted()).then(|| f(lease))
+            if slot.key != (table, h) || lease.is_evicted() {
+                return None;
+            }
+            slot.candidate.set((0, 0));
+            Some(f(lease))
         })
         .ok()
         .flatten()
@@ -96,10 +105,10 @@ pub fn wants(table: u64, h: u64) -> bool {
                 return false;
             };
             let slot = &mut front[index(h)];
-            if slot.candidate == (table, h) {
+            if slot.candidate.get() == (table, h) {
                 return true;
             }
-            slot.candidate = (table, h);
+            slot.candidate.set((table, h));
             false
         })
         .unwrap_or(false)
@@ -114,7 +123,7 @@ pub fn keep(table: u64, h: u64, lease: Arc<Lease>) {
             let mut front = front.try_borrow_mut().ok()?;
             let slot = &mut front[index(h)];
             slot.key = (table, h);
-            slot.candidate = (0, 0);
+            slot.candidate.set((0, 0));
             slot.lease.replace(kept)
         })
         .ok()
@@ -149,6 +158,24 @@ mod tests {
         keep(table, 7 + SLOTS as u64, Arc::new(Lease::new("j")));
         assert_eq!(lease.held_near(), 0);
         assert_eq!(Arc::strong_count(&lease), 1);
+    }
+
+    #[test]
+    fn a_kept_key_in_use_is_not_replaced_by_its_slot_mate() {
+        let table = new_table_id();
+        let (a, b) = (3, 3 + SLOTS as u64);
+        let lease = Arc::new(Lease::new("a"));
+        assert!(!wants(table, a));
+        assert!(wants(table, a));
+        keep(table, a, lease.clone());
+        // b misses between a's hits: never twice in a row.
+        for _ in 0..10 {
+            assert!(!wants(table, b), "b is not kept while a is in use");
+            assert!(with(table, a, |_| ()).is_some());
+        }
+        // Once a stops, b gets in.
+        assert!(!wants(table, b));
+        assert!(wants(table, b));
     }
 
     #[test]
