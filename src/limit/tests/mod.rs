@@ -475,12 +475,15 @@ async fn expired_leases_go_back_to_the_store() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     limiter.sweep(60_000).await;
     assert_eq!(store.releases.load(Ordering::SeqCst), 1);
-    // All 1000 are back in the shared bucket.
+    // All but the one spent are back in the shared bucket (plus the token
+    // it refills every 60 ms, if the machine made this test take that long:
+    // the bucket holds 1000 at most). Without the release it would be
+    // short of the lease's unspent tokens.
     let g = store
         .inner
         .acquire_now("rl:{l:a}", &limits[0].spec, 2_000, Unspent::default())
         .unwrap();
-    assert_eq!(g.granted, 1_000 - 1);
+    assert!((999..=1_000).contains(&g.granted), "{} granted", g.granted);
 }
 
 #[tokio::test]
