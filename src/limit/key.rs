@@ -62,8 +62,8 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
 }
 
 /// Feeds the key of `limit` for `facts` to `hasher` without building it:
-/// the same parts as [`derive`], each length-prefixed so no two part lists
-/// hash alike. Used to find a lease; the string is built only when the
+/// the same parts as [`derive`], each but the last length-prefixed so no
+/// two part lists of one limit hash alike. Used to find a lease; the string is built only when the
 /// store must be asked.
 pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart], facts: &Facts<'_>) {
     hasher.write_usize(limit.len());
@@ -72,55 +72,76 @@ pub fn hash_into(hasher: &mut impl std::hash::Hasher, limit: &str, by: &[KeyPart
 }
 
 /// The parts of [`hash_into`] after the limit's name: for a caller that
-/// feeds the name once worked out ([`name_id`]) instead of its bytes.
+/// puts the name in the hasher's seed ([`name_id`]) instead.
 pub fn hash_parts(hasher: &mut impl std::hash::Hasher, by: &[KeyPart], facts: &Facts<'_>) {
-    fn part(hasher: &mut impl std::hash::Hasher, bytes: &[u8]) {
-        hasher.write_usize(bytes.len());
-        hasher.write(bytes);
+    // A limit's parts are fixed, so the last one ends where the input does:
+    // its length is left out (a key of one part then costs the hasher a
+    // single write, and no final fold of a length).
+    let Some((last, rest)) = by.split_last() else {
+        return;
+    };
+    for p in rest {
+        hash_part(hasher, p, facts, true);
     }
-    // As `part` of `[prefix] + bytes`, without building that slice.
-    fn prefixed(hasher: &mut impl std::hash::Hasher, prefix: u8, bytes: &[u8]) {
-        hasher.write_usize(1 + bytes.len());
-        hasher.write_u8(prefix);
-        hasher.write(bytes);
-    }
-    // The address parts out of line: inline, the compiler worked out the
-    // canonical address and subnet ahead of the loop for every key, a
-    // hundred-odd instructions that a key of other parts never used.
-    #[inline(never)]
-    fn address(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => part(hasher, &v4.octets()),
-            IpAddr::V6(v6) => part(hasher, &v6.octets()),
+    hash_part(hasher, last, facts, false);
+}
+
+/// One part of [`hash_parts`]; `framed`: preceded by its length.
+#[inline(always)]
+fn hash_part(hasher: &mut impl std::hash::Hasher, p: &KeyPart, facts: &Facts<'_>, framed: bool) {
+    let part = |hasher: &mut _, bytes: &[u8]| {
+        if framed {
+            std::hash::Hasher::write_usize(hasher, bytes.len());
         }
-    }
-    // Prefixed so a subnet never hashes like an address.
-    #[inline(never)]
-    fn network(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
-        match subnet(ip) {
-            IpAddr::V4(v4) => prefixed(hasher, 24, &v4.octets()),
-            IpAddr::V6(v6) => prefixed(hasher, 64, &v6.octets()),
-        }
-    }
-    for p in by {
-        match p {
-            KeyPart::Identity => part(hasher, facts.identity.as_bytes()),
-            KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
-            KeyPart::Route => part(hasher, facts.route.as_bytes()),
-            KeyPart::Ip => address(hasher, facts.ip),
-            KeyPart::Subnet => network(hasher, facts.ip),
-            // A missing header gets a length no value can have.
-            KeyPart::Header(name) => match facts.headers.get(name) {
-                Some(v) => part(hasher, v.as_bytes()),
-                None => hasher.write_usize(usize::MAX),
-            },
-        }
+        std::hash::Hasher::write(hasher, bytes);
+    };
+    match p {
+        KeyPart::Identity => part(hasher, facts.identity.as_bytes()),
+        KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
+        KeyPart::Route => part(hasher, facts.route.as_bytes()),
+        KeyPart::Ip => address(hasher, facts.ip),
+        KeyPart::Subnet => network(hasher, facts.ip),
+        // A missing header gets a length no value can have.
+        KeyPart::Header(name) => match facts.headers.get(name) {
+            Some(v) => part(hasher, v.as_bytes()),
+            None => hasher.write_usize(usize::MAX),
+        },
     }
 }
 
-/// A limit's name as 64 bits, fed to a key's hash in place of the name's
-/// bytes (the names are the operator's: a fixed seed serves). Two names
-/// share it with odds of 2^-64.
+// The address parts out of line (and always with their length): inline,
+// the compiler worked out the canonical address and subnet ahead of the
+// parts loop for every key, a hundred-odd instructions that a key of other
+// parts never used.
+#[inline(never)]
+fn address(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => prefixed(hasher, None, &a.octets()),
+        IpAddr::V6(a) => prefixed(hasher, None, &a.octets()),
+    }
+}
+
+// Prefixed so a subnet never hashes like an address.
+#[inline(never)]
+fn network(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
+    match subnet(ip) {
+        IpAddr::V4(a) => prefixed(hasher, Some(24), &a.octets()),
+        IpAddr::V6(a) => prefixed(hasher, Some(64), &a.octets()),
+    }
+}
+
+/// A part of `[prefix] + bytes` with its length, without building that slice.
+fn prefixed(hasher: &mut impl std::hash::Hasher, prefix: Option<u8>, bytes: &[u8]) {
+    hasher.write_usize(usize::from(prefix.is_some()) + bytes.len());
+    if let Some(p) = prefix {
+        hasher.write_u8(p);
+    }
+    hasher.write(bytes);
+}
+
+/// A limit's name as 64 bits, folded into the seed of its keys' hashes in
+/// place of the name's bytes (the names are the operator's: a fixed seed
+/// serves here). Two names share it with odds of 2^-64.
 pub fn name_id(name: &str) -> u64 {
     use std::hash::BuildHasher;
     foldhash::quality::FixedState::with_seed(0x6c65_6173_6567_6174).hash_one(name)
@@ -315,6 +336,57 @@ mod tests {
         let mut k = String::new();
         derive(&mut k, "l", &by, &facts(&h));
         assert_ne!(k, hashed);
+    }
+
+    /// A hasher that keeps the byte stream it is fed: the encoding itself
+    /// must tell keys apart, whatever hasher reads it.
+    #[derive(Default)]
+    struct Stream(Vec<u8>);
+
+    impl std::hash::Hasher for Stream {
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.extend_from_slice(bytes);
+        }
+        fn finish(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn parts_are_told_apart_wherever_their_boundary_falls() {
+        let (a, b) = (HeaderName::from_static("x-a"), HeaderName::from_static("x-b"));
+        let by = [
+            KeyPart::Identity,
+            KeyPart::Header(a.clone()),
+            KeyPart::Header(b.clone()),
+        ];
+        let stream = |identity: &str, x: &str, y: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(a.clone(), HeaderValue::from_str(x).unwrap());
+            h.insert(b.clone(), HeaderValue::from_str(y).unwrap());
+            let mut s = Stream::default();
+            hash_parts(&mut s, &by, &Facts { identity, ..facts(&h) });
+            s.0
+        };
+        let mut seen = std::collections::HashSet::new();
+        // Every way to cut "abcd" in three, the empty pieces included.
+        for i in 0..=4 {
+            for j in i..=4 {
+                let s = "abcd";
+                assert!(seen.insert(stream(&s[..i], &s[i..j], &s[j..])), "{i} {j}");
+            }
+        }
+        // The last part goes without its length: the input ends where it does.
+        let mut s = Stream::default();
+        hash_parts(
+            &mut s,
+            &[KeyPart::Identity],
+            &Facts {
+                identity: "abc",
+                ..facts(&HeaderMap::new())
+            },
+        );
+        assert_eq!(s.0, b"abc");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub mod stage;
 mod sweep;
 pub mod table;
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
 use crate::clock::Clock;
@@ -269,8 +269,7 @@ impl Limiter {
 
     /// The hash of `limit`'s key for `facts`, without building the key.
     fn key_hash(&self, limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> u64 {
-        let mut hasher = self.leases.hasher.build_hasher();
-        hasher.write_u64(limit.name_id);
+        let mut hasher = self.leases.key_hasher(limit.name_id);
         key::hash_parts(&mut hasher, &limit.config.by, facts);
         if let Some(s) = shard {
             hasher.write_u32(s);

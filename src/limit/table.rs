@@ -29,6 +29,8 @@ pub struct LeaseTable {
     id: u64,
     shards: Box<[Shard]>,
     pub(super) hasher: foldhash::fast::RandomState,
+    /// The per-process seed of request keys' hashes ([`LeaseTable::key_hasher`]).
+    key_seed: u64,
     per_shard_cap: usize,
 }
 
@@ -42,9 +44,17 @@ impl LeaseTable {
         LeaseTable {
             id: super::near::new_table_id(),
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
+            key_seed: fastrand::u64(..),
             hasher: foldhash::fast::RandomState::default(),
             per_shard_cap: max_keys.div_ceil(SHARDS).max(8),
         }
+    }
+
+    /// A hasher for the keys of the limit whose name is `name_id`: the
+    /// name is folded into the process's random seed instead of written, so
+    /// a key of one short part is hashed without the hasher's final fold.
+    pub(super) fn key_hasher(&self, name_id: u64) -> foldhash::fast::FoldHasher<'static> {
+        foldhash::fast::FoldHasher::with_seed(self.key_seed ^ name_id, foldhash::SharedSeed::global_random())
     }
 
     /// Most leases the table holds.
