@@ -29,7 +29,8 @@ pub struct LeaseTable {
     id: u64,
     shards: Box<[Shard]>,
     pub(super) hasher: foldhash::fast::RandomState,
-    /// The per-process seed of request keys' hashes ([`LeaseTable::key_hasher`]).
+    /// This table's random seed of request keys' hashes
+    /// ([`LeaseTable::key_hasher`]).
     key_seed: u64,
     per_shard_cap: usize,
 }
@@ -51,8 +52,8 @@ impl LeaseTable {
     }
 
     /// A hasher for the keys of the limit whose name is `name_id`: the
-    /// name is folded into the process's random seed instead of written, so
-    /// a key of one short part is hashed without the hasher's final fold.
+    /// name is folded into the table's random seed instead of written, so
+    /// a key of one part is hashed by one write, without a final fold.
     pub(super) fn key_hasher(&self, name_id: u64) -> foldhash::fast::FoldHasher<'static> {
         foldhash::fast::FoldHasher::with_seed(self.key_seed ^ name_id, foldhash::SharedSeed::global_random())
     }
