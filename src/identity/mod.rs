@@ -312,7 +312,7 @@ pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
 }
 
 /// `subnet:<cidr>`. Every request of the subnet tier has one made: an IPv4
-/// network is written digit by digit (no `fmt`), IPv6 by its `Display`
+/// network is written with `itoa` (no `fmt`), IPv6 by its `Display`
 /// (its zero compression is not worth repeating).
 fn subnet_value(net: &IpNet) -> String {
     let mut value = String::with_capacity(32);
@@ -323,26 +323,16 @@ fn subnet_value(net: &IpNet) -> String {
                 if i > 0 {
                     value.push('.');
                 }
-                push_decimal(&mut value, octet);
+                value.push_str(itoa::Buffer::new().format(octet));
             }
             value.push('/');
-            push_decimal(&mut value, v4.prefix_len());
+            value.push_str(itoa::Buffer::new().format(v4.prefix_len()));
         }
         IpNet::V6(_) => {
             let _ = write!(value, "{net}");
         }
     }
     value
-}
-
-fn push_decimal(out: &mut String, n: u8) {
-    if n >= 100 {
-        out.push(char::from(b'0' + n / 100));
-    }
-    if n >= 10 {
-        out.push(char::from(b'0' + n / 10 % 10));
-    }
-    out.push(char::from(b'0' + n % 10));
 }
 
 /// 16 hex digits over JA4, header-name order and subnet.
