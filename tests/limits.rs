@@ -206,9 +206,13 @@ async fn header_styles_are_the_operators_choice() {
     assert!(h.keys().all(|k| !k.as_str().starts_with("ratelimit")), "{h:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_request_gets_one_structured_access_log_line() {
-    let gw = Gateway::start(&config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\""));
+/// The access log of a gateway (`[gateway]` lines `extra` added) with a
+/// limit of 1/min after two requests: one admitted, one refused with
+/// `x-request-id: abc`.
+async fn two_logged_requests(extra: &str) -> Vec<String> {
+    let toml = config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\"")
+        .replace("workers = 2\n", &format!("workers = 2\n{extra}"));
+    let gw = Gateway::start(&toml);
     let mut c = client::http1(gw.http()).await;
     assert_eq!(get(&mut c).await.0, 200);
     let req = Request::get("/x?q=1")
@@ -223,6 +227,12 @@ async fn every_request_gets_one_structured_access_log_line() {
     }
     let lines = gw.access_log();
     assert_eq!(lines.len(), 2, "{lines:?}");
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_one_structured_access_log_line() {
+    let lines = two_logged_requests("").await;
     let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
     assert_eq!(v["request_id"], "abc");
     assert_eq!(v["route"], "demo");
@@ -248,23 +258,7 @@ async fn every_request_gets_one_structured_access_log_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_text_access_log_writes_the_same_fields_as_key_value_pairs() {
-    let text = config("[[limits]]\nname = \"one\"\nrate = \"1/min\"\n", "\"one\"")
-        .replace("workers = 2\n", "workers = 2\naccess_log = \"text\"\n");
-    let gw = Gateway::start(&text);
-    let mut c = client::http1(gw.http()).await;
-    assert_eq!(get(&mut c).await.0, 200);
-    let req = Request::get("/x?q=1")
-        .header("host", "x")
-        .header("x-request-id", "abc")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    assert_eq!(client::send(&mut c, req).await.status(), 429);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while gw.access_log().len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let lines = gw.access_log();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    let lines = two_logged_requests("access_log = \"text\"\n").await;
     let line = &lines[1];
     assert!(line.contains("  INFO "), "{line}");
     let fields = line.split_once("  INFO ").map(|(_, f)| f).unwrap();
