@@ -132,7 +132,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(g.check_key(black_box(&hot)).is_ok()))
     });
     group.finish();
-    interleaved(&s, &g, &hot);
+    interleaved(c, &s, &g, &hot);
 
     let mut group = c.benchmark_group("100k keys");
     let mut i = 0usize;
@@ -173,93 +173,68 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// The hot key again, leasegate and governor taking turns in short slices
-/// (who goes first alternating), so both see the same machine: criterion
+/// The hot key again, leasegate and governor taking turns: each criterion
+/// sample times a slice of one, then a slice of the other as long (who goes
+/// first alternating), so both see the same machine. Criterion alone
 /// measures one after the other, seconds apart, and this guest drifts by
-/// 20-30 % between them. Prints each one's median time per decision and the
-/// median ratio with its spread. Runs unless a filter leaves it out; under
-/// `cargo test` (`--test`), a few slices only.
-fn interleaved(s: &Setup, g: &governor::DefaultKeyedRateLimiter<String>, hot: &String) {
-    const NAME: &str = "hot key, interleaved";
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if filter(&args).is_some_and(|f| !NAME.contains(f)) {
+/// 20-30 % between them. Criterion reports leasegate's slices; this prints
+/// both medians and the median ratio of the pairs with its spread. Under
+/// criterion's filters and its test mode like any other benchmark.
+fn interleaved(c: &mut Criterion, s: &Setup, g: &governor::DefaultKeyedRateLimiter<String>, hot: &String) {
+    let mut pairs: Vec<(f64, f64)> = Vec::new();
+    let mut turn = false;
+    let mut group = c.benchmark_group("hot key");
+    group.bench_function("leasegate, interleaved with governor", |b| {
+        b.iter_custom(|iters| {
+            let ours = || {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    black_box(s.decide(black_box(hot)));
+                }
+                t.elapsed()
+            };
+            let theirs = || {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    black_box(g.check_key(black_box(hot)).is_ok());
+                }
+                t.elapsed()
+            };
+            turn = !turn;
+            let (a, b) = if turn {
+                (ours(), theirs())
+            } else {
+                let b = theirs();
+                (ours(), b)
+            };
+            // Criterion's warm-up starts from one iteration: too short a
+            // slice to time.
+            if iters >= 1_000 {
+                let per = |d: Duration| d.as_nanos() as f64 / iters as f64;
+                pairs.push((per(a), per(b)));
+            }
+            a
+        })
+    });
+    group.finish();
+    if pairs.is_empty() {
         return;
     }
-    // As criterion: `cargo bench` passes `--bench`; without it (`cargo
-    // test`) this is a smoke run.
-    let (pairs, batch): (usize, u32) = if args.iter().any(|a| a == "--bench") {
-        (301, 20_000)
-    } else {
-        (2, 10)
-    };
-    let ours = || {
-        let t = Instant::now();
-        for _ in 0..batch {
-            black_box(s.decide(black_box(hot)));
-        }
-        t.elapsed().as_nanos() as f64 / f64::from(batch)
-    };
-    let theirs = || {
-        let t = Instant::now();
-        for _ in 0..batch {
-            black_box(g.check_key(black_box(hot)).is_ok());
-        }
-        t.elapsed().as_nanos() as f64 / f64::from(batch)
-    };
-    let (mut l, mut r, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..pairs {
-        let (a, b) = if i % 2 == 0 {
-            (ours(), theirs())
-        } else {
-            let b = theirs();
-            (ours(), b)
-        };
-        l.push(a);
-        r.push(b);
-        ratio.push(a / b);
-    }
-    let median = |v: &mut Vec<f64>| {
+    let quantile = |mut v: Vec<f64>, q: f64| {
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        v[((v.len() - 1) as f64 * q) as usize]
     };
-    let (lm, rm, qm) = (median(&mut l), median(&mut r), median(&mut ratio));
+    let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
     println!(
-        "{NAME}: leasegate {lm:.1} ns, governor {rm:.1} ns; leasegate ÷ governor {qm:.2} \
-         (p10 {:.2}, p90 {:.2}) over {pairs} slice pairs of {batch}",
-        ratio[ratio.len() / 10],
-        ratio[ratio.len() * 9 / 10],
+        "hot key, interleaved: leasegate {:.1} ns, governor {:.1} ns; leasegate ÷ governor {:.2} \
+         (p10 {:.2}, p90 {:.2}) over {} pairs",
+        quantile(pairs.iter().map(|p| p.0).collect(), 0.5),
+        quantile(pairs.iter().map(|p| p.1).collect(), 0.5),
+        quantile(ratios.clone(), 0.5),
+        quantile(ratios.clone(), 0.1),
+        quantile(ratios, 0.9),
+        pairs.len(),
     );
-}
-
-/// The benchmark filter among criterion's arguments: the first one that is
-/// neither an option nor the value of one (`--sample-size 10`).
-fn filter(args: &[String]) -> Option<&str> {
-    const FLAGS: [&str; 13] = [
-        "--bench",
-        "--test",
-        "--list",
-        "--exact",
-        "--verbose",
-        "-v",
-        "--quiet",
-        "-n",
-        "--noplot",
-        "--discard-baseline",
-        "--ignored",
-        "--include-ignored",
-        "--quick",
-    ];
-    let mut value_next = false;
-    for a in args {
-        if a.starts_with('-') {
-            value_next = !FLAGS.contains(&a.as_str()) && !a.contains('=');
-        } else if value_next {
-            value_next = false;
-        } else {
-            return Some(a);
-        }
-    }
-    None
 }
 
 /// Wall time per decision with two threads deciding at once.
