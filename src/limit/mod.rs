@@ -75,10 +75,11 @@ impl LimitRuntime {
                 })
                 .clone()
         };
+        let spec = config.spec();
         LimitRuntime {
-            spec: config.spec(),
+            spec,
             shards: config.shards,
-            sliced: config.spec().slice(config.share),
+            sliced: spec.slice(config.share),
             name_id: key::name_id(&config.name),
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
             counters: [
