@@ -50,6 +50,9 @@ cargo build --release --quiet --bin leasegate
 mkdir -p "$OUT"
 
 work=$(mktemp -d)
+# nginx's workers run as nobody: they must be able to read the 429 target's
+# file (mktemp -d makes the directory 0700, and nginx would answer 403).
+chmod 755 "$work"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -97,12 +100,16 @@ start_nginx upstream 1
 
 nginx_conf nginx "$UPSTREAM_BLOCK
   server { listen 127.0.0.1:${PORT[nginx]}; $PROXY_LOCATION }"
+# The log goes in the server block: the http block's `access_log off` cancels
+# every other access_log of its own level.
 nginx_conf nginx-log "$UPSTREAM_BLOCK
-  access_log $work/nginx-log/access.log;
-  server { listen 127.0.0.1:${PORT[nginx-log]}; $PROXY_LOCATION }"
+  server { listen 127.0.0.1:${PORT[nginx-log]}; access_log $work/nginx-log/access.log; $PROXY_LOCATION }"
 mkdir -p "$work/www" && echo ok > "$work/www/index.html"
+# One bucket for every request, like leasegate's `by = ["route"]`. The key
+# must not be empty: limit_req does not account requests whose key is, and
+# $server_name is empty unless server_name is set.
 nginx_conf nginx-429 "limit_req_zone \$server_name zone=one:1m rate=1r/m;
-  server { listen 127.0.0.1:${PORT[nginx-429]};
+  server { listen 127.0.0.1:${PORT[nginx-429]}; server_name bench;
     location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }"
 nginx_conf nginx-h2 "$UPSTREAM_BLOCK
   server { listen 127.0.0.1:${PORT[nginx-h2]} ssl http2;
@@ -133,6 +140,31 @@ for n in nginx-h2 leasegate-h2; do
   for _ in $(seq 100); do curl -sk -o /dev/null --http2 "https://127.0.0.1:${PORT[$n]}/" && break; sleep 0.1; done
 done
 
+# expect_status NAME: the target answers what its row claims to measure,
+# 429 for the *-429 pair and 200 for the rest ("not 2xx" is not enough: an
+# nginx that cannot read its file answers 403, cheaper than limit_req's 429).
+expect_status() {
+  local name=$1 want=200 got
+  case $name in *-429) want=429 ;; esac
+  case $name in
+    *-h2) got=$(curl -sk -o /dev/null -w '%{http_code}' --http2 "https://127.0.0.1:${PORT[$name]}/") ;;
+    *) got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT[$name]:-$UP_PORT}/") ;;
+  esac
+  if [ "$got" != "$want" ]; then
+    echo "$name: answers $got, expected $want" >&2
+    exit 1
+  fi
+}
+
+# log_size NAME: bytes in the access log of a *-log target (nothing for the
+# others); `run` holds each to growing while it is timed.
+log_size() {
+  case $1 in
+    nginx-log) stat -c %s "$work/nginx-log/access.log" ;;
+    leasegate-log) stat -c %s "$work/leasegate-log.access.log" ;;
+  esac
+}
+
 # CPU ticks (user+system) used so far by a pid and its children.
 ticks() {
   local t=0 q
@@ -146,7 +178,8 @@ HZ=$(getconf CLK_TCK)
 # run NAME -> "rps p99_ms cpu_us_per_request"
 run() {
   local name=$1 before after rps p99 reqs cpu="-"
-  local pid=${PID[$name]:-}
+  local pid=${PID[$name]:-} logged
+  logged=$(log_size "$name")
   [ -n "$pid" ] && before=$(ticks "$pid")
   case $name in
     *-h2)
@@ -175,6 +208,11 @@ run() {
   if [ -n "$pid" ]; then
     after=$(ticks "$pid")
     cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+  fi
+  expect_status "$name"
+  if [ -n "$logged" ] && [ "$(log_size "$name")" -le "$logged" ]; then
+    echo "$name: its access log did not grow under load" >&2
+    exit 1
   fi
   echo "$rps $p99 $cpu"
 }
