@@ -1,10 +1,13 @@
 //! Every refusal the gateway makes, and the one place that maps it to an
 //! HTTP status and an `application/problem+json` body (RFC 9457).
 
+use std::cell::RefCell;
+
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::body::Body;
+use crate::limit::headers::{self as rl_headers, Status};
 
 /// Where the fault lies: decides the status family and whether it is logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,30 +79,92 @@ impl RequestError {
     }
 }
 
-/// The 429 for a refused request: names the limit, says when to retry.
-/// `Retry-After` is whole seconds, at least 1, rounded up.
+/// The 429 for a refused request: names the limit, says when to retry, and
+/// carries the `RateLimit-*` fields of `statuses` (rendered in `style`,
+/// the trio describing `focus`). `Retry-After` is whole seconds, at least
+/// 1, rounded up.
 ///
-/// A flood of refusals repeats the same body (one limit, a retry time that
-/// changes once a second), so each thread keeps the last one it wrote: a
-/// repeat costs a reference count, not a JSON document.
-pub fn too_many_requests(limit: &str, retry_after_ms: u64) -> Response<Body> {
+/// A flood of refusals repeats the same response (one limit, numbers that
+/// change once a second), so each thread keeps the last one it made: a
+/// repeat costs a clone of its header map and a reference count for its
+/// body, not a JSON document and eight header values built and inserted.
+pub fn too_many_requests(
+    limit: &str,
+    retry_after_ms: u64,
+    style: rl_headers::Style,
+    statuses: &[Status<'_>],
+    focus: Option<usize>,
+) -> Response<Body> {
     thread_local! {
-        static LAST: std::cell::RefCell<(String, u64, bytes::Bytes)> =
-            const { std::cell::RefCell::new((String::new(), 0, bytes::Bytes::new())) };
+        static LAST: RefCell<Option<Refusal>> = const { RefCell::new(None) };
     }
     let secs = retry_after_ms.div_ceil(1000).max(1);
-    let body = LAST.with(|last| {
+    LAST.with(|last| {
         let mut last = last.borrow_mut();
-        if last.1 != secs || last.0 != limit || last.2.is_empty() {
-            *last = (
-                limit.to_string(),
-                secs,
-                bytes::Bytes::from(too_many_requests_body(limit, secs)),
-            );
+        let refusal = match &mut *last {
+            Some(r) if r.is_for(limit, secs, style, statuses, focus) => r,
+            other => other.insert(Refusal::new(limit, secs, style, statuses, focus)),
+        };
+        let mut resp = Response::new(Body::full(refusal.body.clone()));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = refusal.headers.clone();
+        resp
+    })
+}
+
+/// A 429 as made, and what it was made from.
+struct Refusal {
+    limit: String,
+    secs: u64,
+    style: rl_headers::Style,
+    focus: Option<usize>,
+    /// (name, quota, window, remaining, reset) of each status.
+    statuses: Vec<(String, [u64; 4])>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Refusal {
+    fn new(limit: &str, secs: u64, style: rl_headers::Style, statuses: &[Status<'_>], focus: Option<usize>) -> Refusal {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        rl_headers::render(&mut headers, style, statuses, focus);
+        Refusal {
+            limit: limit.to_string(),
+            secs,
+            style,
+            focus,
+            statuses: statuses.iter().map(|s| (s.name.to_string(), numbers(s))).collect(),
+            headers,
+            body: bytes::Bytes::from(too_many_requests_body(limit, secs)),
         }
-        last.2.clone()
-    });
-    with_retry_after(StatusCode::TOO_MANY_REQUESTS, Body::full(body), secs)
+    }
+
+    fn is_for(
+        &self,
+        limit: &str,
+        secs: u64,
+        style: rl_headers::Style,
+        statuses: &[Status<'_>],
+        focus: Option<usize>,
+    ) -> bool {
+        self.secs == secs
+            && self.focus == focus
+            && self.style == style
+            && self.limit == limit
+            && self.statuses.len() == statuses.len()
+            && self
+                .statuses
+                .iter()
+                .zip(statuses)
+                .all(|((name, n), s)| *n == numbers(s) && name == s.name)
+    }
+}
+
+fn numbers(s: &Status<'_>) -> [u64; 4] {
+    [s.quota, s.window_secs, s.remaining, s.reset_secs]
 }
 
 /// The problem+json of a 429, members in the order serde_json's map
@@ -189,15 +254,61 @@ mod tests {
                 "retry_after": secs,
             })
             .to_string();
-            // Twice: the second comes from the thread's last body.
+            // Twice: the second comes from the thread's last refusal.
             for _ in 0..2 {
-                let resp = too_many_requests(limit, retry_ms);
+                let resp = too_many_requests(limit, retry_ms, rl_headers::Style::All, &[], None);
                 assert_eq!(resp.headers()[RETRY_AFTER], secs.to_string().as_str());
                 let Body::Full(Some(body)) = resp.into_body() else {
                     panic!("a full body")
                 };
                 assert_eq!(std::str::from_utf8(&body).unwrap(), expected);
             }
+        }
+    }
+
+    #[test]
+    fn a_refusal_made_again_changes_with_every_input() {
+        let st = |name, remaining, reset_secs| Status {
+            name,
+            quota: 10,
+            window_secs: 60,
+            remaining,
+            reset_secs,
+        };
+        let made = |resp: Response<Body>| {
+            let (parts, body) = resp.into_parts();
+            let Body::Full(Some(body)) = body else {
+                panic!("a full body")
+            };
+            (parts.headers, body)
+        };
+        let all = rl_headers::Style::All;
+        let a = [st("a", 0, 7), st("b", 3, 50)];
+        let (first, _) = made(too_many_requests("a", 7_000, all, &a, Some(0)));
+        assert_eq!(first["ratelimit"], r#""a";r=0;t=7, "b";r=3;t=50"#);
+        assert_eq!(first["retry-after"], "7");
+        // Each input on its own, right after the first: what a thread made
+        // afresh, never the last refusal.
+        let cases = [
+            ("a", 7_000, all, [st("a", 0, 6), st("b", 3, 50)], Some(0)),
+            ("a", 7_000, all, [st("a", 0, 7), st("b", 2, 50)], Some(0)),
+            ("a", 7_000, all, [st("a", 0, 7), st("c", 3, 50)], Some(0)),
+            ("a", 8_000, all, a.clone(), Some(0)),
+            ("b", 7_000, all, a.clone(), Some(1)),
+            ("a", 7_000, all, a.clone(), Some(1)),
+            ("a", 7_000, rl_headers::Style::Legacy, a.clone(), Some(0)),
+        ];
+        for (limit, retry_ms, style, statuses, focus) in cases {
+            let again = made(too_many_requests(limit, retry_ms, style, &statuses, focus));
+            let fresh = Refusal::new(limit, retry_ms / 1000, style, &statuses, focus);
+            assert_eq!(
+                again,
+                (fresh.headers, fresh.body),
+                "{limit} {retry_ms} {style:?} {statuses:?} {focus:?}"
+            );
+            assert_ne!(again.0, first, "{limit} {retry_ms} {style:?} {statuses:?} {focus:?}");
+            let (back, _) = made(too_many_requests("a", 7_000, all, &a, Some(0)));
+            assert_eq!(back, first);
         }
     }
 

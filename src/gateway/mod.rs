@@ -11,13 +11,12 @@ use hyper::body::Incoming;
 
 use crate::access_log;
 use crate::body::Body;
-use crate::config::{AccessLog, Config, Limit, Mode};
+use crate::config::{AccessLog, Config, Limit};
 use crate::connection::ConnInfo;
 use crate::events::{self, Emitter};
 use crate::identity::{self, Identity, Tier};
-use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::key::Facts;
-use crate::limit::stage::{self, Outcome};
+use crate::limit::stage::Outcome;
 use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
 use crate::metrics::{Metrics, ReasonLabels, RouteMetrics, UpstreamErrorLabels};
 use crate::problem::{self, RequestError, Source};
@@ -25,6 +24,9 @@ use crate::proxy::{self, X_REQUEST_ID};
 use crate::route::{Action, DirectResponse, Route, RouteTable, StoreFailure};
 use crate::store::{QuotaStore, StoreError};
 use smallvec::SmallVec;
+use verdict_headers::{add_limit_headers, add_warnings, visible_statuses};
+
+mod verdict_headers;
 
 /// One config, compiled for serving: the config and its limits ready for
 /// decisions. Swapped whole on reload; a request keeps the one it started
@@ -291,7 +293,7 @@ impl Gateway {
             }
         };
         if let Some(verdict) = &verdict {
-            add_limit_headers(resp.headers_mut(), snapshot, verdict, None);
+            add_limit_headers(resp.headers_mut(), snapshot, verdict);
         }
         resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
         resp
@@ -365,8 +367,15 @@ impl Gateway {
         if let Some(i) = verdict.refused {
             let refused = verdict.limits.get(i)?;
             let limit = snapshot.limits.get(refused.limit)?;
-            let mut resp = problem::too_many_requests(&limit.config.name, refused.retry_after_ms);
-            add_limit_headers(resp.headers_mut(), snapshot, verdict, Some(i));
+            let (statuses, focus) = visible_statuses(snapshot, verdict, Some(i));
+            let mut resp = problem::too_many_requests(
+                &limit.config.name,
+                refused.retry_after_ms,
+                snapshot.config.gateway.rate_limit_headers,
+                &statuses,
+                focus,
+            );
+            add_warnings(resp.headers_mut(), snapshot, verdict);
             return Some(resp);
         }
         if let Some(e) = &verdict.store_error {
@@ -516,38 +525,6 @@ fn verdict_outcome(v: &Verdict) -> &'static str {
         }
     }
     out
-}
-
-/// `RateLimit-*` headers for every limit the client may see (shadow limits
-/// stay invisible), and a `RateLimit-Warning` per soft-limited one.
-fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, focus: Option<usize>) {
-    let mut statuses = Vec::with_capacity(verdict.limits.len());
-    let mut focus_at = None;
-    for (position, lv) in verdict.limits.iter().enumerate() {
-        let Some(limit) = snapshot.limits.get(lv.limit) else {
-            continue;
-        };
-        if limit.config.mode == Mode::Shadow {
-            continue;
-        }
-        if lv.outcome == Outcome::SoftLimited {
-            let text = stage::warning(lv.over_percent, limit.config.enforce_after.as_deref());
-            if let Ok(v) = HeaderValue::from_str(&text) {
-                headers.append(RATELIMIT_WARNING.clone(), v);
-            }
-        }
-        if focus == Some(position) {
-            focus_at = Some(statuses.len());
-        }
-        statuses.push(Status {
-            name: &limit.config.name,
-            quota: lv.quota,
-            window_secs: lv.window_secs,
-            remaining: lv.remaining,
-            reset_secs: rl_headers::secs(lv.reset_ms),
-        });
-    }
-    rl_headers::render(headers, snapshot.config.gateway.rate_limit_headers, &statuses, focus_at);
 }
 
 fn respond(direct: &DirectResponse) -> Response<Body> {
