@@ -11,7 +11,11 @@
 #   h2 over TLS      nginx https http2 proxy        vs leasegate https proxy + one limit
 #                    (h2load)                           (h2load)
 #
-# and the upstream directly, for scale. The proxy under test is pinned to
+# and, for scale, the upstream directly and hyper's floor: the least a
+# gateway on hyper costs (examples/hyper_floor.rs, served as leasegate
+# serves, with none of its work): `hyper` proxies each client connection
+# over an upstream connection of its own, `hyper-429` answers leasegate's
+# 429, fields and body, fixed. The proxy under test is pinned to
 # CPU 0 (nginx: one worker; leasegate: workers = 1); the upstream (nginx)
 # and the load (wrk -t1, or h2load -t1) share CPU 1.
 #
@@ -37,6 +41,7 @@ declare -A PORT=(
   [nginx-log]=18084 [leasegate-log]=18085
   [nginx-429]=18086 [leasegate-429]=18087
   [nginx-h2]=18088 [leasegate-h2]=18089
+  [hyper]=18092 [hyper-429]=18093
 )
 ADMIN_BASE=18190
 
@@ -46,7 +51,7 @@ if [ "$(nproc)" -lt 2 ]; then
   exit 1
 fi
 python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
-cargo build --release --quiet --bin leasegate
+cargo build --release --quiet --bin leasegate --example hyper_floor
 mkdir -p "$OUT"
 
 work=$(mktemp -d)
@@ -132,7 +137,16 @@ leasegate leasegate-log "http = \"127.0.0.1:${PORT[leasegate-log]}\"" json "$PAS
 leasegate leasegate-429 "http = \"127.0.0.1:${PORT[leasegate-429]}\"" off "1/h"
 leasegate leasegate-h2 "https = \"127.0.0.1:${PORT[leasegate-h2]}\"" off "$PASS"
 
-for n in upstream nginx leasegate nginx-log leasegate-log nginx-429 leasegate-429; do
+# hyper_floor NAME MODE [UPSTREAM-PORT]
+hyper_floor() {
+  taskset -c 0 ./target/release/examples/hyper_floor "$2" "${PORT[$1]}" ${3:+"$3"} 2>/dev/null &
+  pids+=($!)
+  PID[$1]=$!
+}
+hyper_floor hyper proxy "$UP_PORT"
+hyper_floor hyper-429 429
+
+for n in upstream nginx leasegate hyper nginx-log leasegate-log nginx-429 leasegate-429 hyper-429; do
   port=${PORT[$n]:-$UP_PORT}
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
 done
@@ -217,14 +231,14 @@ run() {
   echo "$rps $p99 $cpu"
 }
 
-names=(upstream nginx leasegate nginx-log leasegate-log nginx-429 leasegate-429 nginx-h2 leasegate-h2)
+names=(upstream nginx hyper leasegate nginx-log leasegate-log nginx-429 hyper-429 leasegate-429 nginx-h2 leasegate-h2)
 for n in "${names[@]}"; do run "$n" >/dev/null; done   # warm-up
 : > "$work/rows"
 for r in $(seq "$ROUNDS"); do
   # Alternate which side of each pair goes first.
   order=("${names[@]}")
   if [ $((r % 2)) -eq 0 ]; then
-    order=(upstream leasegate nginx leasegate-log nginx-log leasegate-429 nginx-429 leasegate-h2 nginx-h2)
+    order=(upstream leasegate hyper nginx leasegate-log nginx-log leasegate-429 hyper-429 nginx-429 leasegate-h2 nginx-h2)
   fi
   for n in "${order[@]}"; do
     read -r rps p99 cpu < <(run "$n")
@@ -262,6 +276,13 @@ for label, n, l in pairs:
     ratios[label] = rs
     p_l = statistics.median([x[1] for x in by[l].values()]); p_n = statistics.median([x[1] for x in by[n].values()])
     print(f"| {label} | {statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}) | {p_l:.2f} vs {p_n:.2f} |")
+print(f"\n| against hyper's floor | requests/s, per round |\n|---|---|")
+for label, a, b in [("proxy: hyper floor ÷ nginx", "nginx", "hyper"),
+                    ("proxy: leasegate ÷ hyper floor", "hyper", "leasegate"),
+                    ("429: hyper floor ÷ nginx", "nginx-429", "hyper-429"),
+                    ("429: leasegate ÷ hyper floor", "hyper-429", "leasegate-429")]:
+    rs = [by[b][r][0] / by[a][r][0] for r in by[a] if r in by[b]]
+    print(f"| {label} | {statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}) |")
 print(f"\n{rounds} rounds of {duration} s, {conns} connections; medians with min–max over the rounds.")
 try:
     import matplotlib
