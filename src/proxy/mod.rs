@@ -188,21 +188,34 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 /// upgrade` and `Upgrade`, which the next hop needs.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // Most messages carry none of these, or only `Connection: keep-alive`:
-    // one pass over the names, and no allocation unless `Connection` names
-    // a header that is actually present.
-    if !headers.keys().any(is_hop_by_hop) {
+    // one pass over the names finds which are present, and only those are
+    // looked up and removed; no allocation unless `Connection` names a
+    // header that is actually present.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
     let mut named: Vec<HeaderName> = Vec::new();
-    for value in headers.get_all(header::CONNECTION) {
-        let Ok(value) = value.to_str() else { continue };
-        for token in value.split(',').map(str::trim) {
-            if token.is_empty() || (keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
-                continue;
-            }
-            if headers.contains_key(token) {
-                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                    named.push(name);
+    if present & 1 != 0 {
+        for value in headers.get_all(header::CONNECTION) {
+            let Ok(value) = value.to_str() else { continue };
+            for token in value.split(',').map(str::trim) {
+                if token.is_empty() || (keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
+                    continue;
+                }
+                // Hop-by-hop names (`keep-alive`) go below if present.
+                if HOP_BY_HOP.iter().any(|h| h.as_str().eq_ignore_ascii_case(token)) {
+                    continue;
+                }
+                if headers.contains_key(token) {
+                    if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                        named.push(name);
+                    }
                 }
             }
         }
@@ -210,39 +223,30 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for n in named {
         headers.remove(n);
     }
+    for (i, h) in HOP_BY_HOP.iter().enumerate() {
+        let kept = keep_upgrade && i < 2; // Connection (rewritten below) and Upgrade
+        if present & (1 << i) != 0 && !kept {
+            headers.remove(*h);
+        }
+    }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::CONNECTION);
-        headers.remove(header::UPGRADE);
-    }
-    for h in [
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &header::TE,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-        &header::PROXY_AUTHENTICATE,
-        &header::PROXY_AUTHORIZATION,
-    ] {
-        headers.remove(h);
     }
 }
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    [
-        &header::CONNECTION,
-        &header::UPGRADE,
-        &header::TE,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-        &header::PROXY_AUTHENTICATE,
-        &header::PROXY_AUTHORIZATION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-    ]
-    .contains(&name)
-}
+/// The hop-by-hop fields: `Connection` first and `Upgrade` second
+/// ([`remove_hop_by_hop`] relies on it).
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &header::CONNECTION,
+    &header::UPGRADE,
+    &header::TE,
+    &header::TRAILER,
+    &header::TRANSFER_ENCODING,
+    &header::PROXY_AUTHENTICATE,
+    &header::PROXY_AUTHORIZATION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+];
 
 /// `x-leasegate-*` headers are ours to set; a client may not forge them.
 pub fn remove_internal(headers: &mut HeaderMap) {
@@ -302,6 +306,29 @@ mod tests {
         remove_hop_by_hop(&mut h, false);
         let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["accept"]);
+    }
+
+    #[test]
+    fn only_what_is_present_goes_and_names_match_in_any_case() {
+        // An upstream's usual `Connection: keep-alive`, alone.
+        let mut h = map(&[("connection", "keep-alive"), ("content-length", "3")]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["content-length"]);
+        // Connection options name fields in any case, hop-by-hop or not.
+        let mut h = map(&[
+            ("connection", "Keep-Alive, TE, X-Trace"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("x-trace", "1"),
+            ("x-kept", "1"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
+        // No hop-by-hop field at all: nothing changes.
+        let mut h = map(&[("accept", "*/*"), ("x-a", "1")]);
+        remove_hop_by_hop(&mut h, true);
+        assert_eq!(h.len(), 2);
+        assert!(h.get("connection").is_none());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
@@ -21,6 +21,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::clock;
 use crate::int_hash::IntMap;
 use crate::upstream::Upstream;
 
@@ -30,7 +31,9 @@ pub type Sender = SendRequest<Incoming>;
 
 struct Idle {
     sender: Sender,
-    since: Instant,
+    /// When it was checked in, on the coarse clock (ms): an idle timeout
+    /// needs no nanoseconds, and the coarse clock is a load, not a syscall.
+    since_ms: u64,
 }
 
 thread_local! {
@@ -51,7 +54,7 @@ pub enum ConnectError {
 pub struct Slot {
     key: Key,
     max_idle: usize,
-    idle_timeout: Duration,
+    idle_timeout_ms: u64,
 }
 
 impl Slot {
@@ -59,7 +62,7 @@ impl Slot {
         Slot {
             key: (upstream.id(), target),
             max_idle: upstream.pool_max_idle_per_host,
-            idle_timeout: upstream.pool_idle_timeout,
+            idle_timeout_ms: upstream.pool_idle_timeout.as_millis().try_into().unwrap_or(u64::MAX),
         }
     }
 
@@ -69,9 +72,9 @@ impl Slot {
             let mut sender = IDLE.with(|m| {
                 let mut m = m.borrow_mut();
                 let list = m.get_mut(&self.key)?;
-                let now = Instant::now();
+                let now = clock::coarse_now_ms();
                 while let Some(idle) = list.pop_back() {
-                    if !idle.sender.is_closed() && now.duration_since(idle.since) < self.idle_timeout {
+                    if !idle.sender.is_closed() && now.saturating_sub(idle.since_ms) < self.idle_timeout_ms {
                         return Some(idle.sender);
                     }
                 }
@@ -110,15 +113,15 @@ impl Slot {
         IDLE.with(|m| {
             let mut m = m.borrow_mut();
             let list = m.entry(self.key).or_default();
-            let now = Instant::now();
+            let now = clock::coarse_now_ms();
             while list
                 .front()
-                .is_some_and(|i| now.duration_since(i.since) >= self.idle_timeout)
+                .is_some_and(|i| now.saturating_sub(i.since_ms) >= self.idle_timeout_ms)
                 || list.len() >= self.max_idle
             {
                 list.pop_front();
             }
-            list.push_back(Idle { sender, since: now });
+            list.push_back(Idle { sender, since_ms: now });
         });
     }
 }
