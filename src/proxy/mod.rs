@@ -193,6 +193,10 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // header that is actually present.
     let mut present = 0u16;
     for name in headers.keys() {
+        // Every hop-by-hop name starts with one of these; most fields do not.
+        if !matches!(name.as_str().as_bytes().first(), Some(b'c' | b'k' | b'p' | b't' | b'u')) {
+            continue;
+        }
         if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
             present |= 1 << i;
         }

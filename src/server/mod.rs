@@ -545,7 +545,10 @@ impl Connection {
         });
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
+        // Biased: the connection first, the stop signal only when it is
+        // pending (no random draw per poll to pick an order).
         tokio::select! {
+            biased;
             result = served.as_mut() => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "connection ended with an error");
