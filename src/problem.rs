@@ -126,10 +126,7 @@ struct Refusal {
 
 impl Refusal {
     fn new(limit: &str, secs: u64, style: rl_headers::Style, statuses: &[Status<'_>], focus: Option<usize>) -> Refusal {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        let mut headers = problem_headers(Some(secs));
         rl_headers::render(&mut headers, style, statuses, focus);
         Refusal {
             limit: limit.to_string(),
@@ -208,11 +205,19 @@ pub fn store_unavailable(retry_after_secs: u64) -> Response<Body> {
 fn with_retry_after(status: StatusCode, body: Body, secs: u64) -> Response<Body> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    let h = resp.headers_mut();
+    *resp.headers_mut() = problem_headers(Some(secs));
+    resp
+}
+
+/// What every problem+json response carries, and `Retry-After` if given.
+fn problem_headers(retry_after_secs: Option<u64>) -> HeaderMap {
+    let mut h = HeaderMap::new();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(RETRY_AFTER, HeaderValue::from(secs));
-    resp
+    if let Some(secs) = retry_after_secs {
+        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    h
 }
 
 /// A problem+json response. Never cached: it describes this moment.
@@ -225,9 +230,7 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
     });
     let mut resp = Response::new(Body::full(body.to_string()));
     *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    *resp.headers_mut() = problem_headers(None);
     resp
 }
 
