@@ -602,6 +602,45 @@ async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_idle_keep_alive_connections_at_once() {
+    let up = upstream::start("a").await;
+    let mut gw = Gateway::start(&config(&[up.target()], ""));
+    // One request on a keep-alive connection, read to its end; then the
+    // connection sits idle.
+    let mut idle = TcpStream::connect(gw.http()).await.unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).ends_with("upstream a ok") {
+        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed before the response: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(seen.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&seen));
+
+    let stopping = Instant::now();
+    gw.signal("TERM");
+    // Closed at once, not when the 5 s grace period runs out.
+    let read = tokio::time::timeout(Duration::from_secs(3), idle.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "an idle connection must be closed on shutdown: {read:?}"
+    );
+    let (status, log) = tokio::task::spawn_blocking(move || (gw.wait_exit(Duration::from_secs(10)), gw.log()))
+        .await
+        .unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{log}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(4),
+        "exit took {:?}: the drain waited for the idle connection",
+        stopping.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_half_preface_clients_lose_their_slot() {
     let up = upstream::start("a").await;
     let cfg = config(&[up.target()], "").replace(

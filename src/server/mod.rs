@@ -56,9 +56,11 @@ pub mod status;
 pub mod tls;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -545,16 +547,28 @@ impl Connection {
         });
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
-        // Biased: the connection first, the stop signal only when it is
-        // pending (no random draw per poll to pick an order).
-        tokio::select! {
-            biased;
-            result = served.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
+        // The stop signal keeps the task's waker from its first poll on;
+        // polling it again on every wake of the connection would only retake
+        // its lock to compare wakers. So after the first poll it is polled
+        // again only once the watch has changed: one atomic load per wake.
+        let probe = self.stop.clone();
+        let stop = stopped(&mut self.stop);
+        tokio::pin!(stop);
+        let mut armed = false;
+        let finished = std::future::poll_fn(|cx| {
+            if !armed || probe.has_changed().unwrap_or(true) {
+                armed = true;
+                if stop.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
                 }
             }
-            _ = stopped(&mut self.stop) => {
+            served.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        match finished {
+            Some(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
+            Some(Ok(())) => {}
+            None => {
                 served.as_mut().graceful_shutdown();
                 let _ = served.await;
             }
