@@ -547,10 +547,11 @@ impl Connection {
         });
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
-        // The stop signal keeps the task's waker from its first poll on;
-        // polling it again on every wake of the connection would only retake
-        // its lock to compare wakers. So after the first poll it is polled
-        // again only once the watch has changed: one atomic load per wake.
+        // The stop signal keeps the task's waker from its first poll on (a
+        // spawned task's waker does not change); polling it again on every
+        // wake of the connection would only retake its lock to compare
+        // wakers. So after the first poll it is polled again only once the
+        // watch has changed: one atomic load per wake.
         let probe = self.stop.clone();
         let stop = stopped(&mut self.stop);
         tokio::pin!(stop);
