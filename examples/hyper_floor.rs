@@ -95,20 +95,9 @@ fn refusal() -> Response<Full<Bytes>> {
     h.insert("ratelimit-limit", HeaderValue::from(1u64));
     h.insert("ratelimit-remaining", HeaderValue::from(0u64));
     h.insert("ratelimit-reset", HeaderValue::from(3600u64));
-    h.insert("x-request-id", request_id());
+    // A fresh id, made as leasegate makes one.
+    h.insert("x-request-id", leasegate::gateway::request_id(&http::HeaderMap::new()));
     resp
-}
-
-/// 32 random hex digits, made as leasegate makes a request id.
-fn request_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 32];
-    let mut n = fastrand::u128(..);
-    for b in id.iter_mut().rev() {
-        *b = HEX[(n & 0xf) as usize];
-        n >>= 4;
-    }
-    HeaderValue::from_bytes(&id).unwrap_or(HeaderValue::from_static("-"))
 }
 
 /// A connection of one's own to the upstream, driven by a task of its own

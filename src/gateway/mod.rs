@@ -535,7 +535,7 @@ fn respond(direct: &DirectResponse) -> Response<Body> {
 }
 
 /// Keeps a client's `x-request-id` when it is sane, else makes a new one.
-fn request_id(headers: &HeaderMap) -> HeaderValue {
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
         let b = v.as_bytes();
         if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {

@@ -193,10 +193,6 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // header that is actually present.
     let mut present = 0u16;
     for name in headers.keys() {
-        // Every hop-by-hop name starts with one of these; most fields do not.
-        if !matches!(name.as_str().as_bytes().first(), Some(b'c' | b'k' | b'p' | b't' | b'u')) {
-            continue;
-        }
         if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
             present |= 1 << i;
         }
@@ -205,7 +201,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         return;
     }
     let mut named: Vec<HeaderName> = Vec::new();
-    if present & 1 != 0 {
+    if present & CONNECTION_BIT != 0 {
         for value in headers.get_all(header::CONNECTION) {
             let Ok(value) = value.to_str() else { continue };
             for token in value.split(',').map(str::trim) {
@@ -227,9 +223,12 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for n in named {
         headers.remove(n);
     }
+    if keep_upgrade {
+        // Connection is rewritten below; Upgrade stays.
+        present &= !(CONNECTION_BIT | UPGRADE_BIT);
+    }
     for (i, h) in HOP_BY_HOP.iter().enumerate() {
-        let kept = keep_upgrade && i < 2; // Connection (rewritten below) and Upgrade
-        if present & (1 << i) != 0 && !kept {
+        if present & (1 << i) != 0 {
             headers.remove(*h);
         }
     }
@@ -238,8 +237,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// The hop-by-hop fields: `Connection` first and `Upgrade` second
-/// ([`remove_hop_by_hop`] relies on it).
+/// The hop-by-hop fields; [`remove_hop_by_hop`] marks the ones present by
+/// their index here.
 static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::CONNECTION,
     &header::UPGRADE,
@@ -251,6 +250,9 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
     &KEEP_ALIVE,
     &PROXY_CONNECTION,
 ];
+/// `Connection` and `Upgrade`, by their index in [`HOP_BY_HOP`].
+const CONNECTION_BIT: u16 = 1 << 0;
+const UPGRADE_BIT: u16 = 1 << 1;
 
 /// `x-leasegate-*` headers are ours to set; a client may not forge them.
 pub fn remove_internal(headers: &mut HeaderMap) {
