@@ -405,6 +405,35 @@ async fn oversized_request_head_is_refused() {
     assert_eq!(up.requests.load(Ordering::SeqCst), 0);
 }
 
+/// `pool_idle_timeout_ms`: a pooled upstream connection is reused while
+/// younger than it, and not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pooled_connection_is_reused_until_its_idle_timeout() {
+    let up = upstream::start("a").await;
+    // One worker, so one upstream pool.
+    let cfg = config(&[up.target()], "")
+        .replace("workers = 2", "workers = 1")
+        .replace(
+            "request_timeout_ms = 5000",
+            "request_timeout_ms = 5000\npool_idle_timeout_ms = 400",
+        );
+    let gw = Gateway::start(&cfg);
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..2 {
+        let (status, _, body) = client::text(client::send(&mut c, client::get("/plain")).await).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1, "reused while fresh");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let (status, _, body) = client::text(client::send(&mut c, client::get("/plain")).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        2,
+        "not reused after its idle timeout"
+    );
+}
+
 /// A chunked request body whose chunk size is not hex, or does not fit in 64
 /// bits, is the client's error: a 400 problem, never a 502 counted against
 /// the upstream. The upstream connection the body broke off on is closed,
