@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# User-space instructions per request, counted by valgrind's callgrind:
+# exact and repeatable whatever else the machine is doing (CPU time on this
+# machine drifts by 20-30 % between runs; an instruction count does not), so
+# a change of a few hundred instructions per request can be seen, where
+# bench/ab.sh cannot resolve less than ~3 %. It counts user space only: the
+# kernel's share (about 60 % of the CPU time on the proxy path, see
+# docs/benchmarks.md) is not in it, and instructions are not cycles.
+#
+#   nginx        nginx reverse proxy (one worker, no master, no access log)
+#   floor        hyper's floor, proxy (examples/hyper_floor.rs)
+#   leasegate    leasegate proxy + a limit every request passes
+#   nginx-429    nginx limit_req, limit_req_status 429
+#   floor-429    hyper's floor, leasegate's 429 fixed
+#   leasegate-429  leasegate, a limit that refuses every request
+#
+# Each runs alone under callgrind; wrk (-t1 -c8) warms it, its counters are
+# zeroed, wrk runs SECS seconds, the counters are dumped and divided by the
+# requests wrk completed. Then, for each leasegate target, the functions
+# whose own instructions per request differ most from hyper's floor.
+#
+#   bench/instructions.sh [seconds] [top]
+#
+# TARGETS="floor leasegate" (say) runs only those; a pair is compared when
+# both of it ran; LEASEGATE_BIN=path counts another build of leasegate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+
+SECS=${1:-10}
+TOP=${2:-25}
+UP_PORT=18281
+PORT=18282
+need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind
+cargo build --release --quiet --bin leasegate --example hyper_floor
+
+work=$(mktemp -d)
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+nginx_conf() { # name master(on|off) http-body
+  mkdir -p "$work/$1/logs"
+  cat > "$work/$1/nginx.conf" <<CONF
+worker_processes 1; daemon off; master_process $2;
+pid $work/$1/nginx.pid; error_log $work/$1/logs/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  client_body_temp_path $work/$1/body; proxy_temp_path $work/$1/proxy;
+  fastcgi_temp_path $work/$1/fcgi; uwsgi_temp_path $work/$1/uwsgi; scgi_temp_path $work/$1/scgi;
+  $3 }
+CONF
+}
+nginx_conf upstream on "server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } }"
+nginx -p "$work/upstream" -c "$work/upstream/nginx.conf" &
+pids+=($!)
+mkdir -p "$work/www" && echo ok > "$work/www/index.html"
+nginx_conf nginx off "upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }
+  server { listen 127.0.0.1:$PORT; location / { proxy_pass http://backend; proxy_http_version 1.1;
+    proxy_set_header Connection \"\"; proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    proxy_set_header X-Forwarded-Proto \$scheme; } }"
+nginx_conf nginx-429 off "limit_req_zone \$server_name zone=one:1m rate=1r/m;
+  server { listen 127.0.0.1:$PORT; server_name bench;
+    location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }"
+leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "100000000/s" "$UP_PORT" > "$work/leasegate.toml"
+leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "1/h" "$UP_PORT" > "$work/leasegate-429.toml"
+
+command_of() {
+  case $1 in
+    nginx | nginx-429) echo "nginx -p $work/$1 -c $work/$1/nginx.conf" ;;
+    floor) echo "./target/release/examples/hyper_floor proxy $PORT $UP_PORT" ;;
+    floor-429) echo "./target/release/examples/hyper_floor 429 $PORT" ;;
+    leasegate*) echo "${LEASEGATE_BIN:-./target/release/leasegate} run --config $work/$1.toml" ;;
+  esac
+}
+
+read -r -a names <<< "${TARGETS:-nginx floor leasegate nginx-429 floor-429 leasegate-429}"
+: > "$work/counts"
+for name in "${names[@]}"; do
+  # shellcheck disable=SC2046
+  LEASEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/$name.cg.%p" \
+    $(command_of "$name") > "$work/$name.out" 2>&1 &
+  vpid=$!
+  up=""
+  for _ in $(seq 300); do
+    curl -s -o /dev/null "http://127.0.0.1:$PORT/" 2>/dev/null && { up=1; break; }
+    kill -0 "$vpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$up" ] || { echo "$name did not start under valgrind" >&2; cat "$work/$name.out" >&2; exit 1; }
+  want=200
+  case $name in *-429) want=429 ;; esac
+  got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/")
+  [ "$got" = "$want" ] || { echo "$name answered $got, expected $want" >&2; exit 1; }
+  wrk -t1 -c8 -d2s "http://127.0.0.1:$PORT/" > /dev/null
+  callgrind_control -z "$vpid" > /dev/null
+  wrk -t1 -c8 -d"${SECS}s" "http://127.0.0.1:$PORT/" > "$work/$name.wrk"
+  callgrind_control -d "$vpid" > /dev/null
+  kill "$vpid"
+  wait "$vpid" 2>/dev/null || true
+  reqs=$(awk '/requests in/ {print $1}' "$work/$name.wrk")
+  dump=$(ls "$work/$name".cg.*.1 2>/dev/null | head -1)
+  [ -n "$dump" ] || { echo "$name: no callgrind dump" >&2; exit 1; }
+  callgrind_annotate --inclusive=no --auto=no --threshold=100 "$dump" > "$work/$name.flat" 2>/dev/null
+  total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$work/$name.flat")
+  echo "$name $reqs $total" | tee -a "$work/counts" >&2
+done
+
+python3 - "$work" "$TOP" <<'PY'
+import collections, re, sys
+work, top = sys.argv[1], int(sys.argv[2])
+counts = {}
+for line in open(f"{work}/counts"):
+    name, reqs, total = line.split()
+    counts[name] = (int(reqs), int(total))
+per = {n: t / r for n, (r, t) in counts.items()}
+print("\n| target | requests counted | user-space instructions per request |\n|---|---|---|")
+for n, (r, t) in counts.items():
+    print(f"| {n} | {r} | {per[n]:,.0f} |")
+print("\n| pair | ratio |\n|---|---|")
+for a, b in [("floor", "nginx"), ("leasegate", "floor"), ("leasegate", "nginx"),
+             ("floor-429", "nginx-429"), ("leasegate-429", "floor-429"), ("leasegate-429", "nginx-429")]:
+    if a in per and b in per:
+        print(f"| {a} ÷ {b} | {per[a] / per[b]:.2f} |")
+
+def own(name):
+    """Each function's own instructions per request. callgrind_annotate also
+    lists a few roots (clone, start_thread, main, the worker loop) with
+    nearly the whole program's count: no function's own count comes near a
+    quarter of the total, so those are left out."""
+    reqs, total = counts[name]
+    out = collections.Counter()
+    for line in open(f"{work}/{name}.flat"):
+        m = re.match(r"\s*([\d,]+) \([ \d.]+%\)  (.*)", line)
+        if not m or "PROGRAM TOTALS" in line:
+            continue
+        where = re.sub(r" \[[^\]]*\]$", "", m.group(2))
+        fn = where.split(".rs:", 1)[1] if ".rs:" in where else where.split(":", 1)[-1]
+        out[fn] += int(m.group(1).replace(",", "")) / reqs
+    return collections.Counter({k: v for k, v in out.items() if v < total / reqs / 4})
+
+for lg, fl in [("leasegate", "floor"), ("leasegate-429", "floor-429")]:
+    if top == 0 or lg not in counts or fl not in counts:
+        continue
+    a, b = own(lg), own(fl)
+    rows = sorted(((a[k] - b[k], a[k], b[k], k) for k in set(a) | set(b)), reverse=True)
+    print(f"\n{lg} against {fl}: own instructions per request, the {top} largest differences\n")
+    print(f"| {lg} − {fl} | {lg} | {fl} | function |\n|---|---|---|---|")
+    for d, x, y, k in rows[:top]:
+        print(f"| {d:+,.0f} | {x:,.0f} | {y:,.0f} | `{k[:110]}` |")
+PY
