@@ -215,7 +215,7 @@ fn problem_headers(retry_after_secs: Option<u64>) -> HeaderMap {
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(secs) = retry_after_secs {
-        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        h.insert(RETRY_AFTER, rl_headers::number(secs));
     }
     h
 }

@@ -40,9 +40,11 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
         return;
     }
     if matches!(style, Style::All | Style::Ietf) {
-        // Written byte by byte (no `fmt`): every admitted response carries them.
-        let mut policy = Vec::with_capacity(32 * statuses.len());
-        let mut state = Vec::with_capacity(32 * statuses.len());
+        // Written byte by byte (no `fmt`) into a buffer of the exact size,
+        // which becomes the value without a copy: every admitted response
+        // carries them.
+        let mut policy = Vec::with_capacity(items_len(statuses, POLICY));
+        let mut state = Vec::with_capacity(items_len(statuses, STATE));
         for (i, s) in statuses.iter().enumerate() {
             if i > 0 {
                 policy.extend_from_slice(b", ");
@@ -63,34 +65,87 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
                 .map_or(0, |(i, _)| i)
         });
         if let Some(s) = statuses.get(i) {
-            headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(s.quota));
-            headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(s.remaining));
-            headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(s.reset_secs));
+            headers.insert(RATELIMIT_LIMIT.clone(), number(s.quota));
+            headers.insert(RATELIMIT_REMAINING.clone(), number(s.remaining));
+            headers.insert(RATELIMIT_RESET.clone(), number(s.reset_secs));
         }
     }
 }
 
-/// `"name";a=1;b=2`
+/// `"name";a=1;b=2`: `name.len() + 8 + width(1) + width(2)` bytes.
 fn item(out: &mut Vec<u8>, name: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
     out.push(b'"');
     out.extend_from_slice(name.as_bytes());
     out.push(b'"');
     out.extend_from_slice(a);
-    push_decimal(out, x);
+    out.extend_from_slice(itoa::Buffer::new().format(x).as_bytes());
     out.extend_from_slice(b);
-    push_decimal(out, y);
+    out.extend_from_slice(itoa::Buffer::new().format(y).as_bytes());
 }
 
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+/// The numbers of a `RateLimit-Policy` item, and of a `RateLimit` one.
+const POLICY: fn(&Status<'_>) -> (u64, u64) = |s| (s.quota, s.window_secs);
+const STATE: fn(&Status<'_>) -> (u64, u64) = |s| (s.remaining, s.reset_secs);
+
+/// The length of the items of `statuses` with the numbers `pick` takes,
+/// joined by ", ".
+fn items_len(statuses: &[Status<'_>], pick: fn(&Status<'_>) -> (u64, u64)) -> usize {
+    let items: usize = statuses
+        .iter()
+        .map(|s| {
+            let (x, y) = pick(s);
+            s.name.len() + 8 + width(x) + width(y)
+        })
+        .sum();
+    items + 2 * statuses.len().saturating_sub(1)
+}
+
+/// How many decimal digits `n` has.
+fn width(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// A value that is not a valid header value (a limit name with control
-/// characters) leaves the field out, as before.
+/// characters) leaves the field out, as before. A buffer filled to its
+/// capacity becomes the value's bytes as they are.
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(name.clone(), v);
     }
+}
+
+/// Numbers below this are header values without an allocation.
+const SMALL: u64 = 10_000;
+
+/// `n` as a header value. Quotas, counts left and seconds to a reset are
+/// mostly small: below [`SMALL`] the value points into one static string
+/// of every such number, so making, cloning and dropping it allocate
+/// nothing (`HeaderValue::from(u64)` allocates, sometimes twice).
+pub fn number(n: u64) -> HeaderValue {
+    match small_number(n) {
+        Some(digits) => HeaderValue::from_static(digits),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// The decimal digits of `n < SMALL`, from "0123456789101112…9999": the
+/// numbers of each width follow those of the width before.
+fn small_number(n: u64) -> Option<&'static str> {
+    static DIGITS: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+        let mut all = String::with_capacity(38_890);
+        for i in 0..SMALL {
+            all.push_str(itoa::Buffer::new().format(i));
+        }
+        Box::leak(all.into_boxed_str())
+    });
+    let (start, width) = match n {
+        0..=9 => (n, 1),
+        10..=99 => (10 + (n - 10) * 2, 2),
+        100..=999 => (190 + (n - 100) * 3, 3),
+        1_000..=9_999 => (2_890 + (n - 1_000) * 4, 4),
+        _ => return None,
+    };
+    DIGITS.get(start as usize..(start + width) as usize)
 }
 
 #[cfg(test)]
@@ -153,6 +208,35 @@ mod tests {
         let mut h = HeaderMap::new();
         render(&mut h, Style::Ietf, &[st("bad\nname", 1, 1, 1)], None);
         assert!(h.get("ratelimit").is_none());
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_digits_at_every_width() {
+        for n in (0..12_000).chain([99_999, 1_000_000, u64::MAX]) {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        }
+        // Below SMALL, static: no allocation to make or clone.
+        assert_eq!(small_number(9_999), Some("9999"));
+        assert_eq!(small_number(SMALL), None);
+    }
+
+    #[test]
+    fn values_are_written_into_buffers_of_their_exact_size() {
+        for n in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+            assert_eq!(width(n), n.to_string().len(), "{n}");
+        }
+        for statuses in [
+            &[st("a", 100, 40, 20)][..],
+            &[st("a", 100, 40, 20), st("bee", u64::MAX, 0, 1_000_000_007)],
+            &[st("", 0, 0, 0), st("x", 9, 10, 99), st("yz", 10, 9, 100)],
+        ] {
+            let mut h = HeaderMap::new();
+            render(&mut h, Style::Ietf, statuses, None);
+            // The buffers' sizes are the values' lengths: no growing, and
+            // the buffer becomes the value as it is.
+            assert_eq!(items_len(statuses, POLICY), h["ratelimit-policy"].len());
+            assert_eq!(items_len(statuses, STATE), h["ratelimit"].len());
+        }
     }
 
     #[test]
