@@ -5,28 +5,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use http::header::{self, HeaderValue};
+use http::header;
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 
-use crate::access_log;
 use crate::body::Body;
-use crate::config::{AccessLog, Config, Limit};
-use crate::connection::ConnInfo;
+use crate::config::{Config, Limit};
 use crate::events::{self, Emitter};
-use crate::identity::{self, Identity, Tier};
+use crate::identity::{Identity, Tier};
 use crate::limit::key::Facts;
 use crate::limit::stage::Outcome;
 use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
 use crate::metrics::{Metrics, ReasonLabels, RouteMetrics, UpstreamErrorLabels};
-use crate::problem::{self, RequestError, Source};
-use crate::proxy::{self, X_REQUEST_ID};
-use crate::route::{Action, DirectResponse, Route, RouteTable, StoreFailure};
+use crate::problem::{self, RequestError};
+use crate::route::{Route, RouteTable, StoreFailure};
 use crate::store::{QuotaStore, StoreError};
 use smallvec::SmallVec;
 use verdict_headers::{add_limit_headers, add_warnings, visible_statuses};
 
+mod serve;
 mod verdict_headers;
+
+pub use serve::request_id;
 
 /// One config, compiled for serving: the config and its limits ready for
 /// decisions. Swapped whole on reload; a request keeps the one it started
@@ -154,171 +153,6 @@ impl Gateway {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
-    }
-
-    /// One request, start to finish, and its access-log line. Never fails:
-    /// every error becomes a response.
-    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
-        let snapshot = self.snapshot.load_full();
-        let started = std::time::Instant::now();
-        crate::clock::publish(started);
-        let mut route = None;
-        let log = match snapshot.config.gateway.access_log {
-            AccessLog::Off => None,
-            _ => access_log::format(),
-        };
-        let resp = match log {
-            None => self.serve(&snapshot, req, conn, None, &mut route).await,
-            Some(format) => {
-                let method = req.method().clone();
-                let uri = req.uri().clone();
-                let mut record = Record::default();
-                let resp = self.serve(&snapshot, req, conn, Some(&mut record), &mut route).await;
-                let matched = route.and_then(|i| snapshot.config.routes.get(i));
-                let line = access_log::Line {
-                    request_id: resp
-                        .headers()
-                        .get(&X_REQUEST_ID)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or(""),
-                    route: matched.map_or("-", |r| r.name.as_str()),
-                    method: method.as_str(),
-                    path: uri.path(),
-                    status: resp.status().as_u16(),
-                    identity: record.identity.unwrap_or("-"),
-                    limit: if record.outcome.is_empty() { "-" } else { record.outcome },
-                    upstream: matched
-                        .and_then(|r| match &r.action {
-                            Action::Forward(u) => Some(u.name.as_str()),
-                            Action::Respond(_) => None,
-                        })
-                        .unwrap_or("-"),
-                    micros: started.elapsed().as_micros() as u64,
-                };
-                match format {
-                    access_log::Format::Json => access_log::record_json(&line),
-                    access_log::Format::Text => log_text(&line),
-                }
-                resp
-            }
-        };
-        route
-            .and_then(|i| snapshot.routes.get(i))
-            .unwrap_or(&snapshot.unrouted)
-            .record(&self.metrics, resp.status().as_u16(), started.elapsed());
-        resp
-    }
-
-    /// Serves one request; `route_index` learns which route matched.
-    async fn serve(
-        &self,
-        snapshot: &Snapshot,
-        req: Request<Incoming>,
-        conn: &ConnInfo,
-        mut record: Option<&mut Record>,
-        route_index: &mut Option<usize>,
-    ) -> Response<Body> {
-        let request_id = request_id(req.headers());
-        *route_index = route_index_of(&snapshot.config.routes, &req);
-        let route = route_index.and_then(|i| snapshot.config.routes.get(i)).cloned();
-
-        let identity = match &route {
-            Some(_) => {
-                let ja4 = conn
-                    .tls
-                    .as_ref()
-                    .and_then(|t| t.ja4.as_ref())
-                    .and_then(|v| v.to_str().ok());
-                let seen = identity::Connection {
-                    peer: conn.peer.ip(),
-                    ja4,
-                };
-                let now_secs = identity_clock(req.headers());
-                match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
-                    Ok(id) => {
-                        if let Some(r) = record.as_deref_mut() {
-                            r.identity = Some(id.tier.name());
-                        }
-                        Some(id)
-                    }
-                    Err(rejection) => {
-                        let mut resp = problem::unauthorized(&rejection.to_string());
-                        resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
-                        return resp;
-                    }
-                }
-            }
-            None => None,
-        };
-        let verdict = match (&route, &identity) {
-            (Some(route), Some(identity)) if !route.limits.is_empty() => {
-                let verdict = self.decide(snapshot, route, &req, identity).await;
-                if let Some(r) = record {
-                    r.outcome = verdict_outcome(&verdict);
-                }
-                self.send_events(snapshot, route, identity, req.headers(), &verdict);
-                if let Some(mut refusal) = self.refusal(snapshot, route, &verdict) {
-                    refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
-                    return refusal;
-                }
-                Some(verdict)
-            }
-            _ => None,
-        };
-
-        let result = match &route {
-            None => Err(RequestError::NoRoute),
-            Some(route) => match &route.action {
-                Action::Respond(direct) => Ok(respond(direct)),
-                Action::Forward(upstream) => {
-                    let identity = identity.as_ref().map(|id| id.value.as_str());
-                    // Boxed: inline, its ~1.6 KB would be part of every
-                    // request's future (a 429's too), which hyper moves
-                    // into place per request.
-                    Box::pin(proxy::forward(req, conn, upstream, &request_id, identity)).await
-                }
-            },
-        };
-        let mut resp = match result {
-            Ok(resp) => resp,
-            Err(e) => {
-                if e.source() == Source::Upstream {
-                    let route_name = route.as_ref().map_or("", |r| r.name.as_str());
-                    tracing::warn!(request_id = ?request_id, route = route_name, error = %e, "upstream error");
-                    self.record_upstream_error(&e);
-                } else {
-                    tracing::debug!(request_id = ?request_id, error = %e, "client error");
-                }
-                e.to_response()
-            }
-        };
-        if let Some(verdict) = &verdict {
-            add_limit_headers(resp.headers_mut(), snapshot, verdict);
-        }
-        resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
-        resp
-    }
-
-    /// The limiter's verdict on a request: every route limit that applies
-    /// to the identity's tier, in order.
-    async fn decide(
-        &self,
-        snapshot: &Snapshot,
-        route: &Route,
-        req: &Request<Incoming>,
-        identity: &Identity,
-    ) -> Verdict {
-        let facts = facts(route, identity, req.headers());
-        let which = applying_limits(&snapshot.config.limits, route, identity.tier);
-        // Tokens at hand decide without building a future that waits.
-        let mut verdict = Verdict::default();
-        if self.limiter.try_check(&snapshot.limits, &which, &facts, &mut verdict) {
-            return verdict;
-        }
-        // Boxed: the waiting path is rare, and inline it would make every
-        // request's future (moved into hyper's box per request) larger.
-        let fail_open = route.on_store_failure == StoreFailure::Allow;
-        Box::pin(self.limiter.check(&snapshot.limits, &which, &facts, fail_open)).await
     }
 
     /// Shadow- and soft-limited decisions to the event pipeline, at most one
@@ -479,92 +313,4 @@ pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> Smal
         .copied()
         .filter(|&i| limits.get(i).is_some_and(|l| l.applies_to(tier)))
         .collect()
-}
-
-/// What the access log says about a request, filled in as it is served.
-#[derive(Debug, Default)]
-struct Record {
-    identity: Option<&'static str>,
-    outcome: &'static str,
-}
-
-/// The access-log line in the text format, through `tracing`'s fmt layer.
-fn log_text(line: &access_log::Line<'_>) {
-    tracing::info!(
-        target: "access",
-        request_id = line.request_id,
-        route = line.route,
-        method = line.method,
-        path = %line.path,
-        status = line.status,
-        identity = line.identity,
-        limit = line.limit,
-        upstream = line.upstream,
-        // Whole microseconds: 0.263, not 0.26327300000000003.
-        ms = line.micros as f64 / 1_000.0,
-    );
-}
-
-/// The worst outcome among a verdict's limits, for the access log.
-fn verdict_outcome(v: &Verdict) -> &'static str {
-    if v.refused.is_some() {
-        return "limited";
-    }
-    if v.store_error.is_some() {
-        return "bypassed";
-    }
-    if v.limits.is_empty() {
-        return "-"; // every limit skipped this identity's tier
-    }
-    let mut out = "admitted";
-    for lv in &v.limits {
-        match lv.outcome {
-            Outcome::SoftLimited => out = "soft_limited",
-            Outcome::ShadowLimited if out == "admitted" => out = "shadow_limited",
-            _ => {}
-        }
-    }
-    out
-}
-
-fn respond(direct: &DirectResponse) -> Response<Body> {
-    let mut resp = Response::new(Body::full(direct.body.clone()));
-    *resp.status_mut() = direct.status;
-    *resp.headers_mut() = direct.headers.clone();
-    resp
-}
-
-/// Keeps a client's `x-request-id` when it is sane, else makes a new one.
-pub fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID) {
-        let b = v.as_bytes();
-        if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
-            return v.clone();
-        }
-    }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 32];
-    let mut n = fastrand::u128(..);
-    for b in id.iter_mut().rev() {
-        *b = HEX[(n & 0xf) as usize];
-        n >>= 4;
-    }
-    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_ids_are_kept_when_sane_and_made_otherwise() {
-        let mut h = HeaderMap::new();
-        let made = request_id(&h);
-        assert_eq!(made.len(), 32);
-        assert_ne!(made, request_id(&h));
-        h.insert("x-request-id", HeaderValue::from_static("abc-123"));
-        assert_eq!(request_id(&h), "abc-123");
-        h.insert("x-request-id", HeaderValue::from_static("has space"));
-        assert_eq!(request_id(&h).len(), 32);
-    }
 }

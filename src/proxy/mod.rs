@@ -83,7 +83,10 @@ pub async fn forward(
                 Some(s) => s,
                 None => {
                     fresh = true;
-                    slot.connect(target, upstream.connect_timeout)
+                    // Boxed: a new connection is rare, and its future
+                    // (connect, handshake) would otherwise be part of
+                    // every request's.
+                    Box::pin(slot.connect(target, upstream.connect_timeout))
                         .await
                         .map_err(|e| connect_error(upstream, e))?
                 }

@@ -55,7 +55,6 @@ pub mod prefixed;
 pub mod status;
 pub mod tls;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -540,11 +539,7 @@ impl Connection {
     {
         let gateway = self.shared.gateway.clone();
         let conn = Arc::new(conn);
-        let service = service_fn(move |req| {
-            let gateway = gateway.clone();
-            let conn = conn.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(req, &conn).await) }
-        });
+        let service = service_fn(move |req| gateway.clone().handle(req, conn.clone()));
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
         // The stop signal keeps the task's waker from its first poll on (a
