@@ -215,8 +215,11 @@ mod tests {
         for n in (0..12_000).chain([99_999, 1_000_000, u64::MAX]) {
             assert_eq!(number(n), n.to_string().as_str(), "{n}");
         }
-        // Below SMALL, static: no allocation to make or clone.
-        assert_eq!(small_number(9_999), Some("9999"));
+        // Below SMALL, every one static (no allocation to make or clone):
+        // an offset past the table would fall back to formatting unseen.
+        for n in 0..SMALL {
+            assert_eq!(small_number(n), Some(n.to_string().as_str()), "{n}");
+        }
         assert_eq!(small_number(SMALL), None);
     }
 
@@ -229,6 +232,7 @@ mod tests {
             &[st("a", 100, 40, 20)][..],
             &[st("a", 100, 40, 20), st("bee", u64::MAX, 0, 1_000_000_007)],
             &[st("", 0, 0, 0), st("x", 9, 10, 99), st("yz", 10, 9, 100)],
+            &[st("café-β", 1_000, 999, 10_000)],
         ] {
             let mut h = HeaderMap::new();
             render(&mut h, Style::Ietf, statuses, None);
