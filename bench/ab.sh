@@ -28,23 +28,8 @@ SECS=${5:-4}
 UP_PORT=18181
 need_tools wrk:wrk nginx:nginx taskset:util-linux
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-mkdir -p "$work/up/logs"
-cat > "$work/up/nginx.conf" <<CONF
-worker_processes 1; daemon off; pid $work/up/nginx.pid; error_log $work/up/logs/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000;
-  client_body_temp_path $work/up/body; proxy_temp_path $work/up/proxy;
-  fastcgi_temp_path $work/up/fcgi; uwsgi_temp_path $work/up/uwsgi; scgi_temp_path $work/up/scgi;
-  server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } } }
-CONF
+bench_work
+nginx_conf up "$(ok_server "$UP_PORT")"
 taskset -c 1 nginx -p "$work/up" -c "$work/up/nginx.conf" &
 pids+=($!)
 

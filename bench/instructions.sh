@@ -34,39 +34,18 @@ PORT=18282
 need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind
 cargo build --release --quiet --bin leasegate --example hyper_floor
 
-work=$(mktemp -d)
-chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-nginx_conf() { # name master(on|off) http-body
-  mkdir -p "$work/$1/logs"
-  cat > "$work/$1/nginx.conf" <<CONF
-worker_processes 1; daemon off; master_process $2;
-pid $work/$1/nginx.pid; error_log $work/$1/logs/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000;
-  client_body_temp_path $work/$1/body; proxy_temp_path $work/$1/proxy;
-  fastcgi_temp_path $work/$1/fcgi; uwsgi_temp_path $work/$1/uwsgi; scgi_temp_path $work/$1/scgi;
-  $3 }
-CONF
-}
-nginx_conf upstream on "server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } }"
+bench_work
+nginx_conf upstream "$(ok_server "$UP_PORT")"
 nginx -p "$work/upstream" -c "$work/upstream/nginx.conf" &
 pids+=($!)
 mkdir -p "$work/www" && echo ok > "$work/www/index.html"
-nginx_conf nginx off "upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }
+nginx_conf nginx "upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server { listen 127.0.0.1:$PORT; location / { proxy_pass http://backend; proxy_http_version 1.1;
     proxy_set_header Connection \"\"; proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-    proxy_set_header X-Forwarded-Proto \$scheme; } }"
-nginx_conf nginx-429 off "limit_req_zone \$server_name zone=one:1m rate=1r/m;
+    proxy_set_header X-Forwarded-Proto \$scheme; } }" off
+nginx_conf nginx-429 "limit_req_zone \$server_name zone=one:1m rate=1r/m;
   server { listen 127.0.0.1:$PORT; server_name bench;
-    location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }"
+    location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }" off
 leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "100000000/s" "$UP_PORT" > "$work/leasegate.toml"
 leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "1/h" "$UP_PORT" > "$work/leasegate-429.toml"
 

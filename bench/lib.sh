@@ -10,6 +10,43 @@ need_tools() {
   fi
 }
 
+# bench_work: a scratch directory $work and a list pids+=(...) of background
+# processes, all stopped and removed on exit. The directory is readable by
+# nginx's workers (they run as nobody; mktemp -d makes it 0700, and nginx
+# would answer 403 for a file in it).
+bench_work() {
+  work=$(mktemp -d)
+  chmod 755 "$work"
+  pids=()
+  trap bench_cleanup EXIT
+}
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
+# nginx_conf NAME HTTP-BODY [MASTER]: $work/NAME/nginx.conf for one worker
+# in the foreground, no access log unless HTTP-BODY sets one in a server
+# block, keep-alive without a request limit. MASTER off runs the worker as
+# the process itself (valgrind follows no fork).
+nginx_conf() {
+  mkdir -p "$work/$1/logs"
+  cat > "$work/$1/nginx.conf" <<CONF
+worker_processes 1; daemon off; master_process ${3:-on};
+pid $work/$1/nginx.pid; error_log $work/$1/logs/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  client_body_temp_path $work/$1/body; proxy_temp_path $work/$1/proxy;
+  fastcgi_temp_path $work/$1/fastcgi; uwsgi_temp_path $work/$1/uwsgi; scgi_temp_path $work/$1/scgi;
+  $2
+}
+CONF
+}
+
+# ok_server PORT: the benches' upstream, a fixed 200 "ok" (an nginx server block).
+ok_server() { echo "server { listen 127.0.0.1:$1; location / { return 200 'ok\n'; } }"; }
+
 # An awk function: wrk's durations (850.00us, 3.43ms, 1.02s) in milliseconds.
 WRK_MS='function ms(v) {
   if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000

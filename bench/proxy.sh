@@ -54,38 +54,8 @@ python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
 cargo build --release --quiet --bin leasegate --example hyper_floor
 mkdir -p "$OUT"
 
-work=$(mktemp -d)
-# nginx's workers run as nobody: they must be able to read the 429 target's
-# file (mktemp -d makes the directory 0700, and nginx would answer 403).
-chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_work
 
-nginx_conf() { # name http-body
-  mkdir -p "$work/$1/logs"
-  cat > "$work/$1/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $work/$1/nginx.pid;
-error_log $work/$1/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $work/$1/body;
-  proxy_temp_path $work/$1/proxy;
-  fastcgi_temp_path $work/$1/fastcgi;
-  uwsgi_temp_path $work/$1/uwsgi;
-  scgi_temp_path $work/$1/scgi;
-  keepalive_requests 1000000;
-  $2
-}
-CONF
-}
 start_nginx() { # name cpu
   taskset -c "$2" nginx -p "$work/$1" -c "$work/$1/nginx.conf" &
   pids+=($!)
@@ -100,7 +70,7 @@ PROXY_LOCATION="location / { proxy_pass http://backend; proxy_http_version 1.1;
 UPSTREAM_BLOCK="upstream backend { server 127.0.0.1:$UP_PORT; keepalive 64; }"
 
 # The upstream: a fixed 200 with keep-alive, on CPU 1.
-nginx_conf upstream "server { listen 127.0.0.1:$UP_PORT; location / { return 200 'ok\n'; } }"
+nginx_conf upstream "$(ok_server "$UP_PORT")"
 start_nginx upstream 1
 
 nginx_conf nginx "$UPSTREAM_BLOCK
