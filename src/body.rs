@@ -3,6 +3,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::proxy::idle::BodyError;
 use crate::proxy::pool::UpstreamBody;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -32,9 +33,9 @@ impl Body {
 
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Streamed(incoming) => Pin::new(incoming).poll_frame(cx),

@@ -24,6 +24,8 @@ pub struct ConnInfo {
     /// The peer's address as a header value (IPv4-mapped addresses as
     /// IPv4), made once per connection for `x-forwarded-for`.
     pub peer_ip: HeaderValue,
+    /// `[gateway] idle_timeout_ms`: also bounds a tunnel that moves no byte.
+    pub idle_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -46,7 +48,13 @@ impl ConnInfo {
             tls,
             guard,
             peer_ip,
+            idle_timeout: std::time::Duration::from_secs(60),
         }
+    }
+
+    pub fn with_idle_timeout(mut self, idle: std::time::Duration) -> ConnInfo {
+        self.idle_timeout = idle;
+        self
     }
 
     pub fn scheme(&self) -> &'static str {

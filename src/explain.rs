@@ -39,6 +39,8 @@ pub enum ArgError {
     Method(String),
     #[error("bad PATH {0:?}: want a path starting with '/' (or an absolute URL)")]
     Path(String),
+    #[error("PATH {0:?}: the gateway answers 400 to it: {1}")]
+    Refused(String, crate::route::normalize::TargetError),
 }
 
 /// One request, as the command line describes it.
@@ -83,6 +85,8 @@ impl Probe {
         *request.method_mut() = method;
         *request.uri_mut() = uri;
         *request.headers_mut() = map;
+        // Explained as the gateway serves it: normalised first.
+        crate::route::normalize::target(&mut request).map_err(|e| ArgError::Refused(path.to_string(), e))?;
         Ok(Probe { request, peer })
     }
 }

@@ -266,6 +266,10 @@ pub struct Metrics {
     pub lease_tokens: Histogram,
     pub connections_open: Gauge,
     pub connections_accepted: Family<ListenerLabels, Counter>,
+    /// Connections closed at accept, by why: `per_ip`.
+    pub connections_refused: Family<ReasonLabels, Counter>,
+    /// Connections closed for being idle (`idle_timeout_ms`).
+    pub connections_idle_closed: Counter,
     pub tls_handshake_failures: Family<ReasonLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub decisions: Family<DecisionLabels, StripedCounter>,
@@ -313,6 +317,18 @@ impl Metrics {
             "leasegate_connections_open",
             "Client connections open now",
             connections_open.clone(),
+        );
+        let connections_refused = Family::default();
+        registry.register(
+            "leasegate_connections_refused",
+            "Connections closed at accept, by reason (per_ip: the client address holds max_connections_per_ip)",
+            connections_refused.clone(),
+        );
+        let connections_idle_closed = Counter::default();
+        registry.register(
+            "leasegate_connections_idle_closed",
+            "Connections closed after idle_timeout_ms with nothing in flight",
+            connections_idle_closed.clone(),
         );
         let connections_accepted = Family::default();
         registry.register(
@@ -439,6 +455,8 @@ impl Metrics {
             registry,
             connections_open,
             connections_accepted,
+            connections_refused,
+            connections_idle_closed,
             tls_handshake_failures,
             upstream_errors,
             decisions,

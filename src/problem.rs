@@ -31,13 +31,21 @@ pub enum RequestError {
     /// 2^64), or a client that went away mid-body. Its fault, not ours.
     #[error("the request body could not be read: {reason}")]
     BadRequestBody { reason: String },
+    /// A target that upstreams could read in more than one way: an
+    /// encoded `/`, `..` above the root, two `Host` lines, ...
+    #[error("the request target is refused: {0}")]
+    BadTarget(#[from] crate::route::normalize::TargetError),
+    /// The upstream has `max_in_flight` requests in flight already.
+    #[error("upstream {upstream:?} has {max} requests in flight")]
+    UpstreamBusy { upstream: String, max: usize },
 }
 
 impl RequestError {
     pub fn source(&self) -> Source {
         match self {
-            RequestError::NoRoute | RequestError::BadRequestBody { .. } => Source::Client,
-            RequestError::UpstreamUnreachable { .. }
+            RequestError::NoRoute | RequestError::BadRequestBody { .. } | RequestError::BadTarget(_) => Source::Client,
+            RequestError::UpstreamBusy { .. }
+            | RequestError::UpstreamUnreachable { .. }
             | RequestError::UpstreamTimeout { .. }
             | RequestError::UpstreamFailed { .. } => Source::Upstream,
         }
@@ -46,7 +54,8 @@ impl RequestError {
     pub fn status(&self) -> StatusCode {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
-            RequestError::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
+            RequestError::BadRequestBody { .. } | RequestError::BadTarget(_) => StatusCode::BAD_REQUEST,
+            RequestError::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::UpstreamUnreachable { .. } | RequestError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -55,7 +64,8 @@ impl RequestError {
     fn title(&self) -> &'static str {
         match self {
             RequestError::NoRoute => "No route",
-            RequestError::BadRequestBody { .. } => "Bad Request",
+            RequestError::BadRequestBody { .. } | RequestError::BadTarget(_) => "Bad Request",
+            RequestError::UpstreamBusy { .. } => "Upstream busy",
             RequestError::UpstreamUnreachable { .. } => "Upstream unreachable",
             RequestError::UpstreamTimeout { .. } => "Upstream timeout",
             RequestError::UpstreamFailed { .. } => "Upstream failed",
@@ -66,7 +76,10 @@ impl RequestError {
     /// or OS error: those are for the log, not for whoever sent the request.
     fn public_detail(&self) -> String {
         match self {
-            RequestError::NoRoute | RequestError::BadRequestBody { .. } => self.to_string(),
+            RequestError::NoRoute | RequestError::BadRequestBody { .. } | RequestError::BadTarget(_) => {
+                self.to_string()
+            }
+            RequestError::UpstreamBusy { .. } => "the service behind this route is at capacity".into(),
             RequestError::UpstreamUnreachable { .. } => "the service behind this route could not be reached".into(),
             RequestError::UpstreamTimeout { .. } => "the service behind this route did not answer in time".into(),
             RequestError::UpstreamFailed { .. } => "the service behind this route failed to answer".into(),
@@ -75,7 +88,12 @@ impl RequestError {
 
     /// The response the client gets.
     pub fn to_response(&self) -> Response<Body> {
-        problem(self.status(), self.title(), &self.public_detail())
+        let mut resp = problem(self.status(), self.title(), &self.public_detail());
+        if let RequestError::UpstreamBusy { .. } = self {
+            // In flight ends within moments: come back in a second.
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
     }
 }
 

@@ -266,3 +266,36 @@ async fn shutdown_gives_unspent_leased_tokens_back_to_redis() {
     );
     assert!(gw.log().contains("released_tokens=19"), "{}", gw.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_does_not_multiply_the_burst() {
+    let mut redis = Redis::start();
+    // Fail open, with no `fleet_size`: each instance's fallback may go up
+    // to the whole quota, but starts with a lease's worth, not the burst.
+    let text = config(
+        &format!("url = \"{}\"", redis.url()),
+        "min = 5\nmax = 20",
+        "rate = \"10/s\"\nburst = 100\nby = [\"route\"]",
+    )
+    .replace("timeout_ms = 1000", "timeout_ms = 200")
+    .replace("on_store_failure = \"deny\"", "on_store_failure = \"allow\"");
+    let fleet: Vec<Gateway> = (0..2).map(|_| Gateway::start_connected(&text)).collect();
+    let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
+    // Traffic before the outage gives each instance a recent rate.
+    let (before, _) = drive(&addrs, 2, 2.0).await;
+    assert!(before.ok.load(Ordering::Relaxed) > 0);
+    redis.kill();
+    let (tally, elapsed) = drive(&addrs, 2, 3.0).await;
+    let ok = tally.ok.load(Ordering::Relaxed);
+    assert_eq!(tally.other.load(Ordering::Relaxed), 0, "fail open: no 503");
+    // The whole fleet: at most the burst plus the refill of the time driven.
+    let bound = 100.0 + 10.0 * elapsed.as_secs_f64();
+    println!("admitted {ok} in {elapsed:?} with the store down, bound {bound:.0}");
+    assert!(ok > 0, "a fail-open route admits while the store is away");
+    assert!(ok as f64 <= bound, "admitted {ok} > burst + refill = {bound:.0}");
+    let metrics = fleet[0].metrics().await;
+    assert!(
+        support::sample(&metrics, "rate_limit_bypassed_total{reason=\"store_circuit_open\"} ") > 0.0,
+        "{metrics}"
+    );
+}

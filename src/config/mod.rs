@@ -108,6 +108,13 @@ pub struct Gateway {
     pub max_header_bytes: usize,
     /// A client must finish sending its request head within this time.
     pub header_read_timeout: Duration,
+    /// Open connections from one client address (an IPv6 client: its /64);
+    /// `trusted_proxies` are exempt.
+    pub max_connections_per_ip: usize,
+    /// An HTTP/1.1 connection with no request in flight, an HTTP/2
+    /// connection with no open stream, or a tunnel that moves no byte, is
+    /// closed after this long.
+    pub idle_timeout: Duration,
     /// Which rate-limit headers responses carry.
     pub rate_limit_headers: HeaderStyle,
     /// One line per request on stdout.
@@ -257,10 +264,14 @@ pub enum KeyPart {
     Tenant,
     Route,
     Ip,
-    /// The client's network, /24 (IPv4) or /64 (IPv6), whatever its
-    /// identity tier: a ceiling that a client minting identities (random
-    /// header names under one TLS fingerprint) cannot escape.
-    Subnet,
+    /// The client's network, whatever its identity tier: a ceiling that a
+    /// client minting identities (random header names under one TLS
+    /// fingerprint) cannot escape. Bare `subnet` is /24 (IPv4) or /64
+    /// (IPv6); `subnet/48` sets the IPv6 prefix, `subnet/16/48` both.
+    Subnet {
+        v4: u8,
+        v6: u8,
+    },
     Header(http::HeaderName),
 }
 

@@ -42,6 +42,8 @@ pub struct Gateway {
     pub max_connections: Option<Spanned<i64>>,
     pub max_header_bytes: Option<Spanned<i64>>,
     pub header_read_timeout_ms: Option<Spanned<i64>>,
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    pub idle_timeout_ms: Option<Spanned<i64>>,
     pub rate_limit_headers: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
 }
@@ -107,6 +109,7 @@ pub struct Identity {
     pub api_keys: Vec<Spanned<ApiKey>>,
     pub api_keys_file: Option<Spanned<String>>,
     pub on_invalid_credentials: Option<Spanned<String>>,
+    pub max_token_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,6 +146,8 @@ pub struct Upstream {
     pub request_timeout_ms: Option<Spanned<i64>>,
     pub pool_idle_timeout_ms: Option<Spanned<i64>>,
     pub pool_max_idle_per_host: Option<Spanned<i64>>,
+    pub idle_timeout_ms: Option<Spanned<i64>>,
+    pub max_in_flight: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

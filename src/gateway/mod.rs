@@ -244,6 +244,7 @@ impl Gateway {
             RequestError::UpstreamUnreachable { upstream, .. } => (upstream, "unreachable"),
             RequestError::UpstreamTimeout { upstream, .. } => (upstream, "timeout"),
             RequestError::UpstreamFailed { upstream, .. } => (upstream, "failed"),
+            RequestError::UpstreamBusy { upstream, .. } => (upstream, "busy"),
             _ => return,
         };
         self.metrics
@@ -269,14 +270,17 @@ fn start_events(config: &Config, metrics: &Metrics, running: Option<Arc<Emitter>
 }
 
 /// The route a request matches, by host (the URI's authority, else `Host`),
-/// method and path: its index in `routes`. `leasegate explain` asks this too.
+/// method and path: its index in `routes`. The request's target is in
+/// normal form ([`crate::route::normalize::target`]); its path is matched
+/// without `;` parameters. `leasegate explain` asks this too.
 pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize> {
     let host = req
         .uri()
         .authority()
         .map(|a| a.as_str())
         .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
-    routes.position(host, req.method(), req.uri().path())
+    let path = crate::route::normalize::match_path(req.uri().path());
+    routes.position(host, req.method(), &path)
 }
 
 /// The `now_secs` the identity waterfall gets: the wall clock matters only

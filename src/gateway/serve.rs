@@ -109,11 +109,17 @@ impl Gateway {
     fn serve<'a>(
         &'a self,
         snapshot: &'a Snapshot,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: &'a ConnInfo,
         route_index: &mut Option<usize>,
     ) -> Served<'a> {
         let request_id = request_id(req.headers());
+        // One request, one meaning: routed (and limited) as the upstream
+        // will read it, and forwarded in that form.
+        if let Err(e) = crate::route::normalize::target(&mut req) {
+            let resp = self.finish(snapshot, None, Err(e.into()), request_id, None);
+            return Served::Now(resp, Record::default());
+        }
         *route_index = route_index_of(&snapshot.config.routes, &req);
         let Some(route) = route_index.and_then(|i| snapshot.config.routes.get(i)).map(|r| &**r) else {
             let resp = self.finish(snapshot, None, Err(RequestError::NoRoute), request_id, None);
@@ -194,7 +200,8 @@ impl Gateway {
                 Served::Now(resp, record)
             }
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
-                let result = proxy::forward(req, conn, upstream, &request_id, Some(&identity.value)).await;
+                let result =
+                    proxy::forward(req, conn, upstream, &request_id, Some(&identity.value), &self.metrics).await;
                 let resp = self.finish(snapshot, Some(route), result, request_id, verdict.as_ref());
                 (resp, record)
             })),
@@ -216,7 +223,12 @@ impl Gateway {
             Err(e) => {
                 if e.source() == Source::Upstream {
                     let route_name = route.map_or("", |r| r.name.as_str());
-                    tracing::warn!(request_id = ?request_id, route = route_name, error = %e, "upstream error");
+                    if let RequestError::UpstreamBusy { .. } = e {
+                        // A flood of these is the overload itself: counted, not logged each.
+                        tracing::debug!(request_id = ?request_id, route = route_name, error = %e, "upstream busy");
+                    } else {
+                        tracing::warn!(request_id = ?request_id, route = route_name, error = %e, "upstream error");
+                    }
                     self.record_upstream_error(&e);
                 } else {
                     tracing::debug!(request_id = ?request_id, error = %e, "client error");

@@ -6,7 +6,9 @@
 //! allow-list, a wrong key, an expired or not-yet-valid token: never
 //! `user:`. Verified tokens are cached (bounded, keyed by the token's
 //! SHA-256, until their `exp`) so RS256/ES256 verification does not run on
-//! every request. No I/O: keys are loaded by the config layer.
+//! every request; so are refused ones (bounded, for a minute), so a forged
+//! token repeated costs no more than a request without one. No I/O: keys
+//! are loaded by the config layer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,12 @@ use sha2::{Digest, Sha256};
 
 /// Most verified tokens remembered at once.
 const CACHE_MAX: usize = 10_000;
+/// Most refused tokens remembered at once, and for how long: a forged
+/// ES256/RS256 token repeated (HPACK makes a repeat nearly free to send)
+/// costs a digest and a lookup, not a signature check. A minute, since a
+/// token refused as not yet valid (`nbf`) may become valid.
+const REFUSED_MAX: usize = 10_000;
+const REFUSED_SECS: u64 = 60;
 
 /// What a verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +65,8 @@ pub struct Verifier {
     tenant_claim: Option<String>,
     plan_claim: Option<String>,
     cache: Mutex<HashMap<[u8; 32], Claims>>,
+    /// Tokens that failed, by digest: why, and until when (seconds).
+    refused: Mutex<HashMap<[u8; 32], (JwtError, u64)>>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -134,6 +144,7 @@ impl Verifier {
             tenant_claim: s.tenant_claim,
             plan_claim: s.plan_claim,
             cache: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
         }
     }
 
@@ -147,7 +158,28 @@ impl Verifier {
                 }
             }
         }
-        let claims = self.verify_uncached(token)?;
+        if let Ok(refused) = self.refused.lock() {
+            if let Some((e, until)) = refused.get(&digest) {
+                if *until > now_secs {
+                    return Err(e.clone());
+                }
+            }
+        }
+        let claims = match self.verify_uncached(token) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Ok(mut refused) = self.refused.lock() {
+                    if refused.len() >= REFUSED_MAX {
+                        refused.retain(|_, (_, until)| *until > now_secs);
+                        if refused.len() >= REFUSED_MAX {
+                            refused.clear(); // a flood of distinct forgeries: start over
+                        }
+                    }
+                    refused.insert(digest, (e.clone(), now_secs.saturating_add(REFUSED_SECS)));
+                }
+                return Err(e);
+            }
+        };
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= CACHE_MAX {
                 cache.retain(|_, c| c.exp.saturating_add(self.validation.leeway) > now_secs);
@@ -349,6 +381,29 @@ mod tests {
             json!({"sub": "eve", "exp": now() + 100}),
         );
         assert!(matches!(verifier.verify(&confused, now()), Err(JwtError::Algorithm(_))));
+    }
+
+    #[test]
+    fn refused_tokens_are_remembered_for_a_minute_and_never_vouched_for() {
+        let v = hs(&[Algorithm::HS256]);
+        let forged = token(Algorithm::HS256, b"not-the-secret", good_claims());
+        let first = v.verify(&forged, now()).unwrap_err();
+        assert_eq!(v.refused.lock().unwrap().len(), 1);
+        // Again: the same refusal, from memory.
+        assert_eq!(v.verify(&forged, now()).unwrap_err(), first);
+        // A minute on, verified afresh (and refused again).
+        assert!(v.verify(&forged, now() + REFUSED_SECS + 1).is_err());
+        // A good token is never refused by another's entry.
+        assert!(v
+            .verify(&token(Algorithm::HS256, b"dev-only-secret", good_claims()), now())
+            .is_ok());
+        // Bounded: a flood of distinct forgeries starts the table over.
+        for i in 0..REFUSED_MAX + 5 {
+            let mut c = good_claims();
+            c["sub"] = json!(format!("s{i}"));
+            let _ = v.verify(&token(Algorithm::HS256, b"x", c), now());
+        }
+        assert!(v.refused.lock().unwrap().len() <= REFUSED_MAX);
     }
 
     /// Every asymmetric family with a real key: sign, verify, and refuse the

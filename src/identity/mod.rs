@@ -26,6 +26,9 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// `[identity] max_token_bytes` by default.
+pub const DEFAULT_MAX_TOKEN_BYTES: usize = 8_192;
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Which tier of the waterfall an identity came from.
@@ -84,6 +87,9 @@ pub struct ApiKey {
 pub enum Rejection {
     #[error("unknown API key")]
     UnknownApiKey,
+    /// Refused before any verification: no real credential is this long.
+    #[error("credential longer than {max} bytes")]
+    TooLong { max: usize },
     #[error("{0}")]
     InvalidToken(#[from] jwt::JwtError),
 }
@@ -95,6 +101,10 @@ pub struct Resolver {
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
     pub api_keys: Vec<ApiKey>,
+    /// `[identity] max_token_bytes`: a longer `Authorization` or
+    /// `X-API-Key` value is refused (401) before any verification or
+    /// lookup. 0 means the default, 8192.
+    pub max_token_bytes: usize,
     /// Refuse (401) unknown credentials instead of falling through.
     pub reject_invalid: bool,
     /// Verifies bearer JWTs, when `[identity.jwt]` is configured.
@@ -115,6 +125,12 @@ impl Resolver {
     /// `now_secs` (seconds since the epoch) matters only for cached JWTs.
     pub fn resolve(&self, headers: &HeaderMap, conn: Connection<'_>, now_secs: u64) -> Result<Identity, Rejection> {
         let client_ip = client_ip(conn.peer, headers, &self.trusted_proxies);
+        let max = self.max_token_bytes();
+        for name in [&http::header::AUTHORIZATION, &X_API_KEY] {
+            if headers.get_all(name).iter().any(|v| v.len() > max) {
+                return Err(Rejection::TooLong { max });
+            }
+        }
         if let (Some(verifier), Some(token)) = (&self.jwt, bearer_jwt(headers)) {
             match verifier.verify(token, now_secs) {
                 Ok(claims) => {
@@ -163,6 +179,15 @@ impl Resolver {
             plan: None,
             client_ip,
         })
+    }
+
+    /// `max_token_bytes`, its default when unset (0).
+    pub fn max_token_bytes(&self) -> usize {
+        if self.max_token_bytes == 0 {
+            DEFAULT_MAX_TOKEN_BYTES
+        } else {
+            self.max_token_bytes
+        }
     }
 
     /// Why each tier above `resolved` did not apply to a request, top
@@ -380,6 +405,7 @@ mod tests {
                 plan: Some("enterprise".into()),
             }],
             reject_invalid: false,
+            max_token_bytes: 0,
             jwt: Some(Arc::new(jwt::Verifier::new(jwt::Settings {
                 algorithms: vec![jsonwebtoken::Algorithm::HS256],
                 keys: vec![jwt::Keys::Secret(b"s3cret".to_vec())],
@@ -572,6 +598,28 @@ mod tests {
             r.resolve(&a, tls("203.0.113.1"), 0).unwrap().value,
             "other network"
         );
+    }
+
+    #[test]
+    fn an_oversized_credential_is_refused_before_any_check() {
+        let r = resolver();
+        let long = "a".repeat(DEFAULT_MAX_TOKEN_BYTES + 1);
+        let c = conn("192.0.2.1");
+        for h in [
+            headers(&[("authorization", &format!("Bearer {long}"))]),
+            headers(&[("x-api-key", &long)]),
+        ] {
+            assert_eq!(
+                r.resolve(&h, c, 0).unwrap_err(),
+                Rejection::TooLong {
+                    max: DEFAULT_MAX_TOKEN_BYTES
+                }
+            );
+        }
+        let fits = "a".repeat(DEFAULT_MAX_TOKEN_BYTES - 7);
+        assert!(r
+            .resolve(&headers(&[("authorization", &format!("Bearer {fits}"))]), c, 0)
+            .is_ok());
     }
 
     #[test]

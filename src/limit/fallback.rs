@@ -8,12 +8,18 @@
 //! the quota divided by `[store] fleet_size`. A fleet that falls back
 //! together therefore admits about twice what it was admitting, whatever
 //! its size, instead of its size times the quota.
+//!
+//! A key's default fallback bucket starts with one second of its fallback
+//! rate, or one lease for its recent rate if that is more, never more than
+//! its burst; not full. A fleet that falls back together then starts with
+//! about two seconds of what it was admitting, instead of `instances ×
+//! burst`.
 
 use std::time::Duration;
 
 use super::stage::{self, Outcome};
 use super::{LimitRuntime, LimitVerdict, Limiter, Settings};
-use crate::quota::{Rate, Spec, Unspent};
+use crate::quota::{Rate, Spec};
 
 /// The default fallback quota of a key whose quota is `spec`, from this
 /// instance's recent admitted rate for it (requests per second).
@@ -38,6 +44,14 @@ pub fn default_spec(spec: &Spec, admitted_per_sec: f64, fleet_size: u64) -> Spec
         },
         u64::try_from(capacity).unwrap_or(u64::MAX),
     )
+}
+
+/// What a default fallback bucket starts with: one second of its rate or
+/// one lease (`lease`), whichever is more, and never more than its burst.
+pub fn starting_tokens(fallback: &Spec, lease: u64) -> u64 {
+    let per_second = (u128::from(fallback.count) * 1_000).div_ceil(u128::from(fallback.period_ms().max(1)));
+    let per_second = u64::try_from(per_second).unwrap_or(u64::MAX);
+    per_second.max(lease).clamp(1, fallback.capacity.max(1))
 }
 
 impl Limiter {
@@ -82,9 +96,21 @@ impl Limiter {
         settings: &Settings,
     ) -> LimitVerdict {
         let fallback = self.fallback_spec(limit, h, spec, shard, settings);
+        // A key's default bucket does not start full: tokens this instance
+        // leased before the outage are spent before the fallback is asked,
+        // and a full bucket on every instance would let the fleet admit its
+        // size times the burst. A set `fallback_rate` is the operator's
+        // per-instance bucket, full as configured.
+        let start = match limit.config.fallback_rate {
+            Some(_) => fallback.capacity,
+            None => {
+                let rate = self.leases.with(h, |l| l.admitted_rate()).unwrap_or(0.0);
+                starting_tokens(&fallback, settings.sizing.lease_size(rate, fallback.capacity))
+            }
+        };
         let grant = self
             .fallback
-            .acquire_now(key, &fallback, 1, Unspent::default())
+            .acquire_starting(key, &fallback, 1, start)
             .unwrap_or_default();
         let (outcome, reset_ms) = if grant.granted > 0 {
             (Outcome::Admitted, grant.reset_ms)
@@ -130,6 +156,17 @@ mod tests {
         assert_eq!(default_spec(&s, 1e6, 3).count, 2_000);
         assert_eq!(default_spec(&s, f64::NAN, 1).count, 60);
         assert_eq!(default_spec(&spec("5/min"), 0.0, 1).count, 1, "at least one per period");
+    }
+
+    #[test]
+    fn a_fallback_bucket_starts_with_a_second_of_its_rate_not_its_burst() {
+        let rate: Rate = "10/s".parse().unwrap();
+        let f = Spec::new(Algorithm::TokenBucket, rate, 100);
+        assert_eq!(starting_tokens(&f, 5), 10, "one second of 10/s");
+        assert_eq!(starting_tokens(&f, 40), 40, "a larger lease");
+        assert_eq!(starting_tokens(&f, 500), 100, "never above the burst");
+        let slow = Spec::new(Algorithm::TokenBucket, "1/h".parse().unwrap(), 1);
+        assert_eq!(starting_tokens(&slow, 0), 1, "at least one");
     }
 
     #[test]

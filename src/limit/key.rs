@@ -2,8 +2,9 @@
 //!
 //! The braces are a Redis Cluster hash tag around the whole key, so one
 //! bucket lives on one slot and different keys spread over the cluster. Part
-//! values never contain braces (replaced) and long values are hashed with a
-//! stable hash, so every instance of a fleet derives the same key.
+//! values never contain braces, and header values (the client's bytes) and
+//! long values are replaced by a 128-bit SHA-256 prefix, stable across
+//! instances, so every instance of a fleet derives the same key.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -41,19 +42,16 @@ pub fn derive(out: &mut String, limit: &str, by: &[KeyPart], facts: &Facts<'_>) 
             KeyPart::Ip => {
                 let _ = write!(out, "{}", facts.ip.to_canonical());
             }
-            KeyPart::Subnet => match subnet(facts.ip) {
-                IpAddr::V4(v4) => {
-                    let _ = write!(out, "{v4}/24");
-                }
-                IpAddr::V6(v6) => {
-                    let _ = write!(out, "{v6}/64");
-                }
-            },
-            // Client-chosen values may not contain the part separator, or
-            // ("a:b", "c") and ("a", "b:c") would share a key.
+            KeyPart::Subnet { v4, v6 } => {
+                let (net, prefix) = subnet_of(facts.ip, *v4, *v6);
+                let _ = write!(out, "{net}/{prefix}");
+            }
+            // Header values are the client's (API keys, if an operator keys
+            // on one): they reach store keys, `explain` and the status page
+            // only as a digest, never raw, whatever their length. Any value,
+            // the empty one included, is told apart from none (`-`).
             KeyPart::Header(name) => match facts.headers.get(name) {
-                Some(v) if v.as_bytes().contains(&b':') => push_hashed(out, v.as_bytes()),
-                Some(v) => push_value(out, v.as_bytes()),
+                Some(v) => push_hashed(out, v.as_bytes()),
                 None => out.push('-'),
             },
         }
@@ -100,7 +98,7 @@ fn hash_part(hasher: &mut impl std::hash::Hasher, p: &KeyPart, facts: &Facts<'_>
         KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
         KeyPart::Route => part(hasher, facts.route.as_bytes()),
         KeyPart::Ip => address(hasher, facts.ip),
-        KeyPart::Subnet => network(hasher, facts.ip),
+        KeyPart::Subnet { v4, v6 } => network(hasher, facts.ip, *v4, *v6),
         // A missing header gets a length no value can have.
         KeyPart::Header(name) => match facts.headers.get(name) {
             Some(v) => part(hasher, v.as_bytes()),
@@ -123,10 +121,26 @@ fn address(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
 
 // Prefixed so a subnet never hashes like an address.
 #[inline(never)]
-fn network(hasher: &mut impl std::hash::Hasher, ip: IpAddr) {
-    match subnet(ip) {
-        IpAddr::V4(a) => prefixed(hasher, Some(24), &a.octets()),
-        IpAddr::V6(a) => prefixed(hasher, Some(64), &a.octets()),
+fn network(hasher: &mut impl std::hash::Hasher, ip: IpAddr, v4: u8, v6: u8) {
+    match subnet_of(ip, v4, v6) {
+        (IpAddr::V4(a), p) => prefixed(hasher, Some(p), &a.octets()),
+        (IpAddr::V6(a), p) => prefixed(hasher, Some(p), &a.octets()),
+    }
+}
+
+/// The network of `ip` at the prefix of its family, and that prefix.
+pub fn subnet_of(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => {
+            let p = v4.min(32);
+            let mask = u32::MAX.checked_shl(32 - u32::from(p)).unwrap_or(0);
+            (IpAddr::V4(std::net::Ipv4Addr::from(u32::from(a) & mask)), p)
+        }
+        IpAddr::V6(a) => {
+            let p = v6.min(128);
+            let mask = u128::MAX.checked_shl(128 - u32::from(p)).unwrap_or(0);
+            (IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & mask)), p)
+        }
     }
 }
 
@@ -145,20 +159,6 @@ fn prefixed(hasher: &mut impl std::hash::Hasher, prefix: Option<u8>, bytes: &[u8
 pub fn name_id(name: &str) -> u64 {
     use std::hash::BuildHasher;
     foldhash::quality::FixedState::with_seed(0x6c65_6173_6567_6174).hash_one(name)
-}
-
-/// The network of `ip`: its /24 (IPv4, also IPv4-mapped IPv6) or /64.
-pub fn subnet(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            let [a, b, c, _] = v4.octets();
-            IpAddr::from([a, b, c, 0])
-        }
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
-        }
-    }
 }
 
 /// The sub-bucket of a sharded limit that a request goes to: a stable hash
@@ -198,8 +198,15 @@ fn push_value(out: &mut String, v: &[u8]) {
     push_hashed(out, v);
 }
 
+/// `#` and the first 128 bits of the value's SHA-256, in hex: no value
+/// can be read back from it, and no two are made to share it.
 fn push_hashed(out: &mut String, v: &[u8]) {
-    let _ = write!(out, "#{:016x}", fnv1a(v));
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(v);
+    out.push('#');
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
 }
 
 /// FNV-1a, 64 bit: stable across processes and versions, unlike the
@@ -239,7 +246,11 @@ mod tests {
             KeyPart::Header(HeaderName::from_static("x-tenant")),
         ];
         derive(&mut k, "per_client", &by, &facts(&h));
-        assert_eq!(k, "rl:{per_client:subnet:198.51.100.0/24:-:api:198.51.100.7:acme}");
+        assert_eq!(
+            k,
+            "rl:{per_client:subnet:198.51.100.0/24:-:api:198.51.100.7:#822b33ad87c148a0a20a5ba7cd5ebcaa}"
+        );
+        assert!(!k.contains("acme"), "header values never appear raw");
         derive(
             &mut k,
             "x",
@@ -261,7 +272,7 @@ mod tests {
         derive(
             &mut k,
             "ceiling",
-            &[KeyPart::Subnet],
+            &[KeyPart::Subnet { v4: 24, v6: 64 }],
             &at("::ffff:198.51.100.7", "fingerprint:1"),
         );
         assert_eq!(k, "rl:{ceiling:198.51.100.0/24}");
@@ -269,14 +280,14 @@ mod tests {
         derive(
             &mut other,
             "ceiling",
-            &[KeyPart::Subnet],
+            &[KeyPart::Subnet { v4: 24, v6: 64 }],
             &at("198.51.100.250", "fingerprint:2"),
         );
         assert_eq!(k, other, "fresh identities share their network's bucket");
         derive(
             &mut k,
             "ceiling",
-            &[KeyPart::Subnet],
+            &[KeyPart::Subnet { v4: 24, v6: 64 }],
             &at("2001:db8:1:2:aaaa::1", "user:x"),
         );
         assert_eq!(k, "rl:{ceiling:2001:db8:1:2::/64}");
@@ -288,15 +299,68 @@ mod tests {
             hasher.finish()
         };
         let (a, b) = (at("198.51.100.7", "a"), at("198.51.100.9", "b"));
-        assert_eq!(hash(&a, &[KeyPart::Subnet]), hash(&b, &[KeyPart::Subnet]));
+        assert_eq!(
+            hash(&a, &[KeyPart::Subnet { v4: 24, v6: 64 }]),
+            hash(&b, &[KeyPart::Subnet { v4: 24, v6: 64 }])
+        );
         assert_ne!(
-            hash(&a, &[KeyPart::Subnet]),
-            hash(&at("198.51.101.7", "a"), &[KeyPart::Subnet])
+            hash(&a, &[KeyPart::Subnet { v4: 24, v6: 64 }]),
+            hash(&at("198.51.101.7", "a"), &[KeyPart::Subnet { v4: 24, v6: 64 }])
         );
         assert_ne!(
             hash(&at("198.51.100.0", "a"), &[KeyPart::Ip]),
-            hash(&a, &[KeyPart::Subnet])
+            hash(&a, &[KeyPart::Subnet { v4: 24, v6: 64 }])
         );
+    }
+
+    #[test]
+    fn the_subnet_part_takes_a_prefix() {
+        let h = HeaderMap::new();
+        let mut k = String::new();
+        let at = |ip: &str| Facts {
+            ip: ip.parse().unwrap(),
+            ..facts(&h)
+        };
+        let by = [KeyPart::Subnet { v4: 16, v6: 48 }];
+        derive(&mut k, "c", &by, &at("2001:db8:1:2::1"));
+        assert_eq!(k, "rl:{c:2001:db8:1::/48}");
+        let mut other = String::new();
+        derive(&mut other, "c", &by, &at("2001:db8:1:ffff:1::9"));
+        assert_eq!(k, other, "one /48, one bucket");
+        derive(&mut k, "c", &by, &at("::ffff:198.51.100.7"));
+        assert_eq!(k, "rl:{c:198.51.0.0/16}");
+        assert_eq!(subnet_of("10.1.2.3".parse().unwrap(), 32, 128).1, 32);
+        assert_eq!(
+            subnet_of("::1".parse().unwrap(), 24, 1).0,
+            "::".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    /// Equal store keys, equal lease hashes; different store keys,
+    /// different hashes: for a missing header, an empty one and `-`.
+    #[test]
+    fn store_keys_and_lease_hashes_agree_on_absent_empty_and_dash() {
+        use std::hash::{BuildHasher, Hasher};
+        let by = [KeyPart::Header(HeaderName::from_static("x-k"))];
+        let state = foldhash::fast::FixedState::with_seed(7);
+        let both = |v: Option<&[u8]>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = v {
+                h.insert("x-k", HeaderValue::from_bytes(v).unwrap());
+            }
+            let mut k = String::new();
+            derive(&mut k, "l", &by, &facts(&h));
+            let mut hasher = state.build_hasher();
+            hash_into(&mut hasher, "l", &by, &facts(&h));
+            (k, hasher.finish())
+        };
+        let cases = [both(None), both(Some(b"")), both(Some(b"-")), both(Some(b"a"))];
+        for (i, a) in cases.iter().enumerate() {
+            for (j, b) in cases.iter().enumerate() {
+                assert_eq!(a.0 == b.0, a.1 == b.1, "{i} {j}: {a:?} {b:?}");
+                assert_eq!(i == j, a.0 == b.0, "{i} {j}");
+            }
+        }
     }
 
     #[test]
@@ -320,7 +384,7 @@ mod tests {
             &[KeyPart::Header(HeaderName::from_static("x-k"))],
             &facts(&h),
         );
-        assert_eq!(k.len(), "rl:{l:#}".len() + 16);
+        assert_eq!(k.len(), "rl:{l:#}".len() + 32);
     }
 
     #[test]

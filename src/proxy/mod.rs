@@ -5,6 +5,7 @@
 //! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
 //! tunnelled. Each worker thread keeps its own connection pool per upstream.
 
+pub mod idle;
 pub mod pool;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -12,10 +13,14 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use std::sync::Arc;
+
 use crate::body::Body;
 use crate::connection::ConnInfo;
+use crate::metrics::Metrics;
 use crate::problem::RequestError;
 use crate::upstream::Upstream;
+use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -27,14 +32,22 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Forwards `req` to `upstream` and returns its response, or the reason it
-/// could not.
+/// could not. The request holds a place among the upstream's
+/// `max_in_flight` until its response body ends; without one it is
+/// refused at once.
 pub async fn forward(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     conn: &ConnInfo,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     request_id: &HeaderValue,
     identity: Option<&str>,
+    metrics: &Arc<Metrics>,
 ) -> Result<Response<Body>, RequestError> {
+    let place = upstream.enter().ok_or_else(|| RequestError::UpstreamBusy {
+        upstream: upstream.name.clone(),
+        max: upstream.max_in_flight,
+    })?;
+    let mut req = req.map(|body| Timed::new(body, upstream.idle_timeout));
     let (index, target) = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
         upstream: upstream.name.clone(),
         reason: "no targets".into(),
@@ -104,6 +117,12 @@ pub async fn forward(
                         // must not carry another.
                         drop(sender);
                         let e = e.into_error();
+                        if stalled_body(&e) {
+                            return Err(RequestError::UpstreamTimeout {
+                                upstream: upstream.name.clone(),
+                                timeout_ms: upstream.idle_timeout.as_millis(),
+                            });
+                        }
                         return Err(match client_body_error(&e) {
                             Some(reason) => RequestError::BadRequestBody { reason },
                             None => RequestError::UpstreamFailed {
@@ -132,17 +151,20 @@ pub async fn forward(
             // The tunnel keeps the client connection's slot (connection
             // limit, drain) until it closes.
             let held = conn.guard.clone();
+            let idle = conn.idle_timeout;
             tokio::spawn(async move {
                 let _held = held;
+                let _place = place;
                 if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
-                    let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
+                    idle::tunnel(TokioIo::new(c), TokioIo::new(u), idle).await;
                 }
             });
             return Ok(resp.map(|_| Body::empty()));
         }
     }
     remove_hop_by_hop(resp.headers_mut(), false);
-    Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender))))
+    let metrics = metrics.clone();
+    Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender, place, metrics))))
 }
 
 fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
@@ -158,6 +180,15 @@ fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
     }
 }
 
+/// The request body moved no byte for the upstream's idle timeout.
+fn stalled_body(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    e.is_user()
+        && e.source()
+            .and_then(|s| s.downcast_ref::<BodyError>())
+            .is_some_and(|b| matches!(b, BodyError::Idle(_)))
+}
+
 /// Why the client's request body failed, if that is what ended the
 /// exchange. hyper reports an error of the body it was sending as a "user
 /// body" error whose source is the body's own error: for the client's
@@ -168,7 +199,12 @@ fn client_body_error(e: &hyper::Error) -> Option<String> {
     if !e.is_user() {
         return None;
     }
-    let body: &hyper::Error = e.source()?.downcast_ref()?;
+    let body = match e.source()?.downcast_ref::<BodyError>()? {
+        BodyError::Hyper(e) => e,
+        // A client that stops sending mid-body is the upstream
+        // exchange's timeout, counted as such.
+        BodyError::Idle(_) => return None,
+    };
     // The innermost cause says what was wrong ("invalid chunk size: overflow").
     let mut cause: &dyn std::error::Error = body;
     while let Some(next) = cause.source() {
@@ -177,9 +213,16 @@ fn client_body_error(e: &hyper::Error) -> Option<String> {
     Some(cause.to_string())
 }
 
-/// `Connection: upgrade` plus an `Upgrade` header.
+/// `Connection: upgrade` plus `Upgrade: websocket`. Only WebSocket is
+/// tunnelled: `Upgrade: h2c` (or any other protocol) would hand the
+/// upstream a connection the gateway no longer reads, so it is dropped
+/// with the other hop-by-hop fields.
 fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+    let websocket = headers.get_all(header::UPGRADE).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("websocket")))
+    });
+    websocket
         && headers.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str()
                 .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
@@ -213,6 +256,13 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
                 }
                 // Hop-by-hop names (`keep-alive`) go below if present.
                 if HOP_BY_HOP.iter().any(|h| h.as_str().eq_ignore_ascii_case(token)) {
+                    continue;
+                }
+                // A client may not strip what routing read or what the
+                // gateway sets (`Connection: host`).
+                if PROTECTED.iter().any(|h| h.as_str().eq_ignore_ascii_case(token))
+                    || token.get(..12).is_some_and(|p| p.eq_ignore_ascii_case("x-leasegate-"))
+                {
                     continue;
                 }
                 if headers.contains_key(token) {
@@ -252,6 +302,15 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::PROXY_AUTHORIZATION,
     &KEEP_ALIVE,
     &PROXY_CONNECTION,
+];
+/// Fields a `Connection` header may not name away: the host the request
+/// was routed by, and what the gateway itself sets for the upstream.
+static PROTECTED: [&HeaderName; 5] = [
+    &header::HOST,
+    &X_FORWARDED_FOR,
+    &X_FORWARDED_PROTO,
+    &X_REQUEST_ID,
+    &header::CONTENT_LENGTH,
 ];
 /// `Connection` and `Upgrade`, by their index in [`HOP_BY_HOP`].
 const CONNECTION_BIT: u16 = 1 << 0;
@@ -353,6 +412,34 @@ mod tests {
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["sec-websocket-key"], "k");
         assert!(!is_upgrade(&map(&[("upgrade", "websocket")])));
+        // Only WebSocket is tunnelled: an h2c upgrade is dropped.
+        let mut h = map(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+            ("http2-settings", "AAMAAABkAAQAAP__"),
+        ]);
+        assert!(!is_upgrade(&h));
+        remove_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn connection_cannot_name_away_the_host_or_the_gateways_fields() {
+        let mut h = map(&[
+            (
+                "connection",
+                "host, x-request-id, X-Leasegate-Identity, content-length, x-other",
+            ),
+            ("host", "api.example.com"),
+            ("x-request-id", "r1"),
+            ("content-length", "3"),
+            ("x-other", "1"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(h["host"], "api.example.com");
+        assert_eq!(h["x-request-id"], "r1");
+        assert_eq!(h["content-length"], "3");
+        assert!(h.get("x-other").is_none());
     }
 
     #[test]

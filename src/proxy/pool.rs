@@ -21,13 +21,16 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::idle::{BodyError, IdleTimer, Timed};
 use crate::clock;
 use crate::int_hash::IntMap;
-use crate::upstream::Upstream;
+use crate::metrics::{Metrics, UpstreamErrorLabels};
+use crate::upstream::{InFlight, Upstream};
+use std::sync::Arc;
 
 /// (upstream id, target index): one pool per target of each compiled upstream.
 type Key = (u64, usize);
-pub type Sender = SendRequest<Incoming>;
+pub type Sender = SendRequest<Timed<Incoming>>;
 
 struct Idle {
     sender: Sender,
@@ -127,11 +130,26 @@ impl Slot {
 }
 
 /// An upstream response body that returns its connection to the pool once
-/// read to the end.
-#[derive(Debug)]
+/// read to the end. It holds the request's place among the upstream's
+/// `max_in_flight` until then, and ends with an error when it moves no
+/// byte for the upstream's `idle_timeout_ms` (counted as an upstream
+/// timeout).
 pub struct UpstreamBody {
     inner: Incoming,
     check_in: Option<(Slot, Sender)>,
+    timer: IdleTimer,
+    place: InFlight,
+    /// Where an idle timeout is counted (as the upstream's `timeout`).
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("inner", &self.inner)
+            .field("place", &self.place)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Slot {
@@ -141,10 +159,14 @@ impl std::fmt::Debug for Slot {
 }
 
 impl UpstreamBody {
-    pub fn new(inner: Incoming, slot: Slot, sender: Sender) -> UpstreamBody {
+    pub fn new(inner: Incoming, slot: Slot, sender: Sender, place: InFlight, metrics: Arc<Metrics>) -> UpstreamBody {
+        let timer = IdleTimer::new(place.upstream().idle_timeout);
         let mut body = UpstreamBody {
             inner,
             check_in: Some((slot, sender)),
+            timer,
+            place,
+            metrics,
         };
         if http_body::Body::is_end_stream(&body.inner) {
             body.done();
@@ -161,9 +183,9 @@ impl UpstreamBody {
 
 impl http_body::Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
@@ -171,9 +193,26 @@ impl http_body::Body for UpstreamBody {
             Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.done(),
             // An error poisons the connection: never pool it.
             Poll::Ready(Some(Err(_))) => this.check_in = None,
-            _ => {}
+            Poll::Ready(Some(Ok(_))) => {}
+            Poll::Pending => {
+                return this.timer.poll_expired(cx).map(|e| {
+                    // The connection is dropped with the body: never pooled.
+                    this.check_in = None;
+                    let upstream = this.place.upstream().name.clone();
+                    this.metrics
+                        .upstream_errors
+                        .get_or_create(&UpstreamErrorLabels {
+                            upstream,
+                            kind: "timeout",
+                        })
+                        .inc();
+                    tracing::debug!(upstream = %this.place.upstream().name, error = %e, "upstream body stalled");
+                    Some(Err(e))
+                });
+            }
         }
-        polled
+        this.timer.progress();
+        polled.map(|f| f.map(|f| f.map_err(BodyError::from)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -207,7 +207,9 @@ fn config_json(config: &crate::config::Config) -> serde_json::Value {
                     KeyPart::Tenant => "tenant".into(),
                     KeyPart::Route => "route".into(),
                     KeyPart::Ip => "ip".into(),
-                    KeyPart::Subnet => "subnet".into(),
+                    KeyPart::Subnet { v4: 24, v6: 64 } => "subnet".into(),
+                    KeyPart::Subnet { v4: 24, v6 } => format!("subnet/{v6}"),
+                    KeyPart::Subnet { v4, v6 } => format!("subnet/{v4}/{v6}"),
                     KeyPart::Header(h) => format!("header:{h}"),
                 })
                 .collect();

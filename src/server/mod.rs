@@ -50,6 +50,7 @@ macro_rules! delegate_async_write {
 pub(crate) use delegate_async_write;
 
 pub mod admin;
+pub mod door;
 pub mod opening;
 pub mod prefixed;
 pub mod status;
@@ -171,6 +172,8 @@ async fn sweep_leases(gateway: Arc<Gateway>) {
 struct Shared {
     gateway: Arc<Gateway>,
     connections: Arc<Semaphore>,
+    /// `max_connections_per_ip`, bound at start like `max_connections`.
+    per_ip: Arc<door::PerIp>,
     tls: Option<(crate::config::Tls, TlsAcceptor)>,
 }
 
@@ -220,6 +223,10 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let region_store = store.clone();
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
+        per_ip: door::PerIp::new(
+            config.gateway.max_connections_per_ip,
+            config.identity.trusted_proxies.clone(),
+        ),
         gateway: Arc::new(Gateway::new(config, metrics, store)),
         tls,
     });
@@ -399,6 +406,21 @@ async fn accept_loop(
                 continue;
             }
         };
+        let place = match shared.per_ip.admit(peer.ip()) {
+            Ok(place) => place,
+            Err(()) => {
+                // Closed at once: its permit goes back with it.
+                shared
+                    .gateway
+                    .metrics
+                    .connections_refused
+                    .get_or_create(&ReasonLabels { reason: "per_ip" })
+                    .inc();
+                tracing::debug!(%peer, "too many connections from this address: closed");
+                drop(stream);
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let listener = if tls { "https" } else { "http" };
         shared
@@ -411,6 +433,7 @@ async fn accept_loop(
         let held: Guard = Arc::new(Held {
             metrics: shared.gateway.metrics.clone(),
             _permit: permit,
+            _place: place,
             _drain: drain_tx.clone(),
         });
         let task = Connection {
@@ -460,6 +483,8 @@ struct Builders {
     http2: auto::Builder<TokioExecutor>,
     /// A client must send its opening bytes within this time.
     opening: Duration,
+    /// A connection with nothing in flight is closed after this long.
+    idle: Duration,
 }
 
 impl Builders {
@@ -470,6 +495,7 @@ impl Builders {
             http2: base.clone().http2_only(),
             sniff: base,
             opening: config.gateway.header_read_timeout,
+            idle: config.gateway.idle_timeout,
         }
     }
 }
@@ -478,6 +504,7 @@ impl Builders {
 struct Held {
     metrics: Arc<Metrics>,
     _permit: OwnedSemaphorePermit,
+    _place: Option<door::Place>,
     _drain: mpsc::Sender<()>,
 }
 
@@ -500,7 +527,7 @@ impl Connection {
         let metrics = self.shared.gateway.metrics.clone();
         let builders = self.builders.clone();
         if !tls {
-            let conn = ConnInfo::new(peer, None, Some(self.held.clone()));
+            let conn = ConnInfo::new(peer, None, Some(self.held.clone())).with_idle_timeout(builders.idle);
             let io = Opening::new(stream, builders.opening);
             self.http(&builders.sniff, TokioIo::new(io), conn).await;
         } else if let Some((settings, acceptor)) = &self.shared.tls {
@@ -518,7 +545,8 @@ impl Connection {
                     } else {
                         &builders.http1
                     };
-                    let conn = ConnInfo::new(peer, Some(info), Some(self.held.clone()));
+                    let conn =
+                        ConnInfo::new(peer, Some(info), Some(self.held.clone())).with_idle_timeout(builders.idle);
                     let io = Opening::new(stream, builders.opening);
                     self.http(builder, TokioIo::new(io), conn).await;
                 }
@@ -538,24 +566,61 @@ impl Connection {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let gateway = self.shared.gateway.clone();
+        let idle = conn.idle_timeout;
         let conn = Arc::new(conn);
-        let service = service_fn(move |req| gateway.clone().handle(req, conn.clone()));
+        let activity = Arc::new(door::Activity::default());
+        let active = activity.clone();
+        let service = service_fn(move |req| {
+            let busy = active.begin();
+            let handled = gateway.clone().handle(req, conn.clone());
+            async move {
+                let resp = handled.await?;
+                Ok::<_, std::convert::Infallible>(resp.map(|body| door::Tracked::new(body, busy)))
+            }
+        });
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
         // The stop signal keeps the task's waker from its first poll on (a
         // spawned task's waker does not change); polling it again on every
         // wake of the connection would only retake its lock to compare
         // wakers. So after the first poll it is polled again only once the
-        // watch has changed: one atomic load per wake.
+        // watch has changed: one atomic load per wake. The idle timer the
+        // same way: polled when armed, then looked at only once elapsed.
         let probe = self.stop.clone();
         let stop = stopped(&mut self.stop);
         tokio::pin!(stop);
         let mut armed = false;
+        let idle_ms: u64 = idle.as_millis().try_into().unwrap_or(u64::MAX);
+        let idle_timer = tokio::time::sleep(idle);
+        tokio::pin!(idle_timer);
+        let mut idle_armed = false;
+        let mut closing_idle = false;
+        let metrics = self.shared.gateway.metrics.clone();
         let finished = std::future::poll_fn(|cx| {
             if !armed || probe.has_changed().unwrap_or(true) {
                 armed = true;
                 if stop.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(None);
+                }
+            }
+            if !closing_idle && (!idle_armed || idle_timer.is_elapsed()) {
+                let now = crate::clock::coarse_now_ms();
+                match activity.idle_for(now) {
+                    Some(quiet) if quiet >= idle_ms => {
+                        // HTTP/1.1: closed at once; HTTP/2: GOAWAY, then closed.
+                        closing_idle = true;
+                        metrics.connections_idle_closed.inc();
+                        served.as_mut().graceful_shutdown();
+                    }
+                    quiet => {
+                        let left = idle_ms - quiet.unwrap_or(0);
+                        idle_timer
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + Duration::from_millis(left));
+                        // Registers the waker; it fires `left` from now.
+                        let _ = idle_timer.as_mut().poll(cx);
+                        idle_armed = true;
+                    }
                 }
             }
             served.as_mut().poll(cx).map(Some)

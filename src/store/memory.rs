@@ -176,6 +176,33 @@ impl MemoryStore {
         Ok(grant)
     }
 
+    /// [`acquire_now`](Self::acquire_now) for a key that, when this store
+    /// does not hold it yet, starts with `start` tokens (at most its
+    /// capacity) instead of a full bucket: the local fallback's first
+    /// grant of an outage.
+    pub fn acquire_starting(&self, key: &str, spec: &Spec, want: u64, start: u64) -> Result<Grant, StoreError> {
+        let now = (self.clock)();
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
+        let mut grant = Grant::default();
+        if !shard.index.contains_key(key) && start < spec.capacity {
+            // The same math as every grant: a new key's full bucket, less
+            // what it does not start with.
+            let spent = spec.capacity - start;
+            shard.update(key, spec, now, self.per_shard_cap, |prior| {
+                quota::acquire_returning(prior, spec, now, spent, Unspent::default()).0
+            });
+        }
+        shard.update(key, spec, now, self.per_shard_cap, |prior| {
+            let (state, g) = quota::acquire_returning(prior, spec, now, want, Unspent::default());
+            grant = g;
+            state
+        });
+        Ok(grant)
+    }
+
     pub fn release_now(&self, key: &str, spec: &Spec, unspent: Unspent) -> Result<(), StoreError> {
         let now = (self.clock)();
         let mut shard = self

@@ -83,6 +83,14 @@ pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::i
         ipv6_prefix,
         api_keys: keys,
         reject_invalid,
+        max_token_bytes: in_range(
+            c,
+            &i.max_token_bytes,
+            "identity.max_token_bytes",
+            64,
+            1 << 20,
+            crate::identity::DEFAULT_MAX_TOKEN_BYTES,
+        ),
         jwt: verifier.map(Arc::new),
     }
 }

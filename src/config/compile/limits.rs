@@ -238,13 +238,31 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
     out
 }
 
+/// `subnet/V6` (IPv4 stays /24) or `subnet/V4/V6`.
+fn subnet_part(p: &str) -> Result<KeyPart, String> {
+    let bad = || format!("{p:?}: want subnet/V6 (1-128) or subnet/V4/V6 (V4 1-32), such as subnet/48 or subnet/16/48");
+    let prefix = |s: &str, max: u8| s.parse::<u8>().ok().filter(|n| (1..=max).contains(n));
+    let rest = p.strip_prefix("subnet/").ok_or_else(bad)?;
+    match rest.split_once('/') {
+        None => Ok(KeyPart::Subnet {
+            v4: 24,
+            v6: prefix(rest, 128).ok_or_else(bad)?,
+        }),
+        Some((v4, v6)) => Ok(KeyPart::Subnet {
+            v4: prefix(v4, 32).ok_or_else(bad)?,
+            v6: prefix(v6, 128).ok_or_else(bad)?,
+        }),
+    }
+}
+
 fn key_part(p: &str) -> Result<KeyPart, String> {
     Ok(match p {
         "identity" => KeyPart::Identity,
         "tenant" => KeyPart::Tenant,
         "route" => KeyPart::Route,
         "ip" => KeyPart::Ip,
-        "subnet" => KeyPart::Subnet,
+        "subnet" => KeyPart::Subnet { v4: 24, v6: 64 },
+        _ if p.starts_with("subnet/") => subnet_part(p)?,
         _ => match p.strip_prefix("header:") {
             Some(h) => KeyPart::Header(
                 HeaderName::from_bytes(h.trim().as_bytes())
@@ -252,7 +270,7 @@ fn key_part(p: &str) -> Result<KeyPart, String> {
             ),
             None => {
                 return Err(format!(
-                    "unknown key part {p:?}: use identity, tenant, route, ip, subnet or header:NAME"
+                    "unknown key part {p:?}: use identity, tenant, route, ip, subnet, subnet/V6, subnet/V4/V6 or header:NAME"
                 ))
             }
         },
@@ -305,7 +323,19 @@ mod tests {
     #[test]
     fn key_parts_parse() {
         assert_eq!(key_part("identity"), Ok(KeyPart::Identity));
-        assert_eq!(key_part("subnet"), Ok(KeyPart::Subnet));
+        assert_eq!(key_part("subnet"), Ok(KeyPart::Subnet { v4: 24, v6: 64 }));
+        assert_eq!(key_part("subnet/48"), Ok(KeyPart::Subnet { v4: 24, v6: 48 }));
+        assert_eq!(key_part("subnet/16/56"), Ok(KeyPart::Subnet { v4: 16, v6: 56 }));
+        for bad in [
+            "subnet/",
+            "subnet/0",
+            "subnet/129",
+            "subnet/33/64",
+            "subnet/x",
+            "subnet/24/",
+        ] {
+            assert!(key_part(bad).unwrap_err().contains("subnet/V6"), "{bad}");
+        }
         assert_eq!(
             key_part("header:X-Tenant"),
             Ok(KeyPart::Header(HeaderName::from_static("x-tenant")))

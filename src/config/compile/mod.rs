@@ -216,5 +216,21 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             3_600_000,
             10_000,
         )),
+        max_connections_per_ip: in_range(
+            c,
+            &g.max_connections_per_ip,
+            "gateway.max_connections_per_ip",
+            1,
+            10_000_000,
+            256,
+        ),
+        idle_timeout: Duration::from_millis(in_range(
+            c,
+            &g.idle_timeout_ms,
+            "gateway.idle_timeout_ms",
+            1,
+            86_400_000,
+            60_000,
+        )),
     }
 }

@@ -43,8 +43,30 @@ pub(super) fn routes(
                 format!("{key}.path_prefix"),
                 format!("{prefix:?} must start with '/'"),
             );
+        } else {
+            // Requests are normalised before they are matched: a prefix
+            // that is not in normal form could never match as written.
+            let normal =
+                crate::route::normalize::path(&prefix).map(|p| crate::route::normalize::match_path(&p).into_owned());
+            match normal {
+                Ok(p) if p == prefix => {}
+                Ok(p) => c.at(
+                    r.path_prefix.span(),
+                    format!("{key}.path_prefix"),
+                    format!("{prefix:?} is not a normal path (requests are matched normalised): write {p:?}"),
+                ),
+                Err(e) => c.at(
+                    r.path_prefix.span(),
+                    format!("{key}.path_prefix"),
+                    format!("{prefix:?} can never match: {e}"),
+                ),
+            }
         }
-        let host = r.host.as_ref().map(|h| h.get_ref().trim().to_ascii_lowercase());
+        // Compared as requests' hosts are: lower case, no trailing dot.
+        let host = r.host.as_ref().map(|h| {
+            let h = h.get_ref().trim().to_ascii_lowercase();
+            h.strip_suffix('.').map(str::to_string).unwrap_or(h)
+        });
         if let (Some(h), Some(raw)) = (&host, &r.host) {
             if h.is_empty()
                 || h.parse::<Authority>().is_err()

@@ -41,12 +41,21 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec
         let connect = ms(&u.connect_timeout_ms, "connect_timeout_ms", 1_000);
         let request = ms(&u.request_timeout_ms, "request_timeout_ms", 30_000);
         let idle = ms(&u.pool_idle_timeout_ms, "pool_idle_timeout_ms", 90_000);
+        let body_idle = ms(&u.idle_timeout_ms, "idle_timeout_ms", 60_000);
         let max_idle = in_range(
             c,
             &u.pool_max_idle_per_host,
             &format!("{key}.pool_max_idle_per_host"),
             0,
             100_000,
+            1_024,
+        );
+        let max_in_flight = in_range(
+            c,
+            &u.max_in_flight,
+            &format!("{key}.max_in_flight"),
+            1,
+            10_000_000,
             1_024,
         );
         if out.iter().any(|o| o.name == name) {
@@ -56,7 +65,13 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec
                 format!("duplicate upstream name {name:?}"),
             );
         }
-        out.push(Arc::new(Upstream::new(name, targets, connect, request, idle, max_idle)));
+        let limits = crate::upstream::Limits {
+            idle_timeout: body_idle,
+            max_in_flight,
+        };
+        out.push(Arc::new(
+            Upstream::new(name, targets, connect, request, idle, max_idle).with_limits(limits),
+        ));
     }
     out
 }

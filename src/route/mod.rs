@@ -11,6 +11,8 @@ use http::{HeaderMap, Method, StatusCode};
 
 use crate::upstream::Upstream;
 
+pub mod normalize;
+
 #[derive(Debug)]
 pub struct Route {
     pub name: String,
@@ -75,14 +77,16 @@ impl RouteTable {
         RouteTable { routes }
     }
 
-    /// The best route for a request. `host` may carry a port and any case.
+    /// The best route for a request. `host` may carry a port, a trailing
+    /// dot and any case; `path` is the normal form's match path
+    /// ([`normalize::match_path`]).
     pub fn find(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&Arc<Route>> {
         self.position(host, method, path).and_then(|i| self.routes.get(i))
     }
 
     /// The index (in match order) of the route that matches.
     pub fn position(&self, host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
-        let host = host.map(strip_port);
+        let host = host.map(normalize::host);
         self.routes.iter().position(|r| {
             path.starts_with(r.path_prefix.as_str())
                 && r.host
@@ -108,17 +112,6 @@ impl RouteTable {
 
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty()
-    }
-}
-
-/// `example.com:8080` → `example.com`, `[::1]:80` → `[::1]`.
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
-    }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => host,
     }
 }
 
@@ -194,10 +187,12 @@ mod tests {
     }
 
     #[test]
-    fn strips_ports_only_when_numeric() {
-        assert_eq!(strip_port("a.b:80"), "a.b");
-        assert_eq!(strip_port("a.b"), "a.b");
-        assert_eq!(strip_port("[2001:db8::1]:443"), "[2001:db8::1]");
-        assert_eq!(strip_port("a.b:x"), "a.b:x");
+    fn a_trailing_dot_names_the_same_host() {
+        let t = RouteTable::new(vec![
+            route("any", "/", None, None),
+            route("api", "/", Some("api.example.com"), None),
+        ]);
+        assert_eq!(find(&t, Some("api.example.com."), Method::GET, "/x"), Some("api"));
+        assert_eq!(find(&t, Some("API.Example.COM.:80"), Method::GET, "/x"), Some("api"));
     }
 }

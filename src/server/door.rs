@@ -1,0 +1,234 @@
+//! No single client holds the door: at most `max_connections_per_ip` open
+//! connections per client address (an IPv6 client counts per /64, the
+//! smallest network one subscriber is usually given), checked at accept,
+//! and an idle connection closed after `idle_timeout_ms`.
+//!
+//! `trusted_proxies` are exempt from the per-address cap: every client
+//! behind them shares their address.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use ipnet::IpNet;
+
+use crate::clock;
+
+/// Open connections per client address.
+#[derive(Debug)]
+pub struct PerIp {
+    max: usize,
+    exempt: Vec<IpNet>,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place in its address's count, given back on drop.
+#[derive(Debug)]
+pub struct Place {
+    table: Arc<PerIp>,
+    key: IpAddr,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl PerIp {
+    pub fn new(max: usize, exempt: Vec<IpNet>) -> Arc<PerIp> {
+        Arc::new(PerIp {
+            max,
+            exempt,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for a connection from `peer`: `Ok(None)` for an exempt
+    /// address, `Err(())` when the address has `max` open already.
+    #[allow(clippy::result_unit_err)]
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Option<Place>, ()> {
+        let peer = peer.to_canonical();
+        if self.exempt.iter().any(|n| n.contains(&peer)) {
+            return Ok(None);
+        }
+        let key = key(peer);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(key).or_insert(0);
+        if *n >= self.max {
+            return Err(());
+        }
+        *n += 1;
+        Ok(Some(Place {
+            table: self.clone(),
+            key,
+        }))
+    }
+
+    /// Addresses with a connection open now.
+    pub fn addresses(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// An IPv4 address itself; an IPv6 address's /64.
+fn key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
+        }
+    }
+}
+
+/// What one connection is doing, for its idle timeout: requests in flight
+/// (an HTTP/1.1 exchange, an HTTP/2 stream) and when the last one ended.
+#[derive(Debug)]
+pub struct Activity {
+    in_flight: AtomicUsize,
+    idle_since_ms: AtomicU64,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(clock::coarse_now_ms()),
+        }
+    }
+}
+
+impl Activity {
+    /// A request begins; it ends when the returned guard drops (with its
+    /// response body).
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Busy(self.clone())
+    }
+
+    /// How long the connection has been idle at `now_ms`, or `None` while a
+    /// request is in flight.
+    pub fn idle_for(&self, now_ms: u64) -> Option<u64> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(now_ms.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A request in flight on a connection.
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.idle_since_ms.store(clock::coarse_now_ms(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it
+/// has been sent (or dropped).
+#[derive(Debug)]
+pub struct Tracked<B> {
+    inner: B,
+    _busy: Busy,
+}
+
+impl<B> Tracked<B> {
+    pub fn new(inner: B, busy: Busy) -> Tracked<B> {
+        Tracked { inner, _busy: busy }
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_gets_its_share_and_gives_it_back() {
+        let t = PerIp::new(2, vec!["10.0.0.0/8".parse().unwrap()]);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let p1 = t.admit(a).unwrap();
+        let p2 = t.admit(a).unwrap();
+        assert!(t.admit(a).is_err());
+        assert!(
+            t.admit("192.0.2.2".parse().unwrap()).unwrap().is_some(),
+            "another address"
+        );
+        assert!(
+            t.admit("::ffff:192.0.2.1".parse().unwrap()).is_err(),
+            "the same address, mapped"
+        );
+        drop(p1);
+        assert!(t.admit(a).unwrap().is_some());
+        drop(p2);
+        // Trusted proxies are exempt.
+        let proxy: IpAddr = "10.1.2.3".parse().unwrap();
+        for _ in 0..10 {
+            assert!(t.admit(proxy).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_per_64() {
+        let t = PerIp::new(1, vec![]);
+        let _p = t.admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
+        assert!(t.admit("2001:db8:1:2:ffff::9".parse().unwrap()).is_err());
+        assert!(t.admit("2001:db8:1:3::1".parse().unwrap()).unwrap().is_some());
+    }
+
+    #[test]
+    fn forgotten_when_the_last_connection_closes() {
+        let t = PerIp::new(3, vec![]);
+        let p = t.admit("192.0.2.9".parse().unwrap()).unwrap();
+        assert_eq!(t.addresses(), 1);
+        drop(p);
+        assert_eq!(t.addresses(), 0);
+    }
+
+    #[test]
+    fn a_connection_is_idle_only_with_nothing_in_flight() {
+        let a = Arc::new(Activity::default());
+        let now = clock::coarse_now_ms();
+        assert!(a.idle_for(now).is_some());
+        let busy = a.begin();
+        let busy2 = a.begin();
+        assert_eq!(a.idle_for(now + 10_000), None);
+        drop(busy);
+        assert_eq!(a.idle_for(now + 10_000), None);
+        drop(busy2);
+        assert!(a
+            .idle_for(clock::coarse_now_ms() + 10_000)
+            .is_some_and(|ms| ms >= 10_000));
+    }
+}
