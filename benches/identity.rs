@@ -1,5 +1,6 @@
 //! Identity resolution costs: JWT verification (HS256; RS256 cold and
-//! cached) and ClientHello parsing with JA4.
+//! cached), the waterfall with no credentials against a repeated forged
+//! token, and ClientHello parsing with JA4.
 //!
 //! Run: `cargo bench --bench identity`. Figures in docs/benchmarks.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -68,6 +69,54 @@ fn bench(c: &mut Criterion) {
     rs.verify(&rs_token, now).unwrap();
     group.bench_function("RS256 verify, cached", |b| {
         b.iter(|| rs.verify(black_box(&rs_token), now).unwrap())
+    });
+    group.finish();
+
+    // The waterfall itself: a request without credentials against one that
+    // repeats a forged ES256 token (remembered as refused after its first
+    // check), with a forged token's full check beside them.
+    let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let es = Arc::new(verifier(
+        Algorithm::ES256,
+        vec![Keys::Public(
+            DecodingKey::from_ec_pem(ec.public_key_pem().as_bytes()).unwrap(),
+        )],
+    ));
+    let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let forged = encode(
+        &Header::new(Algorithm::ES256),
+        &claims,
+        &EncodingKey::from_ec_pem(other.serialize_pem().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let resolver = leasegate::identity::Resolver {
+        ipv4_prefix: 24,
+        ipv6_prefix: 64,
+        jwt: Some(es.clone()),
+        ..Default::default()
+    };
+    let conn = leasegate::identity::Connection {
+        peer: "198.51.100.7".parse().unwrap(),
+        ja4: None,
+    };
+    let mut plain = http::HeaderMap::new();
+    plain.insert("user-agent", http::HeaderValue::from_static("bench/1.0"));
+    plain.insert("accept", http::HeaderValue::from_static("*/*"));
+    let mut with_forged = plain.clone();
+    with_forged.insert(
+        "authorization",
+        http::HeaderValue::from_str(&format!("Bearer {forged}")).unwrap(),
+    );
+    let now = exp() - 3_600;
+    let mut group = c.benchmark_group("waterfall");
+    group.bench_function("no credentials", |b| {
+        b.iter(|| resolver.resolve(black_box(&plain), conn, 0).unwrap())
+    });
+    group.bench_function("forged ES256, repeated", |b| {
+        b.iter(|| resolver.resolve(black_box(&with_forged), conn, now).unwrap())
+    });
+    group.bench_function("forged ES256, full check", |b| {
+        b.iter(|| es.verify_uncached(black_box(&forged)).unwrap_err())
     });
     group.finish();
 

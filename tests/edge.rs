@@ -133,6 +133,12 @@ async fn hosts_are_compared_as_the_upstream_reads_them() {
         let answer = raw(addr, &get("/a", host)).await;
         assert_eq!(status(&answer), 429, "{host}: {answer}");
     }
+    // A host no route can name (an empty label, a stray colon) is refused,
+    // not served through the catch-all.
+    for host in ["api.example.com..", "api..example.com", "api.example.com:80:80"] {
+        let answer = raw(addr, &get("/a", host)).await;
+        assert_eq!(status(&answer), 400, "{host}: {answer}");
+    }
     // Absolute form wins over Host, and Host is rewritten to it.
     let answer = raw(
         addr,
@@ -158,7 +164,7 @@ async fn hosts_are_compared_as_the_upstream_reads_them() {
     // only WebSocket upgrades go upstream.
     let answer = raw(
         addr,
-        "GET /headers HTTP/1.1\r\nHost: open.example\r\nConnection: host, upgrade, http2-settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+        "GET /headers HTTP/1.1\r\nHost: open.example\r\nConnection: host, upgrade, http2-settings, close\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
     )
     .await;
     assert_eq!(status(&answer), 200, "{answer}");
@@ -365,4 +371,65 @@ async fn past_max_in_flight_an_upstream_request_is_a_503_at_once() {
         1.0,
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_networks_ceiling_is_refused_before_its_token_is_checked() {
+    let gw = Gateway::start(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[identity.jwt]
+algorithms = ["HS256"]
+secret = "dev-only-secret"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+response = { status = 200, body = "ok" }
+limits = ["ceiling"]
+
+[[limits]]
+name = "ceiling"
+rate = "2/min"
+by = ["subnet/16/48"]
+"#,
+    );
+    // A forged token (wrong secret): it never verifies.
+    let forged = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJtYWxsb3J5IiwiZXhwIjo0MTAyNDQ0ODAwfQ.\
+                  c2lnbmF0dXJlLW9mLW5vLWtleS1hdC1hbGwtYWJjZGVmZ2hpams";
+    let request = format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {forged}\r\nConnection: close\r\n\r\n");
+    let statuses: Vec<u16> = {
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            out.push(status(&raw(gw.http(), &request).await));
+        }
+        out
+    };
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gw.access_log().len() < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Workers write their lines in batches: put them in time order.
+    let mut lines: Vec<serde_json::Value> = gw
+        .access_log()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines.sort_by(|a, b| a["timestamp"].as_str().cmp(&b["timestamp"].as_str()));
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    // Served after the waterfall (the forged token fell through to the
+    // subnet tier).
+    assert_eq!(lines[0]["identity"], "subnet", "{lines:?}");
+    assert_eq!(lines[1]["identity"], "subnet", "{lines:?}");
+    // The ceiling's key is blocked once its bucket is empty: refused
+    // before any identity, the token never looked at.
+    for l in &lines[2..] {
+        assert_eq!(l["identity"], "-", "{l}");
+        assert_eq!(l["limit"], "limited", "{l}");
+        assert_eq!(l["status"], 429, "{l}");
+    }
 }

@@ -350,6 +350,22 @@ impl Limit {
         self.tiers.as_ref().is_none_or(|t| t.contains(&tier))
     }
 
+    /// True when the identity changes nothing about this limit: it applies
+    /// to every tier, has no plans, is not split by identity, and its key
+    /// is made of `ip`, `subnet`, `route` and `header:` parts only. Such a
+    /// limit can refuse a request before its identity is resolved.
+    pub fn identity_free(&self) -> bool {
+        self.tiers.is_none()
+            && self.plans.is_empty()
+            && (self.shards <= 1 || self.shard_by == ShardBy::Ip)
+            && self.by.iter().all(|p| {
+                matches!(
+                    p,
+                    KeyPart::Ip | KeyPart::Subnet { .. } | KeyPart::Route | KeyPart::Header(_)
+                )
+            })
+    }
+
     /// The quota for callers without a plan override.
     pub fn spec(&self) -> crate::quota::Spec {
         crate::quota::Spec::new(self.algorithm, self.rate, self.burst)

@@ -39,56 +39,97 @@ pub enum FramingError {
 /// `max` bytes (handshake body). Checks every byte it can as early as it can,
 /// so garbage is refused after its first byte.
 pub fn client_hello_extent(buf: &[u8], max: usize) -> Result<Extent, FramingError> {
-    let mut pos = 0;
-    let mut head = [0u8; 4];
-    let mut seen = 0usize; // handshake bytes seen so far
-    let mut total: Option<usize> = None; // 4 + body length, once known
-    loop {
-        let Some(&content) = buf.get(pos) else {
-            return Ok(Extent::Incomplete);
-        };
-        if content != CONTENT_HANDSHAKE {
-            return Err(FramingError::NotHandshake(content));
+    Framer::new(max).advance(buf)
+}
+
+/// [`client_hello_extent`] over a buffer that grows between calls: each
+/// call looks only at the bytes added since the last one (and the headers
+/// of records they complete), so reading a hello a byte at a time costs
+/// linear time, not a rescan of the whole buffer per read.
+#[derive(Debug, Clone)]
+pub struct Framer {
+    max: usize,
+    /// Start of the first record not yet read to its end.
+    pos: usize,
+    /// Body bytes of that record already counted.
+    in_record: usize,
+    head: [u8; 4],
+    /// Handshake bytes seen so far.
+    seen: usize,
+    /// 4 + the ClientHello's body length, once known.
+    total: Option<usize>,
+}
+
+impl Framer {
+    pub fn new(max: usize) -> Framer {
+        Framer {
+            max,
+            pos: 0,
+            in_record: 0,
+            head: [0; 4],
+            seen: 0,
+            total: None,
         }
-        if let Some(&major) = buf.get(pos + 1) {
-            if major != 3 {
-                return Err(FramingError::Version(major));
+    }
+
+    /// Where the ClientHello ends in `buf`, which holds every byte given to
+    /// earlier calls (unchanged) and maybe more.
+    pub fn advance(&mut self, buf: &[u8]) -> Result<Extent, FramingError> {
+        loop {
+            let pos = self.pos;
+            let Some(&content) = buf.get(pos) else {
+                return Ok(Extent::Incomplete);
+            };
+            if content != CONTENT_HANDSHAKE {
+                return Err(FramingError::NotHandshake(content));
             }
-        }
-        let Some(len) = buf.get(pos + 3..pos + 5) else {
-            return Ok(Extent::Incomplete);
-        };
-        let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
-        if len == 0 {
-            return Err(FramingError::EmptyRecord);
-        }
-        if len > MAX_RECORD {
-            return Err(FramingError::RecordTooLong(len));
-        }
-        let body = pos + 5;
-        let avail = len.min(buf.len().saturating_sub(body));
-        for &b in buf.get(body..body + avail).unwrap_or(&[]) {
-            if seen < 4 {
-                head[seen] = b;
-                if seen == 0 && b != HANDSHAKE_CLIENT_HELLO {
+            if let Some(&major) = buf.get(pos + 1) {
+                if major != 3 {
+                    return Err(FramingError::Version(major));
+                }
+            }
+            let Some(len) = buf.get(pos + 3..pos + 5) else {
+                return Ok(Extent::Incomplete);
+            };
+            let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+            if len == 0 {
+                return Err(FramingError::EmptyRecord);
+            }
+            if len > MAX_RECORD {
+                return Err(FramingError::RecordTooLong(len));
+            }
+            let body = pos + 5;
+            let avail = len.min(buf.len().saturating_sub(body));
+            // Only the bytes not counted before; of those, only the first
+            // four handshake bytes are looked at.
+            let fresh = buf.get(body + self.in_record..body + avail).unwrap_or(&[]);
+            let before = self.seen;
+            for &b in fresh.iter().take(4usize.saturating_sub(before)) {
+                if self.seen == 0 && b != HANDSHAKE_CLIENT_HELLO {
                     return Err(FramingError::NotClientHello(b));
                 }
-            }
-            seen += 1;
-            if seen == 4 {
-                let n = (usize::from(head[1]) << 16) | (usize::from(head[2]) << 8) | usize::from(head[3]);
-                if n > max {
-                    return Err(FramingError::TooLarge(n, max));
+                self.head[self.seen] = b;
+                self.seen += 1;
+                if self.seen == 4 {
+                    let h = self.head;
+                    let n = (usize::from(h[1]) << 16) | (usize::from(h[2]) << 8) | usize::from(h[3]);
+                    if n > self.max {
+                        return Err(FramingError::TooLarge(n, self.max));
+                    }
+                    self.total = Some(4 + n);
                 }
-                total = Some(4 + n);
             }
-        }
-        if avail < len {
-            return Ok(Extent::Incomplete);
-        }
-        pos = body + len;
-        if total.is_some_and(|t| seen >= t) {
-            return Ok(Extent::Complete(pos));
+            // The rest of the fresh bytes are counted, not looked at.
+            self.seen = before + fresh.len();
+            self.in_record = avail;
+            if avail < len {
+                return Ok(Extent::Incomplete);
+            }
+            self.pos = body + len;
+            self.in_record = 0;
+            if self.total.is_some_and(|t| self.seen >= t) {
+                return Ok(Extent::Complete(self.pos));
+            }
         }
     }
 }
@@ -138,6 +179,50 @@ mod tests {
                     Ok(Extent::Incomplete),
                     "chunk {chunk} cut {cut}"
                 );
+            }
+        }
+    }
+
+    /// Fed a byte at a time (and in uneven steps), the framer that keeps
+    /// its place answers what a fresh one does for every prefix.
+    #[test]
+    fn a_framer_fed_piecewise_agrees_with_a_fresh_one() {
+        for chunk in [1, 2, 3, 5, 100, MAX_RECORD] {
+            let mut r = records(&hello(300), chunk);
+            r.extend([0x14, 3, 3, 0, 1, 1]);
+            for step in [1, 2, 7] {
+                let mut framer = Framer::new(16_384);
+                let mut cut = 0;
+                loop {
+                    let want = client_hello_extent(&r[..cut], 16_384);
+                    assert_eq!(framer.advance(&r[..cut]), want, "chunk {chunk} step {step} cut {cut}");
+                    if want != Ok(Extent::Incomplete) || cut == r.len() {
+                        break;
+                    }
+                    cut = (cut + step).min(r.len());
+                }
+            }
+        }
+        // A wrong first handshake byte is still refused when it arrives late.
+        let mut f = Framer::new(16_384);
+        assert_eq!(f.advance(&[0x16, 3, 1, 0, 4]), Ok(Extent::Incomplete));
+        assert_eq!(f.advance(&[0x16, 3, 1, 0, 4, 2]), Err(FramingError::NotClientHello(2)));
+    }
+
+    proptest::proptest! {
+        /// On any bytes, fed in any steps, the kept-place framer and a fresh
+        /// one agree.
+        #[test]
+        fn piecewise_equals_whole_on_any_input(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300), step in 1usize..9) {
+            let mut framer = Framer::new(200);
+            let mut cut = 0;
+            loop {
+                let want = client_hello_extent(&bytes[..cut], 200);
+                proptest::prop_assert_eq!(framer.advance(&bytes[..cut]), want);
+                if want != Ok(Extent::Incomplete) || cut == bytes.len() {
+                    break;
+                }
+                cut = (cut + step).min(bytes.len());
             }
         }
     }

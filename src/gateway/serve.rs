@@ -126,6 +126,24 @@ impl Gateway {
             return Served::Now(resp, Record::default());
         };
 
+        // Cheap refusals first: a bearer token may cost a signature check,
+        // so a client already refused by a limit that needs no identity
+        // (its network's ceiling) is refused before the token is looked at.
+        if snapshot.config.identity.jwt.is_some()
+            && !route.limits.is_empty()
+            && req.headers().contains_key(http::header::AUTHORIZATION)
+        {
+            if let Some(refusal) = self.refused_before_identity(snapshot, route, &req, conn) {
+                let record = Record {
+                    identity: None,
+                    outcome: "limited",
+                };
+                let mut refusal = refusal;
+                refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+                return Served::Now(refusal, record);
+            }
+        }
+
         let ja4 = conn
             .tls
             .as_ref()
@@ -170,6 +188,34 @@ impl Gateway {
                 }
             })),
         }
+    }
+
+    /// The 429 for a request whose identity-free limit is blocked, if one
+    /// is ([`crate::limit::Limiter::refused_before_identity`]).
+    fn refused_before_identity(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        req: &Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Option<Response<crate::body::Body>> {
+        let ip = identity::client_ip(conn.peer.ip(), req.headers(), &snapshot.config.identity.trusted_proxies);
+        let facts = crate::limit::key::Facts {
+            identity: "",
+            tenant: None,
+            plan: None,
+            route: &route.name,
+            ip,
+            headers: req.headers(),
+        };
+        let mut verdict = Verdict::default();
+        if !self
+            .limiter
+            .refused_before_identity(&snapshot.limits, &route.limits, &facts, &mut verdict)
+        {
+            return None;
+        }
+        self.refusal(snapshot, route, &verdict)
     }
 
     /// The rest of a request once its verdict is in: refused, or served.

@@ -65,8 +65,12 @@ pub struct Verifier {
     tenant_claim: Option<String>,
     plan_claim: Option<String>,
     cache: Mutex<HashMap<[u8; 32], Claims>>,
-    /// Tokens that failed, by digest: why, and until when (seconds).
-    refused: Mutex<HashMap<[u8; 32], (JwtError, u64)>>,
+    /// Tokens that failed, by a keyed 64-bit hash of the token (seeded per
+    /// process, so no one can aim a collision at another's token): why,
+    /// and until when (seconds). Looked up before the SHA-256 the good
+    /// tokens' cache needs, so a repeated forgery costs one fast hash.
+    refused: Mutex<HashMap<u64, (JwtError, u64)>>,
+    refused_seed: foldhash::fast::RandomState,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -145,23 +149,25 @@ impl Verifier {
             plan_claim: s.plan_claim,
             cache: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
+            refused_seed: foldhash::fast::RandomState::default(),
         }
     }
 
     /// Verifies `token` at `now_secs`, from the cache when it can.
     pub fn verify(&self, token: &str, now_secs: u64) -> Result<Claims, JwtError> {
+        let quick = std::hash::BuildHasher::hash_one(&self.refused_seed, token.as_bytes());
+        if let Ok(refused) = self.refused.lock() {
+            if let Some((e, until)) = refused.get(&quick) {
+                if *until > now_secs {
+                    return Err(e.clone());
+                }
+            }
+        }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Ok(cache) = self.cache.lock() {
             if let Some(c) = cache.get(&digest) {
                 if c.exp.saturating_add(self.validation.leeway) > now_secs {
                     return Ok(c.clone());
-                }
-            }
-        }
-        if let Ok(refused) = self.refused.lock() {
-            if let Some((e, until)) = refused.get(&digest) {
-                if *until > now_secs {
-                    return Err(e.clone());
                 }
             }
         }
@@ -175,7 +181,7 @@ impl Verifier {
                             refused.clear(); // a flood of distinct forgeries: start over
                         }
                     }
-                    refused.insert(digest, (e.clone(), now_secs.saturating_add(REFUSED_SECS)));
+                    refused.insert(quick, (e.clone(), now_secs.saturating_add(REFUSED_SECS)));
                 }
                 return Err(e);
             }

@@ -82,6 +82,44 @@ pub struct ApiKey {
     pub plan: Option<Arc<str>>,
 }
 
+/// The configured API keys, found by their SHA-256: one hash lookup per
+/// request however many there are (a key file may hold a hundred
+/// thousand), where a scan compared against each. The lookup's timing
+/// depends on the presented key's digest, which tells nothing of any
+/// configured key; the match is then confirmed in constant time.
+#[derive(Debug, Clone, Default)]
+pub struct ApiKeys {
+    keys: Vec<ApiKey>,
+    by_digest: std::collections::HashMap<[u8; 32], usize>,
+}
+
+impl From<Vec<ApiKey>> for ApiKeys {
+    fn from(keys: Vec<ApiKey>) -> Self {
+        let by_digest = keys.iter().enumerate().map(|(i, k)| (k.sha256, i)).collect();
+        ApiKeys { keys, by_digest }
+    }
+}
+
+impl ApiKeys {
+    /// The key whose SHA-256 is `digest`.
+    pub fn find(&self, digest: &[u8; 32]) -> Option<&ApiKey> {
+        let k = self.keys.get(*self.by_digest.get(digest)?)?;
+        constant_time_eq(&k.sha256, digest).then_some(k)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &ApiKey> {
+        self.keys.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
 /// Credentials that were presented but are not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
@@ -100,7 +138,7 @@ pub struct Resolver {
     pub trusted_proxies: Vec<IpNet>,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
-    pub api_keys: Vec<ApiKey>,
+    pub api_keys: ApiKeys,
     /// `[identity] max_token_bytes`: a longer `Authorization` or
     /// `X-API-Key` value is refused (401) before any verification or
     /// lookup. 0 means the default, 8192.
@@ -238,17 +276,10 @@ impl Resolver {
         out
     }
 
-    /// The configured key whose SHA-256 matches, compared in constant time
-    /// against every key (no early exit on a match).
+    /// The configured key whose SHA-256 matches the presented key's.
     fn find_key(&self, presented: &[u8]) -> Option<&ApiKey> {
         let digest: [u8; 32] = Sha256::digest(presented).into();
-        let mut found = None;
-        for k in &self.api_keys {
-            if constant_time_eq(&k.sha256, &digest) {
-                found = Some(k);
-            }
-        }
-        found
+        self.api_keys.find(&digest)
     }
 }
 
@@ -273,17 +304,37 @@ fn api_key(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// A Bearer value shaped like a JWT.
 fn bearer_jwt(headers: &HeaderMap) -> Option<&str> {
-    let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let auth = headers.get(AUTHORIZATION)?.as_bytes();
     let token = auth
-        .strip_prefix("Bearer ")
-        .or_else(|| auth.strip_prefix("bearer "))?
-        .trim();
-    looks_like_jwt(token.as_bytes()).then_some(token)
+        .strip_prefix(b"Bearer ")
+        .or_else(|| auth.strip_prefix(b"bearer "))?
+        .trim_ascii();
+    // JWT-shaped bytes are ASCII: the conversion cannot fail.
+    looks_like_jwt(token).then(|| std::str::from_utf8(token).ok()).flatten()
 }
 
+/// Three dot-separated segments of base64url (and `=`): one table lookup a
+/// byte, since a forged token is read on every request that carries it.
 fn looks_like_jwt(token: &[u8]) -> bool {
-    let segments = token.split(|&b| b == b'.').count();
-    segments == 3 && token.iter().all(|&b| b.is_ascii_alphanumeric() || b"-_.=".contains(&b))
+    const JWT_BYTE: [bool; 256] = {
+        let mut t = [false; 256];
+        let mut b = 0;
+        while b < 256 {
+            let c = b as u8;
+            t[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'=';
+            b += 1;
+        }
+        t
+    };
+    let mut dots = 0;
+    for &b in token {
+        if b == b'.' {
+            dots += 1;
+        } else if !JWT_BYTE[usize::from(b)] {
+            return false;
+        }
+    }
+    dots == 2
 }
 
 /// The client's address: the peer, or, when the peer is a trusted proxy,
@@ -296,12 +347,13 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     let mut client = peer;
-    let values: Vec<&str> = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    for hop in values.iter().rev().flat_map(|v| v.rsplit(',')) {
+    // Bytes, not text: a line that holds a non-ASCII byte somewhere (a
+    // client's own part, before the hops a proxy appended) is still read
+    // hop by hop from the right; that byte only makes its own hop invalid.
+    let values: smallvec::SmallVec<[&[u8]; 2]> =
+        headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.as_bytes()).collect();
+    for hop in values.iter().rev().flat_map(|v| v.rsplit(|&b| b == b',')) {
+        let hop = std::str::from_utf8(hop).unwrap_or("");
         match parse_hop(hop) {
             Some(ip) if is_trusted(&ip) => client = ip,
             Some(ip) => return ip,
@@ -403,7 +455,8 @@ mod tests {
                 id: None,
                 tenant: Some("acme".into()),
                 plan: Some("enterprise".into()),
-            }],
+            }]
+            .into(),
             reject_invalid: false,
             max_token_bytes: 0,
             jwt: Some(Arc::new(jwt::Verifier::new(jwt::Settings {
@@ -530,6 +583,42 @@ mod tests {
             client_ip("10.2.2.2".parse().unwrap(), &HeaderMap::new(), &trusted).to_string(),
             "10.2.2.2"
         );
+        // A non-ASCII byte in a client's own part does not hide the hops a
+        // proxy appended to the same line.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff\xfe, 203.0.113.9, 10.1.1.1").unwrap(),
+        );
+        assert_eq!(
+            client_ip("10.2.2.2".parse().unwrap(), &h, &trusted).to_string(),
+            "203.0.113.9"
+        );
+    }
+
+    #[test]
+    fn many_api_keys_are_each_found_and_a_stranger_is_not() {
+        let keys: Vec<ApiKey> = (0..5_000)
+            .map(|i| ApiKey {
+                sha256: Sha256::digest(format!("key-{i}").as_bytes()).into(),
+                id: Some(format!("k{i}").into()),
+                tenant: None,
+                plan: None,
+            })
+            .collect();
+        let r = Resolver {
+            api_keys: keys.into(),
+            ..resolver()
+        };
+        assert_eq!(r.api_keys.len(), 5_000);
+        for i in [0, 1, 2_500, 4_999] {
+            let presented = format!("key-{i}");
+            assert_eq!(
+                r.find_key(presented.as_bytes()).and_then(|k| k.id.as_deref()),
+                Some(format!("k{i}").as_str())
+            );
+        }
+        assert!(r.find_key(b"key-5000").is_none());
     }
 
     #[test]

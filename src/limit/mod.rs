@@ -345,6 +345,46 @@ impl Limiter {
         true
     }
 
+    /// Refuses a request from memory before its identity is resolved, when
+    /// one of `which` is [identity-free](crate::config::Limit::identity_free),
+    /// enforcing, and its key is blocked after a refusal: a client over its
+    /// network's ceiling then costs no signature check. Takes no token;
+    /// returns false (and leaves `verdict` empty) otherwise, and the full
+    /// decision runs as usual once the identity is known. `facts` carries
+    /// no identity, tenant or plan.
+    pub fn refused_before_identity(
+        &self,
+        all: &[Arc<LimitRuntime>],
+        which: &[usize],
+        facts: &Facts<'_>,
+        verdict: &mut Verdict,
+    ) -> bool {
+        let now = self.now_ms();
+        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
+            if !limit.config.identity_free() || !limit.can_refuse() {
+                continue;
+            }
+            let (spec, shard) = limit.spec_for(facts);
+            let h = self.key_hash(limit, facts, shard);
+            let blocked = self
+                .leases
+                .with(h, |l| blocked::remaining(l, now).is_some() && l.available() == 0)
+                .unwrap_or(false);
+            if !blocked {
+                continue;
+            }
+            let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
+            if lv.outcome != Outcome::Limited {
+                continue;
+            }
+            limit.count(lv.outcome);
+            verdict.limits.push(lv);
+            verdict.refused = Some(verdict.limits.len() - 1);
+            return true;
+        }
+        false
+    }
+
     /// Spends a token at hand for `h`, if there is one, starting a refill
     /// when the lease runs low. Returns what the headers need.
     fn take_local(self: &Arc<Self>, h: u64, spec: Spec, now: u64) -> Option<(u64, u64)> {

@@ -54,6 +54,8 @@ pub enum TargetError {
     DuplicateHost,
     #[error("the Host header and :authority disagree")]
     HostMismatch,
+    #[error("the host is not a host name (an empty label, or not host[:port])")]
+    BadHost,
 }
 
 /// Normalises `req`'s target in place, as routing will see it and the
@@ -66,6 +68,20 @@ pub fn target<B>(req: &mut Request<B>) -> Result<(), TargetError> {
     let first = hosts.next();
     if hosts.next().is_some() {
         return Err(TargetError::DuplicateHost);
+    }
+    // The host routing will read must be one routes can name: a host
+    // with an empty label (`api.example.com..`) or a stray colon would
+    // match no route's host and fall through to a catch-all, where an
+    // upstream may still read it as the named host.
+    let named = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().as_bytes())
+        .or(first.map(|h| h.as_bytes()));
+    if let Some(h) = named {
+        if !valid_host(h) {
+            return Err(TargetError::BadHost);
+        }
     }
     if let Some(authority) = req.uri().authority() {
         let same = first.is_some_and(|h| h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()));
@@ -173,6 +189,23 @@ pub fn host(host: &str) -> &str {
         }
     };
     host.strip_suffix('.').unwrap_or(host)
+}
+
+/// `host[:port]` as an authority without user info, whose host has no
+/// empty label (one trailing dot allowed) and whose port is all digits.
+fn valid_host(h: &[u8]) -> bool {
+    let Ok(a) = http::uri::Authority::try_from(h) else {
+        return false;
+    };
+    if a.as_str().contains('@') || (a.as_str().len() > a.host().len() && a.port().is_none()) {
+        return false;
+    }
+    let host = a.host();
+    if host.starts_with('[') {
+        return true; // an IPv6 literal: the parser checked its brackets
+    }
+    let host = host.strip_suffix('.').unwrap_or(host);
+    !host.is_empty() && host.split('.').all(|label| !label.is_empty())
 }
 
 /// True when `path` has nothing to normalise: no `%` but upper-case escapes
@@ -344,6 +377,34 @@ mod tests {
         assert_eq!(match_path("/v1;x=1/login;jsessionid=2"), "/v1/login");
         assert_eq!(match_path("/v1/login"), "/v1/login");
         assert_eq!(norm("/v1;x/./login;y").unwrap(), "/v1;x/login;y");
+    }
+
+    #[test]
+    fn hosts_with_empty_labels_or_stray_colons_are_refused() {
+        for bad in [
+            "api.example.com..",
+            "api..example.com",
+            ".api.example.com",
+            "api.example.com.:80:80",
+            "a@b",
+            "",
+            ".",
+            "a:b",
+        ] {
+            assert!(!valid_host(bad.as_bytes()), "{bad:?}");
+        }
+        for good in [
+            "api.example.com",
+            "api.example.com.",
+            "API.example.com.:8443",
+            "127.0.0.1:80",
+            "[::1]:80",
+            "localhost",
+        ] {
+            assert!(valid_host(good.as_bytes()), "{good:?}");
+        }
+        let mut req = Request::get("/").header("host", "api.example.com..").body(()).unwrap();
+        assert_eq!(target(&mut req), Err(TargetError::BadHost));
     }
 
     #[test]

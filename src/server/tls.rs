@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use super::prefixed::Prefixed;
 use crate::config::Tls;
 use crate::connection::TlsInfo;
-use crate::fingerprint::record::{client_hello_extent, Extent, FramingError, MAX_RECORD};
+use crate::fingerprint::record::{Extent, Framer, FramingError, MAX_RECORD};
 
 /// Largest ClientHello body we accept.
 pub const MAX_CLIENT_HELLO: usize = 16 * 1024;
@@ -89,8 +89,10 @@ pub async fn accept(
 /// replayed) and how many of them are the ClientHello's records.
 pub async fn read_client_hello<R: AsyncRead + Unpin>(io: &mut R) -> Result<(Bytes, usize), HandshakeError> {
     let mut buf = BytesMut::with_capacity(2048);
+    // One framer for the whole read: each read's bytes are looked at once.
+    let mut framer = Framer::new(MAX_CLIENT_HELLO);
     loop {
-        if let Extent::Complete(n) = client_hello_extent(&buf, MAX_CLIENT_HELLO)? {
+        if let Extent::Complete(n) = framer.advance(&buf)? {
             return Ok((buf.freeze(), n));
         }
         if buf.len() >= MAX_BUFFERED {

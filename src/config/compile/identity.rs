@@ -81,7 +81,7 @@ pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::i
         trusted_proxies: trusted,
         ipv4_prefix,
         ipv6_prefix,
-        api_keys: keys,
+        api_keys: keys.into(),
         reject_invalid,
         max_token_bytes: in_range(
             c,
