@@ -433,3 +433,44 @@ by = ["subnet/16/48"]
         assert_eq!(l["status"], 429, "{l}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_ascii_byte_in_forwarded_for_does_not_hide_the_proxys_hop() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&format!(
+        r#"
+[listeners]
+http = "127.0.0.1:0"
+
+[identity]
+trusted_proxies = ["127.0.0.0/8"]
+
+[[upstreams]]
+name = "backend"
+targets = ["{}"]
+
+[[routes]]
+name = "open"
+path_prefix = "/"
+upstream = "backend"
+"#,
+        up.target()
+    ));
+    // The client wrote a non-ASCII byte; the trusted proxy appended the
+    // client's address to the same line.
+    let mut s = TcpStream::connect(gw.http()).await.unwrap();
+    s.write_all(b"GET /headers HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: \xff\xfe, 203.0.113.9\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out);
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(
+        answer.contains(r#""x-leasegate-identity":["subnet:203.0.113.0/24"]"#),
+        "the proxy's hop names the client: {answer}"
+    );
+}
