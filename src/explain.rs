@@ -101,6 +101,8 @@ pub struct Explanation {
     /// Invalid credentials the gateway refuses with 401 before any limit
     /// (`[identity] reject_invalid`).
     pub rejected: Option<String>,
+    /// The setting that makes the rejection a 401.
+    pub rejected_by: &'static str,
     /// The limits that apply, in the order the gateway checks them.
     pub limits: Vec<LimitFacts>,
     /// The route's limits that do not apply to this identity's tier.
@@ -162,6 +164,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         route: None,
         identity: None,
         rejected: None,
+        rejected_by: "",
         limits: Vec::new(),
         skipped: Vec::new(),
         live_from: None,
@@ -188,6 +191,10 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     let id = match config.identity.resolve(req.headers(), conn, now_secs) {
         Ok(id) => id,
         Err(rejection) => {
+            out.rejected_by = match rejection {
+                identity::Rejection::TooLong { .. } => "[identity] max_token_bytes",
+                _ => "[identity] on_invalid_credentials = \"reject\"",
+            };
             out.rejected = Some(rejection.to_string());
             return out;
         }
@@ -290,7 +297,8 @@ impl Explanation {
         if let Some(why) = &self.rejected {
             let _ = writeln!(
                 s,
-                "identity  rejected: {why}\n          the gateway answers 401 before any limit is checked ([identity] on_invalid_credentials = \"reject\")"
+                "identity  rejected: {why}\n          the gateway answers 401 before any limit is checked ({})",
+                self.rejected_by
             );
             return s;
         }

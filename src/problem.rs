@@ -195,8 +195,9 @@ fn too_many_requests_body(limit: &str, secs: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// The 401 for credentials that were presented and are not valid, under
-/// `[identity] on_invalid_credentials = "reject"`.
+/// The 401 for credentials that were presented and are not valid (under
+/// `[identity] on_invalid_credentials = "reject"`), or longer than
+/// `[identity] max_token_bytes`.
 pub fn unauthorized(reason: &str) -> Response<Body> {
     let mut resp = problem(StatusCode::UNAUTHORIZED, "Unauthorized", reason);
     resp.headers_mut()

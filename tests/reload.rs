@@ -162,6 +162,8 @@ max_connections = 100
 max_header_bytes = 65536
 header_read_timeout_ms = 1000
 grace_period_ms = 1000
+max_connections_per_ip = 256
+idle_timeout_ms = 60000
 access_log = "json"
 
 [listeners]
@@ -225,6 +227,14 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
             vec![("header_read_timeout_ms = 1000", "header_read_timeout_ms = 2000")]
         }
         ("[gateway]", "grace_period_ms") => vec![("grace_period_ms = 1000", "grace_period_ms = 2000")],
+        ("[gateway]", "max_connections_per_ip") => {
+            vec![("max_connections_per_ip = 256", "max_connections_per_ip = 64")]
+        }
+        ("[gateway]", "idle_timeout_ms") => vec![("idle_timeout_ms = 60000", "idle_timeout_ms = 30000")],
+        ("[identity]", "trusted_proxies") => vec![(
+            "[store]\nbackend",
+            "[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\n\n[store]\nbackend",
+        )],
         ("[gateway]", "access_log") => vec![("access_log = \"json\"", "access_log = \"text\"")],
         ("[store]", "backend") => vec![
             ("backend = \"redis\"", "backend = \"memory\""),

@@ -194,11 +194,17 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
             c.gateway.max_header_bytes,
             c.gateway.header_read_timeout,
             c.gateway.grace_period,
+            c.gateway.max_connections_per_ip,
+            c.gateway.idle_timeout,
         )
     };
     warn(
         g(old) != g(new),
         "[gateway] workers, connection, header or grace settings changed: they apply after a restart",
+    );
+    warn(
+        old.identity.trusted_proxies != new.identity.trusted_proxies,
+        "[identity] trusted_proxies changed: identities use the new list now; the per-address connection cap's exemptions apply after a restart",
     );
     warn(
         old.tls.as_ref().map(|t| t.client_hello_timeout) != new.tls.as_ref().map(|t| t.client_hello_timeout),

@@ -158,8 +158,9 @@ pub struct Connection<'a> {
 }
 
 impl Resolver {
-    /// Resolves the identity of a request. `Err` only for invalid
-    /// credentials under `reject_invalid`.
+    /// Resolves the identity of a request. `Err` for invalid credentials
+    /// under `reject_invalid`, and for a credential longer than
+    /// `max_token_bytes` whatever the setting.
     /// `now_secs` (seconds since the epoch) matters only for cached JWTs.
     pub fn resolve(&self, headers: &HeaderMap, conn: Connection<'_>, now_secs: u64) -> Result<Identity, Rejection> {
         let client_ip = client_ip(conn.peer, headers, &self.trusted_proxies);

@@ -141,6 +141,10 @@ impl Limiter {
         // Expired tokens that went with a failed call are not sent again: the
         // call may have landed, and tokens must never go back twice.
         let grant = answer?;
+        // The store answers for this key again: a fallback bucket from an
+        // earlier outage is stale (left alone it would refill to full and
+        // start the next outage with the whole burst).
+        self.fallback.forget(lease.key());
         let now = self.now_ms();
         lease.record_admitted(own.min(grant.granted), now);
         if grant.granted == 0 {

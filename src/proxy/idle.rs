@@ -127,8 +127,9 @@ where
 }
 
 /// Copies both ways between an upgraded client and upstream until either
-/// side closes, or until no byte has moved either way for `idle`.
-pub async fn tunnel<A, B>(mut a: A, mut b: B, idle: Duration)
+/// side closes, or until no byte has moved either way for `idle` (counted
+/// in `idle_closed`).
+pub async fn tunnel<A, B>(mut a: A, mut b: B, idle: Duration, idle_closed: prometheus_client::metrics::counter::Counter)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -157,7 +158,10 @@ where
     };
     tokio::select! {
         _ = copy => {}
-        _ = watch => tracing::debug!(idle_ms, "tunnel idle: closed"),
+        _ = watch => {
+            idle_closed.inc();
+            tracing::debug!(idle_ms, "tunnel idle: closed");
+        }
     }
 }
 

@@ -63,7 +63,8 @@ pub async fn forward(
         }
     }
     let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
-    // The upstream gets origin-form: the path, unchanged.
+    // The upstream gets origin-form: the path as routed (normalised by
+    // the gateway), with its query.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req.uri().path_and_query().cloned();
         *req.uri_mut() = path.map_or_else(|| Uri::from_static("/"), Uri::from);
@@ -152,11 +153,12 @@ pub async fn forward(
             // limit, drain) until it closes.
             let held = conn.guard.clone();
             let idle = conn.idle_timeout;
+            let idle_closed = metrics.connections_idle_closed.clone();
             tokio::spawn(async move {
                 let _held = held;
                 let _place = place;
                 if let (Ok(c), Ok(u)) = (client_side.await, upstream_side.await) {
-                    idle::tunnel(TokioIo::new(c), TokioIo::new(u), idle).await;
+                    idle::tunnel(TokioIo::new(c), TokioIo::new(u), idle, idle_closed).await;
                 }
             });
             return Ok(resp.map(|_| Body::empty()));

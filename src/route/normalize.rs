@@ -86,7 +86,14 @@ pub fn target<B>(req: &mut Request<B>) -> Result<(), TargetError> {
     if let Some(authority) = req.uri().authority() {
         let same = first.is_some_and(|h| h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()));
         if !same {
-            if req.version() == Version::HTTP_2 && first.is_some() {
+            // An h2 `host` naming another host is refused; one that names
+            // the same host as routes compare hosts (another port, a
+            // trailing dot, another case) is only rewritten.
+            let names_another = first.is_some_and(|h| {
+                !h.to_str()
+                    .is_ok_and(|h| host(h).eq_ignore_ascii_case(host(authority.as_str())))
+            });
+            if req.version() == Version::HTTP_2 && names_another {
                 return Err(TargetError::HostMismatch);
             }
             if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
@@ -405,6 +412,21 @@ mod tests {
         }
         let mut req = Request::get("/").header("host", "api.example.com..").body(()).unwrap();
         assert_eq!(target(&mut req), Err(TargetError::BadHost));
+    }
+
+    #[test]
+    fn an_h2_host_must_name_the_authoritys_host() {
+        let h2 = |authority: &str, host_header: &str| {
+            let mut req = Request::get(format!("http://{authority}/x"))
+                .version(Version::HTTP_2)
+                .header("host", host_header)
+                .body(())
+                .unwrap();
+            target(&mut req).map(|()| req.headers()["host"].to_str().unwrap().to_string())
+        };
+        assert_eq!(h2("a.example:443", "a.example"), Ok("a.example:443".to_string()));
+        assert_eq!(h2("a.example", "A.Example."), Ok("a.example".to_string()));
+        assert_eq!(h2("a.example", "b.example"), Err(TargetError::HostMismatch));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! No single client holds the door: at most `max_connections_per_ip` open
 //! connections per client address (an IPv6 client counts per /64, the
-//! smallest network one subscriber is usually given), checked at accept,
-//! and an idle connection closed after `idle_timeout_ms`.
+//! smallest network one subscriber is usually given), checked at accept;
+//! an idle connection closed after `idle_timeout_ms`, and so is one whose
+//! client stopped taking its response for that long.
 //!
 //! `trusted_proxies` are exempt from the per-address cap: every client
 //! behind them shares their address.
@@ -95,17 +96,30 @@ fn key(ip: IpAddr) -> IpAddr {
 
 /// What one connection is doing, for its idle timeout: requests in flight
 /// (an HTTP/1.1 exchange, an HTTP/2 stream) and when the last one ended.
+///
+/// And whether the client still takes what it is sent: a response body that
+/// handed hyper a frame waits for hyper to come back for the next one,
+/// which hyper does once it could write the last (HTTP/1.1: the socket
+/// took it; HTTP/2: the stream's window allows it). A client that stops
+/// reading stops that; `taken_ms` then gets old while bodies wait.
 #[derive(Debug)]
 pub struct Activity {
     in_flight: AtomicUsize,
     idle_since_ms: AtomicU64,
+    /// Response bodies that handed over a frame and were not asked again.
+    waiting_on_client: AtomicUsize,
+    /// When hyper last asked any response body for a frame.
+    taken_ms: AtomicU64,
 }
 
 impl Default for Activity {
     fn default() -> Self {
+        let now = clock::coarse_now_ms();
         Activity {
             in_flight: AtomicUsize::new(0),
-            idle_since_ms: AtomicU64::new(clock::coarse_now_ms()),
+            idle_since_ms: AtomicU64::new(now),
+            waiting_on_client: AtomicUsize::new(0),
+            taken_ms: AtomicU64::new(now),
         }
     }
 }
@@ -126,6 +140,15 @@ impl Activity {
         }
         Some(now_ms.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)))
     }
+
+    /// How long a response has waited for the client to take it, at
+    /// `now_ms`; `None` when no response waits on the client.
+    pub fn stalled_for(&self, now_ms: u64) -> Option<u64> {
+        if self.waiting_on_client.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(now_ms.saturating_sub(self.taken_ms.load(Ordering::Relaxed)))
+    }
 }
 
 /// A request in flight on a connection.
@@ -140,16 +163,31 @@ impl Drop for Busy {
 }
 
 /// A response body that keeps its request counted as in flight until it
-/// has been sent (or dropped).
+/// has been sent (or dropped), and tells its connection's [`Activity`]
+/// when it waits for the client to take a frame.
 #[derive(Debug)]
 pub struct Tracked<B> {
     inner: B,
-    _busy: Busy,
+    busy: Busy,
+    /// Handed a frame over and not asked for the next one yet.
+    handed: bool,
 }
 
 impl<B> Tracked<B> {
     pub fn new(inner: B, busy: Busy) -> Tracked<B> {
-        Tracked { inner, _busy: busy }
+        Tracked {
+            inner,
+            busy,
+            handed: false,
+        }
+    }
+}
+
+impl<B> Drop for Tracked<B> {
+    fn drop(&mut self) {
+        if self.handed {
+            self.busy.0.waiting_on_client.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
@@ -158,7 +196,21 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
     type Error = B::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        let activity = &this.busy.0;
+        if this.handed {
+            this.handed = false;
+            activity.waiting_on_client.fetch_sub(1, Ordering::Release);
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            activity.taken_ms.store(clock::coarse_now_ms(), Ordering::Relaxed);
+            if !this.inner.is_end_stream() {
+                this.handed = true;
+                activity.waiting_on_client.fetch_add(1, Ordering::Release);
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -230,5 +282,49 @@ mod tests {
         assert!(a
             .idle_for(clock::coarse_now_ms() + 10_000)
             .is_some_and(|ms| ms >= 10_000));
+    }
+
+    /// A body of `n` one-byte frames, each ready at once.
+    struct Frames(usize);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
+            let this = self.get_mut();
+            if this.0 == 0 {
+                return Poll::Ready(None);
+            }
+            this.0 -= 1;
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+        }
+        fn is_end_stream(&self) -> bool {
+            self.0 == 0
+        }
+    }
+
+    #[test]
+    fn a_body_waits_on_the_client_between_a_frame_and_the_next_ask() {
+        use http_body::Body as _;
+        let a = Arc::new(Activity::default());
+        let mut body = Tracked::new(Frames(2), a.begin());
+        let later = clock::coarse_now_ms() + 5_000;
+        assert_eq!(a.stalled_for(later), None, "nothing handed over yet");
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
+        // Handed a frame, not asked again: the client has not taken it.
+        assert!(a.stalled_for(later).is_some_and(|ms| ms >= 4_000));
+        // The last frame: nothing more to wait for.
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
+        assert_eq!(a.stalled_for(later), None);
+        let mut dropped = Tracked::new(Frames(5), a.begin());
+        assert!(Pin::new(&mut dropped).poll_frame(&mut cx).is_ready());
+        assert!(a.stalled_for(later).is_some());
+        drop(dropped);
+        assert_eq!(a.stalled_for(later), None, "a dropped body waits for nothing");
+        assert!(body.is_end_stream());
     }
 }

@@ -605,22 +605,35 @@ impl Connection {
             }
             if !closing_idle && (!idle_armed || idle_timer.is_elapsed()) {
                 let now = crate::clock::coarse_now_ms();
-                match activity.idle_for(now) {
+                let waited = match activity.idle_for(now) {
                     Some(quiet) if quiet >= idle_ms => {
                         // HTTP/1.1: closed at once; HTTP/2: GOAWAY, then closed.
                         closing_idle = true;
                         metrics.connections_idle_closed.inc();
                         served.as_mut().graceful_shutdown();
+                        None
                     }
-                    quiet => {
-                        let left = idle_ms - quiet.unwrap_or(0);
-                        idle_timer
-                            .as_mut()
-                            .reset(tokio::time::Instant::now() + Duration::from_millis(left));
-                        // Registers the waker; it fires `left` from now.
-                        let _ = idle_timer.as_mut().poll(cx);
-                        idle_armed = true;
-                    }
+                    Some(quiet) => Some(quiet),
+                    // Busy: idle only if the client stopped taking its
+                    // response. Nothing graceful can finish that exchange:
+                    // the connection goes, and its places with it.
+                    None => match activity.stalled_for(now) {
+                        Some(stalled) if stalled >= idle_ms => {
+                            metrics.connections_idle_closed.inc();
+                            tracing::debug!(stalled_ms = stalled, "the client stopped reading its response: closed");
+                            return Poll::Ready(Some(Ok(())));
+                        }
+                        stalled => Some(stalled.unwrap_or(0)),
+                    },
+                };
+                if let Some(waited) = waited {
+                    let left = idle_ms - waited;
+                    idle_timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + Duration::from_millis(left));
+                    // Registers the waker; it fires `left` from now.
+                    let _ = idle_timer.as_mut().poll(cx);
+                    idle_armed = true;
                 }
             }
             served.as_mut().poll(cx).map(Some)

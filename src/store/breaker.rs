@@ -93,9 +93,19 @@ impl Breaker {
         }
     }
 
-    /// Records a call's success. Returns true when this closed the breaker.
-    pub fn succeeded(&self) -> bool {
+    /// Records a call's success; `probe`: the call was the half-open probe.
+    /// Returns true when this closed the breaker.
+    ///
+    /// Only the probe closes an open breaker. Any other success while open
+    /// is a call made before the breaker opened, answering late (calls in
+    /// flight when it opened): it says nothing of the store now, and
+    /// closing on it would undo the opening milliseconds later, with no
+    /// `open_ms` and no probe.
+    pub fn succeeded(&self, probe: bool) -> bool {
         self.failures.store(0, Ordering::Relaxed);
+        if !probe && self.open_until.load(Ordering::Acquire) != 0 {
+            return false;
+        }
         let was_open = self.open_until.swap(0, Ordering::AcqRel) != 0;
         self.probing.store(false, Ordering::Release);
         was_open
@@ -208,7 +218,7 @@ mod tests {
         let b = breaker();
         assert!(!b.failed(10, 10, false));
         assert!(!b.failed(11, 11, false));
-        assert!(!b.succeeded()); // a success resets the count
+        assert!(!b.succeeded(false)); // a success resets the count
         assert!(!b.failed(12, 12, false));
         assert!(!b.failed(13, 13, false));
         assert_eq!(b.admit(14), Admission::Call);
@@ -262,11 +272,25 @@ mod tests {
         assert_eq!(b.admit(2_601), Admission::Open { retry_after_ms: 1_999 });
         assert_eq!(b.admit(4_600), Admission::Probe);
         // The probe succeeds: closed, and the count starts over.
-        assert!(b.succeeded());
+        assert!(b.succeeded(true));
         assert!(!b.is_open());
         assert_eq!(b.admit(4_601), Admission::Call);
         assert!(!b.failed(4_602, 4_602, false));
         assert_eq!(b.admit(4_603), Admission::Call);
+    }
+
+    /// Calls in flight when the breaker opened answer late: they leave it
+    /// open for `open_ms`, and only the probe closes it.
+    #[test]
+    fn a_late_success_from_before_the_opening_leaves_it_open() {
+        let b = breaker();
+        opened(&b);
+        assert!(!b.succeeded(false), "a straggler does not close it");
+        assert!(b.is_open());
+        assert_eq!(b.admit(10), Admission::Open { retry_after_ms: 1_992 });
+        assert_eq!(b.admit(2_002), Admission::Probe);
+        assert!(b.succeeded(true));
+        assert!(!b.is_open());
     }
 
     #[test]
@@ -296,7 +320,7 @@ mod tests {
         assert!(!b.claim_prober(), "one prober at a time");
         // The prober finds the breaker closed and ends; the next opening
         // may start one again.
-        assert!(b.succeeded());
+        assert!(b.succeeded(true));
         assert_eq!(b.watch(10), Watch::Stop);
         assert!(!b.claim_prober(), "closed: no prober");
         for t in 20..23 {
@@ -320,7 +344,7 @@ mod tests {
         // A request takes the slot first: the prober waits for its answer.
         assert_eq!(b.admit(4_005), Admission::Probe);
         assert_eq!(b.watch(4_005), Watch::Busy);
-        assert!(b.succeeded());
+        assert!(b.succeeded(true));
         assert_eq!(b.watch(4_006), Watch::Stop);
     }
 
@@ -332,7 +356,7 @@ mod tests {
         // A request's probe closes the circuit, and failures open it again
         // before the prober looks: its claim still stands, so no second
         // prober starts, and this one must not stop.
-        assert!(b.succeeded());
+        assert!(b.succeeded(true));
         for t in 10..13 {
             b.failed(t, t, false);
         }

@@ -128,7 +128,7 @@ impl Core {
         abandoned.breaker = None; // answered: the result below decides
         match &result {
             Ok(_) => {
-                if self.breaker.succeeded() {
+                if self.breaker.succeeded(probe) {
                     tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
                 }
             }
@@ -179,7 +179,7 @@ impl Core {
         abandoned.breaker = None;
         match result {
             Ok(()) => {
-                if self.breaker.succeeded() {
+                if self.breaker.succeeded(true) {
                     tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
                 }
             }

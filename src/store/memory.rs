@@ -203,6 +203,15 @@ impl MemoryStore {
         Ok(grant)
     }
 
+    /// Drops `key`'s state, if held: its next grant starts anew.
+    pub fn forget(&self, key: &str) {
+        if let Ok(mut shard) = self.shard(key).lock() {
+            if let Some(&i) = shard.index.get(key) {
+                shard.remove(i);
+            }
+        }
+    }
+
     pub fn release_now(&self, key: &str, spec: &Spec, unspent: Unspent) -> Result<(), StoreError> {
         let now = (self.clock)();
         let mut shard = self

@@ -36,6 +36,7 @@ impl Upstream {
 /// - `/headers`: JSON `{method, path, headers: {name: [values]}}`
 /// - `/sha256`: streams the body, answers `<hex> <bytes>`
 /// - `/slow?ms=N`: answers after N ms
+/// - `/big?mb=N`: answers N MiB of `x`
 /// - `/ws`: upgrades and echoes bytes
 /// - anything else: `upstream <name> ok`
 pub async fn start(name: &'static str) -> Upstream {
@@ -105,6 +106,10 @@ async fn handle(mut req: Request<Incoming>, name: &'static str) -> Result<Respon
             }
             let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
             Response::new(Full::new(Bytes::from(format!("{hex} {total}"))))
+        }
+        "/big" => {
+            let mb: usize = query.strip_prefix("mb=").and_then(|v| v.parse().ok()).unwrap_or(1);
+            Response::new(Full::new(Bytes::from(vec![b'x'; mb << 20])))
         }
         "/slow" => {
             let ms: u64 = query.strip_prefix("ms=").and_then(|v| v.parse().ok()).unwrap_or(1000);

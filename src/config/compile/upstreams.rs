@@ -85,7 +85,7 @@ fn target(s: &str) -> Result<Authority, String> {
         _ => return Err("expected http://host:port".into()),
     }
     if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
-        return Err("a target has no path: the request path is forwarded unchanged".into());
+        return Err("a target has no path: the request's (normalised) path is forwarded as it is".into());
     }
     let authority = uri.authority().ok_or("expected http://host:port")?.clone();
     if authority.as_str().contains('@') {

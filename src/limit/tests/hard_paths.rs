@@ -514,3 +514,34 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
     let granted = store.0.granted.load(Ordering::SeqCst);
     assert_eq!(store.0.returned.load(Ordering::SeqCst), granted - 1);
 }
+
+/// Admitted requests of `identity` in a row, until the first refusal (at
+/// most 1 000), without the clock moving.
+async fn admitted_in_a_row(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>], identity: &str) -> usize {
+    let mut n = 0;
+    while n < 1_000 && one(limiter, limits, identity).await.refused.is_none() {
+        n += 1;
+    }
+    n
+}
+
+#[tokio::test]
+async fn every_outage_starts_the_fallback_low_not_where_the_last_one_left_it() {
+    let (now, store, limiter) = switchable();
+    let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
+    store.down.store(true, Ordering::SeqCst);
+    let first = admitted_in_a_row(&limiter, &limits, "a").await;
+    // A fallback bucket starts with a second of its rate or a lease, not
+    // its burst (the floor: 60 per minute).
+    assert!((1..60).contains(&first), "{first}");
+    // The store comes back and answers for the key ...
+    store.down.store(false, Ordering::SeqCst);
+    now.fetch_add(2_000, Ordering::SeqCst);
+    assert_eq!(one(&limiter, &limits, "a").await.store_error, None);
+    // ... so the next outage starts the key's fallback anew, not from the
+    // bucket the first one left (drained here; full had time passed).
+    store.down.store(true, Ordering::SeqCst);
+    now.fetch_add(2_000, Ordering::SeqCst);
+    let second = admitted_in_a_row(&limiter, &limits, "a").await;
+    assert_eq!(second, first);
+}
