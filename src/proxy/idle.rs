@@ -34,7 +34,6 @@ pub enum BodyError {
 /// The idle bound of one body.
 #[derive(Debug)]
 pub struct IdleTimer {
-    timeout: Duration,
     timeout_ms: u64,
     /// Last progress, on the coarse clock (ms).
     last_ms: u64,
@@ -44,7 +43,6 @@ pub struct IdleTimer {
 impl IdleTimer {
     pub fn new(timeout: Duration) -> IdleTimer {
         IdleTimer {
-            timeout,
             timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX),
             last_ms: clock::coarse_now_ms(),
             sleep: None,
@@ -61,7 +59,7 @@ impl IdleTimer {
         loop {
             let idle = clock::coarse_now_ms().saturating_sub(self.last_ms);
             if idle >= self.timeout_ms {
-                return Poll::Ready(BodyError::Idle(self.timeout));
+                return Poll::Ready(BodyError::Idle(Duration::from_millis(self.timeout_ms)));
             }
             let left = Duration::from_millis(self.timeout_ms - idle);
             match &mut self.sleep {

@@ -185,34 +185,61 @@ pub fn match_path(path: &str) -> Cow<'_, str> {
 }
 
 /// A host as routes compare it: without the port and a trailing dot (any
-/// case; the comparison ignores it). `[::1]:80` → `[::1]`.
+/// case; the comparison ignores it). `[::1]:80` → `[::1]`. One backward
+/// scan over the port's digits, no search: it runs on every request.
 pub fn host(host: &str) -> &str {
-    let host = if host.starts_with('[') {
-        host.find(']').map_or(host, |i| &host[..=i])
+    let b = host.as_bytes();
+    let end = if b.first() == Some(&b'[') {
+        b.iter().position(|&c| c == b']').map_or(b.len(), |i| i + 1)
     } else {
-        match host.rsplit_once(':') {
-            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => host,
+        let mut i = b.len();
+        while i > 0 && b[i - 1].is_ascii_digit() {
+            i -= 1;
+        }
+        if i > 0 && b[i - 1] == b':' {
+            i - 1
+        } else {
+            b.len()
         }
     };
+    let host = host.get(..end).unwrap_or(host);
     host.strip_suffix('.').unwrap_or(host)
 }
 
-/// `host[:port]` as an authority without user info, whose host has no
-/// empty label (one trailing dot allowed) and whose port is all digits.
+/// `host[:port]` that routes can name: a registered name whose labels are
+/// not empty (one trailing dot allowed) or an IPv6 literal in brackets, and
+/// a port of 1 to 5 digits. No user info, no stray colon. One forward scan
+/// with no allocation: it runs on every request.
 fn valid_host(h: &[u8]) -> bool {
-    let Ok(a) = http::uri::Authority::try_from(h) else {
-        return false;
-    };
-    if a.as_str().contains('@') || (a.as_str().len() > a.host().len() && a.port().is_none()) {
-        return false;
+    let port = |p: &[u8]| (1..=5).contains(&p.len()) && p.iter().all(u8::is_ascii_digit);
+    if let Some(rest) = h.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&c| c == b']') else {
+            return false;
+        };
+        let (literal, after) = (&rest[..end], &rest[end + 1..]);
+        let literal_ok = !literal.is_empty()
+            && literal
+                .iter()
+                .all(|c| c.is_ascii_hexdigit() || matches!(c, b':' | b'.'));
+        return literal_ok
+            && match after {
+                [] => true,
+                [b':', p @ ..] => port(p),
+                _ => false,
+            };
     }
-    let host = a.host();
-    if host.starts_with('[') {
-        return true; // an IPv6 literal: the parser checked its brackets
+    let mut label = 0usize;
+    for (i, &c) in h.iter().enumerate() {
+        match c {
+            b'.' if label == 0 => return false, // an empty label
+            b'.' => label = 0,
+            // The name ends: not empty, and ending in a label or one dot.
+            b':' => return i > 0 && port(&h[i + 1..]),
+            _ if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'~' | b'%') => label += 1,
+            _ => return false,
+        }
     }
-    let host = host.strip_suffix('.').unwrap_or(host);
-    !host.is_empty() && host.split('.').all(|label| !label.is_empty())
+    !h.is_empty()
 }
 
 /// True when `path` has nothing to normalise: no `%` but upper-case escapes

@@ -572,9 +572,11 @@ impl Connection {
         let active = activity.clone();
         let service = service_fn(move |req| {
             let busy = active.begin();
-            let handled = gateway.clone().handle(req, conn.clone());
+            let (gateway, conn) = (gateway.clone(), conn.clone());
+            // The request's future is made inside this one, in place: made
+            // outside and moved in, it would be copied once more per request.
             async move {
-                let resp = handled.await?;
+                let resp = gateway.handle(req, conn).await?;
                 Ok::<_, std::convert::Infallible>(resp.map(|body| door::Tracked::new(body, busy)))
             }
         });

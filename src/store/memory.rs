@@ -160,20 +160,7 @@ impl MemoryStore {
     /// Decides synchronously; the trait methods wrap this. The give-back and
     /// the acquire happen under one lock, as one step.
     pub fn acquire_now(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
-        let now = (self.clock)();
-        let mut shard = self
-            .shard(key)
-            .lock()
-            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
-        let mut grant = Grant::default();
-        shard.update(key, spec, now, self.per_shard_cap, |prior| {
-            // A key we no longer hold was full (or its window empty): giving
-            // back to it changes nothing, as in `release_now`.
-            let (state, g) = quota::acquire_returning(prior, spec, now, want, unspent);
-            grant = g;
-            state
-        });
-        Ok(grant)
+        self.acquire_from(key, spec, want, unspent, spec.capacity)
     }
 
     /// [`acquire_now`](Self::acquire_now) for a key that, when this store
@@ -181,13 +168,23 @@ impl MemoryStore {
     /// capacity) instead of a full bucket: the local fallback's first
     /// grant of an outage.
     pub fn acquire_starting(&self, key: &str, spec: &Spec, want: u64, start: u64) -> Result<Grant, StoreError> {
+        self.acquire_from(key, spec, want, Unspent::default(), start)
+    }
+
+    fn acquire_from(
+        &self,
+        key: &str,
+        spec: &Spec,
+        want: u64,
+        unspent: Unspent,
+        start: u64,
+    ) -> Result<Grant, StoreError> {
         let now = (self.clock)();
         let mut shard = self
             .shard(key)
             .lock()
             .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
-        let mut grant = Grant::default();
-        if !shard.index.contains_key(key) && start < spec.capacity {
+        if start < spec.capacity && !shard.index.contains_key(key) {
             // The same math as every grant: a new key's full bucket, less
             // what it does not start with.
             let spent = spec.capacity - start;
@@ -195,8 +192,11 @@ impl MemoryStore {
                 quota::acquire_returning(prior, spec, now, spent, Unspent::default()).0
             });
         }
+        let mut grant = Grant::default();
         shard.update(key, spec, now, self.per_shard_cap, |prior| {
-            let (state, g) = quota::acquire_returning(prior, spec, now, want, Unspent::default());
+            // A key we no longer hold was full (or its window empty): giving
+            // back to it changes nothing, as in `release_now`.
+            let (state, g) = quota::acquire_returning(prior, spec, now, want, unspent);
             grant = g;
             state
         });
