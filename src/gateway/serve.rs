@@ -133,12 +133,11 @@ impl Gateway {
             && !route.limits.is_empty()
             && req.headers().contains_key(http::header::AUTHORIZATION)
         {
-            if let Some(refusal) = self.refused_before_identity(snapshot, route, &req, conn) {
+            if let Some(mut refusal) = self.refused_before_identity(snapshot, route, &req, conn) {
                 let record = Record {
                     identity: None,
                     outcome: "limited",
                 };
-                let mut refusal = refusal;
                 refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                 return Served::Now(refusal, record);
             }
