@@ -181,10 +181,15 @@ async fn a_cluster_spreads_keys_over_its_masters_and_each_limit_is_exact() {
     }
     for t in tasks {
         let seen = t.await.unwrap();
-        assert_eq!(
-            seen,
-            [200, 200, 200, 200, 200, 429, 429],
-            "each client's limit is exact"
+        // On a busy host a master the cluster client has not connected to
+        // yet fails its first call (a `store_error`, nothing taken): the
+        // fail-closed route answers 503. After that, the limit is exact.
+        let settled: Vec<u16> = seen.iter().copied().skip_while(|&s| s == 503).collect();
+        assert!(settled.len() >= 6, "{seen:?}");
+        assert_eq!(settled[..5], [200; 5], "each client's limit is exact: {seen:?}");
+        assert!(
+            settled[5..].iter().all(|&s| s == 429),
+            "each client's limit is exact: {seen:?}"
         );
     }
     let counts = cluster.key_counts();
