@@ -182,15 +182,35 @@ async fn a_killed_redis_fails_open_and_closed_per_route_then_recovers() {
     // A fresh Redis on the same port: enforcement resumes, from Redis.
     redis.restart();
     wait_for_recovery(&gw, &mut c).await;
+    let failed_calls = |m: &str| {
+        sample(m, r#"leasegate_store_calls_total{op="acquire",result="timeout"} "#)
+            + sample(m, r#"leasegate_store_calls_total{op="acquire",result="error"} "#)
+    };
+    let failed_before = failed_calls(&gw.metrics().await);
     let low: Vec<StatusCode> = {
         let mut v = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..6 {
             v.push(request(&mut c, "/low").await.0);
         }
         v
     };
+    // Redis's bucket admits exactly its 4, then refuses. The first calls to
+    // a Redis just restarted can miss the 5 ms deadline on a busy machine:
+    // such a request is decided by the key's fallback bucket (drained by
+    // the outage: a 429), and the limit stays exact around it.
+    let failed = failed_calls(&gw.metrics().await) - failed_before;
+    assert!(failed <= 1.0, "{failed} store calls failed after recovery: {low:?}");
     assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
-    assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
+    let last_ok = low.iter().rposition(|s| *s == StatusCode::OK).unwrap_or(0);
+    assert!(
+        low[last_ok + 1..].iter().all(|s| *s == StatusCode::TOO_MANY_REQUESTS) && last_ok + 1 < low.len(),
+        "{low:?}"
+    );
+    assert_eq!(
+        low.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count(),
+        2,
+        "one refusal from Redis, and at most one from the fallback while a call failed: {low:?}"
+    );
     assert_eq!(redis.cli(&["EXISTS", "rl:{low:low}"]).trim(), "1");
 }
 
