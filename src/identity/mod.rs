@@ -14,22 +14,24 @@
 //! pick its own bucket by sending the header itself. (Verified JWTs, tier 0,
 //! come with the JWT work.) Pure: no I/O, no clock.
 
+mod address;
+mod credentials;
 pub mod jwt;
+
+pub use address::client_ip;
+use credentials::{api_key, bearer_jwt, X_API_KEY};
+pub use credentials::{ApiKey, ApiKeys};
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::header::AUTHORIZATION;
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
 /// `[identity] max_token_bytes` by default.
 pub const DEFAULT_MAX_TOKEN_BYTES: usize = 8_192;
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Which tier of the waterfall an identity came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,53 +73,6 @@ pub struct Identity {
     pub plan: Option<Arc<str>>,
     /// The client's address after trusted-proxy handling.
     pub client_ip: IpAddr,
-}
-
-/// One configured API key.
-#[derive(Debug, Clone)]
-pub struct ApiKey {
-    pub sha256: [u8; 32],
-    pub id: Option<Arc<str>>,
-    pub tenant: Option<Arc<str>>,
-    pub plan: Option<Arc<str>>,
-}
-
-/// The configured API keys, found by their SHA-256: one hash lookup per
-/// request however many there are (a key file may hold a hundred
-/// thousand), where a scan compared against each. The lookup's timing
-/// depends on the presented key's digest, which tells nothing of any
-/// configured key; the match is then confirmed in constant time.
-#[derive(Debug, Clone, Default)]
-pub struct ApiKeys {
-    keys: Vec<ApiKey>,
-    by_digest: std::collections::HashMap<[u8; 32], usize>,
-}
-
-impl From<Vec<ApiKey>> for ApiKeys {
-    fn from(keys: Vec<ApiKey>) -> Self {
-        let by_digest = keys.iter().enumerate().map(|(i, k)| (k.sha256, i)).collect();
-        ApiKeys { keys, by_digest }
-    }
-}
-
-impl ApiKeys {
-    /// The key whose SHA-256 is `digest`.
-    pub fn find(&self, digest: &[u8; 32]) -> Option<&ApiKey> {
-        let k = self.keys.get(*self.by_digest.get(digest)?)?;
-        constant_time_eq(&k.sha256, digest).then_some(k)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &ApiKey> {
-        self.keys.iter()
-    }
-
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
 }
 
 /// Credentials that were presented but are not valid.
@@ -288,100 +243,6 @@ impl Resolver {
     }
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
-/// `X-API-Key`, else a Bearer token that is not a JWT (three dot-separated
-/// base64url segments).
-fn api_key(headers: &HeaderMap) -> Option<&[u8]> {
-    if let Some(v) = headers.get(&X_API_KEY) {
-        return Some(v.as_bytes()).filter(|v| !v.is_empty());
-    }
-    let auth = headers.get(AUTHORIZATION)?.as_bytes();
-    let token = auth
-        .strip_prefix(b"Bearer ")
-        .or_else(|| auth.strip_prefix(b"bearer "))?;
-    let token = token.trim_ascii();
-    (!token.is_empty() && !looks_like_jwt(token)).then_some(token)
-}
-
-/// A Bearer value shaped like a JWT.
-fn bearer_jwt(headers: &HeaderMap) -> Option<&str> {
-    let auth = headers.get(AUTHORIZATION)?.as_bytes();
-    let token = auth
-        .strip_prefix(b"Bearer ")
-        .or_else(|| auth.strip_prefix(b"bearer "))?
-        .trim_ascii();
-    // JWT-shaped bytes are ASCII: the conversion cannot fail.
-    looks_like_jwt(token).then(|| std::str::from_utf8(token).ok()).flatten()
-}
-
-/// Three dot-separated segments of base64url (and `=`): one table lookup a
-/// byte, since a forged token is read on every request that carries it.
-fn looks_like_jwt(token: &[u8]) -> bool {
-    const JWT_BYTE: [bool; 256] = {
-        let mut t = [false; 256];
-        let mut b = 0;
-        while b < 256 {
-            let c = b as u8;
-            t[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'=';
-            b += 1;
-        }
-        t
-    };
-    let mut dots = 0;
-    for &b in token {
-        if b == b'.' {
-            dots += 1;
-        } else if !JWT_BYTE[usize::from(b)] {
-            return false;
-        }
-    }
-    dots == 2
-}
-
-/// The client's address: the peer, or, when the peer is a trusted proxy,
-/// the right-most `X-Forwarded-For` hop that is not itself trusted. A hop
-/// that is not an address stops the walk at the last trusted one.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
-    let peer = peer.to_canonical();
-    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
-    if trusted.is_empty() || !is_trusted(&peer) {
-        return peer;
-    }
-    let mut client = peer;
-    // Bytes, not text: a line that holds a non-ASCII byte somewhere (a
-    // client's own part, before the hops a proxy appended) is still read
-    // hop by hop from the right; that byte only makes its own hop invalid.
-    let values: smallvec::SmallVec<[&[u8]; 2]> =
-        headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.as_bytes()).collect();
-    for hop in values.iter().rev().flat_map(|v| v.rsplit(|&b| b == b',')) {
-        let hop = std::str::from_utf8(hop).unwrap_or("");
-        match parse_hop(hop) {
-            Some(ip) if is_trusted(&ip) => client = ip,
-            Some(ip) => return ip,
-            None => return client,
-        }
-    }
-    client
-}
-
-/// `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`, `[2001:db8::1]:443`.
-fn parse_hop(hop: &str) -> Option<IpAddr> {
-    let hop = hop.trim();
-    if let Ok(ip) = hop.parse::<IpAddr>() {
-        return Some(ip.to_canonical());
-    }
-    if let Ok(sa) = hop.parse::<std::net::SocketAddr>() {
-        return Some(sa.ip().to_canonical());
-    }
-    hop.strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .and_then(|h| h.parse::<IpAddr>().ok())
-}
-
 /// The client's network at the configured prefix lengths.
 pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
     let ip = ip.to_canonical();
@@ -437,6 +298,7 @@ fn fingerprint_hash(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderName;
     use http::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
