@@ -21,13 +21,13 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota, RateLimiter};
 use http::HeaderMap;
 use leasegate::clock::monotonic_clock;
-use leasegate::config::Limit;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
+use leasegate::limit::policy::{Draft, Limit, StoreFailure};
 use leasegate::limit::{LimitRuntime, Limiter, Settings, Verdict};
-use leasegate::metrics::Metrics;
 use leasegate::quota::Rate;
 use leasegate::store::memory::MemoryStore;
+use leasegate::telemetry::metrics::Metrics;
 
 const KEYS: usize = 100_000;
 
@@ -70,10 +70,13 @@ fn setup() -> Setup {
         count: 1_000_000_000,
         period: Duration::from_secs(1),
     };
-    let limit = Arc::new(Limit {
-        burst: 1_000_000_000,
-        ..Limit::new("bench", rate)
-    });
+    let limit = Arc::new(
+        Limit::try_new(Draft {
+            burst: 1_000_000_000,
+            ..Draft::new("bench", rate)
+        })
+        .unwrap(),
+    );
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let identities = (0..KEYS)
         .map(|i| format!("subnet:10.{}.{}.0/24", i / 256 % 256, i % 256) + &format!("#{i}"))
@@ -101,8 +104,13 @@ impl Setup {
         // As the gateway decides: from memory when it can, else the wait.
         let mut verdict = Verdict::default();
         if !self.limiter.try_check(&self.limits, &[0], &facts, &mut verdict) {
-            verdict = now(&self.rt, self.limiter.check(&self.limits, &[0], &facts, true));
+            verdict = now(
+                &self.rt,
+                self.limiter
+                    .resume(verdict, &self.limits, &[0], &facts, StoreFailure::Allow),
+            );
         }
+        verdict.commit();
         verdict.refused.is_none()
     }
 }

@@ -18,15 +18,15 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::HeaderMap;
 use leasegate::clock::monotonic_clock;
-use leasegate::config::Limit;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
+use leasegate::limit::policy::{Limit, StoreFailure};
 use leasegate::limit::{LimitRuntime, Limiter, Settings};
-use leasegate::metrics::Metrics;
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::{QuotaStore, Unspent};
+use leasegate::telemetry::metrics::Metrics;
 
 /// Polls a future that must be ready at once.
 fn now<F: Future>(f: F) -> F::Output {
@@ -88,7 +88,7 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
-    let limit = Arc::new(Limit::new("big", rate));
+    let limit = Arc::new(Limit::try_new(leasegate::limit::policy::Draft::new("big", rate)).unwrap());
     let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
     let headers = HeaderMap::new();
     let facts = Facts {
@@ -106,7 +106,14 @@ fn bench(c: &mut Criterion) {
     ] {
         let l = limiter(store);
         group.bench_function(name, |b| {
-            b.iter(|| black_box(now(l.check(&limits, &[0], &facts, true)).refused.is_none()))
+            b.iter(|| {
+                black_box(
+                    now(l.check(&limits, &[0], &facts, StoreFailure::Allow))
+                        .committed()
+                        .refused
+                        .is_none(),
+                )
+            })
         });
     }
     group.finish();

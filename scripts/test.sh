@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # tool -> Debian/Ubuntu package. promtool and amtool check and unit-test
-# docs/alerts.yml and docs/alertmanager.yml (tests/alerts.rs); chromium
-# renders the admin status page headless (tests/admin.rs).
+# docs/alerts.yml and docs/alertmanager.yml (tests/it/alerts.rs); chromium
+# renders the admin status page headless (tests/it/admin.rs).
 tools=(
   "curl curl"
   "openssl openssl"

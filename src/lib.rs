@@ -4,9 +4,6 @@
 //! validation) do no network I/O and take time as an argument; the I/O shells
 //! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
 
-pub mod accept;
-pub mod access_log;
-pub mod body;
 pub mod clock;
 pub mod config;
 pub mod connection;
@@ -17,14 +14,15 @@ pub mod gateway;
 pub mod identity;
 pub mod int_hash;
 pub mod limit;
-pub mod log_limit;
-pub mod metrics;
-pub mod problem;
 pub mod proxy;
 pub mod quota;
 pub mod region;
 pub mod rls;
 pub mod route;
+pub mod runtime;
 pub mod server;
 pub mod store;
-pub mod upstream;
+pub mod telemetry;
+
+#[cfg(test)]
+mod architecture;

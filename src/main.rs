@@ -205,7 +205,7 @@ fn explain(
             return ExitCode::FAILURE;
         }
     };
-    let now_secs = leasegate::gateway::identity_clock(probe.request.headers());
+    let now_secs = leasegate::runtime::identity_clock(probe.request.headers());
     let mut explained = leasegate::explain::explain(&loaded, &probe, now_secs);
     if let Some(admin) = &admin {
         let keys = explained.keys();
@@ -248,8 +248,8 @@ fn access_log_writer() -> Box<dyn std::io::Write + Send> {
     }
 }
 
-fn init_logging(access: AccessLog) -> Option<leasegate::access_log::Guard> {
-    use leasegate::access_log::{self, BatchWriter, Format};
+fn init_logging(access: AccessLog) -> Option<leasegate::telemetry::access_log::Guard> {
+    use leasegate::telemetry::access_log::{self, BatchWriter, Format};
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
 

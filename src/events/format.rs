@@ -35,8 +35,8 @@ impl Kind {
 
     fn mode(self) -> &'static str {
         match self {
-            Kind::Shadow => crate::config::Mode::Shadow.as_str(),
-            Kind::Soft => crate::config::Mode::Soft.as_str(),
+            Kind::Shadow => crate::limit::policy::Mode::Shadow.as_str(),
+            Kind::Soft => crate::limit::policy::Mode::Soft.as_str(),
         }
     }
 }

@@ -28,11 +28,20 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
 
-use crate::config;
 use crate::limit::key::{self, Facts};
-use crate::metrics::{Metrics, ResultLabels};
+use crate::limit::policy::Limit;
+use crate::telemetry::metrics::{Metrics, ResultLabels};
 pub use format::{Event, Kind};
 use interval::{Budget, IntervalTable};
+
+/// `[events]`: shadow and soft decisions as DogStatsD events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The agent's UDP address.
+    pub dogstatsd: std::net::SocketAddr,
+    /// At most one event per key per this long.
+    pub min_interval: std::time::Duration,
+}
 
 /// Events waiting for the sender thread, at most.
 pub const QUEUE: usize = 1_024;
@@ -66,7 +75,7 @@ impl Counters {
 /// The running `[events]` section: the per-key interval table, the queue
 /// and (behind it) the sender thread.
 pub struct Emitter {
-    settings: config::Events,
+    settings: Settings,
     instance: String,
     shards: Box<[Mutex<IntervalTable>]>,
     hasher: foldhash::fast::RandomState,
@@ -78,7 +87,7 @@ impl Emitter {
     /// Starts the sender thread for `settings`. `None` (and a WARN) when the
     /// socket or the thread cannot be made: the gateway serves without
     /// events rather than not at all.
-    pub fn start(settings: &config::Events, instance: &str, metrics: &Metrics) -> Option<Emitter> {
+    pub fn start(settings: &Settings, instance: &str, metrics: &Metrics) -> Option<Emitter> {
         let socket = match socket(settings.dogstatsd) {
             Ok(s) => s,
             Err(e) => {
@@ -105,7 +114,7 @@ impl Emitter {
     }
 
     /// An emitter feeding `queue` (the sender thread, or a test).
-    fn new(settings: &config::Events, instance: &str, metrics: &Metrics, queue: SyncSender<Event>) -> Emitter {
+    fn new(settings: &Settings, instance: &str, metrics: &Metrics, queue: SyncSender<Event>) -> Emitter {
         Emitter {
             settings: settings.clone(),
             instance: instance.to_string(),
@@ -118,14 +127,14 @@ impl Emitter {
 
     /// Whether this emitter was started for `settings` and `instance` (a
     /// reload that changes neither keeps it, and its interval table).
-    pub fn runs(&self, settings: &config::Events, instance: &str) -> bool {
+    pub fn runs(&self, settings: &Settings, instance: &str) -> bool {
         self.settings == *settings && self.instance == instance
     }
 
     /// An over-quota decision of `limit` for `facts` at `now_ms`: queues
     /// the event `make` builds if the key has not sent within the interval.
     /// Never blocks.
-    pub fn offer(&self, limit: &config::Limit, facts: &Facts<'_>, now_ms: u64, make: impl FnOnce(&str) -> Event) {
+    pub fn offer(&self, limit: &Limit, facts: &Facts<'_>, now_ms: u64, make: impl FnOnce(&str) -> Event) {
         let mut h = self.hasher.build_hasher();
         key::hash_into(&mut h, &limit.name, &limit.by, facts);
         let hash = h.finish();
@@ -221,11 +230,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::Limit;
+    use crate::limit::policy::{Draft, Limit};
     use crate::quota::Rate;
 
-    fn settings(interval_ms: u64) -> config::Events {
-        config::Events {
+    fn settings(interval_ms: u64) -> Settings {
+        Settings {
             dogstatsd: "127.0.0.1:8125".parse().unwrap(),
             min_interval: Duration::from_millis(interval_ms),
         }
@@ -259,7 +268,7 @@ mod tests {
         let metrics = Metrics::new();
         let (tx, rx) = mpsc::sync_channel(2);
         let e = Emitter::new(&settings(1_000), "gw-a", &metrics, tx);
-        let limit = Limit::new("watch", "1/min".parse::<Rate>().unwrap());
+        let limit = Limit::try_new(Draft::new("watch", "1/min".parse::<Rate>().unwrap())).unwrap();
         let h = http::HeaderMap::new();
         for now in 0..50 {
             e.offer(&limit, &facts("key:a", &h), now, event("key:a"));
@@ -276,7 +285,7 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("leasegate_events_total{result=\"dropped\"} 1"), "{text}");
         // Another limit on the same identity is another key.
-        let other = Limit::new("other", "1/min".parse::<Rate>().unwrap());
+        let other = Limit::try_new(Draft::new("other", "1/min".parse::<Rate>().unwrap())).unwrap();
         drop(rx.try_recv());
         e.offer(&other, &facts("key:a", &h), 1_001, event("key:a"));
         assert_eq!(rx.try_iter().count(), 2);

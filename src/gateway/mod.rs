@@ -1,158 +1,38 @@
 //! The request path, top to bottom: match a route, decide its limits, then
 //! answer directly or forward. Each step is a call into its own room.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use http::header;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Response};
 
-use crate::body::Body;
-use crate::config::{Config, Limit};
-use crate::events::{self, Emitter};
-use crate::identity::{Identity, Tier};
-use crate::limit::key::Facts;
+use crate::events;
+use crate::identity::Identity;
 use crate::limit::stage::Outcome;
-use crate::limit::{LimitRuntime, Limiter, Settings, Verdict};
-use crate::metrics::{Metrics, ReasonLabels, RouteMetrics, UpstreamErrorLabels};
-use crate::problem::{self, RequestError};
-use crate::route::{Route, RouteTable, StoreFailure};
-use crate::store::{QuotaStore, StoreError};
-use smallvec::SmallVec;
-use verdict_headers::{add_limit_headers, add_warnings, visible_statuses};
+use crate::limit::{Decision, Verdict};
+use crate::proxy::body::Body;
+use crate::route::Route;
+use crate::runtime::{facts, Runtime, Snapshot};
+use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
+use respond::{add_warnings, visible_statuses, RequestError};
 
+pub mod respond;
 mod serve;
-mod verdict_headers;
 
 pub use serve::request_id;
 
-/// One config, compiled for serving: the config and its limits ready for
-/// decisions. Swapped whole on reload; a request keeps the one it started
-/// with.
-pub struct Snapshot {
-    pub config: Arc<Config>,
-    pub limits: Vec<Arc<LimitRuntime>>,
-    /// Request metrics per route, in route order.
-    routes: Vec<RouteMetrics>,
-    /// Request metrics of requests no route matched.
-    unrouted: RouteMetrics,
-}
-
-impl Snapshot {
-    pub fn new(config: Config, metrics: &Metrics) -> Snapshot {
-        let limits = config
-            .limits
-            .iter()
-            .map(|l| Arc::new(LimitRuntime::new(l.clone(), &config.gateway.instance_id, metrics)))
-            .collect();
-        let routes = config.routes.iter().map(|r| RouteMetrics::new(&r.name)).collect();
-        Snapshot {
-            routes,
-            unrouted: RouteMetrics::new("none"),
-            config: Arc::new(config),
-            limits,
-        }
-    }
-}
-
+/// The HTTP request path over a [`Runtime`]: route, identity, decide,
+/// then answer or forward.
 pub struct Gateway {
-    snapshot: ArcSwap<Snapshot>,
-    pub metrics: Arc<Metrics>,
-    pub limiter: Arc<Limiter>,
-    /// `[events]`, when configured: swapped when a reload changes it.
-    events: ArcSwapOption<Emitter>,
-    draining: AtomicBool,
-    /// `[region] share` at start (the whole without `[region]`): `[region]`
-    /// is bound at start (its link, its coordinator, the primary's grants),
-    /// so a reload keeps every limit on this slice.
-    share: crate::quota::Share,
+    runtime: Arc<Runtime>,
 }
 
 impl Gateway {
-    pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
-        let limiter = Limiter::new(store, Settings::from_config(&config), crate::clock::monotonic_clock());
-        let events = start_events(&config, &metrics, None);
-        let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);
-        let snapshot = Snapshot::new(config, &metrics);
-        Gateway {
-            share,
-            snapshot: ArcSwap::from_pointee(snapshot),
-            metrics,
-            limiter,
-            events: ArcSwapOption::new(events),
-            draining: AtomicBool::new(false),
-        }
+    pub fn new(runtime: Arc<Runtime>) -> Gateway {
+        Gateway { runtime }
     }
 
-    /// This region's slice of every quota (`[region] share` at start; the
-    /// whole without `[region]`): the Envoy rate limit services apply it
-    /// too.
-    pub fn share(&self) -> crate::quota::Share {
-        self.share
-    }
-
-    /// The config in force now.
-    pub fn config(&self) -> Arc<Config> {
-        self.snapshot.load().config.clone()
-    }
-
-    /// Swaps in a new config. Requests in flight finish on the one they
-    /// started with; leases survive for limits whose quota did not change,
-    /// and go back to the store for limits changed or removed.
-    pub async fn apply(&self, mut config: Config) {
-        for l in &mut config.limits {
-            if l.share != self.share {
-                *l = Arc::new(Limit {
-                    share: self.share,
-                    ..(**l).clone()
-                });
-            }
-        }
-        let snapshot = Snapshot::new(config, &self.metrics);
-        let old = self.snapshot.load_full();
-        // A limit changed when it is gone or its quota (any plan's) differs.
-        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share);
-        let changed: std::collections::HashSet<String> = old
-            .config
-            .limits
-            .iter()
-            .filter(|o| {
-                snapshot
-                    .config
-                    .limits
-                    .iter()
-                    .find(|n| n.name == o.name)
-                    .is_none_or(|n| quota(n) != quota(o))
-            })
-            .map(|o| o.name.clone())
-            .collect();
-        // The store deadline is bound at start (the guard's, a restart-only
-        // setting): a request's wait budget keeps it too.
-        let settings = Settings {
-            deadline_ms: self.limiter.settings().deadline_ms,
-            ..Settings::from_config(&snapshot.config)
-        };
-        self.limiter.set_settings(settings);
-        let events = start_events(&snapshot.config, &self.metrics, self.events.load_full());
-        self.events.store(events);
-        self.snapshot.store(Arc::new(snapshot));
-        let released = self.limiter.release_limits(&changed).await;
-        if released > 0 {
-            tracing::info!(
-                released_tokens = released,
-                "leases of changed or removed limits went back to the store"
-            );
-        }
-    }
-
-    /// Marks the gateway as shutting down (readiness turns false).
-    pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 
     /// Shadow- and soft-limited decisions to the event pipeline, at most one
@@ -173,12 +53,12 @@ impl Gateway {
         if !verdict.limits.iter().any(|lv| kind(lv.outcome).is_some()) {
             return;
         }
-        let emitter = self.events.load();
+        let emitter = self.runtime.events();
         let Some(emitter) = emitter.as_deref() else {
             return;
         };
         let facts = facts(route, identity, headers);
-        let now_ms = self.limiter.now_ms();
+        let now_ms = self.runtime.limiter.now_ms();
         for lv in &verdict.limits {
             let (Some(kind), Some(limit)) = (kind(lv.outcome), snapshot.limits.get(lv.limit)) else {
                 continue;
@@ -196,125 +76,50 @@ impl Gateway {
     }
 
     /// The response for a request the verdict does not let through, if any.
-    fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
-        // A limit that refused decides, whatever another limit's store did.
-        if let Some(i) = verdict.refused {
-            let refused = verdict.limits.get(i)?;
-            let limit = snapshot.limits.get(refused.limit)?;
-            let (statuses, focus) = visible_statuses(snapshot, verdict, Some(i));
-            let mut resp = problem::too_many_requests(
-                &limit.config.name,
-                refused.retry_after_ms,
-                snapshot.config.gateway.rate_limit_headers,
-                &statuses,
-                focus,
-            );
-            add_warnings(resp.headers_mut(), snapshot, verdict);
-            return Some(resp);
-        }
-        if let Some(e) = &verdict.store_error {
-            // An open circuit is logged once, by the guard, not per request;
-            // other failures at most once per 10 s per reason.
-            use crate::log_limit::{STORE_ERROR, STORE_TIMEOUT};
-            let (reason, retry_after_ms, gate) = match e {
-                StoreError::CircuitOpen { retry_after_ms } => ("store_circuit_open", *retry_after_ms, None),
-                StoreError::Timeout(_) => ("store_timeout", 0, Some(&STORE_TIMEOUT)),
-                StoreError::Unavailable(_) | StoreError::Failed(_) => ("store_error", 0, Some(&STORE_ERROR)),
-            };
-            if let Some(held_back) = gate.and_then(|g| g.check(crate::clock::coarse_now_ms())) {
-                tracing::warn!(route = %route.name, error = %e, held_back, "quota store failed");
+    fn refusal(&self, snapshot: &Snapshot, verdict: &Verdict) -> Option<Response<Body>> {
+        match verdict.decision {
+            Decision::Admit => None,
+            Decision::Bypass { reason } => {
+                self.runtime
+                    .metrics
+                    .bypassed
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+                None
             }
-            return match route.on_store_failure {
-                StoreFailure::Allow => {
-                    self.metrics.bypassed.get_or_create(&ReasonLabels { reason }).inc();
-                    None
-                }
-                StoreFailure::Deny => {
-                    // The request is not served: tokens other limits took go back.
-                    self.limiter.undo(verdict);
-                    Some(problem::store_unavailable(retry_after_ms.div_ceil(1_000).max(1)))
-                }
-            };
+            Decision::Refuse => {
+                let i = verdict.refused?;
+                let refused = verdict.limits.get(i)?;
+                let limit = snapshot.limits.get(refused.limit)?;
+                let (statuses, focus) = visible_statuses(snapshot, verdict, Some(i));
+                let mut resp = respond::too_many_requests(
+                    &limit.config.name,
+                    refused.retry_after_ms,
+                    snapshot.config.gateway.rate_limit_headers,
+                    &statuses,
+                    focus,
+                );
+                add_warnings(resp.headers_mut(), snapshot, verdict);
+                Some(resp)
+            }
+            Decision::Unavailable { retry_after_ms } => {
+                Some(respond::store_unavailable(retry_after_ms.div_ceil(1_000).max(1)))
+            }
         }
-        None
     }
 
     fn record_upstream_error(&self, e: &RequestError) {
-        let (upstream, kind) = match e {
-            RequestError::UpstreamUnreachable { upstream, .. } => (upstream, "unreachable"),
-            RequestError::UpstreamTimeout { upstream, .. } => (upstream, "timeout"),
-            RequestError::UpstreamFailed { upstream, .. } => (upstream, "failed"),
-            RequestError::UpstreamBusy { upstream, .. } => (upstream, "busy"),
-            _ => return,
+        let RequestError::Forward(f) = e else { return };
+        let Some((upstream, kind)) = f.upstream_fault() else {
+            return;
         };
-        self.metrics
+        self.runtime
+            .metrics
             .upstream_errors
             .get_or_create(&UpstreamErrorLabels {
-                upstream: upstream.clone(),
+                upstream: upstream.to_string(),
                 kind,
             })
             .inc();
     }
-}
-
-/// The emitter for `config`'s `[events]`: `running` when it was started
-/// for the same settings (it keeps its interval table), else a new one,
-/// else none.
-fn start_events(config: &Config, metrics: &Metrics, running: Option<Arc<Emitter>>) -> Option<Arc<Emitter>> {
-    let settings = config.events.as_ref()?;
-    let instance = &config.gateway.instance_id;
-    match running {
-        Some(e) if e.runs(settings, instance) => Some(e),
-        _ => Emitter::start(settings, instance, metrics).map(Arc::new),
-    }
-}
-
-/// The route a request matches, by host (the URI's authority, else `Host`),
-/// method and path: its index in `routes`. The request's target is in
-/// normal form ([`crate::route::normalize::target`]); its path is matched
-/// without `;` parameters. `leasegate explain` asks this too.
-pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize> {
-    let host = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
-    let path = crate::route::normalize::match_path(req.uri().path());
-    routes.position(host, req.method(), &path)
-}
-
-/// The `now_secs` the identity waterfall gets: the wall clock matters only
-/// for cached JWTs, so a request without `Authorization` does not read it.
-pub fn identity_clock(headers: &HeaderMap) -> u64 {
-    if headers.contains_key(header::AUTHORIZATION) {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    } else {
-        0
-    }
-}
-
-/// What a request offers its limits' keys.
-pub fn facts<'a>(route: &'a Route, identity: &'a Identity, headers: &'a HeaderMap) -> Facts<'a> {
-    Facts {
-        identity: &identity.value,
-        tenant: identity.tenant.as_deref(),
-        plan: identity.plan.as_deref(),
-        route: &route.name,
-        ip: identity.client_ip,
-        headers,
-    }
-}
-
-/// The route's limits that apply to an identity of `tier`, in the route's
-/// order: indices into `limits` (the config's, which a snapshot's limit
-/// runtimes follow one for one).
-pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> SmallVec<[usize; 4]> {
-    route
-        .limits
-        .iter()
-        .copied()
-        .filter(|&i| limits.get(i).is_some_and(|l| l.applies_to(tier)))
-        .collect()
 }

@@ -14,17 +14,20 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
-use super::{add_limit_headers, applying_limits, facts, identity_clock, route_index_of, Gateway, Snapshot};
-use crate::access_log;
-use crate::body::Body;
+use super::respond::add_limit_headers;
+use super::respond::{self, RequestError, Source};
+use super::Gateway;
 use crate::config::AccessLog;
 use crate::connection::ConnInfo;
 use crate::identity::{self, Identity};
 use crate::limit::stage::Outcome;
-use crate::limit::Verdict;
-use crate::problem::{self, RequestError, Source};
+use crate::limit::{Decision, Verdict};
+use crate::proxy::body::Body;
+use crate::proxy::ForwardError;
 use crate::proxy::{self, X_REQUEST_ID};
-use crate::route::{Action, DirectResponse, Route, StoreFailure};
+use crate::route::{Action, DirectResponse, Route};
+use crate::runtime::{applying_limits, facts, identity_clock, route_index_of, Snapshot};
+use crate::telemetry::access_log;
 
 impl Gateway {
     /// One request, start to finish, and its access-log line. Never fails:
@@ -34,7 +37,7 @@ impl Gateway {
         req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<Body>, Infallible> {
-        let snapshot = self.snapshot.load_full();
+        let snapshot = self.runtime.snapshot();
         let started = std::time::Instant::now();
         crate::clock::publish(started);
         let mut route = None;
@@ -95,7 +98,7 @@ impl Gateway {
         route
             .and_then(|i| snapshot.routes.get(i))
             .unwrap_or(&snapshot.unrouted)
-            .record(&self.metrics, resp.status().as_u16(), started.elapsed());
+            .record(&self.runtime.metrics, resp.status().as_u16(), started.elapsed());
         resp
     }
 
@@ -156,7 +159,7 @@ impl Gateway {
         let identity = match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
             Ok(id) => id,
             Err(rejection) => {
-                let mut resp = problem::unauthorized(&rejection.to_string());
+                let mut resp = respond::unauthorized(&rejection.to_string());
                 resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                 return Served::Now(resp, Record::default());
             }
@@ -177,15 +180,17 @@ impl Gateway {
         if route.limits.is_empty() {
             return self.respond_or_forward(routed, None);
         }
-        match self.decide_now(&routed) {
-            Some(verdict) => self.decided(routed, verdict),
-            None => Served::Later(Box::pin(async move {
-                let verdict = self.decide_later(&routed).await;
+        let mut verdict = Verdict::default();
+        if self.decide_now(&routed, &mut verdict) {
+            self.decided(routed, verdict)
+        } else {
+            Served::Later(Box::pin(async move {
+                let verdict = self.decide_later(&routed, verdict).await;
                 match self.decided(routed, verdict) {
                     Served::Now(resp, record) => (resp, record),
                     Served::Later(wait) => wait.await,
                 }
-            })),
+            }))
         }
     }
 
@@ -197,7 +202,7 @@ impl Gateway {
         route: &Route,
         req: &Request<Incoming>,
         conn: &ConnInfo,
-    ) -> Option<Response<crate::body::Body>> {
+    ) -> Option<Response<crate::proxy::body::Body>> {
         let ip = identity::client_ip(conn.peer.ip(), req.headers(), &snapshot.config.identity.trusted_proxies);
         let facts = crate::limit::key::Facts {
             identity: "",
@@ -209,27 +214,31 @@ impl Gateway {
         };
         let mut verdict = Verdict::default();
         if !self
+            .runtime
             .limiter
             .refused_before_identity(&snapshot.limits, &route.limits, &facts, &mut verdict)
         {
             return None;
         }
-        self.refusal(snapshot, route, &verdict)
+        self.refusal(snapshot, &verdict)
     }
 
     /// The rest of a request once its verdict is in: refused, or served.
-    fn decided<'a>(&'a self, mut r: Routed<'a>, verdict: Verdict) -> Served<'a> {
+    fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>) -> Served<'a> {
         r.record.outcome = verdict_outcome(&verdict);
         self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
-        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
+        if let Some(mut refusal) = self.refusal(r.snapshot, &verdict) {
             refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
             return Served::Now(refusal, r.record);
         }
+        // Served (answered here or forwarded, whatever the upstream does):
+        // the request's tokens are spent.
+        verdict.commit();
         self.respond_or_forward(r, Some(verdict))
     }
 
     /// A route's direct response, or the upstream's.
-    fn respond_or_forward<'a>(&'a self, r: Routed<'a>, verdict: Option<Verdict>) -> Served<'a> {
+    fn respond_or_forward<'a>(&'a self, r: Routed<'a>, verdict: Option<Verdict<'a>>) -> Served<'a> {
         let Routed {
             snapshot,
             req,
@@ -245,9 +254,22 @@ impl Gateway {
                 Served::Now(resp, record)
             }
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
-                let result =
-                    proxy::forward(req, conn, upstream, &request_id, Some(&identity.value), &self.metrics).await;
-                let resp = self.finish(snapshot, Some(route), result, request_id, verdict.as_ref());
+                let result = proxy::forward(
+                    req,
+                    conn,
+                    upstream,
+                    &request_id,
+                    Some(&identity.value),
+                    &self.runtime.metrics,
+                )
+                .await;
+                let resp = self.finish(
+                    snapshot,
+                    Some(route),
+                    result.map_err(RequestError::from),
+                    request_id,
+                    verdict.as_ref(),
+                );
                 (resp, record)
             })),
         }
@@ -261,14 +283,14 @@ impl Gateway {
         route: Option<&Route>,
         result: Result<Response<Body>, RequestError>,
         request_id: HeaderValue,
-        verdict: Option<&Verdict>,
+        verdict: Option<&Verdict<'_>>,
     ) -> Response<Body> {
         let mut resp = match result {
             Ok(resp) => resp,
             Err(e) => {
                 if e.source() == Source::Upstream {
                     let route_name = route.map_or("", |r| r.name.as_str());
-                    if let RequestError::UpstreamBusy { .. } = e {
+                    if let RequestError::Forward(ForwardError::UpstreamBusy { .. }) = e {
                         // A flood of these is the overload itself: counted, not logged each.
                         tracing::debug!(request_id = ?request_id, route = route_name, error = %e, "upstream busy");
                     } else {
@@ -289,22 +311,26 @@ impl Gateway {
     }
 
     /// The limiter's verdict on a request (every route limit that applies
-    /// to the identity's tier, in order) if the tokens at hand decide it.
-    fn decide_now(&self, r: &Routed<'_>) -> Option<Verdict> {
+    /// to the identity's tier, in order) if the tokens at hand decide it;
+    /// else false, with the part decided so far in `verdict` for
+    /// [`Gateway::decide_later`]. In place: a verdict is a few hundred bytes.
+    fn decide_now<'a>(&'a self, r: &Routed<'_>, verdict: &mut Verdict<'a>) -> bool {
         let facts = facts(r.route, &r.identity, r.req.headers());
         let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
-        let mut verdict = Verdict::default();
-        self.limiter
-            .try_check(&r.snapshot.limits, &which, &facts, &mut verdict)
-            .then_some(verdict)
+        self.runtime
+            .limiter
+            .try_check(&r.snapshot.limits, &which, &facts, verdict)
     }
 
-    /// The verdict when it waits on the store.
-    async fn decide_later(&self, r: &Routed<'_>) -> Verdict {
+    /// The verdict when it waits on the store, from the part decided
+    /// without waiting.
+    async fn decide_later<'a>(&'a self, r: &Routed<'_>, partial: Verdict<'a>) -> Verdict<'a> {
         let facts = facts(r.route, &r.identity, r.req.headers());
         let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
-        let fail_open = r.route.on_store_failure == StoreFailure::Allow;
-        self.limiter.check(&r.snapshot.limits, &which, &facts, fail_open).await
+        self.runtime
+            .limiter
+            .resume(partial, &r.snapshot.limits, &which, &facts, r.route.on_store_failure)
+            .await
     }
 }
 
@@ -356,12 +382,11 @@ fn log_text(line: &access_log::Line<'_>) {
 }
 
 /// The worst outcome among a verdict's limits, for the access log.
-fn verdict_outcome(v: &Verdict) -> &'static str {
-    if v.refused.is_some() {
-        return "limited";
-    }
-    if v.store_error.is_some() {
-        return "bypassed";
+fn verdict_outcome(v: &Verdict<'_>) -> &'static str {
+    match v.decision {
+        Decision::Refuse => return "limited",
+        Decision::Bypass { .. } | Decision::Unavailable { .. } => return "bypassed",
+        Decision::Admit => {}
     }
     if v.limits.is_empty() {
         return "-"; // every limit skipped this identity's tier

@@ -74,7 +74,7 @@ impl Limiter {
                     Some(s) => set.share(s, limit.shards),
                     None => set,
                 }
-                .slice(limit.config.share)
+                .slice(limit.config.share())
             }
             None => {
                 let rate = self.leases.with(h, |l| l.admitted_rate()).unwrap_or(0.0);

@@ -16,7 +16,7 @@ pub static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-rese
 pub static RATELIMIT_WARNING: HeaderName = HeaderName::from_static("ratelimit-warning");
 
 /// Which headers responses carry (`[gateway] rate_limit_headers`).
-pub use crate::config::HeaderStyle as Style;
+pub use super::policy::HeaderStyle as Style;
 
 /// One limit's state as the client should see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use http::HeaderMap;
 
-use crate::config::{KeyPart, ShardBy};
+use super::policy::{KeyPart, ShardBy};
 
 /// What a request offers for key derivation.
 #[derive(Debug, Clone, Copy)]
@@ -94,9 +94,9 @@ fn hash_part(hasher: &mut impl std::hash::Hasher, p: &KeyPart, facts: &Facts<'_>
         std::hash::Hasher::write(hasher, bytes);
     };
     match p {
-        KeyPart::Identity => part(hasher, facts.identity.as_bytes()),
-        KeyPart::Tenant => part(hasher, facts.tenant.unwrap_or("-").as_bytes()),
-        KeyPart::Route => part(hasher, facts.route.as_bytes()),
+        KeyPart::Identity => part(hasher, as_keyed(facts.identity.as_bytes())),
+        KeyPart::Tenant => part(hasher, as_keyed(facts.tenant.unwrap_or("-").as_bytes())),
+        KeyPart::Route => part(hasher, as_keyed(facts.route.as_bytes())),
         KeyPart::Ip => address(hasher, facts.ip),
         KeyPart::Subnet { v4, v6 } => network(hasher, facts.ip, *v4, *v6),
         // A missing header gets a length no value can have.
@@ -181,6 +181,17 @@ pub fn push_shard(out: &mut String, shard: u32) {
         out.pop();
     }
     let _ = write!(out, ":s{shard:02}}}");
+}
+
+/// A value as its key part stands for it: the empty value is `-`, as
+/// none is, in the store key ([`push_value`]) and so in the lease hash.
+#[inline(always)]
+fn as_keyed(v: &[u8]) -> &[u8] {
+    if v.is_empty() {
+        b"-"
+    } else {
+        v
+    }
 }
 
 fn push_value(out: &mut String, v: &[u8]) {
@@ -359,6 +370,38 @@ mod tests {
             for (j, b) in cases.iter().enumerate() {
                 assert_eq!(a.0 == b.0, a.1 == b.1, "{i} {j}: {a:?} {b:?}");
                 assert_eq!(i == j, a.0 == b.0, "{i} {j}");
+            }
+        }
+    }
+
+    /// The same for a tenant, an identity and a route: none, the empty
+    /// value and `-` are one key, `-`, and must be one lease.
+    #[test]
+    fn store_keys_and_lease_hashes_agree_on_empty_values() {
+        use std::hash::{BuildHasher, Hasher};
+        let state = foldhash::fast::FixedState::with_seed(7);
+        let h = HeaderMap::new();
+        for by in [KeyPart::Tenant, KeyPart::Identity, KeyPart::Route] {
+            let both = |v: Option<&str>| {
+                let mut f = facts(&h);
+                match by {
+                    KeyPart::Tenant => f.tenant = v,
+                    KeyPart::Identity => f.identity = v.unwrap_or(""),
+                    _ => f.route = v.unwrap_or(""),
+                }
+                let by = [by.clone()];
+                let mut k = String::new();
+                derive(&mut k, "l", &by, &f);
+                let mut hasher = state.build_hasher();
+                hash_into(&mut hasher, "l", &by, &f);
+                (k, hasher.finish())
+            };
+            let cases = [both(None), both(Some("")), both(Some("-")), both(Some("a"))];
+            for (i, a) in cases.iter().enumerate() {
+                for (j, b) in cases.iter().enumerate() {
+                    assert_eq!(a.0 == b.0, a.1 == b.1, "{by:?} {i} {j}: {a:?} {b:?}");
+                    assert_eq!((i < 3) == (j < 3), a.0 == b.0, "{by:?} {i} {j}");
+                }
             }
         }
     }

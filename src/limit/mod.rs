@@ -27,6 +27,7 @@ pub mod key;
 pub mod keyed;
 pub mod lease;
 mod near;
+pub mod policy;
 pub mod report;
 mod slow_path;
 pub mod stage;
@@ -37,12 +38,12 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::config::{self, Limit, Mode};
-use crate::metrics::{DecisionLabels, Metrics, StripedCounter};
 use crate::quota::Spec;
 use crate::store::{QuotaStore, StoreError};
+use crate::telemetry::metrics::{DecisionLabels, Metrics, StripedCounter};
 use key::Facts;
 use lease::Sizing;
+use policy::{Limit, Mode, StoreFailure};
 use stage::Outcome;
 use table::LeaseTable;
 
@@ -79,7 +80,7 @@ impl LimitRuntime {
         LimitRuntime {
             spec,
             shards: config.shards,
-            sliced: spec.slice(config.share),
+            sliced: spec.slice(config.share()),
             name_id: key::name_id(&config.name),
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
             counters: [
@@ -139,17 +140,98 @@ pub struct LimitVerdict {
     pub over_percent: u64,
 }
 
-/// The decision for one request.
+/// What the limiter decided for one request: the one thing the request
+/// path acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Decision {
+    /// Every limit admits (shadow and soft ones may be over, and say so).
+    #[default]
+    Admit,
+    /// A limit refuses: 429. Its entry in [`Verdict::limits`] is at
+    /// [`Verdict::refused`].
+    Refuse,
+    /// The store failed and the route fails open: admitted by the local
+    /// fallback buckets; `reason` is the bypass metric's label.
+    Bypass { reason: &'static str },
+    /// The store failed and the route fails closed: 503, with a retry
+    /// after this long. No token is kept.
+    Unavailable { retry_after_ms: u64 },
+}
+
+/// The decision for one request, and what the client is shown of it.
 #[derive(Debug, Default)]
-pub struct Verdict {
+pub struct Verdict<'l> {
+    pub decision: Decision,
     /// One entry per limit checked, in route order (inline for up to two).
     pub limits: smallvec::SmallVec<[LimitVerdict; 2]>,
     /// Index into `limits` of the limit that refused (enforced), if any.
     pub refused: Option<usize>,
-    /// The store failed: the route's `on_store_failure` decides.
+    /// Why the store failed, when it did (the decision says what it means).
     pub store_error: Option<StoreError>,
-    /// Keys (hashed) this request took a token from, for giving back.
-    taken: smallvec::SmallVec<[u64; 2]>,
+    /// The tokens this request holds: given back unless committed.
+    taken: Taken<'l>,
+    /// Where in the request's limits [`Limiter::check`] goes on from when
+    /// [`Limiter::try_check`] stopped at a limit that needs the store.
+    next: usize,
+}
+
+impl Verdict<'_> {
+    /// The request is served: the tokens it took are spent. A verdict
+    /// dropped uncommitted (a refusal, a client gone while the store
+    /// answered) gives them back to their leases.
+    pub fn commit(&mut self) {
+        self.taken.hashes.clear();
+    }
+
+    /// [`Verdict::commit`], by value: for callers that serve every request
+    /// they check (benchmarks, tests, the Envoy services).
+    pub fn committed(mut self) -> Self {
+        self.commit();
+        self
+    }
+
+    /// Tokens held and not committed yet.
+    pub fn tokens_held(&self) -> usize {
+        self.taken.hashes.len()
+    }
+}
+
+/// Tokens a request took, one per key (by hash): a drop guard, as in
+/// pingora-limits, so that every way out of a decision that does not serve
+/// the request gives them back, and none is written by hand.
+#[derive(Debug, Default)]
+struct Taken<'l> {
+    limiter: Option<&'l Limiter>,
+    hashes: smallvec::SmallVec<[u64; 2]>,
+}
+
+impl<'l> Taken<'l> {
+    fn push(&mut self, limiter: &'l Limiter, h: u64) {
+        self.limiter = Some(limiter);
+        self.hashes.push(h);
+    }
+
+    fn give_back(&mut self) {
+        if let Some(limiter) = self.limiter {
+            for h in self.hashes.drain(..) {
+                limiter.leases.with(h, |l| l.give_back(1));
+            }
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.store.name())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The quota of a request's key under `limit` (whose plain quota is
@@ -166,10 +248,10 @@ pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (S
         limit.spec_for(facts.plan)
     };
     if shards <= 1 {
-        return (spec.slice(limit.share), None);
+        return (spec.slice(limit.share()), None);
     }
     let shard = key::shard(limit.shard_by, shards, facts);
-    (spec.share(shard, shards).slice(limit.share), Some(shard))
+    (spec.share(shard, shards).slice(limit.share()), Some(shard))
 }
 
 /// The store key of a request under `limit`, with its sub-bucket.
@@ -196,24 +278,6 @@ pub struct Settings {
     /// `[store] timeout_ms`: the longest a request waits for the store, per
     /// limit, whether for its own call or for the one in flight for its key.
     pub deadline_ms: u64,
-}
-
-impl Settings {
-    pub fn from_config(c: &config::Config) -> Settings {
-        Settings {
-            sizing: Sizing {
-                min: c.leasing.min,
-                max: c.leasing.max,
-                lookahead_ms: c.leasing.lookahead.as_millis() as u64,
-                fraction: c.leasing.max_fraction,
-                ttl_ms: c.leasing.ttl.as_millis() as u64,
-            },
-            max_block_ms: c.leasing.max_block.as_millis() as u64,
-            max_keys: c.store.max_keys,
-            fleet_size: c.store.fleet_size,
-            deadline_ms: c.store.timeout.as_millis() as u64,
-        }
-    }
 }
 
 /// The decision engine shared by every worker.
@@ -290,24 +354,27 @@ impl Limiter {
     /// compare-and-swap per limit; a blocked key's refusal builds no
     /// key string and no future.
     ///
-    /// Fills `verdict` (empty on entry) and returns true; false, with
-    /// `verdict` left empty, when one limit needs the store. Written in
-    /// place: a verdict is a few hundred bytes, and moving it in and out of
-    /// an `Option` cost this path a third of its time.
-    pub fn try_check(
-        self: &Arc<Self>,
+    /// Fills `verdict` (empty on entry) and returns true; false when one
+    /// limit needs the store, with the limits before it decided in
+    /// `verdict` (their tokens held) for [`Limiter::resume`] to go on from,
+    /// so nothing is taken twice. Written in place: a verdict is a few
+    /// hundred bytes, and moving it in and out of an `Option` cost this
+    /// path a third of its time.
+    pub fn try_check<'l>(
+        self: &'l Arc<Self>,
         all: &[Arc<LimitRuntime>],
         which: &[usize],
         facts: &Facts<'_>,
-        verdict: &mut Verdict,
+        verdict: &mut Verdict<'l>,
     ) -> bool {
-        debug_assert!(verdict.limits.is_empty() && verdict.taken.is_empty());
+        debug_assert!(verdict.limits.is_empty() && verdict.taken.hashes.is_empty());
         let now = self.now_ms();
-        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
+        for (position, &i) in which.iter().enumerate() {
+            let Some(limit) = all.get(i) else { continue };
             let (spec, shard) = limit.spec_for(facts);
             let h = self.key_hash(limit, facts, shard);
             if let Some((remaining, reset_ms)) = self.take_local(h, spec, now) {
-                verdict.taken.push(h);
+                verdict.taken.push(self, h);
                 verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
                 continue;
             }
@@ -323,8 +390,9 @@ impl Limiter {
                 })
                 .unwrap_or(false);
             if !blocked {
-                self.undo(verdict);
-                *verdict = Verdict::default();
+                // The limits decided so far stay decided, their tokens
+                // held: `check` goes on from here.
+                verdict.next = position;
                 return false;
             }
             let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
@@ -332,8 +400,9 @@ impl Limiter {
             verdict.limits.push(lv);
             if refused {
                 verdict.refused = Some(verdict.limits.len() - 1);
-                self.undo(verdict);
-                verdict.taken.clear();
+                verdict.decision = Decision::Refuse;
+                // Nothing was admitted: earlier limits get their token back.
+                verdict.taken.give_back();
                 break;
             }
         }
@@ -346,7 +415,7 @@ impl Limiter {
     }
 
     /// Refuses a request from memory before its identity is resolved, when
-    /// one of `which` is [identity-free](crate::config::Limit::identity_free),
+    /// one of `which` is [identity-free](policy::Limit::identity_free),
     /// enforcing, and its key is blocked after a refusal: a client over its
     /// network's ceiling then costs no signature check. Takes no token;
     /// returns false (and leaves `verdict` empty) otherwise, and the full
@@ -380,6 +449,7 @@ impl Limiter {
             limit.count(lv.outcome);
             verdict.limits.push(lv);
             verdict.refused = Some(verdict.limits.len() - 1);
+            verdict.decision = Decision::Refuse;
             return true;
         }
         false
@@ -410,42 +480,54 @@ impl Limiter {
         Some((remaining, reset_ms))
     }
 
-    /// Gives back the tokens a verdict took (a request that was then not
-    /// served, e.g. a fail-closed route whose store failed).
-    pub fn undo(&self, verdict: &Verdict) {
-        for &h in &verdict.taken {
-            self.leases.with(h, |l| l.give_back(1));
-        }
-    }
-
     /// Decides a request against `which` of `all` (in order). All must admit;
     /// a request refused by one limit gives back what earlier ones took.
     /// Waits for the store only for a limit with no token at hand. Callers
-    /// try [`Limiter::try_check`] first. When the store fails and the route
-    /// fails open, the key's local fallback bucket decides instead.
-    pub async fn check(
-        self: &Arc<Self>,
+    /// try [`Limiter::try_check`] first. When the store fails, the route's
+    /// `on_failure` decides: fail open, and the key's local fallback bucket
+    /// decides instead ([`Decision::Bypass`]); fail closed, and the request
+    /// is [`Decision::Unavailable`], holding no token.
+    pub async fn check<'l>(
+        self: &'l Arc<Self>,
         all: &[Arc<LimitRuntime>],
         which: &[usize],
         facts: &Facts<'_>,
-        fail_open: bool,
-    ) -> Verdict {
+        on_failure: StoreFailure,
+    ) -> Verdict<'l> {
+        self.resume(Verdict::default(), all, which, facts, on_failure).await
+    }
+
+    /// [`Limiter::check`], going on from where [`Limiter::try_check`]
+    /// stopped: the limits it decided keep their outcome and tokens.
+    pub async fn resume<'l>(
+        self: &'l Arc<Self>,
+        mut verdict: Verdict<'l>,
+        all: &[Arc<LimitRuntime>],
+        which: &[usize],
+        facts: &Facts<'_>,
+        on_failure: StoreFailure,
+    ) -> Verdict<'l> {
+        for lv in &verdict.limits {
+            if let Some(limit) = all.get(lv.limit) {
+                limit.count(lv.outcome);
+            }
+        }
         let settings = self.settings();
-        let mut verdict = Verdict::default();
-        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
+        let from = verdict.next.min(which.len());
+        for (i, limit) in which[from..].iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
             let (spec, shard) = limit.spec_for(facts);
             let now = self.now_ms();
             let h = self.key_hash(limit, facts, shard);
             let lv = match self.take_local(h, spec, now) {
                 Some((remaining, reset_ms)) => {
-                    verdict.taken.push(h);
+                    verdict.taken.push(self, h);
                     admitted(i, &spec, remaining, reset_ms)
                 }
                 None => {
                     let key = Self::key_string(limit, facts, shard);
                     match self.slow_path(h, &key, &spec, &settings).await {
                         Ok(Some((remaining, reset_ms))) => {
-                            verdict.taken.push(h);
+                            verdict.taken.push(self, h);
                             admitted(i, &spec, remaining, reset_ms)
                         }
                         Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
@@ -457,10 +539,15 @@ impl Limiter {
                             // The route's on_store_failure decides: a
                             // fail-closed route answers 503 whatever later
                             // limits say; a fail-open one asks the fallback.
+                            log_store_failure(&limit.config.name, &e);
+                            let failed = store_failure_decision(&e, on_failure);
                             verdict.store_error = Some(e);
-                            if !fail_open {
+                            verdict.decision = failed;
+                            if on_failure == StoreFailure::Deny {
                                 // The request gets a 503 whatever later
-                                // limits would say: no need to ask them.
+                                // limits would say: no need to ask them, and
+                                // no token is kept.
+                                verdict.taken.give_back();
                                 break;
                             }
                             self.fallback(i, limit, h, &key, &spec, shard, &settings)
@@ -473,9 +560,11 @@ impl Limiter {
             verdict.limits.push(lv);
             if refused {
                 verdict.refused = Some(verdict.limits.len() - 1);
+                // A limit that refused decides, whatever another limit's
+                // store did.
+                verdict.decision = Decision::Refuse;
                 // Nothing was admitted: earlier limits get their token back.
-                self.undo(&verdict);
-                verdict.taken.clear();
+                verdict.taken.give_back();
                 break;
             }
         }
@@ -522,6 +611,32 @@ impl Limiter {
             retry_after_ms,
             over_percent: stage::over_percent(over, spec.count),
         }
+    }
+}
+
+/// What a store failure means for a request on a route that fails open
+/// (`Allow`) or closed (`Deny`).
+fn store_failure_decision(e: &StoreError, on_failure: StoreFailure) -> Decision {
+    match on_failure {
+        StoreFailure::Allow => Decision::Bypass { reason: e.reason() },
+        StoreFailure::Deny => Decision::Unavailable {
+            retry_after_ms: e.retry_after_ms(),
+        },
+    }
+}
+
+/// A store failure in the log: an open circuit is logged once, by the
+/// guard, not per request; other failures at most once per 10 s per
+/// reason, with how many were held back.
+fn log_store_failure(limit: &str, e: &StoreError) {
+    use crate::telemetry::log_limit::{STORE_ERROR, STORE_TIMEOUT};
+    let gate = match e {
+        StoreError::CircuitOpen { .. } => return,
+        StoreError::Timeout(_) => &STORE_TIMEOUT,
+        StoreError::Unavailable(_) | StoreError::Failed(_) => &STORE_ERROR,
+    };
+    if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
+        tracing::warn!(limit, error = %e, held_back, "quota store failed");
     }
 }
 

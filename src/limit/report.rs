@@ -160,12 +160,12 @@ mod tests {
 
     use super::*;
     use crate::clock::monotonic_clock;
-    use crate::config::Limit;
     use crate::limit::key::Facts;
     use crate::limit::lease::Sizing;
+    use crate::limit::policy::{Draft, Limit, StoreFailure};
     use crate::limit::{LimitRuntime, Settings};
-    use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
+    use crate::telemetry::metrics::Metrics;
 
     fn limiter() -> Arc<Limiter> {
         let settings = Settings {
@@ -193,17 +193,28 @@ mod tests {
     async fn a_refused_key_reports_its_block_and_an_unknown_key_zeros() {
         let limiter = limiter();
         let limits = vec![Arc::new(LimitRuntime::new(
-            Arc::new(Limit::new("five", "5/min".parse().unwrap())),
+            Arc::new(Limit::try_new(Draft::new("five", "5/min".parse().unwrap())).unwrap()),
             "test",
             &Metrics::new(),
         ))];
         let h = http::HeaderMap::new();
         for _ in 0..5 {
-            assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+            assert_eq!(
+                limiter
+                    .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                    .await
+                    .committed()
+                    .refused,
+                None
+            );
         }
         for _ in 0..3 {
             assert_eq!(
-                limiter.check(&limits, &[0], &facts("a", &h), true).await.refused,
+                limiter
+                    .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                    .await
+                    .committed()
+                    .refused,
                 Some(0)
             );
         }
@@ -234,7 +245,7 @@ mod tests {
     async fn hot_keys_rank_by_rate_and_refusals_within_the_bound() {
         let limiter = limiter();
         let limits = vec![Arc::new(LimitRuntime::new(
-            Arc::new(Limit::new("two", "2/min".parse().unwrap())),
+            Arc::new(Limit::try_new(Draft::new("two", "2/min".parse().unwrap())).unwrap()),
             "test",
             &Metrics::new(),
         ))];
@@ -243,7 +254,10 @@ mod tests {
         for n in 0..6u64 {
             let id = format!("k{n}");
             for _ in 0..(2 + n) {
-                limiter.check(&limits, &[0], &facts(&id, &h), true).await;
+                limiter
+                    .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+                    .await
+                    .committed();
             }
         }
         let hot = limiter.hot_keys(3);

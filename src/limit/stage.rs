@@ -4,7 +4,7 @@
 //! differs. `shadow` counts and logs, `soft` warns, `canary` enforces on a
 //! stable share of instances and warns on the rest, `enforce` refuses.
 
-use crate::config::Mode;
+use super::policy::Mode;
 
 use super::key::fnv1a;
 

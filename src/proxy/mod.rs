@@ -5,8 +5,11 @@
 //! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
 //! tunnelled. Each worker thread keeps its own connection pool per upstream.
 
+pub mod body;
+pub mod error;
 pub mod idle;
 pub mod pool;
+pub mod upstream;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -15,13 +18,13 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use crate::body::Body;
 use crate::connection::ConnInfo;
-use crate::metrics::Metrics;
-use crate::problem::RequestError;
-use crate::upstream::Upstream;
+use crate::telemetry::metrics::Metrics;
+use body::Body;
+pub use error::ForwardError;
 use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
+use upstream::Upstream;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -42,13 +45,13 @@ pub async fn forward(
     request_id: &HeaderValue,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
-) -> Result<Response<Body>, RequestError> {
-    let place = upstream.enter().ok_or_else(|| RequestError::UpstreamBusy {
+) -> Result<Response<Body>, ForwardError> {
+    let place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
         max: upstream.max_in_flight,
     })?;
     let mut req = req.map(|body| Timed::new(body, upstream.idle_timeout));
-    let (index, target) = upstream.pick().ok_or_else(|| RequestError::UpstreamUnreachable {
+    let (index, target) = upstream.pick().ok_or_else(|| ForwardError::UpstreamUnreachable {
         upstream: upstream.name.clone(),
         reason: "no targets".into(),
     })?;
@@ -119,14 +122,14 @@ pub async fn forward(
                         drop(sender);
                         let e = e.into_error();
                         if stalled_body(&e) {
-                            return Err(RequestError::UpstreamTimeout {
+                            return Err(ForwardError::UpstreamTimeout {
                                 upstream: upstream.name.clone(),
                                 timeout_ms: upstream.idle_timeout.as_millis(),
                             });
                         }
                         return Err(match client_body_error(&e) {
-                            Some(reason) => RequestError::BadRequestBody { reason },
-                            None => RequestError::UpstreamFailed {
+                            Some(reason) => ForwardError::BadRequestBody { reason },
+                            None => ForwardError::UpstreamFailed {
                                 upstream: upstream.name.clone(),
                                 reason: e.to_string(),
                             },
@@ -139,7 +142,7 @@ pub async fn forward(
     let (mut resp, sender) = match tokio::time::timeout(upstream.request_timeout, exchange).await {
         Ok(result) => result?,
         Err(_) => {
-            return Err(RequestError::UpstreamTimeout {
+            return Err(ForwardError::UpstreamTimeout {
                 upstream: upstream.name.clone(),
                 timeout_ms: upstream.request_timeout.as_millis(),
             })
@@ -169,13 +172,13 @@ pub async fn forward(
     Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender, place, metrics))))
 }
 
-fn connect_error(upstream: &Upstream, e: ConnectError) -> RequestError {
+fn connect_error(upstream: &Upstream, e: ConnectError) -> ForwardError {
     match e {
-        ConnectError::Timeout(ms) => RequestError::UpstreamTimeout {
+        ConnectError::Timeout(ms) => ForwardError::UpstreamTimeout {
             upstream: upstream.name.clone(),
             timeout_ms: ms,
         },
-        e => RequestError::UpstreamUnreachable {
+        e => ForwardError::UpstreamUnreachable {
             upstream: upstream.name.clone(),
             reason: e.to_string(),
         },

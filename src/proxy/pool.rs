@@ -24,8 +24,8 @@ use tokio::net::TcpStream;
 use super::idle::{BodyError, IdleTimer, Timed};
 use crate::clock;
 use crate::int_hash::IntMap;
-use crate::metrics::{Metrics, UpstreamErrorLabels};
-use crate::upstream::{InFlight, Upstream};
+use crate::proxy::upstream::{InFlight, Upstream};
+use crate::telemetry::metrics::{Metrics, UpstreamErrorLabels};
 use std::sync::Arc;
 
 /// (upstream id, target index): one pool per target of each compiled upstream.

@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::quotas::{resolve, Quotas};
 use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
@@ -67,32 +67,43 @@ impl Default for ServeLimits {
     }
 }
 
-/// Serves the link until the task is dropped. `grantor`: `None` on a
-/// region that is not the primary (it answers health only).
-pub async fn serve(listener: TcpListener, grantor: Option<Arc<Grantor>>) {
-    serve_with(listener, grantor, ServeLimits::default()).await;
+/// The link's side of every connection the server accepts on the link
+/// listener (`server` runs the accept loop, within
+/// [`ServeLimits::connections`]). `grantor`: `None` on a region that is not
+/// the primary (it answers health only).
+#[derive(Clone)]
+pub struct LinkService {
+    pub grantor: Option<Arc<Grantor>>,
+    pub limits: ServeLimits,
 }
 
-/// [`serve`], within `limits`: a slow or crowding peer (the link has no
-/// authentication of its own) holds at most `limits.connections`, each for
-/// a bounded time.
-pub async fn serve_with(listener: TcpListener, grantor: Option<Arc<Grantor>>, limits: ServeLimits) {
-    crate::accept::serve_each(listener, "region link", limits.connections, move |stream, peer| {
-        let grantor = grantor.clone();
-        async move {
-            let service = service_fn(move |req| answer(req, grantor.clone(), limits.request_timeout));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.request_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(limits.connection_timeout, conn).await {
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "region link connection ended"),
-                Err(_) => tracing::debug!(%peer, "region link connection timed out"),
-                Ok(Ok(())) => {}
-            }
+impl LinkService {
+    /// Serves one connection: a slow or crowding peer (the link has no
+    /// authentication of its own) holds it for a bounded time.
+    pub async fn serve_connection(&self, stream: TcpStream, peer: std::net::SocketAddr) {
+        let (grantor, limits) = (self.grantor.clone(), self.limits);
+        let service = service_fn(move |req| answer(req, grantor.clone(), limits.request_timeout));
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.request_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        match tokio::time::timeout(limits.connection_timeout, conn).await {
+            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "region link connection ended"),
+            Err(_) => tracing::debug!(%peer, "region link connection timed out"),
+            Ok(Ok(())) => {}
         }
-    })
-    .await;
+    }
+
+    /// Serves `listener` with the server's own accept loop, for the tests.
+    #[cfg(test)]
+    pub(crate) async fn serve(self, listener: tokio::net::TcpListener) {
+        let max = self.limits.connections;
+        crate::server::accept::serve_each(listener, "region link", max, move |stream, peer| {
+            let link = self.clone();
+            async move { link.serve_connection(stream, peer).await }
+        })
+        .await;
+    }
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -297,6 +308,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
 
     fn limits(connections: usize) -> ServeLimits {
         ServeLimits {
@@ -315,7 +327,11 @@ mod tests {
             share: Share::WHOLE,
             quotas: Arc::new(|_: &str| None),
         });
-        tokio::spawn(serve_with(listener, Some(grantor), limits));
+        let link = LinkService {
+            grantor: Some(grantor),
+            limits,
+        };
+        tokio::spawn(link.serve(listener));
         addr
     }
 

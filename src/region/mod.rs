@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::metrics::{Metrics, RegionLabels, ResultLabels};
 use crate::quota::Share;
 use crate::store::QuotaStore;
+use crate::telemetry::metrics::{Metrics, RegionLabels, ResultLabels};
 use coordinator::{Coordinator, LinkMetrics};
 use link::{Grantor, LinkClient, LINK_TIMEOUT};
 pub use quotas::{LimitQuotas, Quotas};
@@ -83,16 +83,11 @@ impl Region {
         &self.settings
     }
 
-    /// Serves the link on `listener` and, with a primary, runs the
-    /// coordinator; on the caller's runtime. `store`: the guarded store;
-    /// `quotas`: this gateway's limits, which the primary grants by.
-    pub fn start(
-        self,
-        listener: tokio::net::TcpListener,
-        store: Arc<dyn QuotaStore>,
-        quotas: Quotas,
-        metrics: &Metrics,
-    ) {
+    /// Runs the coordinator (with a primary) on the caller's runtime, and
+    /// returns the link's service for the server to serve its listener
+    /// with. `store`: the guarded store; `quotas`: this gateway's limits,
+    /// which the primary grants by.
+    pub fn start(self, store: Arc<dyn QuotaStore>, quotas: Quotas, metrics: &Metrics) -> link::LinkService {
         let s = self.settings;
         let grantor = s.primary.is_none().then(|| {
             Arc::new(Grantor {
@@ -101,9 +96,12 @@ impl Region {
                 quotas,
             })
         });
-        tokio::spawn(link::serve(listener, grantor));
+        let service = link::LinkService {
+            grantor,
+            limits: link::ServeLimits::default(),
+        };
         let (Some(primary), Some(asks)) = (s.primary, self.asks) else {
-            return;
+            return service;
         };
         let family = &metrics.region_transfers;
         let count = |result| family.get_or_create(&ResultLabels { result }).clone();
@@ -127,5 +125,6 @@ impl Region {
             crate::clock::system_clock(),
         );
         tokio::spawn(coordinator.run(asks));
+        service
     }
 }

@@ -2,7 +2,7 @@
 //! `ShouldRateLimit` ([`should`]), answered like envoyproxy/ratelimit from
 //! its YAML, and RLQS `StreamRateLimitQuotas` ([`quota`]), where each
 //! Envoy's token-bucket assignment is its lease of the shared quota. Both
-//! run on the gateway's limiter, store and leases.
+//! run on the runtime's limiter, store and leases.
 //!
 //! The generated tonic services are mounted on our own hyper connection
 //! loop rather than tonic's `Server` builder, whose `add_service` needs
@@ -24,13 +24,13 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 use tower_service::Service as _;
 
-use crate::gateway::Gateway;
+use crate::runtime::Runtime;
 
 /// Most gRPC connections open at once (Envoys hold one or a few each).
-const MAX_CONNECTIONS: usize = 10_000;
+pub const MAX_CONNECTIONS: usize = 10_000;
 /// Most concurrent calls and streams on one connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 1_000;
 
@@ -66,27 +66,35 @@ impl hyper::service::Service<http::Request<Incoming>> for Routes {
     }
 }
 
-/// Serves both services on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
-    let routes = Routes {
-        rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(gateway.clone())),
-        rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(gateway)),
-    };
-    crate::accept::serve_each(listener, "rls", MAX_CONNECTIONS, move |stream, _peer| {
-        let routes = routes.clone();
-        async move {
-            // Envoys hold their connections for long: a peer that vanished
-            // without a reset is found by the pings, and its streams end.
-            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(Duration::from_secs(10))
-                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-                .serve_connection(TokioIo::new(stream), routes);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "rls connection ended");
-            }
+/// Both services, for every connection the server accepts on the `[rls]`
+/// listener (`server` runs the accept loop, within [`MAX_CONNECTIONS`]).
+#[derive(Clone)]
+pub struct RlsService {
+    routes: Routes,
+}
+
+impl RlsService {
+    pub fn new(runtime: Arc<Runtime>) -> RlsService {
+        RlsService {
+            routes: Routes {
+                rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(runtime.clone())),
+                rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(runtime)),
+            },
         }
-    })
-    .await;
+    }
+
+    /// Serves one connection until the peer goes away.
+    pub async fn serve_connection(&self, stream: TcpStream) {
+        // Envoys hold their connections for long: a peer that vanished
+        // without a reset is found by the pings, and its streams end.
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .serve_connection(TokioIo::new(stream), self.routes.clone());
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "rls connection ended");
+        }
+    }
 }

@@ -37,8 +37,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::assign::{self, Held, Refill};
 use super::matcher;
-use crate::gateway::Gateway;
 use crate::quota::{Spec, Unspent};
+use crate::runtime::Runtime;
 
 /// How long an `ALLOW_ALL` for an unmatched bucket lasts; every report
 /// renews it, and a rule added by a reload replaces it at the next one.
@@ -50,12 +50,12 @@ const IDLE_INTERVALS: u64 = 6;
 const MAX_INTERVAL_SECS: u64 = 3_600;
 
 pub struct QuotaService {
-    gateway: Arc<Gateway>,
+    runtime: Arc<Runtime>,
 }
 
 impl QuotaService {
-    pub fn new(gateway: Arc<Gateway>) -> QuotaService {
-        QuotaService { gateway }
+    pub fn new(runtime: Arc<Runtime>) -> QuotaService {
+        QuotaService { runtime }
     }
 }
 
@@ -69,7 +69,7 @@ impl RateLimitQuotaService for QuotaService {
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
-        let gateway = self.gateway.clone();
+        let runtime = self.runtime.clone();
         tokio::spawn(async move {
             let mut stream = StreamState::default();
             loop {
@@ -77,7 +77,7 @@ impl RateLimitQuotaService for QuotaService {
                     Ok(Some(r)) => r,
                     Ok(None) | Err(_) => break,
                 };
-                let reply = stream.on_reports(&gateway, reports).await;
+                let reply = stream.on_reports(&runtime, reports).await;
                 if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
                     break;
                 }
@@ -123,13 +123,13 @@ const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 impl StreamState {
     async fn on_reports(
         &mut self,
-        gateway: &Arc<Gateway>,
+        runtime: &Arc<Runtime>,
         reports: RateLimitQuotaUsageReports,
     ) -> RateLimitQuotaResponse {
         if !reports.domain.is_empty() {
             self.domain = reports.domain;
         }
-        let now = gateway.limiter.now_ms();
+        let now = runtime.limiter.now_ms();
         // Each bucket's entries sorted by key, once: the descriptor it is.
         let usages: Vec<(BucketId, Entries, BucketQuotaUsage)> = reports
             .bucket_quota_usages
@@ -149,7 +149,7 @@ impl StreamState {
             self.last_periodic_ms = Some(now);
         }
         let interval_ms = self.interval_ms.unwrap_or(FIRST_INTERVAL_SECS * 1_000).max(1_000);
-        let config = gateway.config();
+        let config = runtime.config();
         let domain = config.rls.as_ref().and_then(|r| r.rules.domains.get(&self.domain));
         let mut actions = Vec::with_capacity(usages.len());
         for (id, entries, usage) in usages {
@@ -159,8 +159,8 @@ impl StreamState {
             let action = match matched {
                 Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
-                    let spec = m.limit.spec().slice(gateway.share());
-                    self.assign(gateway, entries, &usage, &key, &spec, interval_ms).await
+                    let spec = m.limit.spec().slice(runtime.share());
+                    self.assign(runtime, entries, &usage, &key, &spec, interval_ms).await
                 }
                 // No rule, or an unlimited one: Envoy allows all. What the
                 // bucket held is forgotten, so a rule that comes back (a
@@ -211,14 +211,14 @@ impl StreamState {
     /// then its `expired_assignment_behavior` decides).
     async fn assign(
         &mut self,
-        gateway: &Arc<Gateway>,
+        runtime: &Arc<Runtime>,
         entries: Entries,
         usage: &BucketQuotaUsage,
         key: &str,
         spec: &Spec,
         interval_ms: u64,
     ) -> Option<Action> {
-        let now = gateway.limiter.now_ms();
+        let now = runtime.limiter.now_ms();
         let bucket = self.buckets.entry(entries.clone()).or_insert(Bucket {
             held: None,
             last_report_ms: now,
@@ -248,7 +248,7 @@ impl StreamState {
         let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
         let next = assign::strategy_for(demand, spec, live);
         let offer = assign::offer(next, held, now, interval_ms);
-        let limiter = &gateway.limiter;
+        let limiter = &runtime.limiter;
         let grant = match limiter.acquire_direct(key, spec, offer.cost).await {
             Ok(g) => g,
             Err(e) => {

@@ -22,19 +22,19 @@ use tonic::{Request, Response, Status};
 use super::matcher;
 use crate::config::rls::{RlsLimit, Unit};
 use crate::config::RlsFailure;
-use crate::gateway::Gateway;
 use crate::limit::keyed::KeyDecision;
-use crate::metrics::RlsLabels;
 use crate::quota::Algorithm;
+use crate::runtime::Runtime;
+use crate::telemetry::metrics::RlsLabels;
 
-/// The RLS v3 service over the gateway's limiter and config.
+/// The RLS v3 service over the runtime's limiter and config.
 pub struct ShouldRateLimit {
-    gateway: Arc<Gateway>,
+    runtime: Arc<Runtime>,
 }
 
 impl ShouldRateLimit {
-    pub fn new(gateway: Arc<Gateway>) -> ShouldRateLimit {
-        ShouldRateLimit { gateway }
+    pub fn new(runtime: Arc<Runtime>) -> ShouldRateLimit {
+        ShouldRateLimit { runtime }
     }
 }
 
@@ -63,7 +63,7 @@ impl RateLimitService for ShouldRateLimit {
         if req.descriptors.is_empty() {
             return Err(Status::invalid_argument("rate limit descriptor list must not be empty"));
         }
-        let config = self.gateway.config();
+        let config = self.runtime.config();
         let rls = config.rls.as_ref();
         let domain = rls.and_then(|r| r.rules.domains.get(&req.domain));
         let mut checks: Vec<Check> = req
@@ -76,9 +76,9 @@ impl RateLimitService for ShouldRateLimit {
             .collect();
         apply_replaces(&mut checks);
 
-        let limiter = &self.gateway.limiter;
+        let limiter = &self.runtime.limiter;
         // In a region, each region's store holds its slice, as for HTTP.
-        let share = self.gateway.share();
+        let share = self.runtime.share();
         let mut statuses = Vec::with_capacity(checks.len());
         let mut quota_over = (0usize, 0usize); // (quota-mode descriptors, of which over)
         for (check, d) in checks.iter().zip(&req.descriptors) {
@@ -144,7 +144,7 @@ impl RateLimitService for ShouldRateLimit {
         } else {
             "unknown".to_string()
         };
-        self.gateway
+        self.runtime
             .metrics
             .rls_requests
             .get_or_create(&RlsLabels {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 
-use crate::upstream::Upstream;
+use crate::proxy::upstream::Upstream;
 
 pub mod normalize;
 
@@ -40,23 +40,7 @@ pub struct DirectResponse {
     pub body: Bytes,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreFailure {
-    /// Fail open: admit against a local fallback bucket.
-    Allow,
-    /// Fail closed: answer 503.
-    Deny,
-}
-
-impl StoreFailure {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreFailure::Allow => "allow",
-            StoreFailure::Deny => "deny",
-        }
-    }
-}
+pub use crate::limit::policy::StoreFailure;
 
 #[derive(Debug, Default)]
 pub struct RouteTable {

@@ -1,7 +1,7 @@
 //! The admin listener: `/` (the status page, see [`super::status`]),
 //! `/healthz`, `/readyz`, `/metrics`, `/config` and `/limits/state`.
 //!
-//! Everything here reads; nothing changes the gateway's state. It runs on
+//! Everything here reads; nothing changes the runtime's state. It runs on
 //! the control runtime, never on a worker.
 
 use std::convert::Infallible;
@@ -15,18 +15,18 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::body::Body;
-use crate::gateway::Gateway;
+use crate::proxy::body::Body;
+use crate::runtime::Runtime;
 
 /// Most admin connections at once (scrapers, health checks, operators).
 const MAX_CONNECTIONS: usize = 256;
 
-pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
-    crate::accept::serve_each(listener, "admin", MAX_CONNECTIONS, move |stream, _peer| {
-        let gateway = gateway.clone();
+pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
+    super::accept::serve_each(listener, "admin", MAX_CONNECTIONS, move |stream, _peer| {
+        let runtime = runtime.clone();
         async move {
             let service = service_fn(move |req| {
-                let resp = handle(&req, &gateway);
+                let resp = handle(&req, &runtime);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -51,18 +51,18 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     text(status, "application/json", format!("{body}\n"))
 }
 
-fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
+fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if gateway.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
+        "/readyz" if runtime.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
         // A store outage does not fail readiness: every instance shares the
         // store, so it would take the whole fleet out of its load balancer,
         // fail-open routes included. The body says how the store is.
         "/readyz" => {
-            let store = if gateway.metrics.circuit_open.get() == 1 {
+            let store = if runtime.metrics.circuit_open.get() == 1 {
                 "circuit open: fail-open routes use their fallback buckets, fail-closed routes answer 503"
             } else {
                 "ok"
@@ -70,18 +70,18 @@ fn handle(req: &Request<Incoming>, gateway: &Gateway) -> Response<Body> {
             text(
                 StatusCode::OK,
                 "text/plain",
-                format!("ready\nstore {}: {store}\n", gateway.limiter.store_name()),
+                format!("ready\nstore {}: {store}\n", runtime.limiter.store_name()),
             )
         }
         "/metrics" => text(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            gateway.metrics.encode(),
+            runtime.metrics.encode(),
         ),
-        "/config" => json(StatusCode::OK, &config_json(&gateway.config())),
-        "/limits/state" => limits_state(req.uri().query(), gateway),
+        "/config" => json(StatusCode::OK, &config_json(&runtime.config())),
+        "/limits/state" => limits_state(req.uri().query(), runtime),
         "/" => {
-            let page = super::status::page(gateway, req.uri().query());
+            let page = super::status::page(runtime, req.uri().query());
             let mut resp = text(StatusCode::OK, "text/html; charset=utf-8", page);
             resp.headers_mut()
                 .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -101,7 +101,7 @@ const MAX_STATE_KEYS: usize = 64;
 
 /// `GET /limits/state?key=<store key>[&key=...]`: this instance's lease of
 /// each key (`leasegate explain --admin` reads it).
-fn limits_state(query: Option<&str>, gateway: &Gateway) -> Response<Body> {
+fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
     let mut keys = Vec::new();
     for (name, value) in query_pairs(query.unwrap_or("")) {
         if name != "key" {
@@ -132,7 +132,7 @@ fn limits_state(query: Option<&str>, gateway: &Gateway) -> Response<Body> {
         );
     }
     let keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
-    let states = gateway.limiter.key_states(&keys);
+    let states = runtime.limiter.key_states(&keys);
     json(StatusCode::OK, &serde_json::json!({ "keys": states }))
 }
 

@@ -49,10 +49,12 @@ macro_rules! delegate_async_write {
 }
 pub(crate) use delegate_async_write;
 
+pub mod accept;
 pub mod admin;
 pub mod door;
 pub mod opening;
 pub mod prefixed;
+pub mod reload;
 pub mod status;
 pub mod tls;
 
@@ -70,17 +72,18 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::reload::{Reloader, Trigger};
 use crate::config::{Config, StoreBackend};
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
-use crate::metrics::{ListenerLabels, Metrics, ReasonLabels};
 use crate::region::Region;
+use crate::runtime::Runtime;
 use crate::store::guard::Guarded;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSetupError, RedisStore, Target};
 use crate::store::QuotaStore;
+use crate::telemetry::metrics::{ListenerLabels, Metrics, ReasonLabels};
 use opening::Opening;
+use reload::{Reloader, Trigger};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -157,19 +160,22 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<dyn QuotaStore>
 
 /// Returns expired leases to the store and forgets idle keys, for as long
 /// as the process runs.
-async fn sweep_leases(gateway: Arc<Gateway>) {
+async fn sweep_leases(runtime: Arc<Runtime>) {
     loop {
-        let settings = gateway.limiter.settings();
+        let settings = runtime.limiter.settings();
         let every = Duration::from_millis((settings.sizing.ttl_ms / 2).clamp(100, 1_000));
         tokio::time::sleep(every).await;
         let idle_ms = settings.sizing.ttl_ms.max(settings.max_block_ms) + 1_000;
-        gateway.limiter.sweep(idle_ms).await;
-        gateway.metrics.lease_keys.set(gateway.limiter.tracked_keys() as i64);
+        runtime.limiter.sweep(idle_ms).await;
+        runtime.metrics.lease_keys.set(runtime.limiter.tracked_keys() as i64);
     }
 }
 
 /// What every worker shares.
 struct Shared {
+    /// What every front holds: admin, RLS, reload and the request path.
+    runtime: Arc<Runtime>,
+    /// The HTTP request path the workers serve.
     gateway: Arc<Gateway>,
     connections: Arc<Semaphore>,
     /// `max_connections_per_ip`, bound at start like `max_connections`.
@@ -221,13 +227,17 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let (store, region) = store(&config, &metrics)?;
     let store_name = store.name();
     let region_store = store.clone();
+    let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
+    let per_ip = door::PerIp::new(
+        config.gateway.max_connections_per_ip,
+        config.identity.trusted_proxies.clone(),
+    );
+    let runtime = Arc::new(Runtime::new(config, metrics, store));
     let shared = Arc::new(Shared {
-        connections: Arc::new(Semaphore::new(config.gateway.max_connections)),
-        per_ip: door::PerIp::new(
-            config.gateway.max_connections_per_ip,
-            config.identity.trusted_proxies.clone(),
-        ),
-        gateway: Arc::new(Gateway::new(config, metrics, store)),
+        gateway: Arc::new(Gateway::new(runtime.clone())),
+        runtime,
+        connections,
+        per_ip,
         tls,
     });
 
@@ -269,19 +279,37 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         if let (Some(region), Some(link)) = (region, link) {
             let listener = TcpListener::from_std(link).map_err(ServeError::Runtime)?;
             announce("link", &listener);
-            let gateway = shared.gateway.clone();
-            let quotas: crate::region::Quotas = Arc::new(move |name: &str| limit_quotas(&gateway.config(), name));
-            region.start(listener, region_store, quotas, &shared.gateway.metrics);
+            let runtime = shared.runtime.clone();
+            let quotas: crate::region::Quotas = Arc::new(move |name: &str| limit_quotas(&runtime.config(), name));
+            let link = region.start(region_store, quotas, &shared.runtime.metrics);
+            tokio::spawn(accept::serve_each(
+                listener,
+                "region link",
+                link.limits.connections,
+                move |stream, peer| {
+                    let link = link.clone();
+                    async move { link.serve_connection(stream, peer).await }
+                },
+            ));
         }
         if let Some(admin) = admin {
             let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;
             announce("admin", &listener);
-            tokio::spawn(admin::serve(listener, shared.gateway.clone()));
+            tokio::spawn(admin::serve(listener, shared.runtime.clone()));
         }
         if let Some(rls) = rls {
             let listener = TcpListener::from_std(rls).map_err(ServeError::Runtime)?;
             announce("rls", &listener);
-            tokio::spawn(crate::rls::serve(listener, shared.gateway.clone()));
+            let rls = crate::rls::RlsService::new(shared.runtime.clone());
+            tokio::spawn(accept::serve_each(
+                listener,
+                "rls",
+                crate::rls::MAX_CONNECTIONS,
+                move |stream, _peer| {
+                    let rls = rls.clone();
+                    async move { rls.serve_connection(stream).await }
+                },
+            ));
         }
         for (kind, l) in [("http", &http), ("https", &https)] {
             if let Some(addr) = l.as_ref().and_then(|l| l.local_addr().ok()) {
@@ -289,8 +317,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             }
         }
         drop((http, https));
-        tokio::spawn(sweep_leases(shared.gateway.clone()));
-        let reloader = Arc::new(Reloader::new(config_path.clone(), shared.gateway.clone()));
+        tokio::spawn(sweep_leases(shared.runtime.clone()));
+        let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));
         tokio::spawn(reloader.clone().watch());
         tracing::info!(workers, store = store_name, "leasegate ready");
 
@@ -308,7 +336,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             grace_ms = grace.as_millis() as u64,
             "shutting down: draining connections"
         );
-        shared.gateway.begin_drain();
+        shared.runtime.begin_drain();
         let _ = stop_tx.send(true);
         let _ = tokio::task::spawn_blocking(move || {
             for t in threads {
@@ -320,7 +348,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         // grace period (each call has the store deadline).
         match tokio::time::timeout(
             grace.max(Duration::from_millis(100)),
-            shared.gateway.limiter.release_all(),
+            shared.runtime.limiter.release_all(),
         )
         .await
         {
@@ -340,10 +368,10 @@ fn announce(kind: &str, listener: &TcpListener) {
 fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>, grace: Duration) {
     // Access-log lines gather in this thread's batch, handed to the writer
     // when the runtime goes idle (or the batch is full or old).
-    crate::access_log::batch_this_thread();
+    crate::telemetry::access_log::batch_this_thread();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .on_thread_park(crate::access_log::flush_thread)
+        .on_thread_park(crate::telemetry::access_log::flush_thread)
         .build()
     {
         Ok(rt) => rt,
@@ -357,7 +385,7 @@ fn worker(listeners: Listeners, shared: Arc<Shared>, stop: watch::Receiver<bool>
             tracing::error!(error = %e, "worker stopped");
         }
     });
-    crate::access_log::flush_thread();
+    crate::telemetry::access_log::flush_thread();
 }
 
 /// Resolves once shutdown has been asked for (at once if it already was).
@@ -380,7 +408,7 @@ async fn accept_loop(
 ) -> io::Result<()> {
     let http = listeners.http.map(TcpListener::from_std).transpose()?;
     let https = listeners.https.map(TcpListener::from_std).transpose()?;
-    let builders = Arc::new(Builders::new(&shared.gateway.config()));
+    let builders = Arc::new(Builders::new(&shared.runtime.config()));
     // Every connection task holds a sender; when all are dropped, drained.
     let (drain_tx, mut drained) = mpsc::channel::<()>(1);
 
@@ -411,7 +439,7 @@ async fn accept_loop(
             Err(()) => {
                 // Closed at once: its permit goes back with it.
                 shared
-                    .gateway
+                    .runtime
                     .metrics
                     .connections_refused
                     .get_or_create(&ReasonLabels { reason: "per_ip" })
@@ -424,14 +452,14 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let listener = if tls { "https" } else { "http" };
         shared
-            .gateway
+            .runtime
             .metrics
             .connections_accepted
             .get_or_create(&ListenerLabels { listener })
             .inc();
-        shared.gateway.metrics.connections_open.inc();
+        shared.runtime.metrics.connections_open.inc();
         let held: Guard = Arc::new(Held {
-            metrics: shared.gateway.metrics.clone(),
+            metrics: shared.runtime.metrics.clone(),
             _permit: permit,
             _place: place,
             _drain: drain_tx.clone(),
@@ -524,7 +552,7 @@ struct Connection {
 
 impl Connection {
     async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: bool) {
-        let metrics = self.shared.gateway.metrics.clone();
+        let metrics = self.shared.runtime.metrics.clone();
         let builders = self.builders.clone();
         if !tls {
             let conn = ConnInfo::new(peer, None, Some(self.held.clone())).with_idle_timeout(builders.idle);
@@ -597,7 +625,7 @@ impl Connection {
         tokio::pin!(idle_timer);
         let mut idle_armed = false;
         let mut closing_idle = false;
-        let metrics = self.shared.gateway.metrics.clone();
+        let metrics = self.shared.runtime.metrics.clone();
         let finished = std::future::poll_fn(|cx| {
             if !armed || probe.has_changed().unwrap_or(true) {
                 armed = true;

@@ -17,8 +17,8 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use crate::config::StoreBackend;
-use crate::gateway::Gateway;
 use crate::limit::stage::Outcome;
+use crate::runtime::Runtime;
 
 /// Seconds between refreshes.
 pub const REFRESH_SECS: u64 = 5;
@@ -162,9 +162,9 @@ fn previous(query: Option<&str>) -> Option<Previous> {
 
 /// The page, from the metrics registry, the config in force and the
 /// limiter's bounded sample of hot keys.
-pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
-    let config = gateway.config();
-    let samples = parse_metrics(&gateway.metrics.encode());
+pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
+    let config = runtime.config();
+    let samples = parse_metrics(&runtime.metrics.encode());
     let sum = |name: &str, filter: &dyn Fn(&Sample) -> bool| -> f64 {
         samples
             .iter()
@@ -238,7 +238,7 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
         }
     }
     let _ = writeln!(h, "</dd>");
-    if gateway.is_draining() {
+    if runtime.is_draining() {
         let _ = writeln!(h, "<dt>state</dt><dd class=\"bad\">draining</dd>");
     }
     let _ = writeln!(h, "</dl>");
@@ -334,7 +334,7 @@ pub fn page(gateway: &Gateway, query: Option<&str>) -> String {
     let _ = writeln!(h, "</table></div>");
 
     // Hot keys, from a bounded sample of the lease table.
-    let hot = gateway.limiter.hot_keys(HOT_KEYS);
+    let hot = runtime.limiter.hot_keys(HOT_KEYS);
     let _ = writeln!(
         h,
         "<h2>Hottest keys</h2><p class=\"note\">From <span id=\"sampled\">{}</span> of {} leased keys (at most {} are looked at per refresh). Admitted rate: this instance, per second, averaged over about a minute as of the store's last answer.</p>",

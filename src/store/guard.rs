@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 pub use super::breaker::{Admission, Breaker, BreakerSettings, Watch};
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::clock::Clock;
-use crate::metrics::{Metrics, StoreCallLabels};
 use crate::quota::{Grant, Spec};
+use crate::telemetry::metrics::{Metrics, StoreCallLabels};
 use prometheus_client::metrics::counter::Counter;
 
 /// Any store, behind a deadline and a breaker, with its calls counted.

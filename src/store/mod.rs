@@ -39,6 +39,26 @@ pub enum StoreError {
     CircuitOpen { retry_after_ms: u64 },
 }
 
+impl StoreError {
+    /// The `reason` label of `leasegate_rate_limit_bypassed_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::CircuitOpen { .. } => "store_circuit_open",
+            StoreError::Timeout(_) => "store_timeout",
+            StoreError::Unavailable(_) | StoreError::Failed(_) => "store_error",
+        }
+    }
+
+    /// When the store may answer again, if it says: the breaker's next
+    /// probe; 0 when unknown.
+    pub fn retry_after_ms(&self) -> u64 {
+        match self {
+            StoreError::CircuitOpen { retry_after_ms } => *retry_after_ms,
+            _ => 0,
+        }
+    }
+}
+
 fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
     Box::pin(std::future::ready(Err(StoreError::Failed(
         "transfers between regions need the redis backend".into(),

@@ -61,22 +61,13 @@ pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::i
             keys.push(k);
         }
     }
-    let reject_invalid = match i
-        .on_invalid_credentials
-        .as_ref()
-        .map(|v| (v.get_ref().as_str(), v.span()))
-    {
-        None | Some(("fall_through", _)) => false,
-        Some(("reject", _)) => true,
-        Some((other, span)) => {
-            c.at(
-                span,
-                "identity.on_invalid_credentials",
-                format!("{other:?}: use \"fall_through\" or \"reject\""),
-            );
-            false
-        }
-    };
+    let reject_invalid = super::choice(
+        c,
+        i.on_invalid_credentials.as_ref(),
+        "identity.on_invalid_credentials",
+        &[("fall_through", false), ("reject", true)],
+        false,
+    );
     crate::identity::Resolver {
         trusted_proxies: trusted,
         ipv4_prefix,

@@ -6,24 +6,22 @@ use std::time::Duration;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::{in_range, Check};
-use crate::config::{raw, Algorithm, KeyPart, Limit, Mode, ShardBy};
+use super::{choice, in_range, Check};
+use crate::config::{raw, Algorithm, Draft, KeyPart, Mode, ShardBy};
+use crate::limit::policy::{Field, MAX_SHARDS};
 use crate::quota::Rate;
 
-pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit> {
-    let mut out: Vec<Limit> = Vec::new();
+/// Every `[[limits]]` entry as a [`Draft`], each checked: what the file
+/// cannot say (an unknown word, a rate that does not parse, a bad date, a
+/// duplicate name) here, and the rules every limit obeys by
+/// [`Draft::problems`], located at the key they are about. The drafts
+/// become limits once the whole file is valid.
+pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft> {
+    let mut out: Vec<Draft> = Vec::new();
     for (n, l) in list.into_iter().enumerate() {
         let l = l.into_inner();
         let key = format!("limits[{n}]");
         let name = l.name.get_ref().clone();
-        // Names appear in store keys, metric labels and structured headers.
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
-            c.at(
-                l.name.span(),
-                format!("{key}.name"),
-                format!("{name:?}: use letters, digits, '_', '-' and '.' only"),
-            );
-        }
         if out.iter().any(|o| o.name == name) {
             c.at(
                 l.name.span(),
@@ -31,33 +29,20 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
                 format!("duplicate limit name {name:?}"),
             );
         }
-        let algorithm = match l.algorithm.as_ref().map(|a| a.get_ref().as_str()) {
-            None | Some("token_bucket") => Algorithm::TokenBucket,
-            Some("sliding_window") => Algorithm::SlidingWindow,
-            Some(other) => {
-                let span = l.algorithm.as_ref().map_or(0..0, Spanned::span);
-                c.at(
-                    span,
-                    format!("{key}.algorithm"),
-                    format!("unknown algorithm {other:?}: use \"token_bucket\" or \"sliding_window\""),
-                );
-                Algorithm::TokenBucket
-            }
-        };
-        let rate = match l.rate.get_ref().parse::<Rate>() {
-            Ok(r) => r,
-            Err(e) => {
-                c.at(
-                    l.rate.span(),
-                    format!("{key}.rate"),
-                    format!("{:?}: {e}", l.rate.get_ref()),
-                );
-                Rate {
-                    count: 1,
-                    period: Duration::from_secs(1),
-                }
-            }
-        };
+        let algorithm = choice(
+            c,
+            l.algorithm.as_ref(),
+            &format!("{key}.algorithm"),
+            &[
+                ("token_bucket", Algorithm::TokenBucket),
+                ("sliding_window", Algorithm::SlidingWindow),
+            ],
+            Algorithm::TokenBucket,
+        );
+        let rate = parsed_rate(c, &l.rate, &format!("{key}.rate")).unwrap_or(Rate {
+            count: 1,
+            period: Duration::from_secs(1),
+        });
         let burst = match &l.burst {
             None => rate.count,
             Some(b) if algorithm == Algorithm::SlidingWindow => {
@@ -68,6 +53,7 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
                 );
                 rate.count
             }
+            // Read as i64 so that `-5` is refused in words, as written.
             Some(b) => match u64::try_from(*b.get_ref()) {
                 Ok(n) if n >= 1 => n,
                 _ => {
@@ -80,48 +66,30 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
                 }
             },
         };
-        // Bucket levels are kept in units of capacity × period; they must
-        // stay exact in a double for the Redis scripts.
-        let too_big =
-            |cap: u64, r: &Rate| u128::from(cap) * r.period.as_millis().max(1) >= u128::from(crate::quota::MAX_UNITS);
-        if too_big(burst, &rate) {
-            c.at(
-                l.rate.span(),
-                format!("{key}.rate"),
-                "burst × period is too large (keep it below 2^53 token-milliseconds)",
-            );
-        }
         let mut by = Vec::new();
-        let parts = l.by.as_ref().map(|b| (b.get_ref().clone(), b.span()));
-        match parts {
-            None => by.push(KeyPart::Identity),
-            Some((parts, span)) => {
-                if parts.is_empty() {
-                    c.at(span.clone(), format!("{key}.by"), "list at least one key part");
-                }
-                for p in parts {
-                    match key_part(&p) {
-                        Ok(part) => by.push(part),
-                        Err(why) => c.at(span.clone(), format!("{key}.by"), why),
-                    }
+        if let Some(parts) = &l.by {
+            for p in parts.get_ref() {
+                match key_part(p) {
+                    Ok(part) => by.push(part),
+                    Err(why) => c.at(parts.span(), format!("{key}.by"), why),
                 }
             }
+        } else {
+            by.push(KeyPart::Identity);
         }
-        let mode = match l.mode.as_ref().map(|m| m.get_ref().as_str()) {
-            None | Some("enforce") => Mode::Enforce,
-            Some("shadow") => Mode::Shadow,
-            Some("soft") => Mode::Soft,
-            Some("canary") => Mode::Canary,
-            Some(other) => {
-                let span = l.mode.as_ref().map_or(0..0, Spanned::span);
-                c.at(
-                    span,
-                    format!("{key}.mode"),
-                    format!("unknown mode {other:?}: use shadow, soft, canary or enforce"),
-                );
-                Mode::Enforce
-            }
-        };
+        let bad_part = l.by.as_ref().is_some_and(|p| p.get_ref().len() != by.len());
+        let mode = choice(
+            c,
+            l.mode.as_ref(),
+            &format!("{key}.mode"),
+            &[
+                ("shadow", Mode::Shadow),
+                ("soft", Mode::Soft),
+                ("canary", Mode::Canary),
+                ("enforce", Mode::Enforce),
+            ],
+            Mode::Enforce,
+        );
         let canary_percent = in_range(c, &l.canary_percent, &format!("{key}.canary_percent"), 0, 100, 5);
         if let Some(d) = &l.enforce_after {
             if !is_date(d.get_ref()) {
@@ -132,22 +100,11 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
                 );
             }
         }
-        let mut plans = Vec::new();
-        for (plan, r) in &l.plans {
-            match r.get_ref().parse::<Rate>() {
-                Ok(rate) if too_big(rate.count, &rate) => c.at(
-                    r.span(),
-                    format!("{key}.plans.{plan}"),
-                    "count × period is too large (keep it below 2^53 token-milliseconds)",
-                ),
-                Ok(rate) => plans.push((plan.clone(), rate)),
-                Err(e) => c.at(
-                    r.span(),
-                    format!("{key}.plans.{plan}"),
-                    format!("{:?}: {e}", r.get_ref()),
-                ),
-            }
-        }
+        let plans = l
+            .plans
+            .iter()
+            .filter_map(|(plan, r)| Some((plan.clone(), parsed_rate(c, r, &format!("{key}.plans.{plan}"))?)))
+            .collect();
         let tiers = l.tiers.as_ref().map(|t| {
             let mut tiers = Vec::new();
             for name in t.get_ref() {
@@ -165,77 +122,71 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Limit
         let fallback_rate = l
             .fallback_rate
             .as_ref()
-            .and_then(|r| match r.get_ref().parse::<Rate>() {
-                Ok(rate) if too_big(rate.count, &rate) => {
-                    c.at(
-                        r.span(),
-                        format!("{key}.fallback_rate"),
-                        "count × period is too large (keep it below 2^53 token-milliseconds)",
-                    );
-                    None
-                }
-                Ok(rate) => Some(rate),
-                Err(e) => {
-                    c.at(
-                        r.span(),
-                        format!("{key}.fallback_rate"),
-                        format!("{:?}: {e}", r.get_ref()),
-                    );
-                    None
-                }
-            });
-        let shards = in_range(c, &l.shards, &format!("{key}.shards"), 1, 1_000, 1);
-        // Every sub-bucket needs at least one token of every quota.
-        let smallest = plans
-            .iter()
-            .map(|(_, r)| r.count)
-            .chain([rate.count, burst])
-            .min()
-            .unwrap_or(1);
-        if u64::from(shards) > smallest {
-            let span = l.shards.as_ref().map_or(0..0, Spanned::span);
-            c.at(
-                span,
-                format!("{key}.shards"),
-                format!("{shards} sub-buckets for a quota of {smallest}: each needs at least one token"),
-            );
-        }
-        let shard_by = match l.shard_by.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
-            None | Some(("ip", _)) => ShardBy::Ip,
-            Some(("identity", _)) => ShardBy::Identity,
-            Some((other, span)) => {
-                c.at(
-                    span,
-                    format!("{key}.shard_by"),
-                    format!("unknown shard_by {other:?}: use \"ip\" or \"identity\""),
-                );
-                ShardBy::Ip
-            }
-        };
+            .and_then(|r| parsed_rate(c, r, &format!("{key}.fallback_rate")));
+        let shards = in_range(c, &l.shards, &format!("{key}.shards"), 1, MAX_SHARDS, 1);
+        let shard_by = choice(
+            c,
+            l.shard_by.as_ref(),
+            &format!("{key}.shard_by"),
+            &[("ip", ShardBy::Ip), ("identity", ShardBy::Identity)],
+            ShardBy::Ip,
+        );
         if shards == 1 {
             if let Some(sb) = &l.shard_by {
                 c.at(sb.span(), format!("{key}.shard_by"), "applies only with shards > 1");
             }
         }
-        out.push(Limit {
+        let draft = Draft {
             fallback_rate,
             shards,
             shard_by,
             tiers,
-            name,
             algorithm,
             rate,
             burst,
             by,
             mode,
             canary_percent,
-            enforce_after: l.enforce_after.map(Spanned::into_inner),
+            enforce_after: l.enforce_after.as_ref().map(|d| d.get_ref().clone()),
             plans,
             // `[region]` sets this region's slice once both are compiled.
-            share: crate::quota::Share::WHOLE,
-        });
+            ..Draft::new(&name, rate)
+        };
+        for problem in draft.problems() {
+            let (span, at) = match problem.field() {
+                Field::Name => (l.name.span(), format!("{key}.name")),
+                Field::Rate => (l.rate.span(), format!("{key}.rate")),
+                Field::Burst => (l.burst.as_ref().map_or(0..0, Spanned::span), format!("{key}.burst")),
+                // An unparsable part is already named.
+                Field::By if bad_part => continue,
+                Field::By => (l.by.as_ref().map_or(0..0, Spanned::span), format!("{key}.by")),
+                Field::CanaryPercent => continue, // in_range keeps it in bounds
+                Field::Plan(plan) => (
+                    l.plans.get(&plan).map_or(0..0, Spanned::span),
+                    format!("{key}.plans.{plan}"),
+                ),
+                Field::FallbackRate => (
+                    l.fallback_rate.as_ref().map_or(0..0, Spanned::span),
+                    format!("{key}.fallback_rate"),
+                ),
+                Field::Shards => (l.shards.as_ref().map_or(0..0, Spanned::span), format!("{key}.shards")),
+            };
+            c.at(span, at, problem.to_string());
+        }
+        out.push(draft);
     }
     out
+}
+
+/// A rate as written (`"100/min"`), or a problem at `key`.
+fn parsed_rate(c: &mut Check, r: &Spanned<String>, key: &str) -> Option<Rate> {
+    match r.get_ref().parse::<Rate>() {
+        Ok(rate) => Some(rate),
+        Err(e) => {
+            c.at(r.span(), key, format!("{:?}: {e}", r.get_ref()));
+            None
+        }
+    }
 }
 
 /// `subnet/V6` (IPv4 stays /24) or `subnet/V4/V6`.

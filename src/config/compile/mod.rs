@@ -25,7 +25,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{line_of, Problem};
-use super::{raw, AccessLog, Config, ConfigError, Gateway, HeaderStyle, RouteTable, Source};
+use super::{raw, AccessLog, Config, ConfigError, Gateway, HeaderStyle, Limit, RouteTable, Source};
 use identity::identity;
 use limits::limits;
 use listeners::{listeners, tls};
@@ -94,6 +94,18 @@ pub(super) fn compile(
     let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
     let rls = raw.rls.as_ref().and_then(|r| rls::rls(&mut c, r, base));
 
+    // Every draft's rules were checked where it was read: a draft that
+    // still fails is a problem of its own, never a panic.
+    let limits: Vec<Arc<Limit>> = limits
+        .into_iter()
+        .filter_map(|d| {
+            let name = d.name.clone();
+            Limit::try_new(d)
+                .map_err(|e| c.at(0..0, format!("limits.{name}"), e.to_string()))
+                .ok()
+                .map(Arc::new)
+        })
+        .collect();
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid(c.problems));
     }
@@ -107,7 +119,7 @@ pub(super) fn compile(
         identity,
         upstreams,
         routes: RouteTable::new(routes),
-        limits: limits.into_iter().map(Arc::new).collect(),
+        limits,
         events,
         rls,
         region,
@@ -149,6 +161,26 @@ where
     }
 }
 
+/// An enumerated key: the value `options` pairs with what is written, and
+/// `default` when the key is absent. Anything else is a problem naming every
+/// option, and `default` stands in so that checking goes on and every
+/// problem is listed at once.
+fn choice<T: Copy>(c: &mut Check, v: Option<&Spanned<String>>, key: &str, options: &[(&str, T)], default: T) -> T {
+    let Some(v) = v else { return default };
+    if let Some((_, t)) = options.iter().find(|(name, _)| *name == v.get_ref().as_str()) {
+        return *t;
+    }
+    let noun = key.rsplit('.').next().unwrap_or(key);
+    let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+    let list = match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    c.at(v.span(), key, format!("unknown {noun} {:?}: use {list}", v.get_ref()));
+    default
+}
+
 fn resolve(base: &Path, p: &str) -> PathBuf {
     let p = Path::new(p);
     if p.is_absolute() {
@@ -181,33 +213,29 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             1 << 20,
             65_536,
         ),
-        rate_limit_headers: match g.rate_limit_headers.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
-            None | Some(("all", _)) => HeaderStyle::All,
-            Some(("ietf", _)) => HeaderStyle::Ietf,
-            Some(("legacy", _)) => HeaderStyle::Legacy,
-            Some(("none", _)) => HeaderStyle::None,
-            Some((other, span)) => {
-                c.at(
-                    span,
-                    "gateway.rate_limit_headers",
-                    format!("{other:?}: use \"all\", \"ietf\", \"legacy\" or \"none\""),
-                );
-                HeaderStyle::All
-            }
-        },
-        access_log: match g.access_log.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
-            None | Some(("json", _)) => AccessLog::Json,
-            Some(("text", _)) => AccessLog::Text,
-            Some(("off", _)) => AccessLog::Off,
-            Some((other, span)) => {
-                c.at(
-                    span,
-                    "gateway.access_log",
-                    format!("{other:?}: use \"json\", \"text\" or \"off\""),
-                );
-                AccessLog::Json
-            }
-        },
+        rate_limit_headers: choice(
+            c,
+            g.rate_limit_headers.as_ref(),
+            "gateway.rate_limit_headers",
+            &[
+                ("all", HeaderStyle::All),
+                ("ietf", HeaderStyle::Ietf),
+                ("legacy", HeaderStyle::Legacy),
+                ("none", HeaderStyle::None),
+            ],
+            HeaderStyle::All,
+        ),
+        access_log: choice(
+            c,
+            g.access_log.as_ref(),
+            "gateway.access_log",
+            &[
+                ("json", AccessLog::Json),
+                ("text", AccessLog::Text),
+                ("off", AccessLog::Off),
+            ],
+            AccessLog::Json,
+        ),
         header_read_timeout: Duration::from_millis(in_range(
             c,
             &g.header_read_timeout_ms,

@@ -239,9 +239,9 @@ mod tests {
              [[limits]]\nname = \"l\"\nrate = \"100/min\"\nburst = 200\n"
         );
         let c = parse(Path::new("gw.toml"), &text).unwrap();
-        assert_eq!(c.limits[0].share.ppm(), 250_000);
+        assert_eq!(c.limits[0].share().ppm(), 250_000);
         let text = format!("{BASE}[[limits]]\nname = \"l\"\nrate = \"100/min\"\n");
         let c = parse(Path::new("gw.toml"), &text).unwrap();
-        assert!(c.limits[0].share.is_whole());
+        assert!(c.limits[0].share().is_whole());
     }
 }

@@ -34,20 +34,15 @@ pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<R
             }
         },
     };
-    let on_store_failure = match raw.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
-        None | Some(("unavailable", _)) => RlsFailure::Unavailable,
-        Some(("allow", _)) => RlsFailure::Allow,
-        Some((other, span)) => {
-            c.at(
-                span,
-                "rls.on_store_failure",
-                format!(
-                    "{other:?}: use \"unavailable\" (answer UNAVAILABLE: Envoy's failure_mode_deny decides per route) or \"allow\" (answer OK)"
-                ),
-            );
-            RlsFailure::Unavailable
-        }
-    };
+    // "unavailable": answer UNAVAILABLE (Envoy's failure_mode_deny decides
+    // per route); "allow": answer OK.
+    let on_store_failure = super::choice(
+        c,
+        raw.on_store_failure.as_ref(),
+        "rls.on_store_failure",
+        &[("unavailable", RlsFailure::Unavailable), ("allow", RlsFailure::Allow)],
+        RlsFailure::Unavailable,
+    );
     let Some(config) = &raw.config else {
         c.at(
             r.span(),

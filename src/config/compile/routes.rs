@@ -9,15 +9,15 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use toml::Spanned;
 
 use super::Check;
-use crate::config::{raw, Limit};
+use crate::config::{raw, Draft};
+use crate::proxy::upstream::Upstream;
 use crate::route::{Action, DirectResponse, Route, StoreFailure};
-use crate::upstream::Upstream;
 
 pub(super) fn routes(
     c: &mut Check,
     list: Vec<Spanned<raw::Route>>,
     upstreams: &[Arc<Upstream>],
-    limits: &[Limit],
+    limits: &[Draft],
 ) -> Vec<Arc<Route>> {
     let mut out: Vec<Arc<Route>> = Vec::new();
     let mut names = HashSet::new();
@@ -165,18 +165,13 @@ pub(super) fn routes(
                 );
             }
         }
-        let on_store_failure = match r.on_store_failure.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
-            None | Some(("allow", _)) => StoreFailure::Allow,
-            Some(("deny", _)) => StoreFailure::Deny,
-            Some((other, span)) => {
-                c.at(
-                    span,
-                    format!("{key}.on_store_failure"),
-                    format!("{other:?}: use \"allow\" or \"deny\""),
-                );
-                StoreFailure::Allow
-            }
-        };
+        let on_store_failure = super::choice(
+            c,
+            r.on_store_failure.as_ref(),
+            &format!("{key}.on_store_failure"),
+            &[("allow", StoreFailure::Allow), ("deny", StoreFailure::Deny)],
+            StoreFailure::Allow,
+        );
         if let Some(other) = out
             .iter()
             .find(|o| o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods))

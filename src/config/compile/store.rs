@@ -160,30 +160,37 @@ fn redis_backend(
 
 pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
     let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
-    let backend = match s.backend.as_ref().map(|b| (b.get_ref().as_str(), b.span())) {
-        None | Some(("memory", _)) => {
-            // A Redis address with the memory backend is a half-done edit.
-            if let Some(url) = &s.url {
-                c.at(url.span(), "store.url", "is set but backend is not \"redis\"");
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Memory,
+        Redis,
+    }
+    let kind = super::choice(
+        c,
+        s.backend.as_ref(),
+        "store.backend",
+        &[("memory", Kind::Memory), ("redis", Kind::Redis)],
+        Kind::Memory,
+    );
+    let backend = match (kind, &s.backend) {
+        (Kind::Redis, Some(b)) => redis_backend(c, b.span(), s.url, s.cluster, s.sentinel, s.sentinel_master),
+        _ => {
+            // A Redis address with the memory backend is a half-done edit
+            // (not said again when the backend itself is unknown).
+            if s.backend.as_ref().is_none_or(|b| b.get_ref() == "memory") {
+                if let Some(url) = &s.url {
+                    c.at(url.span(), "store.url", "is set but backend is not \"redis\"");
+                }
+                if let Some(cl) = &s.cluster {
+                    c.at(cl.span(), "store.cluster", "is set but backend is not \"redis\"");
+                }
+                if let Some(se) = &s.sentinel {
+                    c.at(se.span(), "store.sentinel", "is set but backend is not \"redis\"");
+                }
+                if let Some(m) = &s.sentinel_master {
+                    c.at(m.span(), "store.sentinel_master", "is set but backend is not \"redis\"");
+                }
             }
-            if let Some(cl) = &s.cluster {
-                c.at(cl.span(), "store.cluster", "is set but backend is not \"redis\"");
-            }
-            if let Some(se) = &s.sentinel {
-                c.at(se.span(), "store.sentinel", "is set but backend is not \"redis\"");
-            }
-            if let Some(m) = &s.sentinel_master {
-                c.at(m.span(), "store.sentinel_master", "is set but backend is not \"redis\"");
-            }
-            StoreBackend::Memory
-        }
-        Some(("redis", span)) => redis_backend(c, span, s.url, s.cluster, s.sentinel, s.sentinel_master),
-        Some((other, span)) => {
-            c.at(
-                span,
-                "store.backend",
-                format!("unknown backend {other:?}: use \"memory\" or \"redis\""),
-            );
             StoreBackend::Memory
         }
     };

@@ -9,7 +9,7 @@ use toml::Spanned;
 
 use super::{in_range, Check};
 use crate::config::raw;
-use crate::upstream::Upstream;
+use crate::proxy::upstream::Upstream;
 
 /// Upstreams in file order.
 pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec<Arc<Upstream>> {
@@ -65,7 +65,7 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec
                 format!("duplicate upstream name {name:?}"),
             );
         }
-        let limits = crate::upstream::Limits {
+        let limits = crate::proxy::upstream::Limits {
             idle_timeout: body_idle,
             max_in_flight,
         };

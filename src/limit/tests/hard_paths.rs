@@ -2,43 +2,34 @@
 //! failed stores, cold bursts, key floods, slow stores.
 
 use super::*;
-use crate::config::Algorithm;
+use crate::quota::Algorithm;
 use std::sync::atomic::AtomicBool;
-
-/// A clock the test moves, shared by the limiter and its memory store.
-fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
-    let now = Arc::new(AtomicU64::new(start_ms));
-    let read = now.clone();
-    (now, Arc::new(move || read.load(Ordering::SeqCst)))
-}
-
-/// A limiter on a counting memory store, both on a manual clock.
-fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Counting>, Arc<Limiter>) {
-    let (now, clock) = manual_clock(start_ms);
-    let store = Arc::new(Counting::new(MemoryStore::with_clock(10_000, clock.clone())));
-    let limiter = Limiter::new(store.clone(), test_settings(), clock);
-    (now, store, limiter)
-}
 
 fn sliding(name: &str, rate: &str, mode: Mode) -> Arc<LimitRuntime> {
     let rate: Rate = rate.parse().unwrap();
-    let config = Arc::new(Limit {
-        algorithm: Algorithm::SlidingWindow,
-        mode,
-        ..Limit::new(name, rate)
-    });
+    let config = Arc::new(
+        Limit::try_new(Draft {
+            algorithm: Algorithm::SlidingWindow,
+            mode,
+            ..Draft::new(name, rate)
+        })
+        .unwrap(),
+    );
     Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
 }
 
-async fn one(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>], id: &str) -> Verdict {
+async fn one<'l>(limiter: &'l Arc<Limiter>, limits: &[Arc<LimitRuntime>], id: &str) -> Verdict<'l> {
     let h = http::HeaderMap::new();
-    limiter.check(limits, &[0], &facts(id, &h), true).await
+    limiter
+        .check(limits, &[0], &facts(id, &h), StoreFailure::Allow)
+        .await
+        .committed()
 }
 
 /// A start time 10 s into a minute on the epoch's grid.
 const T0: u64 = 60_000 * 29_000_000 + 10_000;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_first_429_after_a_bucket_drains_tells_the_stores_exact_wait() {
     let (now, _, limiter) = at(T0);
     let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
@@ -60,7 +51,7 @@ async fn the_first_429_after_a_bucket_drains_tells_the_stores_exact_wait() {
     assert_eq!(one(&limiter, &limits, "a").await.refused, None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
     let (now, _, limiter) = at(T0);
     let limits = vec![sliding("five", "5/min", Mode::Enforce)];
@@ -79,17 +70,20 @@ async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
     assert_eq!(one(&limiter, &limits, "a").await.refused, None, "on time");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
     let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let canary = {
         let rate: Rate = "1/h".parse().unwrap();
-        let config = Arc::new(Limit {
-            mode: Mode::Canary,
-            canary_percent: 0,
-            ..Limit::new("canary", rate)
-        });
+        let config = Arc::new(
+            Limit::try_new(Draft {
+                mode: Mode::Canary,
+                canary_percent: 0,
+                ..Draft::new("canary", rate)
+            })
+            .unwrap(),
+        );
         Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
     };
     let limits = vec![
@@ -101,15 +95,21 @@ async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
     let h = http::HeaderMap::new();
     for _ in 0..3 {
         // fail_open = false: a `deny` route.
-        let v = limiter.check(&limits, &[0, 1, 2], &facts("k", &h), false).await;
+        let v = limiter
+            .check(&limits, &[0, 1, 2], &facts("k", &h), StoreFailure::Deny)
+            .await
+            .committed();
         assert_eq!((v.refused, &v.store_error), (None, &None));
         assert_eq!(v.limits.len(), 3, "every limit is still counted");
     }
-    let v = limiter.check(&limits, &[0, 3], &facts("k", &h), false).await;
+    let v = limiter
+        .check(&limits, &[0, 3], &facts("k", &h), StoreFailure::Deny)
+        .await
+        .committed();
     assert!(v.store_error.is_some(), "an enforced limit's failure still decides");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_cold_burst_costs_a_couple_of_store_calls() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
@@ -162,7 +162,7 @@ impl QuotaStore for Stingy {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_request_waits_at_most_one_deadline_in_all() {
     let limiter = Limiter::new(Arc::new(Stingy), test_settings(), monotonic_clock());
     limiter.set_settings(Settings {
@@ -172,22 +172,27 @@ async fn a_request_waits_at_most_one_deadline_in_all() {
     let limits = Arc::new(vec![limit("l", "1000000/s", None, Mode::Enforce)]);
     let first = {
         let (limiter, limits) = (limiter.clone(), limits.clone());
-        tokio::spawn(async move { one(&limiter, &limits, "k").await })
+        tokio::spawn(async move { one(&limiter, &limits, "k").await.refused })
     };
     tokio::time::sleep(Duration::from_millis(2)).await;
     // This one waits for the first call (38 ms), which brings one token
     // only; its own call would take 40 ms more. It gives up at 50 ms.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let v = one(&limiter, &limits, "k").await;
     let waited = started.elapsed();
     assert_eq!(v.store_error, Some(StoreError::Timeout(50)));
-    assert!(waited < Duration::from_millis(70), "{waited:?}");
-    assert_eq!(first.await.unwrap().refused, None);
+    // On tokio's paused clock: exactly the one deadline (its timer's
+    // millisecond rounding aside), not 38 ms of waiting plus 50 of its own.
+    assert!(
+        (Duration::from_millis(50)..=Duration::from_millis(51)).contains(&waited),
+        "{waited:?}"
+    );
+    assert_eq!(first.await.unwrap(), None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn expired_tokens_go_back_inside_the_next_call() {
-    let (store, limiter) = setup();
+    let (now, store, limiter) = at(1_000_000);
     limiter.set_settings(Settings {
         sizing: Sizing {
             ttl_ms: 1,
@@ -197,7 +202,7 @@ async fn expired_tokens_go_back_inside_the_next_call() {
     });
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     assert_eq!(one(&limiter, &limits, "a").await.refused, None);
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    now.fetch_add(5, Ordering::SeqCst); // past the 1 ms TTL
     assert_eq!(one(&limiter, &limits, "a").await.refused, None);
     // No round trip of their own: the four unspent tokens rode along.
     assert_eq!(store.releases.load(Ordering::SeqCst), 0);
@@ -205,7 +210,7 @@ async fn expired_tokens_go_back_inside_the_next_call() {
     assert_eq!(store.returned.load(Ordering::SeqCst), 4);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
     let (store, limiter) = setup();
     let limiter = {
@@ -241,7 +246,7 @@ async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_warning_measures_how_far_over_across_the_window() {
     let (now, _, limiter) = at(T0);
     let limits = vec![limit("soft", "10/min", None, Mode::Soft)];
@@ -300,7 +305,7 @@ fn switchable() -> (Arc<AtomicU64>, Arc<Switch>, Arc<Limiter>) {
     (now, store, limiter)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
     let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
@@ -327,7 +332,7 @@ async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
     assert_eq!(one(&limiter, &limits, "new").await.limits[0].quota, 60);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
     let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
@@ -342,7 +347,7 @@ async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
     assert!((1_000..=1_400).contains(&per_minute), "{per_minute}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
     let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
     let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
@@ -359,7 +364,7 @@ async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
     // tests/redis_store.rs.)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn swept_tokens_are_not_counted_as_admitted() {
     let (now, _, limiter) = at(T0);
     let limits = vec![limit("l", "100/min", None, Mode::Enforce)];
@@ -379,7 +384,7 @@ async fn swept_tokens_are_not_counted_as_admitted() {
     assert!((0.25..0.45).contains(&rate), "{rate}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
     let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
     let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
@@ -406,7 +411,7 @@ async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_reload_that_changes_a_limit_lifts_its_keys_local_blocks() {
     let (store, limiter) = setup();
     let limits = vec![limit("two", "2/min", None, Mode::Enforce)];
@@ -462,7 +467,7 @@ impl QuotaStore for HungReleases {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn background_releases_past_their_bound_are_dropped_not_queued() {
     let limiter = Limiter::new(Arc::new(HungReleases), test_settings(), monotonic_clock());
     let limits = vec![limit("l", "1000000/min", None, Mode::Enforce)];
@@ -476,7 +481,7 @@ async fn background_releases_past_their_bound_are_dropped_not_queued() {
     assert_eq!(limiter.pending_releases(), sweep::MAX_PENDING_RELEASES);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 20));
     let settings = Settings {
@@ -525,7 +530,7 @@ async fn admitted_in_a_row(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>],
     n
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_outage_starts_the_fallback_low_not_where_the_last_one_left_it() {
     let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];

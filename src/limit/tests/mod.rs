@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::monotonic_clock;
-use crate::config::{KeyPart, Mode};
+use crate::limit::policy::{Draft, KeyPart, Mode, StoreFailure};
 use crate::quota::{Grant, Rate};
 use crate::store::memory::MemoryStore;
 use crate::store::{BoxFuture, Unspent};
@@ -82,17 +82,40 @@ impl QuotaStore for Counting {
 
 fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRuntime> {
     let rate: Rate = rate.parse().unwrap();
-    let config = Arc::new(Limit {
-        burst: burst.unwrap_or(rate.count),
-        mode,
-        ..Limit::new(name, rate)
-    });
+    let config = Arc::new(
+        Limit::try_new(Draft {
+            burst: burst.unwrap_or(rate.count),
+            mode,
+            ..Draft::new(name, rate)
+        })
+        .unwrap(),
+    );
     Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
 }
 
 fn setup() -> (Arc<Counting>, Arc<Limiter>) {
     let store = Arc::new(Counting::new(MemoryStore::new(10_000)));
     (store.clone(), Limiter::new(store, test_settings(), monotonic_clock()))
+}
+
+// Every test here runs on tokio's paused clock: a store's latency, a
+// deadline and a wait for background work take no real time, and a test
+// that needs time to pass for the limiter moves its manual clock. No test
+// sleeps for correctness, and none asserts on real elapsed time.
+
+/// A clock the test moves, shared by the limiter and its memory store.
+fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
+    let now = Arc::new(AtomicU64::new(start_ms));
+    let read = now.clone();
+    (now, Arc::new(move || read.load(Ordering::SeqCst)))
+}
+
+/// A limiter on a counting memory store, both on a manual clock.
+fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Counting>, Arc<Limiter>) {
+    let (now, clock) = manual_clock(start_ms);
+    let store = Arc::new(Counting::new(MemoryStore::with_clock(10_000, clock.clone())));
+    let limiter = Limiter::new(store.clone(), test_settings(), clock);
+    (now, store, limiter)
 }
 
 /// The limiter's settings in these tests: default sizing, a generous
@@ -144,7 +167,7 @@ impl QuotaStore for Slow {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn concurrent_requests_without_tokens_share_one_store_call() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let settings = Settings {
@@ -161,7 +184,10 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
         let (limiter, limits) = (limiter.clone(), limits.clone());
         tasks.push(tokio::spawn(async move {
             let h = http::HeaderMap::new();
-            let v = limiter.check(&limits, &[0], &facts("hot", &h), true).await;
+            let v = limiter
+                .check(&limits, &[0], &facts("hot", &h), StoreFailure::Allow)
+                .await
+                .committed();
             (v.refused, v.store_error)
         }));
     }
@@ -173,7 +199,7 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
     assert!(store.0.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.0.acquires);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
     // The store answers in 50 ms; the guard's deadline is 5 ms.
     let slow = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 50));
@@ -193,16 +219,24 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
         let (limiter, limits) = (limiter.clone(), limits.clone());
         tokio::spawn(async move {
             let h = http::HeaderMap::new();
-            limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+            limiter
+                .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+                .await
+                .committed()
+                .store_error
         })
     };
     tokio::time::sleep(Duration::from_millis(1)).await;
     let h = http::HeaderMap::new();
-    let started = std::time::Instant::now();
-    // This one waits for the first request's call, which the deadline ends.
-    let second = limiter.check(&limits, &[0], &facts("k", &h), false).await;
+    let started = tokio::time::Instant::now();
+    // This one waits for the first request's call, which the deadline ends
+    // 5 ms after it started, 4 ms after this one did.
+    let second = limiter
+        .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+        .await
+        .committed();
     assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
-    assert!(started.elapsed() < Duration::from_millis(30), "{:?}", started.elapsed());
+    assert!(started.elapsed() <= Duration::from_millis(5), "{:?}", started.elapsed());
     assert_eq!(first.await.unwrap(), Some(StoreError::Timeout(5)));
     assert_eq!(slow.0.acquires.load(Ordering::SeqCst), 1, "one call for both");
 }
@@ -226,7 +260,7 @@ impl QuotaStore for Failing {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
     let settings = test_settings();
@@ -237,7 +271,11 @@ async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_aga
         let (limiter, limits) = (limiter.clone(), limits.clone());
         tasks.push(tokio::spawn(async move {
             let h = http::HeaderMap::new();
-            limiter.check(&limits, &[0], &facts("k", &h), false).await.store_error
+            limiter
+                .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+                .await
+                .committed()
+                .store_error
         }));
     }
     for t in tasks {
@@ -248,8 +286,8 @@ async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_aga
 
 /// Three per hour, leases of ten that live 50 ms: the first request's
 /// lease takes the whole bucket.
-fn one_lease_drains_the_bucket() -> (Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
-    let (_store, limiter) = setup();
+fn one_lease_drains_the_bucket() -> (Arc<AtomicU64>, Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
+    let (now, _store, limiter) = at(1_000_000);
     limiter.set_settings(Settings {
         sizing: Sizing {
             min: 10,
@@ -260,42 +298,65 @@ fn one_lease_drains_the_bucket() -> (Arc<Limiter>, Vec<Arc<LimitRuntime>>) {
         },
         ..test_settings()
     });
-    (limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
+    (now, limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
-    let (limiter, limits) = one_lease_drains_the_bucket();
+    let (_now, limiter, limits) = one_lease_drains_the_bucket();
     let h = http::HeaderMap::new();
-    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    let v = limiter
+        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .await
+        .committed();
     assert_eq!(v.refused, None);
     // Another instance would now find the bucket empty; this one has two
     // tokens at hand, then refuses from memory (telling the client the
     // real wait for a token: 20 minutes).
     for _ in 0..2 {
-        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        assert_eq!(
+            limiter
+                .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                .await
+                .committed()
+                .refused,
+            None
+        );
     }
-    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    let v = limiter
+        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .await
+        .committed();
     assert_eq!(v.refused, Some(0));
     let wait = v.limits[0].retry_after_ms;
     assert!((1_199_000..=1_200_000).contains(&wait), "{wait}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
-    let (limiter, limits) = one_lease_drains_the_bucket();
+    let (now, limiter, limits) = one_lease_drains_the_bucket();
     let h = http::HeaderMap::new();
-    assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+    assert_eq!(
+        limiter
+            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed()
+            .refused,
+        None
+    );
     // The two unspent tokens expire with the lease and go back; the
     // drained-bucket block is no longer than the TTL, so they serve.
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    now.fetch_add(80, Ordering::SeqCst);
     for i in 0..2 {
-        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(v.refused, None, "request {i}");
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
@@ -304,32 +365,44 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
         limit("b", "1000000/s", None, Mode::Enforce),
     ];
     let h = http::HeaderMap::new();
-    let v = limiter.check(&limits, &[0, 1], &facts("k", &h), false).await;
+    let v = limiter
+        .check(&limits, &[0, 1], &facts("k", &h), StoreFailure::Deny)
+        .await
+        .committed();
     assert!(v.store_error.is_some());
     assert_eq!(store.0.load(Ordering::SeqCst), 1, "the 503 is decided; b is not asked");
     // A fail-open route asks both, each decided by its fallback bucket.
-    let v = limiter.check(&limits, &[0, 1], &facts("k2", &h), true).await;
+    let v = limiter
+        .check(&limits, &[0, 1], &facts("k2", &h), StoreFailure::Allow)
+        .await
+        .committed();
     assert_eq!(v.limits.len(), 2);
     assert_eq!(v.refused, None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
     let store = Arc::new(Failing(AtomicU64::new(0)));
     let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let rate: Rate = "40/h".parse().unwrap();
-    let config = Arc::new(Limit {
-        by: vec![KeyPart::Route],
-        shards: 4,
-        fallback_rate: Some("8/h".parse().unwrap()),
-        ..Limit::new("sharded", rate)
-    });
+    let config = Arc::new(
+        Limit::try_new(Draft {
+            by: vec![KeyPart::Route],
+            shards: 4,
+            fallback_rate: Some("8/h".parse().unwrap()),
+            ..Draft::new("sharded", rate)
+        })
+        .unwrap(),
+    );
     let limits = vec![Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))];
     let h = http::HeaderMap::new();
     // One client, so one sub-bucket: its share of the fallback is 8 / 4.
     let mut admitted = 0;
     for _ in 0..5 {
-        let v = limiter.check(&limits, &[0], &facts("k", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0], &facts("k", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert!(v.store_error.is_some());
         if v.refused.is_none() {
             admitted += 1;
@@ -338,7 +411,7 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
     assert_eq!(admitted, 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_dropped_request_frees_its_keys_store_call_slot() {
     let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
@@ -347,42 +420,55 @@ async fn a_dropped_request_frees_its_keys_store_call_slot() {
     // A client that goes away while its store call is in flight...
     let abandoned = tokio::time::timeout(
         Duration::from_millis(2),
-        limiter.check(&limits, &[0], &facts("k", &h), true),
+        limiter.check(&limits, &[0], &facts("k", &h), StoreFailure::Allow),
     )
     .await;
     assert!(abandoned.is_err());
     // ...leaves the key free for the next request.
     let v = tokio::time::timeout(
         Duration::from_secs(1),
-        limiter.check(&limits, &[0], &facts("k", &h), true),
+        limiter.check(&limits, &[0], &facts("k", &h), StoreFailure::Allow),
     )
     .await
-    .expect("no request waits on an abandoned call");
+    .expect("no request waits on an abandoned call")
+    .committed();
     assert_eq!(v.refused, None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_low_limit_admits_exactly_its_quota_then_refuses_from_memory() {
     let (store, limiter) = setup();
     let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
     for i in 0..5 {
-        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(v.refused, None, "request {i}");
         assert_eq!(v.limits[0].remaining, 4 - i);
     }
-    let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+    let v = limiter
+        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .await
+        .committed();
     assert_eq!(v.refused, Some(0));
     assert_eq!(v.limits[0].retry_after_ms.div_ceil(1000), 12);
     let calls = store.acquires.load(Ordering::SeqCst);
     // A burst of refusals on the blocked key costs no store call.
     for _ in 0..1_000 {
-        let v = limiter.check(&limits, &[0], &facts("a", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(v.refused, Some(0));
     }
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls);
     // Another identity is independent.
-    let v = limiter.check(&limits, &[0], &facts("b", &h), true).await;
+    let v = limiter
+        .check(&limits, &[0], &facts("b", &h), StoreFailure::Allow)
+        .await
+        .committed();
     assert_eq!(v.refused, None);
 }
 
@@ -396,14 +482,20 @@ async fn admitted(
 ) -> usize {
     let mut admitted = 0;
     for _ in 0..n {
-        if limiter.check(limits, which, facts, true).await.refused.is_none() {
+        if limiter
+            .check(limits, which, facts, StoreFailure::Allow)
+            .await
+            .committed()
+            .refused
+            .is_none()
+        {
             admitted += 1;
         }
     }
     admitted
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_refusal_by_the_second_limit_gives_back_the_first() {
     let (_, limiter) = setup();
     let limits = vec![
@@ -413,19 +505,26 @@ async fn a_refusal_by_the_second_limit_gives_back_the_first() {
     let h = http::HeaderMap::new();
     for _ in 0..2 {
         assert_eq!(
-            limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+            limiter
+                .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+                .await
+                .committed()
+                .refused,
             None
         );
     }
     for _ in 0..5 {
-        let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(v.refused, Some(1));
     }
     // "wide" spent only on the 2 admitted requests: 8 left for its own route.
     assert_eq!(admitted(&limiter, &limits, &[0], &facts("a", &h), 20).await, 8);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shadow_and_soft_spend_like_enforce_but_admit() {
     let (_, limiter) = setup();
     let limits = vec![
@@ -435,7 +534,10 @@ async fn shadow_and_soft_spend_like_enforce_but_admit() {
     let h = http::HeaderMap::new();
     let mut outcomes = Vec::new();
     for _ in 0..5 {
-        let v = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        let v = limiter
+            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(v.refused, None);
         outcomes.push((v.limits[0].outcome, v.limits[1].outcome));
     }
@@ -444,22 +546,29 @@ async fn shadow_and_soft_spend_like_enforce_but_admit() {
     assert_eq!(over(Outcome::SoftLimited), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn leases_grow_for_a_busy_key_and_cut_store_calls() {
     let (store, limiter) = setup();
     let limits = vec![limit("big", "1000000/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
     for _ in 0..20_000 {
-        assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
+        assert_eq!(
+            limiter
+                .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                .await
+                .committed()
+                .refused,
+            None
+        );
         tokio::task::yield_now().await; // let background refills run
     }
     let calls = store.acquires.load(Ordering::SeqCst);
     assert!(calls < 20_000 / 50, "{calls} store calls for 20,000 decisions");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn expired_leases_go_back_to_the_store() {
-    let (store, limiter) = setup();
+    let (now, store, limiter) = at(1_000_000);
     limiter.set_settings(Settings {
         sizing: Sizing {
             ttl_ms: 1,
@@ -469,24 +578,29 @@ async fn expired_leases_go_back_to_the_store() {
     });
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
-    assert_eq!(limiter.check(&limits, &[0], &facts("a", &h), true).await.refused, None);
-    // Well past the 1 ms TTL on the coarse clock, even on a busy machine
-    // whose ticker thread runs late.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        limiter
+            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed()
+            .refused,
+        None
+    );
+    // Past the 1 ms TTL.
+    now.fetch_add(2, Ordering::SeqCst);
     limiter.sweep(60_000).await;
     assert_eq!(store.releases.load(Ordering::SeqCst), 1);
-    // All but the one spent are back in the shared bucket (plus the token
-    // it refills every 60 ms, if the machine made this test take that long:
-    // the bucket holds 1000 at most). Without the release it would be
-    // short of the lease's unspent tokens.
+    // All but the one spent are back in the shared bucket (the clock moved
+    // 2 ms: no token refilled). Without the release it would be short of
+    // the lease's unspent tokens.
     let g = store
         .inner
         .acquire_now("rl:{l:a}", &limits[0].spec, 2_000, Unspent::default())
         .unwrap();
-    assert!((999..=1_000).contains(&g.granted), "{} granted", g.granted);
+    assert_eq!(g.granted, 999);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
     let store = Arc::new(MemoryStore::new(1_000_000));
     let settings = Settings {
@@ -499,8 +613,14 @@ async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
     let h = http::HeaderMap::new();
     for i in 0..20_000 {
         let id = format!("subnet:2001:db8:{i:x}::/64");
-        limiter.check(&limits, &[0], &facts(&id, &h), true).await;
-        limiter.check(&limits, &[0], &facts(&id, &h), true).await; // refused and blocked for an hour
+        limiter
+            .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+            .await
+            .committed();
+        limiter
+            .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+            .await
+            .committed(); // refused and blocked for an hour
     }
     assert!(limiter.tracked_keys() <= 1_024, "{} leases", limiter.tracked_keys());
 }
@@ -517,8 +637,9 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
                 let h = http::HeaderMap::new();
                 for _ in 0..100_000 {
                     if limiter
-                        .check(&limits, &[0], &facts("hot", &h), true)
+                        .check(&limits, &[0], &facts("hot", &h), StoreFailure::Allow)
                         .await
+                        .committed()
                         .refused
                         .is_none()
                     {
@@ -536,16 +657,24 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
 
 /// [`Limiter::try_check`]'s verdict, `None` when it needs the store (and
 /// then its verdict must be left empty).
-fn try_check(limiter: &Arc<Limiter>, all: &[Arc<LimitRuntime>], which: &[usize], facts: &Facts<'_>) -> Option<Verdict> {
+/// The verdict from memory, served (its tokens committed), and how many
+/// tokens it held before that; `None` when it needs the store.
+fn try_check<'l>(
+    limiter: &'l Arc<Limiter>,
+    all: &[Arc<LimitRuntime>],
+    which: &[usize],
+    facts: &Facts<'_>,
+) -> Option<(Verdict<'l>, usize)> {
     let mut verdict = Verdict::default();
     if limiter.try_check(all, which, facts, &mut verdict) {
-        return Some(verdict);
+        let held = verdict.tokens_held();
+        return Some((verdict.committed(), held));
     }
-    assert!(verdict.limits.is_empty() && verdict.taken.is_empty() && verdict.refused.is_none());
+    assert!(verdict.refused.is_none());
     None
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it() {
     let (store, limiter) = setup();
     let limits = vec![
@@ -558,21 +687,33 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     assert!(try_check(&limiter, &limits, &[1], &facts("a", &h)).is_none());
     for _ in 0..2 {
         assert_eq!(
-            limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+            limiter
+                .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+                .await
+                .committed()
+                .refused,
             None
         );
     }
     // The third request is refused by the store: "narrow" is now blocked.
     assert_eq!(
-        limiter.check(&limits, &[0, 1], &facts("a", &h), true).await.refused,
+        limiter
+            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed()
+            .refused,
         Some(1)
     );
     for _ in 0..5 {
-        let fast = try_check(&limiter, &limits, &[0, 1], &facts("a", &h)).expect("a blocked key decides from memory");
-        let slow = limiter.check(&limits, &[0, 1], &facts("a", &h), true).await;
+        let (fast, held) =
+            try_check(&limiter, &limits, &[0, 1], &facts("a", &h)).expect("a blocked key decides from memory");
+        let slow = limiter
+            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .await
+            .committed();
         assert_eq!(fast.refused, Some(1));
         assert_eq!(fast.refused, slow.refused);
-        assert!(fast.taken.is_empty(), "the refused request keeps no token");
+        assert_eq!(held, 0, "the refused request keeps no token");
         let (f, s) = (&fast.limits[1], &slow.limits[1]);
         assert_eq!((f.outcome, f.remaining, f.quota), (s.outcome, s.remaining, s.quota));
         assert!(f.retry_after_ms.abs_diff(s.retry_after_ms) <= 5);
@@ -580,7 +721,7 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     // Refusals of the blocked key alone cost no store call.
     let calls = store.acquires.load(Ordering::SeqCst);
     for _ in 0..100 {
-        let v = try_check(&limiter, &limits, &[1], &facts("a", &h)).expect("blocked");
+        let (v, _) = try_check(&limiter, &limits, &[1], &facts("a", &h)).expect("blocked");
         assert_eq!(v.refused, Some(0));
     }
     assert_eq!(
@@ -592,9 +733,62 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     assert_eq!(admitted(&limiter, &limits, &[0], &facts("a", &h), 20).await, 8);
     // A shadow limit's blocked key admits, from memory too.
     for _ in 0..2 {
-        let _ = limiter.check(&limits, &[2], &facts("b", &h), true).await;
+        let _ = limiter
+            .check(&limits, &[2], &facts("b", &h), StoreFailure::Allow)
+            .await
+            .committed();
     }
-    let v = try_check(&limiter, &limits, &[2], &facts("b", &h)).expect("a blocked shadow key decides from memory");
+    let (v, _) = try_check(&limiter, &limits, &[2], &facts("b", &h)).expect("a blocked shadow key decides from memory");
     assert_eq!(v.refused, None);
     assert_eq!(v.limits[0].outcome, Outcome::ShadowLimited);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_slow_path_goes_on_where_the_fast_path_stopped_and_an_unserved_verdict_gives_back() {
+    let (store, limiter) = setup();
+    // Limit 0 keyed by route (one key for every identity), limit 1 by identity.
+    let by_route = {
+        let rate: Rate = "1000/min".parse().unwrap();
+        let config = Arc::new(
+            Limit::try_new(Draft {
+                by: vec![KeyPart::Route],
+                ..Draft::new("by_route", rate)
+            })
+            .unwrap(),
+        );
+        Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+    };
+    let limits = vec![by_route, limit("per_client", "1000/min", None, Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    // Warm the route's lease.
+    let first = limiter
+        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .await
+        .committed();
+    let at_hand = first.limits[0].remaining;
+    let calls = store.acquires.load(Ordering::SeqCst);
+    // A new client: the route's token comes from memory, its own key needs
+    // the store.
+    let mut partial = Verdict::default();
+    assert!(!limiter.try_check(&limits, &[0, 1], &facts("b", &h), &mut partial));
+    assert_eq!((partial.limits.len(), partial.tokens_held()), (1, 1));
+    assert_eq!(partial.limits[0].remaining, at_hand - 1);
+    let v = limiter
+        .resume(partial, &limits, &[0, 1], &facts("b", &h), StoreFailure::Allow)
+        .await;
+    assert_eq!((v.decision, v.limits.len(), v.tokens_held()), (Decision::Admit, 2, 2));
+    // One store call, for the client's key only: the route's token was not
+    // taken again.
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
+    // Not served (say the client went away): both tokens go back.
+    drop(v);
+    let again = limiter
+        .check(&limits, &[0], &facts("c", &h), StoreFailure::Allow)
+        .await
+        .committed();
+    assert_eq!(
+        again.limits[0].remaining,
+        at_hand - 1,
+        "the dropped verdict's token came back"
+    );
 }

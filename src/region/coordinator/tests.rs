@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::quota::{Algorithm, Grant, Rate, Share, Spec, Unspent};
-use crate::region::link::{serve, Grantor};
+use crate::region::link::{Grantor, LinkService, ServeLimits};
 use crate::store::{BoxFuture, StoreError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -133,7 +133,11 @@ async fn primary_link(primary: Arc<Fake>) -> String {
             })
         }),
     });
-    tokio::spawn(serve(listener, Some(grantor)));
+    let link = LinkService {
+        grantor: Some(grantor),
+        limits: ServeLimits::default(),
+    };
+    tokio::spawn(link.serve(listener));
     addr.to_string()
 }
 

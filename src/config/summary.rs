@@ -1,0 +1,156 @@
+//! What `leasegate check` prints of a valid config: the one-screen
+//! summary, and the warnings about what is valid but likely not meant
+//! (also logged at start).
+
+use std::fmt::Write as _;
+
+use super::{redact, Config, Mode, StoreBackend};
+
+impl Config {
+    /// The one-screen summary printed by `leasegate check`.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{}: OK (sha256 {})",
+            self.source.path.display(),
+            self.source.sha256_hex()
+        );
+        let _ = writeln!(
+            s,
+            "instance  {} ({} workers)",
+            self.gateway.instance_id, self.gateway.workers
+        );
+        let l = &self.listeners;
+        for (name, addr) in [("http", l.http), ("https", l.https), ("admin", l.admin)] {
+            if let Some(addr) = addr {
+                let _ = writeln!(s, "listener  {name:<6} {addr}");
+            }
+        }
+        if let Some(tls) = &self.tls {
+            let _ = writeln!(s, "tls       cert {}", tls.cert.display());
+        }
+        let store = match &self.store.backend {
+            StoreBackend::Memory => "memory".to_string(),
+            StoreBackend::Redis { url } => format!("redis {}", redact(url)),
+            StoreBackend::RedisCluster { seeds } => {
+                format!("redis cluster ({} seeds)", seeds.len())
+            }
+            StoreBackend::RedisSentinel { sentinels, master } => {
+                format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())
+            }
+        };
+        let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
+        for u in &self.upstreams {
+            let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();
+            let _ = writeln!(s, "upstream  {} -> {}", u.name, targets.join(", "));
+        }
+        for r in self.routes.iter() {
+            let target = match &r.action {
+                crate::route::Action::Forward(u) => format!("upstream {}", u.name),
+                crate::route::Action::Respond(d) => format!("responds {}", d.status.as_u16()),
+            };
+            let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
+            let limits = if r.limits.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = r
+                    .limits
+                    .iter()
+                    .filter_map(|&i| self.limits.get(i))
+                    .map(|l| l.name.as_str())
+                    .collect();
+                format!(", limits {}", names.join(", "))
+            };
+            let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
+        }
+        for lim in &self.limits {
+            let _ = write!(
+                s,
+                "limit     {} {:?} {} burst {} ({:?})",
+                lim.name, lim.algorithm, lim.rate, lim.burst, lim.mode
+            );
+            if lim.shards > 1 {
+                let _ = write!(s, ", {} shards by {}", lim.shards, lim.shard_by.as_str());
+            }
+            if let Some(f) = lim.fallback_rate {
+                let _ = write!(s, ", fallback {f}");
+            }
+            s.push('\n');
+        }
+        if let Some(r) = &self.region {
+            let primary = match &r.primary {
+                Some(p) => format!("primary {p}"),
+                None => "the primary".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "region    {}: share {} of every limit, link {}, {primary}",
+                r.name, r.share, r.link
+            );
+        }
+        if let Some(r) = &self.rls {
+            let _ = writeln!(
+                s,
+                "rls       grpc {}: {} domain(s), {} rule(s) with a limit, from {}; on store failure {}",
+                r.listen,
+                r.rules.domains.len(),
+                r.rules.limit_count(),
+                r.config_path.display(),
+                r.on_store_failure.as_str()
+            );
+        }
+        if let Some(e) = &self.events {
+            let _ = writeln!(
+                s,
+                "events    dogstatsd {}, at most one per key per {} ms",
+                e.dogstatsd,
+                e.min_interval.as_millis()
+            );
+        }
+        for w in self.warnings() {
+            let _ = writeln!(s, "warning   {w}");
+        }
+        s
+    }
+
+    /// What is valid but likely not meant: a Redis-backed, fail-open route
+    /// whose limit would let a fleet falling back together admit more than
+    /// the quota (a `fallback_rate` that, on `[store] fleet_size`
+    /// instances, adds up to more than the limit's rate). The default
+    /// fallback is bounded by twice what the fleet was admitting, so it is
+    /// never named here.
+    pub fn warnings(&self) -> Vec<String> {
+        if self.store.backend == StoreBackend::Memory {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, lim) in self.limits.iter().enumerate() {
+            let Some(fallback) = lim.fallback_rate else { continue };
+            if matches!(lim.mode, Mode::Shadow | Mode::Soft) {
+                continue;
+            }
+            let routes: Vec<&str> = self
+                .routes
+                .iter()
+                .filter(|r| r.on_store_failure == crate::route::StoreFailure::Allow && r.limits.contains(&i))
+                .map(|r| r.name.as_str())
+                .collect();
+            let fleet = fallback.per_second() * self.store.fleet_size as f64;
+            if routes.is_empty() || fleet <= lim.rate.per_second() * 1.000_001 {
+                continue;
+            }
+            out.push(format!(
+                "limit {}: fallback_rate {fallback} on each of {} instance(s) ([store] fleet_size) admits up to {:.3}/s \
+                 while the store is away, more than its rate {} ({:.3}/s); fail-open route(s): {}",
+                lim.name,
+                self.store.fleet_size,
+                fleet,
+                lim.rate,
+                lim.rate.per_second(),
+                routes.join(", ")
+            ));
+        }
+        out
+    }
+}

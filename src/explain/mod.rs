@@ -1,0 +1,641 @@
+//! `leasegate explain`: what the gateway would do with one request, and why.
+//!
+//! It runs the request path's own steps, not a copy of their rules: route
+//! matching ([`runtime::route_index_of`]), the identity waterfall
+//! ([`Resolver::resolve`], JWTs verified as the gateway verifies them, and
+//! [`Resolver::passed_over`] for why higher tiers did not apply), the tier
+//! filter ([`runtime::applying_limits`]), the key facts ([`runtime::facts`])
+//! and the store keys ([`crate::limit::store_key`], shards included). Pure: no I/O, no
+//! store; `now_secs` is the wall clock JWTs are checked against. The one
+//! piece of I/O, asking a running gateway for the live state of those keys
+//! (`--admin`), is the [`admin`] room's; its answer is attached with
+//! [`Explanation::attach_live`].
+
+pub mod admin;
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
+use serde_json::{json, Value};
+
+use crate::config::{Config, Mode};
+use crate::identity;
+use crate::limit::stage;
+use crate::quota::{Rate, Spec};
+use crate::route::Action;
+use crate::runtime;
+
+/// Why a command line does not describe a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    #[error("bad --header {0:?}: want 'Name: value'")]
+    HeaderShape(String),
+    #[error("bad --header {0:?}: {1}")]
+    Header(String, String),
+    #[error("bad --ip {0:?}: want an IPv4 or IPv6 address such as 198.51.100.7")]
+    Ip(String),
+    #[error("bad METHOD {0:?}: want an HTTP method such as GET")]
+    Method(String),
+    #[error("bad PATH {0:?}: want a path starting with '/' (or an absolute URL)")]
+    Path(String),
+    #[error("PATH {0:?}: the gateway answers 400 to it: {1}")]
+    Refused(String, crate::route::normalize::TargetError),
+}
+
+/// One request, as the command line describes it.
+#[derive(Debug)]
+pub struct Probe {
+    pub request: Request<()>,
+    /// The TCP peer the request comes from.
+    pub peer: IpAddr,
+}
+
+/// The peer `explain` assumes without `--ip`.
+pub const DEFAULT_PEER: &str = "127.0.0.1";
+
+impl Probe {
+    /// Builds a request from `METHOD`, `PATH`, `--header 'Name: value'`s and
+    /// `--ip`.
+    pub fn parse(method: &str, path: &str, headers: &[String], ip: Option<&str>) -> Result<Probe, ArgError> {
+        let method = Method::from_bytes(method.as_bytes())
+            .ok()
+            .filter(|m| method.bytes().all(|b| b.is_ascii_alphabetic()) && !m.as_str().is_empty())
+            .ok_or_else(|| ArgError::Method(method.to_string()))?;
+        let uri: http::Uri = path.parse().map_err(|_| ArgError::Path(path.to_string()))?;
+        if !uri.path().starts_with('/') || (uri.authority().is_none() && !path.starts_with('/')) {
+            return Err(ArgError::Path(path.to_string()));
+        }
+        let mut map = HeaderMap::new();
+        for h in headers {
+            let (name, value) = h.split_once(':').ok_or_else(|| ArgError::HeaderShape(h.clone()))?;
+            let name = HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|e| ArgError::Header(h.clone(), format!("header name: {e}")))?;
+            let value = HeaderValue::from_str(value.trim())
+                .map_err(|e| ArgError::Header(h.clone(), format!("header value: {e}")))?;
+            map.append(name, value);
+        }
+        let peer_text = ip.unwrap_or(DEFAULT_PEER);
+        let peer: IpAddr = peer_text
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| ArgError::Ip(peer_text.to_string()))?;
+        let mut request = Request::new(());
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = map;
+        // Explained as the gateway serves it: normalised first.
+        crate::route::normalize::target(&mut request).map_err(|e| ArgError::Refused(path.to_string(), e))?;
+        Ok(Probe { request, peer })
+    }
+}
+
+/// What the gateway would do with a [`Probe`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    pub method: String,
+    pub path: String,
+    pub route: Option<RouteFacts>,
+    pub identity: Option<IdentityFacts>,
+    /// Invalid credentials the gateway refuses with 401 before any limit
+    /// (`[identity] reject_invalid`).
+    pub rejected: Option<String>,
+    /// The setting that makes the rejection a 401.
+    pub rejected_by: &'static str,
+    /// The limits that apply, in the order the gateway checks them.
+    pub limits: Vec<LimitFacts>,
+    /// The route's limits that do not apply to this identity's tier.
+    pub skipped: Vec<(String, String)>,
+    /// The admin URL the live state came from (`--admin`), if asked.
+    pub live_from: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteFacts {
+    pub name: String,
+    pub path_prefix: String,
+    pub host: Option<String>,
+    /// `upstream NAME` or `responds STATUS`.
+    pub action: String,
+    pub on_store_failure: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityFacts {
+    /// `tier:value`.
+    pub value: String,
+    pub tier: &'static str,
+    pub tenant: Option<String>,
+    pub plan: Option<String>,
+    pub client_ip: IpAddr,
+    /// Each higher tier, and why it did not apply.
+    pub passed_over: Vec<(&'static str, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitFacts {
+    pub name: String,
+    pub mode: &'static str,
+    /// `canary` only: whether this config's instance enforces.
+    pub canary_enforcing: Option<bool>,
+    pub algorithm: &'static str,
+    /// The key's rate: the plan's when one applies, a shard's share when
+    /// sharded.
+    pub rate: String,
+    pub capacity: u64,
+    /// The plan whose rate applies.
+    pub plan: Option<String>,
+    /// The sub-bucket, of how many.
+    pub shard: Option<(u32, u32)>,
+    /// The store key, `rl:{...}`.
+    pub key: String,
+    /// The key's state on a running gateway (`--admin`); `None` when not
+    /// asked, or when the gateway's answer did not name the key.
+    pub live: Option<admin::KeyState>,
+}
+
+/// Explains `probe` under `config`.
+pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
+    let req = &probe.request;
+    let mut out = Explanation {
+        method: req.method().to_string(),
+        path: req.uri().to_string(),
+        route: None,
+        identity: None,
+        rejected: None,
+        rejected_by: "",
+        limits: Vec::new(),
+        skipped: Vec::new(),
+        live_from: None,
+    };
+    let Some(route) = runtime::route_index_of(&config.routes, req).and_then(|i| config.routes.get(i)) else {
+        return out;
+    };
+    out.route = Some(RouteFacts {
+        name: route.name.clone(),
+        path_prefix: route.path_prefix.clone(),
+        host: route.host.clone(),
+        action: match &route.action {
+            Action::Forward(u) => format!("upstream {}", u.name),
+            Action::Respond(d) => format!("responds {}", d.status.as_u16()),
+        },
+        on_store_failure: route.on_store_failure.as_str(),
+    });
+
+    // No TLS here: the fingerprint tier needs a ClientHello.
+    let conn = identity::Connection {
+        peer: probe.peer,
+        ja4: None,
+    };
+    let id = match config.identity.resolve(req.headers(), conn, now_secs) {
+        Ok(id) => id,
+        Err(rejection) => {
+            out.rejected_by = match rejection {
+                identity::Rejection::TooLong { .. } => "[identity] max_token_bytes",
+                _ => "[identity] on_invalid_credentials = \"reject\"",
+            };
+            out.rejected = Some(rejection.to_string());
+            return out;
+        }
+    };
+    out.identity = Some(IdentityFacts {
+        value: id.value.clone(),
+        tier: id.tier.name(),
+        tenant: id.tenant.as_deref().map(str::to_string),
+        plan: id.plan.as_deref().map(str::to_string),
+        client_ip: id.client_ip,
+        passed_over: config
+            .identity
+            .passed_over(req.headers(), conn, now_secs, id.tier)
+            .into_iter()
+            .map(|(tier, why)| (tier.name(), why))
+            .collect(),
+    });
+
+    let applying = runtime::applying_limits(&config.limits, route, id.tier);
+    for &i in &route.limits {
+        let Some(limit) = config.limits.get(i) else { continue };
+        if !applying.contains(&i) {
+            let tiers: Vec<&str> = limit.tiers.iter().flatten().map(|t| t.name()).collect();
+            out.skipped.push((
+                limit.name.clone(),
+                format!("applies to tiers {} only, not {}", tiers.join(", "), id.tier.name()),
+            ));
+        }
+    }
+    let facts = runtime::facts(route, &id, req.headers());
+    for &i in &applying {
+        let Some(limit) = config.limits.get(i) else { continue };
+        // The limiter's own choice of a key's quota and store key.
+        let plan = id
+            .plan
+            .as_deref()
+            .filter(|p| limit.plans.iter().any(|(name, _)| name == p));
+        let (spec, sub_bucket) = crate::limit::key_spec(limit, limit.spec(), limit.shards, &facts);
+        let store_key = crate::limit::store_key(limit, &facts, sub_bucket);
+        let shard = sub_bucket.map(|s| (s, limit.shards));
+        out.limits.push(LimitFacts {
+            name: limit.name.clone(),
+            mode: limit.mode.as_str(),
+            canary_enforcing: (limit.mode == Mode::Canary)
+                .then(|| stage::canary_enforces(&config.gateway.instance_id, limit.canary_percent)),
+            algorithm: spec.algorithm.as_str(),
+            rate: rate_of(&spec).to_string(),
+            capacity: spec.capacity,
+            plan: plan.map(str::to_string),
+            shard,
+            key: store_key,
+            live: None,
+        });
+    }
+    out
+}
+
+fn rate_of(spec: &Spec) -> Rate {
+    Rate {
+        count: spec.count,
+        period: std::time::Duration::from_millis(spec.period_ms()),
+    }
+}
+
+impl Explanation {
+    /// The store keys of the applying limits, in order: what `--admin` asks
+    /// the gateway about.
+    pub fn keys(&self) -> Vec<&str> {
+        self.limits.iter().map(|l| l.key.as_str()).collect()
+    }
+
+    /// Attaches the live state `from` (the admin URL) answered to the limit
+    /// of each key.
+    pub fn attach_live(&mut self, from: &str, states: Vec<admin::KeyState>) {
+        self.live_from = Some(from.to_string());
+        for state in states {
+            for l in self.limits.iter_mut().filter(|l| l.key == state.key) {
+                l.live = Some(state.clone());
+            }
+        }
+    }
+
+    /// For people: one line per fact, aligned.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let Some(route) = &self.route else {
+            let _ = writeln!(
+                s,
+                "no route matches {} {}: the gateway answers 404, and no limit applies",
+                self.method, self.path
+            );
+            return s;
+        };
+        let host = route.host.as_deref().map(|h| format!(", host {h}")).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "route     {} (path_prefix {}{host}; {}; on_store_failure {})",
+            route.name, route.path_prefix, route.action, route.on_store_failure
+        );
+        if let Some(why) = &self.rejected {
+            let _ = writeln!(
+                s,
+                "identity  rejected: {why}\n          the gateway answers 401 before any limit is checked ({})",
+                self.rejected_by
+            );
+            return s;
+        }
+        let Some(id) = &self.identity else { return s };
+        let mut about = Vec::new();
+        if let Some(t) = &id.tenant {
+            about.push(format!("tenant {t}"));
+        }
+        if let Some(p) = &id.plan {
+            about.push(format!("plan {p}"));
+        }
+        about.push(format!("client {}", id.client_ip));
+        let _ = writeln!(s, "identity  {} ({})", id.value, about.join(", "));
+        for (tier, why) in &id.passed_over {
+            let _ = writeln!(s, "          not {tier}: {why}");
+        }
+        if self.limits.is_empty() && self.skipped.is_empty() {
+            let _ = writeln!(s, "limits    none on this route");
+        }
+        for l in &self.limits {
+            let mut mode = l.mode.to_string();
+            if let Some(on) = l.canary_enforcing {
+                mode.push_str(if on {
+                    " (enforces on this instance)"
+                } else {
+                    " (does not enforce on this instance)"
+                });
+            }
+            let mut notes = Vec::new();
+            if let Some(p) = &l.plan {
+                notes.push(format!("plan {p}"));
+            }
+            if let Some((i, n)) = l.shard {
+                notes.push(format!("shard {i} of {n}"));
+            }
+            let notes = if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", notes.join(", "))
+            };
+            let _ = writeln!(
+                s,
+                "limit     {} {mode} {} {} capacity {}{notes}\n          key {}",
+                l.name, l.algorithm, l.rate, l.capacity, l.key
+            );
+            if self.live_from.is_some() {
+                let _ = writeln!(s, "          live {}", live_text(l.live.as_ref()));
+            }
+        }
+        for (name, why) in &self.skipped {
+            let _ = writeln!(s, "skipped   {name}: {why}");
+        }
+        if let Some(from) = &self.live_from {
+            let _ = writeln!(s, "live      from {from}");
+        }
+        s
+    }
+
+    /// For scripts: `route`, `identity` (`tier:value`) and `limits[]`
+    /// (`name`, `mode`, `algorithm`, `rate`, `capacity`, `key`), plus the
+    /// details the text shows. `route` and `identity` are `null` when no
+    /// route matches (or the identity is rejected).
+    pub fn to_json(&self) -> Value {
+        let mut v = self.json_without_live();
+        if self.live_from.is_some() {
+            if let Some(limits) = v.get_mut("limits").and_then(Value::as_array_mut) {
+                for (out, l) in limits.iter_mut().zip(&self.limits) {
+                    if let Some(o) = out.as_object_mut() {
+                        o.insert("live".into(), json!(l.live));
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    fn json_without_live(&self) -> Value {
+        json!({
+            "method": self.method,
+            "path": self.path,
+            "route": self.route.as_ref().map(|r| r.name.clone()),
+            "route_detail": self.route.as_ref().map(|r| json!({
+                "name": r.name,
+                "path_prefix": r.path_prefix,
+                "host": r.host,
+                "action": r.action,
+                "on_store_failure": r.on_store_failure,
+            })),
+            "identity": self.identity.as_ref().map(|i| i.value.clone()),
+            "identity_detail": self.identity.as_ref().map(|i| json!({
+                "tier": i.tier,
+                "value": i.value,
+                "tenant": i.tenant,
+                "plan": i.plan,
+                "client_ip": i.client_ip.to_string(),
+                "passed_over": i.passed_over.iter().map(|(tier, why)| json!({"tier": tier, "reason": why})).collect::<Vec<_>>(),
+            })),
+            "rejected": self.rejected,
+            "limits": self.limits.iter().map(|l| json!({
+                "name": l.name,
+                "mode": l.mode,
+                "canary_enforcing": l.canary_enforcing,
+                "algorithm": l.algorithm,
+                "rate": l.rate,
+                "capacity": l.capacity,
+                "plan": l.plan,
+                "shard": l.shard.map(|(i, _)| i),
+                "shards": l.shard.map(|(_, n)| n),
+                "key": l.key,
+            })).collect::<Vec<_>>(),
+            "live_from": self.live_from,
+            "skipped": self.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// One line of a key's live state, for people.
+fn live_text(state: Option<&admin::KeyState>) -> String {
+    let Some(st) = state else {
+        return "unknown: the gateway's answer did not name this key".to_string();
+    };
+    let mut parts = Vec::new();
+    if st.tracked {
+        parts.push(format!("{} token(s) at hand", st.tokens_at_hand));
+    } else {
+        parts.push("not tracked on this instance (no lease, no block): its next request asks the store".to_string());
+    }
+    if st.blocked_for_ms > 0 {
+        parts.push(format!(
+            "blocked for {} ms, Retry-After {} ms",
+            st.blocked_for_ms, st.retry_after_ms
+        ));
+    } else if st.tracked {
+        parts.push("not blocked".to_string());
+    }
+    if st.tracked {
+        parts.push(format!(
+            "store: {} left, whole in {} ms",
+            st.store_remaining, st.reset_ms
+        ));
+    }
+    if let Some(f) = &st.last_store_failure {
+        parts.push(format!("last store failure: {f}"));
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        crate::config::parse(std::path::Path::new("/tmp/gateway.toml"), text).unwrap()
+    }
+
+    const CONFIG: &str = r#"
+[listeners]
+http = "127.0.0.1:0"
+
+[[identity.api_keys]]
+key = "test-key-1"
+tenant = "acme"
+plan = "enterprise"
+
+[[routes]]
+name = "api"
+path_prefix = "/v1/"
+response = { status = 200, body = "ok" }
+limits = ["per_client", "per_subnet", "users_only"]
+
+[[limits]]
+name = "per_client"
+rate = "100/min"
+plans = { enterprise = "50000/min" }
+
+[[limits]]
+name = "per_subnet"
+rate = "1000/min"
+by = ["subnet"]
+shards = 4
+
+[[limits]]
+name = "users_only"
+rate = "10/s"
+tiers = ["user"]
+"#;
+
+    #[test]
+    fn a_known_api_key_gets_its_plan_and_every_key_is_the_limiters() {
+        let c = config(CONFIG);
+        let probe = Probe::parse(
+            "GET",
+            "/v1/orders",
+            &["X-API-Key: test-key-1".into()],
+            Some("198.51.100.7"),
+        )
+        .unwrap();
+        let e = explain(&c, &probe, 0);
+        assert_eq!(e.route.as_ref().unwrap().name, "api");
+        let id = e.identity.as_ref().unwrap();
+        assert_eq!(id.value, "key:acme");
+        assert_eq!(id.passed_over.len(), 1);
+        assert_eq!(e.limits.len(), 2);
+        assert_eq!(e.limits[0].rate, "50000/min");
+        assert_eq!(e.limits[0].capacity, 50_000);
+        assert_eq!(e.limits[0].key, "rl:{per_client:key:acme}");
+        let (shard, of) = e.limits[1].shard.unwrap();
+        assert_eq!(of, 4);
+        assert_eq!(
+            e.limits[1].key,
+            format!("rl:{{per_subnet:198.51.100.0/24:s{shard:02}}}")
+        );
+        assert_eq!(e.limits[1].capacity, 250);
+        assert_eq!(
+            e.skipped,
+            vec![(
+                "users_only".to_string(),
+                "applies to tiers user only, not key".to_string()
+            )]
+        );
+    }
+
+    #[test]
+    fn live_state_is_attached_to_the_limit_of_its_key() {
+        let c = config(CONFIG);
+        let probe = Probe::parse("GET", "/v1/orders", &["X-API-Key: test-key-1".into()], None).unwrap();
+        let mut e = explain(&c, &probe, 0);
+        // Without --admin: no live line, no `live` field.
+        assert!(!e.to_text().contains("live"), "{}", e.to_text());
+        assert!(e.to_json()["limits"][0].get("live").is_none());
+        let keys: Vec<String> = e.keys().iter().map(|k| k.to_string()).collect();
+        assert_eq!(keys.len(), 2);
+        let state = admin::KeyState {
+            key: keys[0].clone(),
+            tracked: true,
+            tokens_at_hand: 4,
+            blocked_for_ms: 0,
+            retry_after_ms: 0,
+            store_remaining: 95,
+            reset_ms: 1200,
+            last_store_failure: None,
+        };
+        // The gateway answered for the first key only.
+        e.attach_live("http://127.0.0.1:9901/limits/state", vec![state.clone()]);
+        assert_eq!(e.limits[0].live.as_ref(), Some(&state));
+        assert_eq!(e.limits[1].live, None);
+        let text = e.to_text();
+        assert!(
+            text.contains("          live 4 token(s) at hand; not blocked; store: 95 left, whole in 1200 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("          live unknown: the gateway's answer did not name this key\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("live      from http://127.0.0.1:9901/limits/state"),
+            "{text}"
+        );
+        let j = e.to_json();
+        assert_eq!(j["limits"][0]["live"]["tokens_at_hand"], 4);
+        assert_eq!(j["limits"][0]["live"]["store_remaining"], 95);
+        assert!(j["limits"][1]["live"].is_null());
+        assert_eq!(j["live_from"], "http://127.0.0.1:9901/limits/state");
+
+        let blocked = admin::KeyState {
+            key: "k".into(),
+            tracked: true,
+            tokens_at_hand: 0,
+            blocked_for_ms: 800,
+            retry_after_ms: 1000,
+            store_remaining: 0,
+            reset_ms: 0,
+            last_store_failure: Some("store_timeout".into()),
+        };
+        assert_eq!(
+            live_text(Some(&blocked)),
+            "0 token(s) at hand; blocked for 800 ms, Retry-After 1000 ms; store: 0 left, whole in 0 ms; last store failure: store_timeout"
+        );
+        let untracked = admin::KeyState {
+            key: "k".into(),
+            ..admin::KeyState::default()
+        };
+        assert_eq!(
+            live_text(Some(&untracked)),
+            "not tracked on this instance (no lease, no block): its next request asks the store"
+        );
+    }
+
+    #[test]
+    fn canary_limits_say_whether_this_instance_enforces() {
+        let text = |percent: u8| {
+            format!(
+                "[gateway]\ninstance_id = \"gw-a\"\n[listeners]\nhttp = \"127.0.0.1:0\"\n\
+                 [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nresponse = {{ status = 200, body = \"ok\" }}\n\
+                 limits = [\"trial\"]\n[[limits]]\nname = \"trial\"\nrate = \"5/s\"\nmode = \"canary\"\n\
+                 canary_percent = {percent}\n"
+            )
+        };
+        let probe = Probe::parse("GET", "/", &[], None).unwrap();
+        for percent in [0u8, 100] {
+            let e = explain(&config(&text(percent)), &probe, 0);
+            assert_eq!(e.limits[0].mode, "canary");
+            assert_eq!(
+                e.limits[0].canary_enforcing,
+                Some(stage::canary_enforces("gw-a", percent))
+            );
+        }
+        let e = explain(&config(&text(100)), &probe, 0);
+        assert!(
+            e.to_text().contains("canary (enforces on this instance)"),
+            "{}",
+            e.to_text()
+        );
+    }
+
+    #[test]
+    fn bad_arguments_are_named() {
+        assert!(matches!(
+            Probe::parse("GET", "/", &["nocolon".into()], None),
+            Err(ArgError::HeaderShape(_))
+        ));
+        assert!(matches!(
+            Probe::parse("GET", "/", &[], Some("300.1.1.1")),
+            Err(ArgError::Ip(_))
+        ));
+        assert!(matches!(Probe::parse("G E", "/", &[], None), Err(ArgError::Method(_))));
+        assert!(matches!(Probe::parse("GET", "v1", &[], None), Err(ArgError::Path(_))));
+        assert!(Probe::parse("GET", "/", &[], Some("2001:db8::1")).is_ok());
+    }
+
+    #[test]
+    fn an_unmatched_path_says_so() {
+        let c = config(CONFIG);
+        let e = explain(&c, &Probe::parse("GET", "/other", &[], None).unwrap(), 0);
+        assert!(e.route.is_none() && e.limits.is_empty());
+        assert!(e.to_text().starts_with("no route matches GET /other"));
+        assert_eq!(e.to_json()["route"], Value::Null);
+    }
+}

@@ -1,0 +1,424 @@
+//! Everything the client is told, in one place: every refusal the gateway
+//! makes mapped to an HTTP status and an `application/problem+json` body
+//! (RFC 9457), the 429 with its `Retry-After`, the 401 and the 503, and the
+//! `RateLimit-*` fields and `RateLimit-Warning`s a verdict shows (the
+//! statuses are picked here; `limit::headers` writes their bytes).
+
+use std::cell::RefCell;
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+
+use smallvec::SmallVec;
+
+use crate::config::Mode;
+use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
+use crate::limit::stage::{self, Outcome};
+use crate::limit::Verdict;
+use crate::proxy::body::Body;
+use crate::proxy::ForwardError;
+use crate::runtime::Snapshot;
+
+/// Where the fault lies: decides the status family and whether it is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Client,
+    Upstream,
+}
+
+/// Why a request got no answer of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("no route matches this request")]
+    NoRoute,
+    /// A target that upstreams could read in more than one way: an
+    /// encoded `/`, `..` above the root, two `Host` lines, ...
+    #[error("the request target is refused: {0}")]
+    BadTarget(#[from] crate::route::normalize::TargetError),
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+}
+
+impl RequestError {
+    pub fn source(&self) -> Source {
+        match self {
+            RequestError::NoRoute | RequestError::BadTarget(_) => Source::Client,
+            RequestError::Forward(f) if f.upstream_fault().is_none() => Source::Client,
+            RequestError::Forward(_) => Source::Upstream,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::BadTarget(_) | RequestError::Forward(ForwardError::BadRequestBody { .. }) => {
+                StatusCode::BAD_REQUEST
+            }
+            RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::Forward(ForwardError::UpstreamUnreachable { .. } | ForwardError::UpstreamFailed { .. }) => {
+                StatusCode::BAD_GATEWAY
+            }
+            RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            RequestError::NoRoute => "No route",
+            RequestError::BadTarget(_) | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
+            RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
+            RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => "Upstream unreachable",
+            RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => "Upstream timeout",
+            RequestError::Forward(ForwardError::UpstreamFailed { .. }) => "Upstream failed",
+        }
+    }
+
+    /// What the client is told. Upstream failures name no upstream, address
+    /// or OS error: those are for the log, not for whoever sent the request.
+    fn public_detail(&self) -> String {
+        match self {
+            RequestError::NoRoute
+            | RequestError::BadTarget(_)
+            | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
+            RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {
+                "the service behind this route is at capacity".into()
+            }
+            RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => {
+                "the service behind this route could not be reached".into()
+            }
+            RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => {
+                "the service behind this route did not answer in time".into()
+            }
+            RequestError::Forward(ForwardError::UpstreamFailed { .. }) => {
+                "the service behind this route failed to answer".into()
+            }
+        }
+    }
+
+    /// The response the client gets.
+    pub fn to_response(&self) -> Response<Body> {
+        let mut resp = problem(self.status(), self.title(), &self.public_detail());
+        if let RequestError::Forward(ForwardError::UpstreamBusy { .. }) = self {
+            // In flight ends within moments: come back in a second.
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// The 429 for a refused request: names the limit, says when to retry, and
+/// carries the `RateLimit-*` fields of `statuses` (rendered in `style`,
+/// the trio describing `focus`). `Retry-After` is whole seconds, at least
+/// 1, rounded up.
+///
+/// A flood of refusals repeats the same response (one limit, numbers that
+/// change once a second), so each thread keeps the last one it made: a
+/// repeat costs a clone of its header map and a reference count for its
+/// body, not a JSON document and eight header values built and inserted.
+pub fn too_many_requests(
+    limit: &str,
+    retry_after_ms: u64,
+    style: rl_headers::Style,
+    statuses: &[Status<'_>],
+    focus: Option<usize>,
+) -> Response<Body> {
+    thread_local! {
+        static LAST: RefCell<Option<Refusal>> = const { RefCell::new(None) };
+    }
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        let refusal = match &mut *last {
+            Some(r) if r.is_for(limit, secs, style, statuses, focus) => r,
+            other => other.insert(Refusal::new(limit, secs, style, statuses, focus)),
+        };
+        let mut resp = Response::new(Body::full(refusal.body.clone()));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = refusal.headers.clone();
+        resp
+    })
+}
+
+/// A 429 as made, and what it was made from.
+struct Refusal {
+    limit: String,
+    secs: u64,
+    style: rl_headers::Style,
+    focus: Option<usize>,
+    /// (name, quota, window, remaining, reset) of each status.
+    statuses: Vec<(String, [u64; 4])>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Refusal {
+    fn new(limit: &str, secs: u64, style: rl_headers::Style, statuses: &[Status<'_>], focus: Option<usize>) -> Refusal {
+        let mut headers = problem_headers(Some(secs));
+        rl_headers::render(&mut headers, style, statuses, focus);
+        Refusal {
+            limit: limit.to_string(),
+            secs,
+            style,
+            focus,
+            statuses: statuses.iter().map(|s| (s.name.to_string(), numbers(s))).collect(),
+            headers,
+            body: bytes::Bytes::from(too_many_requests_body(limit, secs)),
+        }
+    }
+
+    fn is_for(
+        &self,
+        limit: &str,
+        secs: u64,
+        style: rl_headers::Style,
+        statuses: &[Status<'_>],
+        focus: Option<usize>,
+    ) -> bool {
+        self.secs == secs
+            && self.focus == focus
+            && self.style == style
+            && self.limit == limit
+            && self.statuses.len() == statuses.len()
+            && self
+                .statuses
+                .iter()
+                .zip(statuses)
+                .all(|((name, n), s)| *n == numbers(s) && name == s.name)
+    }
+}
+
+fn numbers(s: &Status<'_>) -> [u64; 4] {
+    [s.quota, s.window_secs, s.remaining, s.reset_secs]
+}
+
+/// The problem+json of a 429, members in the order serde_json's map
+/// writes them (sorted), as it was written through `serde_json::Value`.
+fn too_many_requests_body(limit: &str, secs: u64) -> Vec<u8> {
+    let name = serde_json::to_string(limit).unwrap_or_default();
+    // The name inside `detail` is the same escaped text, between escaped quotes.
+    let inner = name.get(1..name.len().saturating_sub(1)).unwrap_or_default();
+    format!(
+        "{{\"detail\":\"rate limit \\\"{inner}\\\" exceeded; retry in {secs} s\",\"limit\":{name},\"retry_after\":{secs},\
+         \"status\":429,\"title\":\"Too Many Requests\",\"type\":\"about:blank\"}}"
+    )
+    .into_bytes()
+}
+
+/// The 401 for credentials that were presented and are not valid (under
+/// `[identity] on_invalid_credentials = "reject"`), or longer than
+/// `[identity] max_token_bytes`.
+pub fn unauthorized(reason: &str) -> Response<Body> {
+    let mut resp = problem(StatusCode::UNAUTHORIZED, "Unauthorized", reason);
+    resp.headers_mut()
+        .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// The 503 of a fail-closed route whose quota store is unreachable: the
+/// client did nothing wrong, so not a 429.
+pub fn store_unavailable(retry_after_secs: u64) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "rate limiting is unavailable and this route fails closed; retry shortly",
+    });
+    with_retry_after(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Body::full(body.to_string()),
+        retry_after_secs.max(1),
+    )
+}
+
+fn with_retry_after(status: StatusCode, body: Body, secs: u64) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = problem_headers(Some(secs));
+    resp
+}
+
+/// What every problem+json response carries, and `Retry-After` if given.
+fn problem_headers(retry_after_secs: Option<u64>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(secs) = retry_after_secs {
+        h.insert(RETRY_AFTER, rl_headers::number(secs));
+    }
+    h
+}
+
+/// A problem+json response. Never cached: it describes this moment.
+pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut resp = Response::new(Body::full(body.to_string()));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = problem_headers(None);
+    resp
+}
+
+// What a client is told of a verdict.
+/// `RateLimit-*` headers for every limit the client may see (shadow limits
+/// stay invisible), and a `RateLimit-Warning` per soft-limited one.
+pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict) {
+    add_warnings(headers, snapshot, verdict);
+    let (statuses, focus) = visible_statuses(snapshot, verdict, None);
+    rl_headers::render(headers, snapshot.config.gateway.rate_limit_headers, &statuses, focus);
+}
+
+/// What the client may see of each limit of the verdict (shadow limits stay
+/// invisible), and where the verdict's limit at `focus` is among them.
+pub fn visible_statuses<'s>(
+    snapshot: &'s Snapshot,
+    verdict: &Verdict,
+    focus: Option<usize>,
+) -> (SmallVec<[Status<'s>; 4]>, Option<usize>) {
+    let mut statuses = SmallVec::new();
+    let mut focus_at = None;
+    for (position, lv) in verdict.limits.iter().enumerate() {
+        let Some(limit) = snapshot.limits.get(lv.limit) else {
+            continue;
+        };
+        if limit.config.mode == Mode::Shadow {
+            continue;
+        }
+        if focus == Some(position) {
+            focus_at = Some(statuses.len());
+        }
+        statuses.push(Status {
+            name: &limit.config.name,
+            quota: lv.quota,
+            window_secs: lv.window_secs,
+            remaining: lv.remaining,
+            reset_secs: rl_headers::secs(lv.reset_ms),
+        });
+    }
+    (statuses, focus_at)
+}
+
+/// A `RateLimit-Warning` per soft-limited limit of the verdict.
+pub fn add_warnings(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict) {
+    for lv in verdict.limits.iter().filter(|lv| lv.outcome == Outcome::SoftLimited) {
+        let Some(limit) = snapshot.limits.get(lv.limit).filter(|l| l.config.mode != Mode::Shadow) else {
+            continue;
+        };
+        let text = stage::warning(lv.over_percent, limit.config.enforce_after.as_deref());
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            headers.append(RATELIMIT_WARNING.clone(), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_429_body_is_the_problem_json_document_it_always_was() {
+        for (limit, retry_ms) in [
+            ("per_client", 1),
+            ("per_client", 3_600_000),
+            ("a \"quoted\" \\ name", 1_500),
+            ("ünïcödé ☃ \u{1} \t", 61_000),
+            ("", 0),
+        ] {
+            let secs = u64::div_ceil(retry_ms, 1000).max(1);
+            let expected = serde_json::json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": format!("rate limit \"{limit}\" exceeded; retry in {secs} s"),
+                "limit": limit,
+                "retry_after": secs,
+            })
+            .to_string();
+            // Twice: the second comes from the thread's last refusal.
+            for _ in 0..2 {
+                let resp = too_many_requests(limit, retry_ms, rl_headers::Style::All, &[], None);
+                assert_eq!(resp.headers()[RETRY_AFTER], secs.to_string().as_str());
+                let Body::Full(Some(body)) = resp.into_body() else {
+                    panic!("a full body")
+                };
+                assert_eq!(std::str::from_utf8(&body).unwrap(), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_refusal_made_again_changes_with_every_input() {
+        let st = |name, remaining, reset_secs| Status {
+            name,
+            quota: 10,
+            window_secs: 60,
+            remaining,
+            reset_secs,
+        };
+        let made = |resp: Response<Body>| {
+            let (parts, body) = resp.into_parts();
+            let Body::Full(Some(body)) = body else {
+                panic!("a full body")
+            };
+            (parts.headers, body)
+        };
+        let all = rl_headers::Style::All;
+        let a = [st("a", 0, 7), st("b", 3, 50)];
+        let (first, _) = made(too_many_requests("a", 7_000, all, &a, Some(0)));
+        assert_eq!(first["ratelimit"], r#""a";r=0;t=7, "b";r=3;t=50"#);
+        assert_eq!(first["retry-after"], "7");
+        // Each input on its own, right after the first: what a thread made
+        // afresh, never the last refusal.
+        let cases = [
+            ("a", 7_000, all, [st("a", 0, 6), st("b", 3, 50)], Some(0)),
+            ("a", 7_000, all, [st("a", 0, 7), st("b", 2, 50)], Some(0)),
+            ("a", 7_000, all, [st("a", 0, 7), st("c", 3, 50)], Some(0)),
+            ("a", 8_000, all, a.clone(), Some(0)),
+            ("b", 7_000, all, a.clone(), Some(1)),
+            ("a", 7_000, all, a.clone(), Some(1)),
+            ("a", 7_000, rl_headers::Style::Legacy, a.clone(), Some(0)),
+        ];
+        for (limit, retry_ms, style, statuses, focus) in cases {
+            let again = made(too_many_requests(limit, retry_ms, style, &statuses, focus));
+            let fresh = Refusal::new(limit, retry_ms / 1000, style, &statuses, focus);
+            assert_eq!(
+                again,
+                (fresh.headers, fresh.body),
+                "{limit} {retry_ms} {style:?} {statuses:?} {focus:?}"
+            );
+            assert_ne!(again.0, first, "{limit} {retry_ms} {style:?} {statuses:?} {focus:?}");
+            let (back, _) = made(too_many_requests("a", 7_000, all, &a, Some(0)));
+            assert_eq!(back, first);
+        }
+    }
+
+    #[test]
+    fn statuses_follow_the_source() {
+        assert_eq!(RequestError::NoRoute.status(), StatusCode::NOT_FOUND);
+        let u = || "backend".to_string();
+        assert_eq!(
+            RequestError::from(ForwardError::UpstreamUnreachable {
+                upstream: u(),
+                reason: "refused".into()
+            })
+            .status(),
+            StatusCode::BAD_GATEWAY
+        );
+        let t = RequestError::from(ForwardError::UpstreamTimeout {
+            upstream: u(),
+            timeout_ms: 5,
+        });
+        assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(t.source(), Source::Upstream);
+        let r = t.to_response();
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+        let body = RequestError::from(ForwardError::BadRequestBody {
+            reason: "invalid chunk size: overflow".into(),
+        });
+        assert_eq!(body.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(body.source(), Source::Client);
+    }
+}

@@ -1,0 +1,476 @@
+//! A limit's policy, in the core's own vocabulary: what a `[[limits]]`
+//! entry says once validated. `config` builds these from `gateway.toml`;
+//! nothing here knows the file. [`Limit::try_new`] is the one constructor
+//! that checks a limit, so every rule a limit obeys is written once, here.
+
+use crate::identity::Tier;
+use crate::quota::{Algorithm, Rate, Share, Spec, MAX_UNITS};
+
+/// The rollout stage of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Shadow,
+    Soft,
+    Canary,
+    Enforce,
+}
+
+impl Mode {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Shadow => "shadow",
+            Mode::Soft => "soft",
+            Mode::Canary => "canary",
+            Mode::Enforce => "enforce",
+        }
+    }
+}
+
+/// Which rate-limit headers responses carry (`[gateway] rate_limit_headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// The IETF `RateLimit`/`RateLimit-Policy` pair and the legacy trio.
+    #[default]
+    All,
+    Ietf,
+    Legacy,
+    None,
+}
+
+/// One part of a limit's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Identity,
+    Tenant,
+    Route,
+    Ip,
+    /// The client's network, whatever its identity tier: a ceiling that a
+    /// client minting identities (random header names under one TLS
+    /// fingerprint) cannot escape. Bare `subnet` is /24 (IPv4) or /64
+    /// (IPv6); `subnet/48` sets the IPv6 prefix, `subnet/16/48` both.
+    Subnet {
+        v4: u8,
+        v6: u8,
+    },
+    Header(http::HeaderName),
+}
+
+/// What picks a request's sub-bucket of a sharded limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardBy {
+    Ip,
+    Identity,
+}
+
+impl ShardBy {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardBy::Ip => "ip",
+            ShardBy::Identity => "identity",
+        }
+    }
+}
+
+/// What a route does while the store is away (`on_store_failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFailure {
+    /// Fail open: admit against a local fallback bucket.
+    Allow,
+    /// Fail closed: answer 503.
+    Deny,
+}
+
+impl StoreFailure {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreFailure::Allow => "allow",
+            StoreFailure::Deny => "deny",
+        }
+    }
+}
+
+/// Most sub-buckets one key may be split into.
+pub const MAX_SHARDS: u32 = 1_000;
+
+/// A limit before it is checked: every field, public, with
+/// [`Draft::new`]'s defaults for the ones a caller leaves out.
+/// [`Limit::try_new`] turns it into a [`Limit`].
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub rate: Rate,
+    /// Token bucket capacity; for a sliding window, equal to the rate's count.
+    pub burst: u64,
+    pub by: Vec<KeyPart>,
+    pub mode: Mode,
+    pub canary_percent: u8,
+    /// `YYYY-MM-DD`, announced by `soft` warnings.
+    pub enforce_after: Option<String>,
+    /// Plan name → rate override.
+    pub plans: Vec<(String, Rate)>,
+    /// Identity tiers this limit applies to; `None`: all.
+    pub tiers: Option<Vec<Tier>>,
+    /// Rate of the local fallback bucket while the store is away; `None`:
+    /// the limit's own rate divided by `[store] fleet_size`.
+    pub fallback_rate: Option<Rate>,
+    /// Sub-buckets per key (1: not sharded).
+    pub shards: u32,
+    pub shard_by: ShardBy,
+    /// This region's slice of every quota of the limit (`[region] share`;
+    /// the whole without `[region]`).
+    pub share: Share,
+}
+
+impl Draft {
+    /// A token-bucket limit at `rate` with every other field at its default:
+    /// burst = the rate's count, keyed by identity, enforced, no plans,
+    /// tiers, fallback rate or shards.
+    pub fn new(name: &str, rate: Rate) -> Draft {
+        Draft {
+            name: name.to_string(),
+            algorithm: Algorithm::TokenBucket,
+            rate,
+            burst: rate.count,
+            by: vec![KeyPart::Identity],
+            mode: Mode::Enforce,
+            canary_percent: 5,
+            enforce_after: None,
+            plans: vec![],
+            tiers: None,
+            fallback_rate: None,
+            shards: 1,
+            shard_by: ShardBy::Ip,
+            share: Share::WHOLE,
+        }
+    }
+
+    /// Every rule this draft breaks, in field order (none: it makes a
+    /// [`Limit`]).
+    pub fn problems(&self) -> Vec<PolicyError> {
+        let mut out = Vec::new();
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if !name_ok {
+            out.push(PolicyError::Name(self.name.clone()));
+        }
+        if self.burst == 0 {
+            out.push(PolicyError::Burst(self.burst));
+        } else if !fits(self.burst, &self.rate) {
+            out.push(PolicyError::TooLarge(Field::Rate));
+        }
+        if self.by.is_empty() {
+            out.push(PolicyError::NoKeyParts);
+        }
+        if self.canary_percent > 100 {
+            out.push(PolicyError::CanaryPercent(self.canary_percent));
+        }
+        for (plan, rate) in &self.plans {
+            if !fits(rate.count, rate) {
+                out.push(PolicyError::TooLarge(Field::Plan(plan.clone())));
+            }
+        }
+        if let Some(rate) = &self.fallback_rate {
+            if !fits(rate.count, rate) {
+                out.push(PolicyError::TooLarge(Field::FallbackRate));
+            }
+        }
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            out.push(PolicyError::ShardsRange(self.shards));
+        } else {
+            // Every sub-bucket needs at least one token of every quota.
+            let smallest = self
+                .plans
+                .iter()
+                .map(|(_, r)| r.count)
+                .chain([self.rate.count, self.burst])
+                .min()
+                .unwrap_or(1);
+            if u64::from(self.shards) > smallest {
+                out.push(PolicyError::Shards {
+                    shards: self.shards,
+                    smallest,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// True when a bucket of `capacity` tokens refilled at `rate` stays exact in
+/// a double: levels are kept in units of capacity × period (ms), and the
+/// Redis scripts compute in doubles, exact only below 2^53.
+pub fn fits(capacity: u64, rate: &Rate) -> bool {
+    u128::from(capacity) * rate.period.as_millis().max(1) < u128::from(MAX_UNITS)
+}
+
+/// The field of a [`Draft`] a [`PolicyError`] is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    Name,
+    Rate,
+    Burst,
+    By,
+    CanaryPercent,
+    Plan(String),
+    FallbackRate,
+    Shards,
+}
+
+/// A rule a limit breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{0:?}: use letters, digits, '_', '-' and '.' only")]
+    Name(String),
+    #[error("{0} is out of range: use 1 or more")]
+    Burst(u64),
+    #[error("{} is too large (keep it below 2^53 token-milliseconds)", match .0 { Field::Rate => "burst × period", _ => "count × period" })]
+    TooLarge(Field),
+    #[error("list at least one key part")]
+    NoKeyParts,
+    #[error("{0} is out of range: use 0 to 100")]
+    CanaryPercent(u8),
+    #[error("{0} is out of range: use 1 to {MAX_SHARDS}")]
+    ShardsRange(u32),
+    #[error("{shards} sub-buckets for a quota of {smallest}: each needs at least one token")]
+    Shards { shards: u32, smallest: u64 },
+}
+
+impl PolicyError {
+    /// The field the rule is about.
+    pub fn field(&self) -> Field {
+        match self {
+            PolicyError::Name(_) => Field::Name,
+            PolicyError::Burst(_) => Field::Burst,
+            PolicyError::TooLarge(f) => f.clone(),
+            PolicyError::NoKeyParts => Field::By,
+            PolicyError::CanaryPercent(_) => Field::CanaryPercent,
+            PolicyError::ShardsRange(_) | PolicyError::Shards { .. } => Field::Shards,
+        }
+    }
+}
+
+/// A checked limit: made only by [`Limit::try_new`] (its fields are public
+/// to read; the private marker keeps anyone else from building one).
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub rate: Rate,
+    /// Token bucket capacity; for a sliding window, equal to the rate's count.
+    pub burst: u64,
+    pub by: Vec<KeyPart>,
+    pub mode: Mode,
+    pub canary_percent: u8,
+    /// `YYYY-MM-DD`, announced by `soft` warnings.
+    pub enforce_after: Option<String>,
+    /// Plan name → rate override.
+    pub plans: Vec<(String, Rate)>,
+    /// Identity tiers this limit applies to; `None`: all.
+    pub tiers: Option<Vec<Tier>>,
+    /// Rate of the local fallback bucket while the store is away; `None`:
+    /// the limit's own rate divided by `[store] fleet_size`.
+    pub fallback_rate: Option<Rate>,
+    /// Sub-buckets per key (1: not sharded).
+    pub shards: u32,
+    pub shard_by: ShardBy,
+    /// This region's slice of every quota of the limit (`[region] share`;
+    /// the whole without `[region]`). Applied last, by
+    /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
+    share: Share,
+    checked: Checked,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Checked;
+
+impl Limit {
+    /// The one way to make a limit: `draft` checked against every rule of
+    /// [`Draft::problems`]; the first it breaks is the error.
+    pub fn try_new(draft: Draft) -> Result<Limit, PolicyError> {
+        if let Some(e) = draft.problems().into_iter().next() {
+            return Err(e);
+        }
+        let Draft {
+            name,
+            algorithm,
+            rate,
+            burst,
+            by,
+            mode,
+            canary_percent,
+            enforce_after,
+            plans,
+            tiers,
+            fallback_rate,
+            shards,
+            shard_by,
+            share,
+        } = draft;
+        Ok(Limit {
+            name,
+            algorithm,
+            rate,
+            burst,
+            by,
+            mode,
+            canary_percent,
+            enforce_after,
+            plans,
+            tiers,
+            fallback_rate,
+            shards,
+            shard_by,
+            share,
+            checked: Checked,
+        })
+    }
+
+    /// This region's slice of every quota of the limit.
+    pub fn share(&self) -> Share {
+        self.share
+    }
+
+    /// The same limit on another slice of its quota (a share is a valid
+    /// fraction by construction, so nothing needs checking again).
+    pub fn with_share(&self, share: Share) -> Limit {
+        Limit {
+            share,
+            checked: self.checked,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the limit applies to a request whose identity came from
+    /// `tier` (`tiers` unset: every tier).
+    pub fn applies_to(&self, tier: Tier) -> bool {
+        self.tiers.as_ref().is_none_or(|t| t.contains(&tier))
+    }
+
+    /// True when the identity changes nothing about this limit: it applies
+    /// to every tier, has no plans, is not split by identity, and its key
+    /// is made of `ip`, `subnet`, `route` and `header:` parts only. Such a
+    /// limit can refuse a request before its identity is resolved.
+    pub fn identity_free(&self) -> bool {
+        self.tiers.is_none()
+            && self.plans.is_empty()
+            && (self.shards <= 1 || self.shard_by == ShardBy::Ip)
+            && self.by.iter().all(|p| {
+                matches!(
+                    p,
+                    KeyPart::Ip | KeyPart::Subnet { .. } | KeyPart::Route | KeyPart::Header(_)
+                )
+            })
+    }
+
+    /// The quota for callers without a plan override.
+    pub fn spec(&self) -> Spec {
+        Spec::new(self.algorithm, self.rate, self.burst)
+    }
+
+    /// The quota for a caller on `plan`: the plan's rate, with a capacity of
+    /// its count, or the limit's own quota when the plan has no override.
+    pub fn spec_for(&self, plan: Option<&str>) -> Spec {
+        match plan.and_then(|p| self.plans.iter().find(|(name, _)| name == p)) {
+            Some((_, rate)) => Spec::new(self.algorithm, *rate, rate.count),
+            None => self.spec(),
+        }
+    }
+
+    /// The quota of the local fallback bucket for a key of `spec` while the
+    /// store is away: `fallback_rate` (this region's slice of it) when set,
+    /// else `spec` divided over the fleet (`[store] fleet_size`).
+    pub fn fallback_spec(&self, spec: &Spec, fleet_size: u64) -> Spec {
+        match self.fallback_rate {
+            Some(rate) => Spec::new(self.algorithm, rate, rate.count).slice(self.share),
+            None => spec.divided(fleet_size),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(s: &str) -> Rate {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_default_draft_is_a_limit() {
+        let l = Limit::try_new(Draft::new("api", rate("10/s"))).unwrap();
+        assert_eq!((l.burst, l.shards, l.share()), (10, 1, Share::WHOLE));
+    }
+
+    #[test]
+    fn every_broken_rule_is_listed_with_its_field() {
+        let d = Draft {
+            burst: 0,
+            by: vec![],
+            canary_percent: 101,
+            shards: 0,
+            ..Draft::new("bad name", rate("10/s"))
+        };
+        let fields: Vec<Field> = d.problems().iter().map(PolicyError::field).collect();
+        assert_eq!(
+            fields,
+            [
+                Field::Name,
+                Field::Burst,
+                Field::By,
+                Field::CanaryPercent,
+                Field::Shards
+            ]
+        );
+        assert!(Limit::try_new(d).is_err());
+    }
+
+    #[test]
+    fn the_2_pow_53_rule_holds_for_every_quota_of_a_limit() {
+        // 10^9 per day: 10^9 × 86 400 000 ms is above 2^53.
+        let huge = rate("1000000000/day");
+        assert!(!fits(huge.count, &huge));
+        assert!(fits(1_000_000, &rate("1000000/day")));
+        let d = Draft {
+            plans: vec![("gold".into(), huge)],
+            fallback_rate: Some(huge),
+            ..Draft::new("api", huge)
+        };
+        let fields: Vec<Field> = d.problems().iter().map(PolicyError::field).collect();
+        assert_eq!(fields, [Field::Rate, Field::Plan("gold".into()), Field::FallbackRate]);
+        assert_eq!(
+            d.problems()[0].to_string(),
+            "burst × period is too large (keep it below 2^53 token-milliseconds)"
+        );
+        assert_eq!(
+            d.problems()[1].to_string(),
+            "count × period is too large (keep it below 2^53 token-milliseconds)"
+        );
+    }
+
+    #[test]
+    fn every_sub_bucket_needs_a_token_of_every_quota() {
+        let d = Draft {
+            shards: 4,
+            plans: vec![("free".into(), rate("3/min"))],
+            ..Draft::new("api", rate("100/min"))
+        };
+        assert_eq!(d.problems(), [PolicyError::Shards { shards: 4, smallest: 3 }]);
+        let ok = Draft { shards: 3, ..d };
+        assert!(Limit::try_new(ok).is_ok());
+    }
+
+    #[test]
+    fn a_new_share_keeps_everything_else() {
+        let l = Limit::try_new(Draft::new("api", rate("10/s"))).unwrap();
+        let half = Share::from_fraction(0.5).unwrap();
+        let s = l.with_share(half);
+        assert_eq!((s.share(), s.name.as_str(), s.burst), (half, "api", 10));
+    }
+}

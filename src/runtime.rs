@@ -1,0 +1,225 @@
+//! The `Runtime`: what every front of the gateway holds. The config in
+//! force (an `ArcSwap`'d [`Snapshot`], swapped whole on reload), the
+//! limiter, the metrics, this region's share and the event emitter. The
+//! HTTP request path (`gateway`), Envoy's rate limit services (`rls`),
+//! `leasegate explain`, admin and reload all hold an `Arc<Runtime>`; none
+//! of them holds another.
+//!
+//! It also holds what the request path and `explain` share about one
+//! request: its route, its identity clock, its key facts and the limits
+//! that apply to it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use http::header;
+use http::{HeaderMap, Request};
+use smallvec::SmallVec;
+
+use crate::config::{Config, Limit};
+use crate::events::Emitter;
+use crate::identity::{Identity, Tier};
+use crate::limit::key::Facts;
+use crate::limit::{LimitRuntime, Limiter, Settings};
+use crate::route::{Route, RouteTable};
+use crate::store::QuotaStore;
+use crate::telemetry::metrics::{Metrics, RouteMetrics};
+
+/// One config, compiled for serving: the config and its limits ready for
+/// decisions. Swapped whole on reload; a request keeps the one it started
+/// with.
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub limits: Vec<Arc<LimitRuntime>>,
+    /// Request metrics per route, in route order.
+    pub(crate) routes: Vec<RouteMetrics>,
+    /// Request metrics of requests no route matched.
+    pub(crate) unrouted: RouteMetrics,
+}
+
+impl Snapshot {
+    pub fn new(config: Config, metrics: &Metrics) -> Snapshot {
+        let limits = config
+            .limits
+            .iter()
+            .map(|l| Arc::new(LimitRuntime::new(l.clone(), &config.gateway.instance_id, metrics)))
+            .collect();
+        let routes = config.routes.iter().map(|r| RouteMetrics::new(&r.name)).collect();
+        Snapshot {
+            routes,
+            unrouted: RouteMetrics::new("none"),
+            config: Arc::new(config),
+            limits,
+        }
+    }
+}
+
+pub struct Runtime {
+    snapshot: ArcSwap<Snapshot>,
+    pub metrics: Arc<Metrics>,
+    pub limiter: Arc<Limiter>,
+    /// `[events]`, when configured: swapped when a reload changes it.
+    events: ArcSwapOption<Emitter>,
+    draining: AtomicBool,
+    /// `[region] share` at start (the whole without `[region]`): `[region]`
+    /// is bound at start (its link, its coordinator, the primary's grants),
+    /// so a reload keeps every limit on this slice.
+    share: crate::quota::Share,
+}
+
+impl Runtime {
+    pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
+        let limiter = Limiter::new(store, config.limiter_settings(), crate::clock::monotonic_clock());
+        let events = start_events(&config, &metrics, None);
+        let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);
+        let snapshot = Snapshot::new(config, &metrics);
+        Runtime {
+            share,
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics,
+            limiter,
+            events: ArcSwapOption::new(events),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// This region's slice of every quota (`[region] share` at start; the
+    /// whole without `[region]`): the Envoy rate limit services apply it
+    /// too.
+    pub fn share(&self) -> crate::quota::Share {
+        self.share
+    }
+
+    /// The config in force now.
+    pub fn config(&self) -> Arc<Config> {
+        self.snapshot.load().config.clone()
+    }
+
+    /// Swaps in a new config. Requests in flight finish on the one they
+    /// started with; leases survive for limits whose quota did not change,
+    /// and go back to the store for limits changed or removed.
+    pub async fn apply(&self, mut config: Config) {
+        for l in &mut config.limits {
+            if l.share() != self.share {
+                *l = Arc::new(l.with_share(self.share));
+            }
+        }
+        let snapshot = Snapshot::new(config, &self.metrics);
+        let old = self.snapshot.load_full();
+        // A limit changed when it is gone or its quota (any plan's) differs.
+        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share());
+        let changed: std::collections::HashSet<String> = old
+            .config
+            .limits
+            .iter()
+            .filter(|o| {
+                snapshot
+                    .config
+                    .limits
+                    .iter()
+                    .find(|n| n.name == o.name)
+                    .is_none_or(|n| quota(n) != quota(o))
+            })
+            .map(|o| o.name.clone())
+            .collect();
+        // The store deadline is bound at start (the guard's, a restart-only
+        // setting): a request's wait budget keeps it too.
+        let settings = Settings {
+            deadline_ms: self.limiter.settings().deadline_ms,
+            ..snapshot.config.limiter_settings()
+        };
+        self.limiter.set_settings(settings);
+        let events = start_events(&snapshot.config, &self.metrics, self.events.load_full());
+        self.events.store(events);
+        self.snapshot.store(Arc::new(snapshot));
+        let released = self.limiter.release_limits(&changed).await;
+        if released > 0 {
+            tracing::info!(
+                released_tokens = released,
+                "leases of changed or removed limits went back to the store"
+            );
+        }
+    }
+
+    /// Marks the gateway as shutting down (readiness turns false).
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The snapshot in force now: a request keeps the one it started with.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// The event emitter, when `[events]` is configured.
+    pub fn events(&self) -> arc_swap::Guard<Option<Arc<Emitter>>> {
+        self.events.load()
+    }
+}
+
+/// The emitter for `config`'s `[events]`: `running` when it was started
+/// for the same settings (it keeps its interval table), else a new one,
+/// else none.
+fn start_events(config: &Config, metrics: &Metrics, running: Option<Arc<Emitter>>) -> Option<Arc<Emitter>> {
+    let settings = config.events.as_ref()?;
+    let instance = &config.gateway.instance_id;
+    match running {
+        Some(e) if e.runs(settings, instance) => Some(e),
+        _ => Emitter::start(settings, instance, metrics).map(Arc::new),
+    }
+}
+
+/// The route a request matches, by host (the URI's authority, else `Host`),
+/// method and path: its index in `routes`. The request's target is in
+/// normal form ([`crate::route::normalize::target`]); its path is matched
+/// without `;` parameters. `leasegate explain` asks this too.
+pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize> {
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
+    let path = crate::route::normalize::match_path(req.uri().path());
+    routes.position(host, req.method(), &path)
+}
+
+/// The `now_secs` the identity waterfall gets: the wall clock matters only
+/// for cached JWTs, so a request without `Authorization` does not read it.
+pub fn identity_clock(headers: &HeaderMap) -> u64 {
+    if headers.contains_key(header::AUTHORIZATION) {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    } else {
+        0
+    }
+}
+
+/// What a request offers its limits' keys.
+pub fn facts<'a>(route: &'a Route, identity: &'a Identity, headers: &'a HeaderMap) -> Facts<'a> {
+    Facts {
+        identity: &identity.value,
+        tenant: identity.tenant.as_deref(),
+        plan: identity.plan.as_deref(),
+        route: &route.name,
+        ip: identity.client_ip,
+        headers,
+    }
+}
+
+/// The route's limits that apply to an identity of `tier`, in the route's
+/// order: indices into `limits` (the config's, which a snapshot's limit
+/// runtimes follow one for one).
+pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> SmallVec<[usize; 4]> {
+    route
+        .limits
+        .iter()
+        .copied()
+        .filter(|&i| limits.get(i).is_some_and(|l| l.applies_to(tier)))
+        .collect()
+}

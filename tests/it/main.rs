@@ -1,0 +1,29 @@
+//! leasegate's integration tests, one test binary with a module per
+//! feature (as cargo's and linkerd's suites are laid out): the real
+//! `leasegate` binary, real upstreams, real Redis processes and real
+//! clients, all on 127.0.0.1. One feature: `cargo test --test it edge::`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+mod admin;
+mod alerts;
+mod check;
+mod cli;
+mod dashboard;
+mod edge;
+mod events;
+mod explain;
+mod fingerprint;
+mod fleet;
+mod identity;
+mod key_churn;
+mod limits;
+mod proxy;
+mod redis_store;
+mod regions;
+mod reload;
+mod resilience;
+mod rlqs;
+mod rls;
+mod sentinel;

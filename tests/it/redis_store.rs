@@ -1,0 +1,510 @@
+//! The Redis scripts and store against a real `redis-server`: the scripts
+//! run directly by `redis-cli --eval`, and through `RedisStore`, which must
+//! agree with the embedded store decision for decision.
+
+use std::time::{Duration, Instant};
+
+use leasegate::quota::{Algorithm, Grant, Rate, Spec};
+use leasegate::store::memory::MemoryStore;
+use leasegate::store::redis::{RedisStore, Target};
+use leasegate::store::{QuotaStore, StoreError, Unspent};
+
+use crate::support;
+use crate::support::redis::Redis;
+
+fn spec(algorithm: Algorithm, rate: &str, capacity: u64) -> Spec {
+    let rate: Rate = rate.parse().unwrap();
+    Spec::new(algorithm, rate, capacity)
+}
+
+/// Runs a script file with `redis-cli --eval`; returns the reply's integers.
+fn eval(redis: &Redis, script: &str, key: &str, args: &[u64]) -> Vec<u64> {
+    let path = format!("{}/lua/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut cli_args: Vec<String> = vec!["--eval".into(), path, key.into(), ",".into()];
+    cli_args.extend(args.iter().map(u64::to_string));
+    let refs: Vec<&str> = cli_args.iter().map(String::as_str).collect();
+    let out = redis.cli(&refs);
+    out.lines()
+        .map(|l| {
+            l.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("not an integer reply: {out:?}"))
+        })
+        .collect()
+}
+
+/// The first call after a restart may meet the dropped connection; the
+/// store reconnects on its own.
+async fn acquire_retrying(store: &RedisStore, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Grant {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.acquire(key, spec, want, unspent).await {
+            Ok(g) => return g,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("Redis never answered: {e}"),
+        }
+    }
+}
+
+/// Redis's own clock, in ms, as the scripts read it.
+fn redis_now_ms(redis: &Redis) -> u64 {
+    let out = redis.cli(&["TIME"]);
+    let mut lines = out.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let (secs, micros) = (lines.next().unwrap(), lines.next().unwrap());
+    secs * 1000 + micros / 1000
+}
+
+fn field(redis: &Redis, key: &str, name: &str) -> u64 {
+    redis.cli(&["HGET", key, name]).trim().parse().unwrap()
+}
+
+fn pttl(redis: &Redis, key: &str) -> u64 {
+    redis.cli(&["PTTL", key]).trim().parse().unwrap()
+}
+
+#[test]
+fn token_bucket_script_grants_partially_and_says_when_to_retry() {
+    let redis = Redis::start();
+    // 10 per minute, capacity 10: one token per 6 s.
+    let [granted, remaining, reset, retry, window] =
+        eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 4])[..]
+    else {
+        panic!()
+    };
+    assert_eq!((granted, remaining, retry, window), (4, 6, 0, 0));
+    assert!((23_990..=24_000).contains(&reset), "{reset}");
+    // Asking for more than is left: a partial grant, which empties the
+    // bucket and so already says when the next token comes.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 100]);
+    assert_eq!((r[0], r[1]), (6, 0));
+    assert!((5_900..=6_000).contains(&r[3]), "{r:?}");
+    // Empty: nothing granted, and the exact wait for one token (6 s, less
+    // the few ms since the bucket was last measured).
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 1]);
+    assert_eq!(r[0], 0);
+    assert!((5_900..=6_000).contains(&r[3]), "{r:?}");
+    // State is a hash that lives until the bucket is full again, and a
+    // second more.
+    let fields = redis.cli(&["HGETALL", "rl:{t:a}"]);
+    assert!(fields.contains("tokens") && fields.contains("ts"), "{fields}");
+    let ttl = pttl(&redis, "rl:{t:a}");
+    assert!(ttl <= r[2] + 1_000 && ttl + 100 >= r[2] + 1_000, "{ttl} {r:?}");
+}
+
+#[test]
+fn a_token_bucket_key_lives_until_full_not_two_refills_from_empty() {
+    let redis = Redis::start();
+    // 1000/day that used five tokens: full again in 5 × 86.4 s, so the key
+    // lives about 433 s, not two days.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:ttl}", &[1_000, 86_400_000, 1_000, 5]);
+    assert_eq!((r[0], r[1], r[2]), (5, 995, 432_000));
+    let ttl = pttl(&redis, "rl:{t:ttl}");
+    assert!((432_000..=433_000).contains(&ttl), "{ttl}");
+    // Giving them back leaves it full: the key may go within a second.
+    eval(
+        &redis,
+        "release.lua",
+        "rl:{t:ttl}",
+        &[0, 1_000, 86_400_000, 1_000, 5, 0],
+    );
+    let ttl = pttl(&redis, "rl:{t:ttl}");
+    assert!(ttl <= 1_000, "{ttl}");
+}
+
+#[test]
+fn token_bucket_script_says_the_real_wait_on_the_grant_that_empties_it() {
+    let redis = Redis::start();
+    // 5/min: one token taken 10 s ago (4 left then, 4 + 5/6 now). Taking 4
+    // leaves 5/6 of a token: the next is 2 s away, not 12.
+    let ts = redis_now_ms(&redis) - 10_000;
+    redis.cli(&["HSET", "rl:{t:e}", "tokens", "240000", "ts", &ts.to_string()]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:e}", &[5, 60_000, 5, 4]);
+    assert_eq!((r[0], r[1]), (4, 0), "{r:?}");
+    assert!((1_900..=2_000).contains(&r[3]), "{r:?}");
+}
+
+#[test]
+fn token_bucket_script_gives_back_before_granting() {
+    let redis = Redis::start();
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:g}", &[10, 86_400_000, 10, 10, 0]);
+    assert_eq!(r[0], 10);
+    // Two come back in the same call that asks for three: two granted.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:g}", &[10, 86_400_000, 10, 3, 2]);
+    assert_eq!((r[0], r[1]), (2, 0), "{r:?}");
+    // A give-back beyond the capacity stops at the capacity.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:g}", &[10, 86_400_000, 10, 0, 100]);
+    assert_eq!(r[1], 10, "{r:?}");
+}
+
+#[test]
+fn token_bucket_scripts_re_anchor_a_timestamp_from_the_future() {
+    let redis = Redis::start();
+    // The state says "measured an hour from now" (written before a failover
+    // to a replica whose clock is an hour behind). 10/s: one token per 100 ms.
+    let future = redis_now_ms(&redis) + 3_600_000;
+    redis.cli(&["HSET", "rl:{t:f}", "tokens", "0", "ts", &future.to_string()]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:f}", &[10, 1_000, 10, 1]);
+    assert_eq!(r[0], 0, "nothing refills for a step back: {r:?}");
+    assert!((1..=100).contains(&r[3]), "{r:?}");
+    let ts = field(&redis, "rl:{t:f}", "ts");
+    assert!(ts < future - 3_000_000, "re-anchored to now: {ts}");
+    std::thread::sleep(Duration::from_millis(250));
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:f}", &[10, 1_000, 10, 10]);
+    assert!((2..=3).contains(&r[0]), "refills again at once, not in an hour: {r:?}");
+    // The release script does the same.
+    redis.cli(&["HSET", "rl:{t:f}", "tokens", "0", "ts", &future.to_string()]);
+    let r = eval(&redis, "release.lua", "rl:{t:f}", &[0, 10, 1_000, 10, 1, 0]);
+    assert_eq!(r[1], 1, "{r:?}");
+    assert!(field(&redis, "rl:{t:f}", "ts") < future - 3_000_000);
+}
+
+#[test]
+fn token_bucket_script_refills_and_release_clamps_to_capacity() {
+    let redis = Redis::start();
+    // 1 token per 100 ms, capacity 5.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:r}", &[10, 1_000, 5, 5]);
+    assert_eq!(r[0], 5);
+    std::thread::sleep(Duration::from_millis(250));
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:r}", &[10, 1_000, 5, 5]);
+    assert!((2..=3).contains(&r[0]), "refilled by elapsed time: {r:?}");
+    // Giving back more than fits stops at the capacity.
+    let r = eval(&redis, "release.lua", "rl:{t:r}", &[0, 10, 1_000, 5, 100, 0]);
+    assert_eq!(r[1], 5, "{r:?}");
+    // Releasing to a key that is gone is a no-op: it does not come back.
+    let r = eval(&redis, "release.lua", "rl:{t:gone}", &[0, 10, 1_000, 5, 3, 0]);
+    assert_eq!(r[1], 5);
+    assert_eq!(redis.cli(&["EXISTS", "rl:{t:gone}"]).trim(), "0");
+}
+
+#[test]
+fn sliding_window_script_admits_the_limit_per_window() {
+    let redis = Redis::start();
+    // 5 per hour: within one aligned window, 5 and no more.
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 3]);
+    assert_eq!((r[0], r[1], r[3]), (3, 2, 0));
+    let window = r[4];
+    assert_eq!(window % 3_600_000, 0);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 10]);
+    assert_eq!((r[0], r[1], r[4]), (2, 0, window));
+    // The 5 of this window still weigh 5 × (1 − e/p) after it turns, so the
+    // next request fits a fifth of a period into the next one: said by the
+    // grant that filled the window, and again by the refusal.
+    assert_eq!(r[3], r[2] + 720_000, "{r:?}");
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 1]);
+    assert_eq!(r[0], 0);
+    assert_eq!(r[3], r[2] + 720_000, "{r:?}");
+    // Release takes back from the window they were taken in, the current one.
+    eval(&redis, "release.lua", "rl:{w:a}", &[1, 5, 3_600_000, 5, 2, window]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:a}", &[5, 3_600_000, 5]);
+    assert_eq!(r[0], 2);
+    let ttl = pttl(&redis, "rl:{w:a}");
+    assert!(ttl > 3_600_000 && ttl <= 7_200_000, "{ttl}");
+}
+
+#[test]
+fn sliding_window_release_goes_back_to_the_window_it_came_from() {
+    let redis = Redis::start();
+    let p = 86_400_000;
+    let start = redis_now_ms(&redis) / p * p;
+    let prev_win = (start - p).to_string();
+    // 6 taken yesterday, in a window that has turned since.
+    redis.cli(&["HSET", "rl:{w:r}", "win", &prev_win, "cur", "6", "prev", "0"]);
+    // Given back to yesterday's window: off the previous count.
+    eval(&redis, "release.lua", "rl:{w:r}", &[1, 10, p, 10, 4, start - p]);
+    assert_eq!(field(&redis, "rl:{w:r}", "win"), start);
+    assert_eq!(
+        (field(&redis, "rl:{w:r}", "prev"), field(&redis, "rl:{w:r}", "cur")),
+        (2, 0)
+    );
+    // The acquire script's give-back does the same, before granting.
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:r}", &[10, p, 3, 1, start - p]);
+    assert_eq!((r[0], r[4]), (3, start));
+    assert_eq!(
+        (field(&redis, "rl:{w:r}", "prev"), field(&redis, "rl:{w:r}", "cur")),
+        (1, 3)
+    );
+    // To today's window: off the current count.
+    eval(&redis, "sliding_window.lua", "rl:{w:r}", &[10, p, 0, 2, start]);
+    assert_eq!(field(&redis, "rl:{w:r}", "cur"), 1);
+    // A window older than the previous one weighs nothing any more: a
+    // give-back to it changes nothing.
+    redis.cli(&["HSET", "rl:{w:o}", "win", &prev_win, "cur", "6", "prev", "6"]);
+    eval(&redis, "release.lua", "rl:{w:o}", &[1, 10, p, 10, 4, start - 2 * p]);
+    assert_eq!(
+        (field(&redis, "rl:{w:o}", "prev"), field(&redis, "rl:{w:o}", "cur")),
+        (6, 0)
+    );
+}
+
+#[test]
+fn sliding_window_scripts_re_anchor_a_window_from_the_future() {
+    let redis = Redis::start();
+    // 2 per second; the state's window starts an hour from now, full.
+    let p = 1_000;
+    let start = redis_now_ms(&redis) / p * p;
+    let future = (start + 3_600_000).to_string();
+    redis.cli(&["HSET", "rl:{w:f}", "win", &future, "cur", "2", "prev", "0"]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:f}", &[2, p, 1]);
+    assert_eq!(r[0], 0, "{r:?}");
+    // Re-anchored to now's window, its count kept: refused for at most two
+    // periods, not an hour.
+    assert!(r[4] < start + 3_600_000, "{r:?}");
+    assert_eq!(field(&redis, "rl:{w:f}", "win"), r[4]);
+    assert_eq!(field(&redis, "rl:{w:f}", "cur"), 2);
+    assert!((1..=2 * p).contains(&r[3]), "{r:?}");
+    std::thread::sleep(Duration::from_millis(r[3] + 20));
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:f}", &[2, p, 1]);
+    assert_eq!(r[0], 1, "admitted again after retry_after: {r:?}");
+    // A previous count from the future weighs fully, as a monotonic clock
+    // just past that window's start would weigh it: nothing more fits.
+    let day = 86_400_000;
+    let next = (redis_now_ms(&redis) / day * day + day).to_string();
+    redis.cli(&["HSET", "rl:{w:b}", "win", &next, "cur", "0", "prev", "5"]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{w:b}", &[5, day, 5]);
+    assert_eq!(r[0], 0, "{r:?}");
+    assert_eq!(field(&redis, "rl:{w:b}", "cur"), 5);
+    // The release script re-anchors too.
+    redis.cli(&["HSET", "rl:{w:b}", "win", &next, "cur", "0", "prev", "5"]);
+    eval(&redis, "release.lua", "rl:{w:b}", &[1, 5, day, 5, 1, 0]);
+    assert_eq!(field(&redis, "rl:{w:b}", "win"), redis_now_ms(&redis) / day * day);
+    assert_eq!(field(&redis, "rl:{w:b}", "cur"), 5);
+}
+
+#[test]
+fn fixed_window_script_counts_per_epoch_aligned_window() {
+    let redis = Redis::start();
+    let day = 86_400_000;
+    let start = redis_now_ms(&redis) / day * day;
+    // 5 per day, aligned to 00:00 UTC as envoyproxy/ratelimit aligns it.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 3]);
+    assert_eq!((r[0], r[1], r[3], r[4]), (3, 2, 0, start), "{r:?}");
+    let midnight = start + day - redis_now_ms(&redis);
+    assert!(r[2].abs_diff(midnight) < 1_000, "reset at midnight: {r:?}");
+    // Partial grant; the grant that fills the window says: the next one.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 10]);
+    assert_eq!((r[0], r[1]), (2, 0));
+    assert_eq!(r[3], r[2], "{r:?}");
+    // Refused calls are not counted.
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 1]);
+    assert_eq!(r[0], 0);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 5);
+    // Give-backs: to this window they count; to an ended one they do not.
+    eval(&redis, "release.lua", "rl:{f:a}", &[2, 5, day, 5, 2, start]);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 3);
+    eval(&redis, "release.lua", "rl:{f:a}", &[2, 5, day, 5, 2, start - day]);
+    assert_eq!(field(&redis, "rl:{f:a}", "n"), 3);
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:a}", &[5, day, 0, 1, start]);
+    assert_eq!((r[0], r[1]), (0, 3), "{r:?}");
+    // The key lives until the window ends, not longer.
+    let ttl = pttl(&redis, "rl:{f:a}");
+    assert!(ttl <= day && ttl + 5_000 >= start + day - redis_now_ms(&redis), "{ttl}");
+    // A window from the future (a clock that went back) is re-anchored to
+    // now's with its count: refused until now's window ends, not the future's.
+    let future = (start + 7 * day).to_string();
+    redis.cli(&["HSET", "rl:{f:f}", "win", &future, "n", "5"]);
+    let r = eval(&redis, "fixed_window.lua", "rl:{f:f}", &[5, day, 1]);
+    assert_eq!((r[0], r[4]), (0, start), "{r:?}");
+    assert!(r[3] <= day, "{r:?}");
+}
+
+/// Random acquires (with and without give-backs) and releases, the same on
+/// both stores: with a quota that refills too slowly to move during the
+/// test, every grant must match. Give-backs and releases go to the window
+/// the tokens came from, or on purpose to an older, the previous or a later
+/// window.
+#[tokio::test]
+async fn redis_and_memory_stores_agree_decision_for_decision() {
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let memory = MemoryStore::new(10_000);
+    let specs = [
+        spec(Algorithm::TokenBucket, "50/day", 20),
+        spec(Algorithm::TokenBucket, "1000/day", 1000),
+        spec(Algorithm::SlidingWindow, "30/day", 30),
+        spec(Algorithm::FixedWindow, "40/day", 40),
+    ];
+    // Tokens each key holds, by the window they were granted in.
+    let mut held: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for step in 0..800 {
+        let which = rng.usize(..specs.len());
+        let spec = &specs[which];
+        let key = format!("rl:{{diff:{which}:{}}}", rng.u8(..3));
+        let lots = held.entry(key.clone()).or_default();
+        let unspent = match (rng.u8(..3), lots.pop()) {
+            (0, _) | (_, None) => Unspent::default(),
+            (_, Some((window_ms, n))) => {
+                let tokens = rng.u64(1..=n + 2);
+                if n > tokens {
+                    lots.push((window_ms, n - tokens));
+                }
+                let p = spec.period_ms();
+                let window_ms = match rng.u8(..6) {
+                    0 => window_ms.saturating_sub(2 * p),
+                    1 => window_ms.saturating_sub(p),
+                    2 => window_ms + p,
+                    _ => window_ms,
+                };
+                Unspent { tokens, window_ms }
+            }
+        };
+        if rng.u8(..4) == 0 && unspent.tokens > 0 {
+            store.release(&key, spec, unspent).await.unwrap();
+            memory.release(&key, spec, unspent).await.unwrap();
+            continue;
+        }
+        let want = rng.u64(0..12);
+        let r = acquire_retrying(&store, &key, spec, want, unspent).await;
+        let m = memory.acquire(&key, spec, want, unspent).await.unwrap();
+        assert_eq!(
+            (r.granted, r.remaining, r.window_ms),
+            (m.granted, m.remaining, m.window_ms),
+            "step {step}: {key} want {want} {unspent:?}: redis {r:?} memory {m:?}"
+        );
+        if m.granted > 0 {
+            held.entry(key).or_default().push((m.window_ms, m.granted));
+        }
+        // Times differ only by the milliseconds between the two calls.
+        let close = |a: u64, b: u64| a.abs_diff(b) <= 2_000;
+        assert!(close(r.reset_ms, m.reset_ms), "step {step}: {r:?} {m:?}");
+        assert!(close(r.retry_after_ms, m.retry_after_ms), "step {step}: {r:?} {m:?}");
+        assert_eq!(r.retry_after_ms == 0, r.remaining > 0, "step {step}: {r:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_redis_starts_with_a_full_bucket_and_reloads_the_scripts() {
+    let mut redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::TokenBucket, "10/min", 10);
+    let g = acquire_retrying(&store, "rl:{r:a}", &s, 10, Unspent::default()).await;
+    assert_eq!(g.granted, 10);
+    assert_eq!(
+        acquire_retrying(&store, "rl:{r:a}", &s, 1, Unspent::default())
+            .await
+            .granted,
+        0
+    );
+    // The same port, an empty server: no bucket, no script cache.
+    redis.restart();
+    let g = acquire_retrying(&store, "rl:{r:a}", &s, 10, Unspent::default()).await;
+    assert_eq!(g.granted, 10, "a fresh bucket starts full");
+    // A flushed script cache is reloaded transparently too.
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let g = store.acquire("rl:{r:b}", &s, 3, Unspent::default()).await.unwrap();
+    assert_eq!(g.granted, 3);
+    assert!(redis.calls("script|load") + redis.calls("eval") >= 1);
+}
+
+#[tokio::test]
+async fn a_store_started_without_redis_fails_fast_and_recovers() {
+    let port = support::closed_port();
+    let store = RedisStore::start(&Target::Node(format!("redis://127.0.0.1:{port}"))).unwrap();
+    let s = spec(Algorithm::TokenBucket, "10/min", 10);
+    let started = Instant::now();
+    let err = store.acquire("rl:{x}", &s, 1, Unspent::default()).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable(_) | StoreError::Failed(_)),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // Redis comes up later on that port: the same store starts working.
+    let _redis = Redis::start_on(port);
+    assert_eq!(
+        acquire_retrying(&store, "rl:{x}", &s, 1, Unspent::default())
+            .await
+            .granted,
+        1
+    );
+}
+
+/// Redis gone, its port refusing: every call fails at once as
+/// `Unavailable` (a store error), never by hanging until a deadline on a
+/// reconnect that backs off; and once Redis is back on that port, the very
+/// next call is served.
+#[tokio::test]
+async fn a_refused_connection_fails_at_once_and_the_next_call_after_a_restart_is_served() {
+    let mut redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::TokenBucket, "100/min", 100);
+    acquire_retrying(&store, "rl:{refused}", &s, 1, Unspent::default()).await;
+    redis.kill();
+    for call in 0..20 {
+        let started = Instant::now();
+        let result = store.acquire("rl:{refused}", &s, 1, Unspent::default()).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(result, Err(StoreError::Unavailable(_))),
+            "call {call}: {result:?}"
+        );
+        // The guard's deadline is 5 ms by default; a refusal takes far less.
+        assert!(took < Duration::from_millis(50), "call {call} took {took:?}");
+    }
+    redis.restart();
+    let g = store.acquire("rl:{refused}", &s, 1, Unspent::default()).await;
+    assert!(matches!(g, Ok(Grant { granted: 1, .. })), "{g:?}");
+}
+
+#[test]
+fn a_lowered_capacity_caps_a_bucket_measured_this_very_millisecond() {
+    let redis = Redis::start();
+    // A bucket of 100 measured now, then asked under a capacity of 10 in
+    // the same millisecond (a reload lowered the burst): at most 10.
+    redis.cli(&["HSET", "rl:{t:cap}", "tokens", "6000000", "ts", "99999999999999"]);
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:cap}", &[10, 60_000, 10, 100]);
+    assert_eq!(r[0], 10, "{r:?}");
+    assert_eq!(r[1], 0);
+    assert!(r[2] <= 60_000, "reset is never past a full refill: {r:?}");
+}
+
+/// Tokens granted after the caller gave up (its deadline passed) go back.
+#[tokio::test]
+async fn a_grant_that_arrives_too_late_goes_back_to_the_bucket() {
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::TokenBucket, "100/h", 100);
+    acquire_retrying(&store, "rl:{late}", &s, 1, Unspent::default()).await; // connected; 99 left
+                                                                            // Redis hangs for 300 ms; a caller waits 20 ms for 50 tokens, then leaves.
+    redis.freeze();
+    let call = store.acquire("rl:{late}", &s, 50, Unspent::default());
+    assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.thaw();
+    // The script ran once Redis woke, and its 50 tokens were returned.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let units: u64 = redis.cli(&["HGET", "rl:{late}", "tokens"]).trim().parse().unwrap_or(0);
+        if units / 3_600_000 == 99 && redis.calls("evalsha") >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the late grant was not returned: {units}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A late grant of a sliding window goes back to the window it was counted
+/// in (passing no window would leave it counted: "older, nothing").
+#[tokio::test]
+async fn a_late_sliding_window_grant_goes_back_to_its_window() {
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let s = spec(Algorithm::SlidingWindow, "100/day", 100);
+    acquire_retrying(&store, "rl:{late:w}", &s, 1, Unspent::default()).await;
+    redis.freeze();
+    let call = store.acquire("rl:{late:w}", &s, 50, Unspent::default());
+    assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.thaw();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cur: u64 = redis.cli(&["HGET", "rl:{late:w}", "cur"]).trim().parse().unwrap_or(0);
+        if cur == 1 && redis.calls("evalsha") >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the late grant was not returned: {cur}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

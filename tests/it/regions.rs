@@ -1,0 +1,689 @@
+//! Three regions, each a real Redis and a real gateway, with a TCP relay
+//! between the other regions and the primary's link that adds latency and
+//! can be cut (refuse or hang). One global limit, `600/h` (no noticeable
+//! refill during a test), sliced 0.5 (primary) / 0.3 / 0.2.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::redis::Redis;
+use crate::support::{client, sample, Gateway, Toml};
+
+const QUOTA: u64 = 600;
+/// `[leasing] max`: the most one gateway holds at once.
+const MAX_LEASE: u64 = 5;
+/// Rebalance windows follow the wall clock: an hour, so a test that
+/// expects one transfer per window sees one (see [`fresh_window`]).
+const WINDOW_MS: u64 = 3_600_000;
+
+/// Waits, if needed, until at least 30 s of the current rebalance window
+/// are left, so a surge does not straddle two windows (and get a transfer
+/// in each).
+async fn fresh_window() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let left = WINDOW_MS - now % WINDOW_MS;
+    if left < 30_000 {
+        tokio::time::sleep(Duration::from_millis(left + 50)).await;
+    }
+}
+
+fn config(redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>) -> Toml {
+    let region = format!(
+        "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_at = 0.8\nrebalance_window_ms = {WINDOW_MS}"
+    );
+    let toml = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .redis(&redis.url(), "timeout_ms = 1000")
+        .table("leasing", &format!("min = 1\nmax = {MAX_LEASE}\nmax_block_ms = 20"))
+        .table("region", &region);
+    let toml = match primary {
+        None => toml,
+        Some(p) => toml.with(&format!("primary = \"http://{p}\"")),
+    };
+    let toml = toml
+        .respond("api", "/", &["global"])
+        .with("on_store_failure = \"deny\"")
+        .limit("global", &format!("{QUOTA}/h"))
+        .with("by = [\"route\"]");
+    match primary {
+        None => toml,
+        // A region with a primary also has `/marker`, under a limit the
+        // primary does not have: its ask goes over the link and is
+        // refused, moving nothing (see [`marker`]).
+        Some(_) => toml
+            .respond("marker", "/marker", &["marker"])
+            .with("on_store_failure = \"deny\"")
+            .limit("marker", "10/h")
+            .with("by = [\"route\"]"),
+    }
+}
+
+/// What the relay does with a connection.
+const PASS: u8 = 0;
+const REFUSE: u8 = 1;
+const HANG: u8 = 2;
+
+/// A TCP relay to `target` that delays every chunk by `latency`, counts
+/// connections, and can be cut.
+struct Relay {
+    addr: SocketAddr,
+    connections: Arc<AtomicU64>,
+    mode: Arc<AtomicU8>,
+    /// Milliseconds each chunk waits, read as the chunk arrives.
+    latency: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr, latency: Duration) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicU64::new(0));
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let latency = Arc::new(AtomicU64::new(latency.as_millis() as u64));
+        let (count, m, lat) = (connections.clone(), mode.clone(), latency.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                match m.load(Ordering::SeqCst) {
+                    REFUSE => drop(inbound),
+                    HANG => {
+                        // Holds the connection, answers nothing.
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            drop(inbound);
+                        });
+                    }
+                    _ => {
+                        let lat = lat.clone();
+                        tokio::spawn(async move {
+                            let Ok(outbound) = TcpStream::connect(target).await else {
+                                return;
+                            };
+                            let (ri, wi) = inbound.into_split();
+                            let (ro, wo) = outbound.into_split();
+                            tokio::join!(pipe(ri, wo, lat.clone()), pipe(ro, wi, lat));
+                        });
+                    }
+                }
+            }
+        });
+        Relay {
+            addr,
+            connections,
+            mode,
+            latency,
+            task,
+        }
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn set_latency(&self, latency: Duration) {
+        self.latency.store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    latency: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        tokio::time::sleep(Duration::from_millis(latency.load(Ordering::SeqCst))).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+struct World {
+    // Gateways before their Redis, so each stops before its store.
+    primary: Gateway,
+    eu: Gateway,
+    ap: Gateway,
+    relay: Relay,
+    _redis: [Redis; 3],
+}
+
+async fn world(latency: Duration) -> World {
+    let redis = [Redis::start(), Redis::start(), Redis::start()];
+    let primary = Gateway::start_connected(&config(&redis[0], "us-east", 0.5, None));
+    let relay = Relay::start(primary.addr("link"), latency).await;
+    let eu = Gateway::start_connected(&config(&redis[1], "eu-central", 0.3, Some(relay.addr)));
+    let ap = Gateway::start_connected(&config(&redis[2], "ap-south", 0.2, Some(relay.addr)));
+    World {
+        primary,
+        eu,
+        ap,
+        relay,
+        _redis: redis,
+    }
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    ok: u64,
+    limited: u64,
+    other: u64,
+    /// The slowest answer.
+    slowest: Duration,
+}
+
+/// Sends `n` requests one after another (or until `until`), counting
+/// answers.
+async fn send(gw: SocketAddr, n: u64, until: Option<Instant>) -> Tally {
+    let mut c = client::http1(gw).await;
+    let mut t = Tally::default();
+    for _ in 0..n {
+        if until.is_some_and(|u| Instant::now() > u) {
+            break;
+        }
+        let started = Instant::now();
+        let status = client::text(client::send(&mut c, client::get("/")).await).await.0;
+        t.slowest = t.slowest.max(started.elapsed());
+        match status {
+            StatusCode::OK => t.ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => t.limited += 1,
+            _ => t.other += 1,
+        }
+    }
+    t
+}
+
+/// Sends for `secs`, pausing `pause` between requests once refused, so a
+/// transfer landing mid-surge is spent.
+async fn surge(gw: SocketAddr, secs: f64) -> Tally {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let mut total = Tally::default();
+    while Instant::now() < until {
+        let t = send(gw, 50, Some(until)).await;
+        total.ok += t.ok;
+        total.limited += t.limited;
+        total.other += t.other;
+        total.slowest = total.slowest.max(t.slowest);
+        if t.limited > 0 {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    total
+}
+
+async fn metric(gw: &Gateway, name: &str) -> f64 {
+    sample(&gw.metrics().await, name)
+}
+
+/// Tokens the whole quota refills in `elapsed` (600/h: one per 6 s).
+fn refill(elapsed: Duration) -> u64 {
+    (QUOTA as f64 * elapsed.as_secs_f64() / 3_600.0).ceil() as u64
+}
+
+/// Drains `gw`'s slice of `marker` (3 tokens) and waits until the ask
+/// that crossing its threshold signals has been answered: refused by the
+/// primary, which has no such limit. The coordinator takes asks one at a
+/// time, in the order the request path signalled them, and elects each
+/// before the next: once the marker's ask is answered, any ask signalled
+/// before it has been taken, and its transfer has had its chance to reach
+/// the link.
+async fn marker(gw: &Gateway) {
+    let refused = "leasegate_region_transfers_total{result=\"refused\"}";
+    let before = metric(gw, refused).await;
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..4 {
+        client::text(client::send(&mut c, client::get("/marker")).await).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(gw, refused).await <= before {
+        assert!(
+            Instant::now() < deadline,
+            "the marker's ask was never answered:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        gw.log().contains("region: the primary refused the transfer"),
+        "{}",
+        gw.log()
+    );
+}
+
+/// Waits for the probe of the primary's link that eu and ap make at
+/// start (2 relay connections), which sets their `link_up` to 1.
+async fn start_probes(w: &World) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while w.relay.connections() < 2 {
+        assert!(Instant::now() < deadline, "no start probes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (gw, region) in [(&w.eu, "eu-central"), (&w.ap, "ap-south")] {
+        let name = format!("leasegate_region_link_up{{region=\"{region}\"}}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metric(gw, &name).await != 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "{region}: link_up not 1 after the start probe"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_threshold_a_region_stays_autonomous_and_a_surge_gets_a_transfer() {
+    fresh_window().await;
+    let w = world(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    // The one probe each non-primary region makes at start, and nothing
+    // after it.
+    start_probes(&w).await;
+
+    // eu's slice is 180 and it asks at 144 used: 100 requests (plus at most
+    // a lease) stay below, and cross no ocean.
+    let t = send(w.eu.http(), 100, None).await;
+    assert_eq!((t.ok, t.other), (100, 0), "{t:?}");
+    // An ask those requests signalled would be taken before the marker's:
+    // with the marker's answered, the only link traffic is the start
+    // probes and the marker's one exchange.
+    marker(&w.eu).await;
+    assert_eq!(
+        w.relay.connections(),
+        3,
+        "no link traffic below the threshold (2 start probes, 1 marker)"
+    );
+    assert_eq!(
+        metric(&w.eu, "leasegate_region_transfers_total{result=\"granted\"}").await,
+        0.0
+    );
+    let quiet = w.relay.connections();
+
+    // A surge crosses it: one transfer of one more slice (180 of the
+    // primary's 300), credited for the window, spent after the slice.
+    let t = surge(w.eu.http(), 3.0).await;
+    let eu_admitted = 100 + t.ok;
+    assert_eq!(t.other, 0, "{t:?}");
+    assert_eq!(
+        metric(&w.eu, "leasegate_region_transfers_total{result=\"granted\"}").await,
+        1.0,
+        "{}",
+        w.eu.log()
+    );
+    assert!(w.relay.connections() > quiet, "the transfer crossed the link");
+    let slice = 180;
+    assert!(
+        eu_admitted > slice + MAX_LEASE,
+        "the transfer let eu admit beyond its slice: {eu_admitted}"
+    );
+    assert!(
+        eu_admitted <= 2 * slice + refill(started.elapsed()) + MAX_LEASE,
+        "at most its slice and the transfer: {eu_admitted}"
+    );
+    assert!(w.eu.wait_for_log("region: transfer credited", Duration::from_secs(1)));
+
+    // The bound: every region surges now. The primary gave 180 away, so
+    // the world admits no more than the global allowance, plus refill,
+    // plus what is in flight (nothing: the one transfer per window is
+    // done), plus one lease per region.
+    let (p, ap, eu2) = tokio::join!(
+        surge(w.primary.http(), 2.0),
+        surge(w.ap.http(), 2.0),
+        surge(w.eu.http(), 2.0)
+    );
+    for t in [&p, &ap, &eu2] {
+        assert_eq!(t.other, 0, "{t:?}");
+    }
+    let global = p.ok + ap.ok + eu_admitted + eu2.ok;
+    let bound = QUOTA + refill(started.elapsed()) + 3 * MAX_LEASE;
+    println!(
+        "admitted: us-east {} eu-central {} ap-south {} = {global}; bound {bound}",
+        p.ok,
+        eu_admitted + eu2.ok,
+        ap.ok
+    );
+    assert!(global <= bound, "global {global} > bound {bound}");
+    // The primary kept its slice less the transfer (and refill).
+    assert!(p.ok <= 300 - 180 + refill(started.elapsed()) + MAX_LEASE, "{p:?}");
+    // And the world did use nearly all of it: slicing does not starve.
+    assert!(global + 3 * MAX_LEASE >= QUOTA, "global {global}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_changes_nothing_for_clients() {
+    let w = world(Duration::from_millis(20)).await;
+    start_probes(&w).await;
+    // Warm the connection and the lease path first.
+    let warm = send(w.ap.http(), 5, None).await;
+    assert_eq!(warm.ok, 5);
+
+    // Hang: the primary's link accepts and never answers.
+    w.relay.set(HANG);
+    let hung = surge(w.ap.http(), 2.5).await;
+    // Refuse: connections close at once.
+    w.relay.set(REFUSE);
+    let refused = surge(w.ap.http(), 1.0).await;
+
+    let admitted = warm.ok + hung.ok + refused.ok;
+    println!(
+        "partition: ap-south admitted {admitted} (slice 120); slowest answer {:?} while hung, {:?} while refused; link connections {}",
+        hung.slowest,
+        refused.slowest,
+        w.relay.connections()
+    );
+    for t in [&hung, &refused] {
+        assert_eq!(t.other, 0, "no 5xx during a partition: {t:?}");
+        assert!(
+            t.slowest < Duration::from_millis(100),
+            "no request waits on the link: slowest {:?}",
+            t.slowest
+        );
+    }
+    // ap enforces its slice (120) alone: no more, and no less than most of it.
+    assert!(admitted <= 120 + MAX_LEASE + 1, "{admitted}");
+    assert!(admitted >= 120 - MAX_LEASE, "{admitted}");
+    assert!(w.relay.connections() > 2, "the coordinator did try");
+    let m = w.ap.metrics().await;
+    assert_eq!(sample(&m, "leasegate_region_link_up{region=\"ap-south\"}"), 0.0, "{m}");
+    // The transfer is still being retried (until its window ends, an hour
+    // here): each failed attempt is a WARN, no transfer is an error yet.
+    assert!(w.ap.log().contains("region: transfer failed"), "{}", w.ap.log());
+    assert_eq!(sample(&m, "leasegate_region_transfers_total{result=\"granted\"}"), 0.0);
+
+    // Healed: a probe finds the link within a few seconds.
+    w.relay.set(PASS);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let up = metric(&w.ap, "leasegate_region_link_up{region=\"ap-south\"}").await;
+        if up == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "link_up never came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_still_credits_the_grant_that_landed_once() {
+    fresh_window().await;
+    let w = world(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    // Slower than the link's timeout: the first attempts reach the primary
+    // (which takes the tokens) but their answers come too late.
+    w.relay
+        .set_latency(leasegate::region::link::LINK_TIMEOUT + Duration::from_millis(500));
+    let t = send(w.eu.http(), 200, None).await;
+    assert_eq!(t.other, 0, "{t:?}");
+    assert!(t.ok <= 180 + MAX_LEASE, "eu's slice only, so far: {t:?}");
+    tokio::time::sleep(leasegate::region::link::LINK_TIMEOUT * 2).await;
+    // The link recovers: a retry with the same id gets the recorded grant.
+    w.relay.set_latency(Duration::from_millis(20));
+    assert!(
+        w.eu.wait_for_log("region: transfer credited", Duration::from_secs(20)),
+        "{}",
+        w.eu.log()
+    );
+    let m = w.eu.metrics().await;
+    assert_eq!(
+        sample(&m, "leasegate_region_transfers_total{result=\"granted\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "leasegate_region_transfers_total{result=\"error\"}"),
+        0.0,
+        "{m}"
+    );
+    assert!(
+        w.eu.log().contains("region: transfer failed"),
+        "the first attempts timed out"
+    );
+    // eu spends the credit ...
+    let more = surge(w.eu.http(), 2.0).await;
+    assert!(more.ok >= 180 - MAX_LEASE, "the transfer was credited: {more:?}");
+    assert!(
+        t.ok + more.ok <= 2 * 180 + refill(started.elapsed()) + MAX_LEASE,
+        "{t:?} {more:?}"
+    );
+    // ... and the primary gave it once: 300 - 180 are left of its slice.
+    let p = send(w.primary.http(), 300, None).await;
+    assert!(p.ok <= 120 + refill(started.elapsed()) + MAX_LEASE, "{p:?}");
+    assert!(p.ok + MAX_LEASE >= 120, "{p:?}");
+}
+
+/// POSTs a transfer straight to a link; (status, body).
+async fn post_transfer(link: SocketAddr, body: &serde_json::Value) -> (StatusCode, serde_json::Value) {
+    let mut c = client::http1(link).await;
+    let req = http::Request::post("/v1/transfer")
+        .header("host", "link")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let (status, _, text) = client::text(client::send(&mut c, req).await).await;
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_what_it_lacks() {
+    let redis = Redis::start();
+    let primary = Gateway::start_connected(&config(&redis, "us-east", 0.5, None));
+    let link = primary.addr("link");
+    let ask = |id: u64, want: u64| {
+        serde_json::json!({
+            "id": id, "region": "eu-central", "key": "rl:{global:api}",
+            "algorithm": "token_bucket", "count": QUOTA, "period_ms": 3_600_000u64,
+            "capacity": QUOTA, "want": want, "window_ms": WINDOW_MS,
+        })
+    };
+    let (s, a) = post_transfer(link, &ask(41, 100)).await;
+    assert_eq!(s, StatusCode::OK, "{a}");
+    assert_eq!(a["granted"], 100);
+    // The same id again: the same answer, and nothing more taken.
+    let (s, again) = post_transfer(link, &ask(41, 100)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(again, a);
+    // The primary's slice is 300: 200 are left, whatever is asked.
+    let (_, b) = post_transfer(link, &ask(42, 300)).await;
+    assert_eq!(b["granted"], 200, "only what is left of the slice");
+    // The primary grants by its own limits: a request whose quota is not
+    // the primary's is refused and touches nothing (run with other
+    // parameters, the bucket script would have reset the empty bucket).
+    for (field, value) in [
+        ("capacity", serde_json::json!(1_000_000)),
+        ("count", serde_json::json!(QUOTA * 10)),
+        ("period_ms", serde_json::json!(1_000)),
+        ("algorithm", serde_json::json!("sliding_window")),
+        ("key", serde_json::json!("rl:{other:api}")),
+        ("key", serde_json::json!("rl:{rls:edge:k=v}")),
+    ] {
+        let mut forged = ask(50, 300);
+        forged[field] = value.clone();
+        let (s, a) = post_transfer(link, &forged).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{field}={value}: {a}");
+        assert!(a["error"].is_string(), "{a}");
+    }
+    // One hash tag, the whole key: nothing may follow it.
+    let mut beside = ask(51, 300);
+    beside["key"] = "rl:{global:api}:credit".into();
+    assert_eq!(post_transfer(link, &beside).await.0, StatusCode::BAD_REQUEST);
+    let (_, c) = post_transfer(link, &ask(43, 300)).await;
+    assert_eq!(c["granted"], 0, "nothing left: nothing granted");
+    // And the primary's own clients find the bucket empty.
+    let t = send(primary.http(), 3, None).await;
+    assert_eq!(t.ok, 0, "{t:?}");
+
+    // What is not a bucket transfer is refused before any store call.
+    let mut bad = ask(44, 1);
+    bad["key"] = "session:secret".into();
+    assert_eq!(post_transfer(link, &bad).await.0, StatusCode::BAD_REQUEST);
+}
+
+/// The regional scripts on a real Redis, through the store: credit once per
+/// transfer, spent the batch that expires first first, gone with its
+/// window; one claim per key and window; the sliding-window transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_window() {
+    use leasegate::quota::{Algorithm, Rate, Spec};
+    use leasegate::store::redis::{RedisStore, Target};
+    use leasegate::store::QuotaStore;
+
+    let redis = Redis::start();
+    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
+    let key = "rl:{global:api}";
+    // The store dials in the background: wait for its first answer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.claim("rl:{warm:up}", 0, 1).await.is_err() {
+        assert!(Instant::now() < deadline, "Redis never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 10);
+    assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 0, "credited once");
+    // Transfer 2 ends first (2 s: room for a loaded box between the two
+    // calls), so it is spent first.
+    let ttl = Duration::from_millis(2_000);
+    let before = Instant::now();
+    assert_eq!(store.credit(key, 2, 5, ttl.as_millis() as u64).await.unwrap(), 5);
+    let credited = Instant::now();
+    // 3 of transfer 2's 5; what is left (2 + 10) is said too.
+    let spent = store.spend_credit(key, 3).await.unwrap();
+    assert_eq!((spent.spent, spent.left), (3, 12));
+    assert!(before.elapsed() < ttl, "too slow to tell: {:?}", before.elapsed());
+    // Redis set the expiry before `credited`: wait past it by the clock,
+    // not by a guess of how long the calls take.
+    tokio::time::sleep_until((credited + ttl + Duration::from_millis(100)).into()).await;
+    // Its last 2 tokens went with its window; transfer 1's 10 remain.
+    let spent = store.spend_credit(key, 100).await.unwrap();
+    assert_eq!((spent.spent, spent.left), (10, 0));
+    assert_eq!(store.spend_credit(key, 1).await.unwrap().spent, 0);
+
+    assert!(store.claim(key, 5, 60_000).await.unwrap(), "the first claim wins");
+    assert!(!store.claim(key, 5, 60_000).await.unwrap(), "the second loses");
+    assert!(
+        store.claim(key, 6, 60_000).await.unwrap(),
+        "the next window is claimed anew"
+    );
+    // A transfer given up releases its claim: the key is elected again.
+    store.unclaim(key, 5).await.unwrap();
+    assert!(store.claim(key, 5, 60_000).await.unwrap(), "claimed again");
+
+    let window = Spec::new(
+        Algorithm::SlidingWindow,
+        Rate {
+            count: 100,
+            period: Duration::from_secs(3_600),
+        },
+        100,
+    );
+    let k = "rl:{sw:api}";
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 8, 100, 60_000).await.unwrap(), 70);
+    assert_eq!(store.transfer_out(k, &window, 9, 1, 60_000).await.unwrap(), 0);
+
+    // The fixed window (the RLS rules' algorithm) transfers alike.
+    let fixed = Spec::new(
+        Algorithm::FixedWindow,
+        Rate {
+            count: 50,
+            period: Duration::from_secs(3_600),
+        },
+        50,
+    );
+    let k = "rl:{fw:api}";
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 8, 100, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &fixed, 9, 1, 60_000).await.unwrap(), 0);
+}
+
+/// In process: what a region enforces for a key is the sub-bucket's share,
+/// then the slice, as `leasegate explain` shows it; and a reload keeps the
+/// slice the gateway started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slice_comes_last_and_a_reload_keeps_it() {
+    use leasegate::config::parse;
+    use leasegate::explain::{explain, Probe};
+    use std::path::Path;
+
+    let text = |share: f64| {
+        format!(
+            r#"
+[listeners]
+http = "127.0.0.1:0"
+
+[region]
+name = "eu-central"
+share = {share}
+link = "127.0.0.1:0"
+primary = "http://127.0.0.1:1"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+response = {{ status = 200, body = "ok" }}
+limits = ["global", "plain"]
+
+[[limits]]
+name = "global"
+rate = "1000/min"
+burst = 1500
+shards = 4
+shard_by = "ip"
+
+[[limits]]
+name = "plain"
+rate = "10/s"
+"#
+        )
+    };
+    let path = Path::new("gateway.toml");
+    let config = parse(path, &text(0.3)).unwrap();
+    let probe = Probe::parse("GET", "/", &[], Some("203.0.113.7")).unwrap();
+    let e = explain(&config, &probe, 0);
+    // A quarter of the quota for the sub-bucket, then 0.3 of it, rounded down.
+    assert_eq!((e.limits[0].rate.as_str(), e.limits[0].capacity), ("75/min", 112));
+    assert_eq!((e.limits[1].rate.as_str(), e.limits[1].capacity), ("3/s", 3));
+
+    let runtime = leasegate::runtime::Runtime::new(
+        config,
+        std::sync::Arc::new(leasegate::telemetry::metrics::Metrics::new()),
+        std::sync::Arc::new(leasegate::store::memory::MemoryStore::new(1_000)),
+    );
+    runtime.apply(parse(path, &text(0.6)).unwrap()).await;
+    let applied = runtime.config();
+    assert!(
+        applied.limits.iter().all(|l| l.share().ppm() == 300_000),
+        "a reload keeps the slice of the start"
+    );
+    let e = explain(&applied, &probe, 0);
+    assert_eq!(e.limits[1].capacity, 3);
+}
