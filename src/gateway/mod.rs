@@ -76,7 +76,12 @@ impl Gateway {
     }
 
     /// The response for a request the verdict does not let through, if any.
-    fn refusal(&self, snapshot: &Snapshot, verdict: &Verdict) -> Option<Response<Body>> {
+    fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
+        if let (Decision::Bypass { .. } | Decision::Unavailable { .. }, Some(e)) =
+            (verdict.decision, &verdict.store_error)
+        {
+            log_store_failure(&route.name, e);
+        }
         match verdict.decision {
             Decision::Admit => None,
             Decision::Bypass { reason } => {
@@ -121,5 +126,21 @@ impl Gateway {
                 kind,
             })
             .inc();
+    }
+}
+
+/// A store failure the route's `on_store_failure` decided, in the log: an
+/// open circuit is logged once, by the guard, not per request; other
+/// failures at most once per 10 s per reason, with how many were held back.
+fn log_store_failure(route: &str, e: &crate::store::StoreError) {
+    use crate::store::StoreError;
+    use crate::telemetry::log_limit::{STORE_ERROR, STORE_TIMEOUT};
+    let gate = match e {
+        StoreError::CircuitOpen { .. } => return,
+        StoreError::Timeout(_) => &STORE_TIMEOUT,
+        StoreError::Unavailable(_) | StoreError::Failed(_) => &STORE_ERROR,
+    };
+    if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
+        tracing::warn!(route, error = %e, held_back, "quota store failed");
     }
 }

@@ -220,14 +220,14 @@ impl Gateway {
         {
             return None;
         }
-        self.refusal(snapshot, &verdict)
+        self.refusal(snapshot, route, &verdict)
     }
 
     /// The rest of a request once its verdict is in: refused, or served.
     fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>) -> Served<'a> {
         r.record.outcome = verdict_outcome(&verdict);
         self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
-        if let Some(mut refusal) = self.refusal(r.snapshot, &verdict) {
+        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
             refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
             return Served::Now(refusal, r.record);
         }

@@ -486,7 +486,8 @@ impl Limiter {
     /// try [`Limiter::try_check`] first. When the store fails, the route's
     /// `on_failure` decides: fail open, and the key's local fallback bucket
     /// decides instead ([`Decision::Bypass`]); fail closed, and the request
-    /// is [`Decision::Unavailable`], holding no token.
+    /// is [`Decision::Unavailable`], holding no token. Either way the
+    /// verdict keeps the error (`store_error`) for the request path's log.
     pub async fn check<'l>(
         self: &'l Arc<Self>,
         all: &[Arc<LimitRuntime>],
@@ -539,7 +540,6 @@ impl Limiter {
                             // The route's on_store_failure decides: a
                             // fail-closed route answers 503 whatever later
                             // limits say; a fail-open one asks the fallback.
-                            log_store_failure(&limit.config.name, &e);
                             let failed = store_failure_decision(&e, on_failure);
                             verdict.store_error = Some(e);
                             verdict.decision = failed;
@@ -622,21 +622,6 @@ fn store_failure_decision(e: &StoreError, on_failure: StoreFailure) -> Decision 
         StoreFailure::Deny => Decision::Unavailable {
             retry_after_ms: e.retry_after_ms(),
         },
-    }
-}
-
-/// A store failure in the log: an open circuit is logged once, by the
-/// guard, not per request; other failures at most once per 10 s per
-/// reason, with how many were held back.
-fn log_store_failure(limit: &str, e: &StoreError) {
-    use crate::telemetry::log_limit::{STORE_ERROR, STORE_TIMEOUT};
-    let gate = match e {
-        StoreError::CircuitOpen { .. } => return,
-        StoreError::Timeout(_) => &STORE_TIMEOUT,
-        StoreError::Unavailable(_) | StoreError::Failed(_) => &STORE_ERROR,
-    };
-    if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
-        tracing::warn!(limit, error = %e, held_back, "quota store failed");
     }
 }
 
