@@ -22,6 +22,7 @@ pub mod route;
 pub mod runtime;
 pub mod server;
 pub mod store;
+pub mod sync;
 pub mod telemetry;
 
 #[cfg(test)]

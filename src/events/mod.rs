@@ -30,6 +30,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::limit::key::{self, Facts};
 use crate::limit::policy::Limit;
+use crate::sync::Recover;
 use crate::telemetry::metrics::{Metrics, ResultLabels};
 pub use format::{Event, Kind};
 use interval::{Budget, IntervalTable};
@@ -142,10 +143,7 @@ impl Emitter {
         // The top bits pick the shard; the table uses the rest.
         let shard = (hash >> 60) as usize % SHARDS;
         let Some(table) = self.shards.get(shard) else { return };
-        let admitted = match table.lock() {
-            Ok(mut t) => t.admit(hash, now_ms, interval_ms),
-            Err(poisoned) => poisoned.into_inner().admit(hash, now_ms, interval_ms),
-        };
+        let admitted = table.lock().recover().admit(hash, now_ms, interval_ms);
         if !admitted {
             return;
         }

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Recover;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use sha2::{Digest, Sha256};
@@ -156,15 +157,14 @@ impl Verifier {
     /// Verifies `token` at `now_secs`, from the cache when it can.
     pub fn verify(&self, token: &str, now_secs: u64) -> Result<Claims, JwtError> {
         let quick = std::hash::BuildHasher::hash_one(&self.refused_seed, token.as_bytes());
-        if let Ok(refused) = self.refused.lock() {
-            if let Some((e, until)) = refused.get(&quick) {
-                if *until > now_secs {
-                    return Err(e.clone());
-                }
+        if let Some((e, until)) = self.refused.lock().recover().get(&quick) {
+            if *until > now_secs {
+                return Err(e.clone());
             }
         }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Ok(cache) = self.cache.lock() {
+        {
+            let cache = self.cache.lock().recover();
             if let Some(c) = cache.get(&digest) {
                 if c.exp.saturating_add(self.validation.leeway) > now_secs {
                     return Ok(c.clone());
@@ -174,7 +174,8 @@ impl Verifier {
         let claims = match self.verify_uncached(token) {
             Ok(c) => c,
             Err(e) => {
-                if let Ok(mut refused) = self.refused.lock() {
+                {
+                    let mut refused = self.refused.lock().recover();
                     if refused.len() >= REFUSED_MAX {
                         refused.retain(|_, (_, until)| *until > now_secs);
                         if refused.len() >= REFUSED_MAX {
@@ -186,7 +187,8 @@ impl Verifier {
                 return Err(e);
             }
         };
-        if let Ok(mut cache) = self.cache.lock() {
+        {
+            let mut cache = self.cache.lock().recover();
             if cache.len() >= CACHE_MAX {
                 cache.retain(|_, c| c.exp.saturating_add(self.validation.leeway) > now_secs);
                 if cache.len() >= CACHE_MAX {

@@ -7,6 +7,7 @@
 //! one in hundreds. The [`Lease`] itself is a handful of atomics: spending
 //! never takes a lock and never waits for the store.
 
+use crate::sync::Recover;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -272,13 +273,11 @@ impl Lease {
 
     /// Remembers the quota tokens are taken under.
     pub fn set_spec(&self, spec: crate::quota::Spec) {
-        if let Ok(mut s) = self.spec.lock() {
-            *s = Some(spec);
-        }
+        *self.spec.lock().recover() = Some(spec);
     }
 
     pub fn spec(&self) -> Option<crate::quota::Spec> {
-        self.spec.lock().ok().and_then(|s| *s)
+        *self.spec.lock().recover()
     }
 
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.
@@ -444,14 +443,12 @@ impl Lease {
     }
 
     fn set_last_failure(&self, failure: Option<&crate::store::StoreError>) {
-        if let Ok(mut last) = self.last_failure.lock() {
-            *last = failure.cloned();
-        }
+        *self.last_failure.lock().recover() = failure.cloned();
     }
 
     /// How the last store call for this key failed, if it did.
     pub fn last_failure(&self) -> Option<crate::store::StoreError> {
-        self.last_failure.lock().ok().and_then(|l| l.clone())
+        self.last_failure.lock().recover().clone()
     }
 
     /// Whether a store call for this key is in flight.

@@ -19,6 +19,7 @@ use std::sync::{Arc, RwLock};
 
 use super::lease::Lease;
 use super::near;
+use crate::sync::Recover;
 
 pub const SHARDS: usize = 64;
 
@@ -78,7 +79,7 @@ impl LeaseTable {
         // Taken only by a hit, which returned.
         let f = f.take()?;
         let (t, keep) = {
-            let shard = self.shard(h).read().ok()?;
+            let shard = self.shard(h).read().recover();
             let lease = shard.get(&h)?;
             (f(lease), near::wants(self.id, h).then(|| lease.clone()))
         };
@@ -89,7 +90,7 @@ impl LeaseTable {
     }
 
     pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
-        self.shard(h).read().ok()?.get(&h).cloned()
+        self.shard(h).read().recover().get(&h).cloned()
     }
 
     /// The lease of `h`, made if there is none. At a full shard an eighth
@@ -99,7 +100,7 @@ impl LeaseTable {
         if let Some(l) = self.get(h) {
             return Some((l, Vec::new()));
         }
-        let mut shard = self.shard(h).write().ok()?;
+        let mut shard = self.shard(h).write().recover();
         let mut evicted = Vec::new();
         if shard.len() >= self.per_shard_cap && !shard.contains_key(&h) {
             let batch = (self.per_shard_cap / 8).max(1);
@@ -135,7 +136,7 @@ impl LeaseTable {
     }
 
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().map_or(0, |s| s.len())).sum()
+        self.shards.iter().map(|s| s.read().recover().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -145,7 +146,7 @@ impl LeaseTable {
     /// Visits every lease, shard by shard, under a read lock.
     pub fn for_each(&self, mut f: impl FnMut(&Arc<Lease>)) {
         for shard in self.shards.iter() {
-            let Ok(map) = shard.read() else { continue };
+            let map = shard.read().recover();
             map.values().for_each(&mut f);
         }
     }
@@ -168,7 +169,7 @@ impl LeaseTable {
         let mut found = vec![None; keys.len()];
         let mut left = wanted.len();
         for shard in self.shards.iter() {
-            let Ok(map) = shard.read() else { continue };
+            let map = shard.read().recover();
             for lease in map.values() {
                 if let Some(&i) = wanted.get(lease.key()) {
                     if found[i].is_none() {
@@ -201,9 +202,7 @@ impl LeaseTable {
             if seen >= max {
                 break;
             }
-            let Ok(map) = self.shards[(start + i) % SHARDS].read() else {
-                continue;
-            };
+            let map = self.shards[(start + i) % SHARDS].read().recover();
             for lease in map.values().take(max - seen) {
                 f(lease);
                 seen += 1;
@@ -215,7 +214,7 @@ impl LeaseTable {
     /// Keeps the leases `keep` approves, shard by shard, under a write lock.
     pub fn retain(&self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
         for shard in self.shards.iter() {
-            let Ok(mut map) = shard.write() else { continue };
+            let mut map = shard.write().recover();
             map.retain(|_, lease| {
                 let kept = keep(lease);
                 if !kept {

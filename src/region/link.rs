@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use super::quotas::{resolve, Quotas};
 use super::wire::{TransferAnswer, TransferRequest, HEALTH_PATH, MAX_BODY, TRANSFER_PATH};
 use crate::quota::Share;
-use crate::store::QuotaStore;
+use crate::store::RegionStore;
 
 /// The longest a transfer (or a probe) may take, end to end: connect,
 /// request, the primary's store call and the answer. A background
@@ -34,7 +34,7 @@ pub const LINK_TIMEOUT: Duration = Duration::from_millis(2_500);
 
 /// What grants transfers: the primary's store, its slice and its limits.
 pub struct Grantor {
-    pub store: Arc<dyn QuotaStore>,
+    pub store: Arc<dyn RegionStore>,
     pub share: Share,
     /// The primary's own limits: a key's quota comes from here.
     pub quotas: Quotas,
@@ -323,7 +323,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let grantor = Arc::new(Grantor {
-            store: Arc::new(crate::store::memory::MemoryStore::new(100)),
+            store: Arc::new(crate::store::testing::Scripted::new()),
             share: Share::WHOLE,
             quotas: Arc::new(|_: &str| None),
         });

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::quota::Share;
-use crate::store::QuotaStore;
+use crate::store::{QuotaStore, RegionStore};
 use crate::telemetry::metrics::{Metrics, RegionLabels, ResultLabels};
 use coordinator::{Coordinator, LinkMetrics};
 use link::{Grantor, LinkClient, LINK_TIMEOUT};
@@ -62,14 +62,18 @@ pub struct Region {
 
 impl Region {
     /// Wraps the regional store for requests: a region with a primary
-    /// spends credit and signals hot keys; the primary uses its store as
-    /// it is.
-    pub fn wrap(settings: Settings, store: Arc<dyn QuotaStore>) -> (Region, Arc<dyn QuotaStore>) {
+    /// spends credit (`credit`, the same store's region calls) and signals
+    /// hot keys; the primary uses its store as it is.
+    pub fn wrap(
+        settings: Settings,
+        store: Arc<dyn QuotaStore>,
+        credit: Arc<dyn RegionStore>,
+    ) -> (Region, Arc<dyn QuotaStore>) {
         if settings.primary.is_none() {
             return (Region { settings, asks: None }, store);
         }
         let (tx, rx) = mpsc::channel(ASK_QUEUE);
-        let wrapped = Arc::new(Rebalancing::new(store, settings.rebalance_at, tx));
+        let wrapped = Arc::new(Rebalancing::new(store, credit, settings.rebalance_at, tx));
         (
             Region {
                 settings,
@@ -85,9 +89,9 @@ impl Region {
 
     /// Runs the coordinator (with a primary) on the caller's runtime, and
     /// returns the link's service for the server to serve its listener
-    /// with. `store`: the guarded store; `quotas`: this gateway's limits,
-    /// which the primary grants by.
-    pub fn start(self, store: Arc<dyn QuotaStore>, quotas: Quotas, metrics: &Metrics) -> link::LinkService {
+    /// with. `store`: the store's region calls under the store deadline;
+    /// `quotas`: this gateway's limits, which the primary grants by.
+    pub fn start(self, store: Arc<dyn RegionStore>, quotas: Quotas, metrics: &Metrics) -> link::LinkService {
         let s = self.settings;
         let grantor = s.primary.is_none().then(|| {
             Arc::new(Grantor {

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::threshold;
 use crate::quota::{Grant, Spec, Unspent};
-use crate::store::{BoxFuture, Credit, QuotaStore, StoreError};
+use crate::store::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError};
 
 /// A key that crossed `rebalance_at` of its slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,14 +27,22 @@ pub const ASK_QUEUE: usize = 1_024;
 
 pub struct Rebalancing {
     inner: Arc<dyn QuotaStore>,
+    /// The same store's region calls: the credit spent after the bucket.
+    credit: Arc<dyn RegionStore>,
     rebalance_at: f64,
     asks: mpsc::Sender<Ask>,
 }
 
 impl Rebalancing {
-    pub fn new(inner: Arc<dyn QuotaStore>, rebalance_at: f64, asks: mpsc::Sender<Ask>) -> Rebalancing {
+    pub fn new(
+        inner: Arc<dyn QuotaStore>,
+        credit: Arc<dyn RegionStore>,
+        rebalance_at: f64,
+        asks: mpsc::Sender<Ask>,
+    ) -> Rebalancing {
         Rebalancing {
             inner,
+            credit,
             rebalance_at,
             asks,
         }
@@ -81,7 +89,7 @@ impl QuotaStore for Rebalancing {
             if grant.granted < want {
                 // The slice is spent: tokens another region transferred
                 // come next. Their failure is not the acquire's.
-                match self.inner.spend_credit(key, want - grant.granted).await {
+                match self.credit.spend_credit(key, want - grant.granted).await {
                     Ok(credit) => spent_credit(&mut grant, credit),
                     Err(e) => tracing::debug!(%key, error = %e, "spending region credit failed"),
                 }
@@ -101,33 +109,6 @@ impl QuotaStore for Rebalancing {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.ping()
     }
-
-    fn transfer_out<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        id: u64,
-        want: u64,
-        remember_ms: u64,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.inner.transfer_out(key, spec, id, want, remember_ms)
-    }
-
-    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.inner.credit(key, id, tokens, ttl_ms)
-    }
-
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        self.inner.spend_credit(key, want)
-    }
-
-    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.claim(key, window, ttl_ms)
-    }
-
-    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.unclaim(key, window)
-    }
 }
 
 #[cfg(test)]
@@ -136,40 +117,15 @@ mod tests {
     use super::*;
     use crate::quota::{Algorithm, Rate};
     use crate::store::memory::MemoryStore;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::store::testing::Scripted;
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
 
     /// The memory store, with a credit of `credit` tokens.
-    struct WithCredit {
-        memory: MemoryStore,
-        credit: AtomicU64,
-    }
-
-    impl QuotaStore for WithCredit {
-        fn acquire<'a>(
-            &'a self,
-            k: &'a str,
-            s: &'a Spec,
-            w: u64,
-            u: Unspent,
-        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-            self.memory.acquire(k, s, w, u)
-        }
-        fn release<'a>(&'a self, k: &'a str, s: &'a Spec, u: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-            self.memory.release(k, s, u)
-        }
-        fn name(&self) -> &'static str {
-            "test"
-        }
-        fn spend_credit<'a>(&'a self, _: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
-            let have = self.credit.load(Ordering::Relaxed);
-            let take = have.min(want);
-            self.credit.store(have - take, Ordering::Relaxed);
-            Box::pin(std::future::ready(Ok(Credit {
-                spent: take,
-                left: have - take,
-            })))
-        }
+    fn with_credit(credit: u64) -> Arc<Scripted> {
+        let store = Arc::new(Scripted::with_memory(MemoryStore::new(1_000)));
+        store.credit.store(credit, Ordering::Relaxed);
+        store
     }
 
     fn spec() -> Spec {
@@ -186,11 +142,8 @@ mod tests {
     #[tokio::test]
     async fn below_the_threshold_nothing_is_asked_and_at_it_once_per_call() {
         let (tx, mut rx) = mpsc::channel(8);
-        let inner = Arc::new(WithCredit {
-            memory: MemoryStore::new(1_000),
-            credit: AtomicU64::new(0),
-        });
-        let store = Rebalancing::new(inner, 0.8, tx);
+        let inner = with_credit(0);
+        let store = Rebalancing::new(inner.clone(), inner, 0.8, tx);
         let s = spec();
         // 7 of 10 used: below 0.8.
         store.acquire("rl:{a:1}", &s, 7, Unspent::default()).await.unwrap();
@@ -212,11 +165,8 @@ mod tests {
     #[tokio::test]
     async fn a_short_bucket_spends_credit_and_a_full_queue_never_blocks() {
         let (tx, _rx) = mpsc::channel(1);
-        let inner = Arc::new(WithCredit {
-            memory: MemoryStore::new(1_000),
-            credit: AtomicU64::new(4),
-        });
-        let store = Rebalancing::new(inner.clone(), 0.5, tx);
+        let inner = with_credit(4);
+        let store = Rebalancing::new(inner.clone(), inner.clone(), 0.5, tx);
         let s = spec();
         let g = store.acquire("rl:{a:1}", &s, 12, Unspent::default()).await.unwrap();
         assert_eq!(g.granted, 12, "10 from the bucket and 2 of the credit");

@@ -19,6 +19,7 @@ use http_body::{Frame, SizeHint};
 use ipnet::IpNet;
 
 use crate::clock;
+use crate::sync::Recover;
 
 /// Open connections per client address.
 #[derive(Debug)]
@@ -37,7 +38,7 @@ pub struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.table.open.lock().recover();
         if let Some(n) = open.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -65,7 +66,7 @@ impl PerIp {
             return Ok(None);
         }
         let key = key(peer);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock().recover();
         let n = open.entry(key).or_insert(0);
         if *n >= self.max {
             return Err(());
@@ -79,7 +80,7 @@ impl PerIp {
 
     /// Addresses with a connection open now.
     pub fn addresses(&self) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.open.lock().recover().len()
     }
 }
 

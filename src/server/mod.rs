@@ -77,10 +77,10 @@ use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
 use crate::region::Region;
 use crate::runtime::Runtime;
-use crate::store::guard::Guarded;
+use crate::store::guard::{Deadlined, Guarded};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSetupError, RedisStore, Target};
-use crate::store::QuotaStore;
+use crate::store::{NoRegions, QuotaStore, RegionStore};
 use crate::telemetry::metrics::{ListenerLabels, Metrics, ReasonLabels};
 use opening::Opening;
 use reload::{Reloader, Trigger};
@@ -131,19 +131,29 @@ fn limit_quotas(config: &Config, name: &str) -> Option<crate::region::LimitQuota
 /// The quota store the config asks for, behind the guard (deadline,
 /// breaker, store metrics), with `[region]`'s credit and rebalance signal
 /// inside the guard. Returns at once even if Redis is down.
-fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<dyn QuotaStore>, Option<Region>), ServeError> {
-    let inner: Arc<dyn QuotaStore> = match &config.store.backend {
-        StoreBackend::Memory => Arc::new(MemoryStore::new(config.store.max_keys)),
-        StoreBackend::Redis { url } => Arc::new(RedisStore::start(&Target::Node(url.clone()))?),
-        StoreBackend::RedisCluster { seeds } => Arc::new(RedisStore::start(&Target::Cluster(seeds.clone()))?),
-        StoreBackend::RedisSentinel { sentinels, master } => Arc::new(RedisStore::start(&Target::Sentinel {
+fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, ServeError> {
+    let redis = match &config.store.backend {
+        StoreBackend::Memory => None,
+        StoreBackend::Redis { url } => Some(Target::Node(url.clone())),
+        StoreBackend::RedisCluster { seeds } => Some(Target::Cluster(seeds.clone())),
+        StoreBackend::RedisSentinel { sentinels, master } => Some(Target::Sentinel {
             sentinels: sentinels.clone(),
             master: master.clone(),
-        })?),
+        }),
     };
+    // Redis serves both the quota and the region calls; the memory store
+    // has no region calls.
+    let (inner, regional): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>) = match redis {
+        None => (Arc::new(MemoryStore::new(config.store.max_keys)), Arc::new(NoRegions)),
+        Some(target) => {
+            let redis = Arc::new(RedisStore::start(&target)?);
+            (redis.clone(), redis)
+        }
+    };
+    let regional: Arc<dyn RegionStore> = Arc::new(Deadlined::new(regional, config.store.timeout));
     let (region, inner) = match &config.region {
         Some(r) => {
-            let (region, wrapped) = Region::wrap(region_settings(r), inner);
+            let (region, wrapped) = Region::wrap(region_settings(r), inner, regional.clone());
             (Some(region), wrapped)
         }
         None => (None, inner),
@@ -155,7 +165,19 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<dyn QuotaStore>
         crate::clock::monotonic_clock(),
         metrics.clone(),
     ));
-    Ok((guarded, region))
+    Ok(Stores {
+        quota: guarded,
+        regional,
+        region,
+    })
+}
+
+/// The stores the gateway runs on: quota for requests (guarded), the
+/// region calls (under the deadline), and `[region]`'s background side.
+struct Stores {
+    quota: Arc<dyn QuotaStore>,
+    regional: Arc<dyn RegionStore>,
+    region: Option<Region>,
 }
 
 /// Returns expired leases to the store and forgets idle keys, for as long
@@ -224,9 +246,12 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     }
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
-    let (store, region) = store(&config, &metrics)?;
+    let Stores {
+        quota: store,
+        regional: region_store,
+        region,
+    } = store(&config, &metrics)?;
     let store_name = store.name();
-    let region_store = store.clone();
     let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
     let per_ip = door::PerIp::new(
         config.gateway.max_connections_per_ip,

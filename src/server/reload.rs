@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::runtime::Runtime;
+use crate::sync::Recover;
 use crate::telemetry::metrics::ResultLabels;
 
 pub struct Reloader {
@@ -48,13 +49,11 @@ impl Reloader {
     }
 
     fn remember(&self, hash: Option<[u8; 32]>) {
-        if let Ok(mut last) = self.last_tried.lock() {
-            *last = hash;
-        }
+        *self.last_tried.lock().recover() = hash;
     }
 
     fn last_tried(&self) -> Option<[u8; 32]> {
-        self.last_tried.lock().ok().and_then(|l| *l)
+        *self.last_tried.lock().recover()
     }
 
     /// Reads, validates and applies the file. Counts `ok` or `error`.

@@ -22,7 +22,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 pub use super::breaker::{Admission, Breaker, BreakerSettings, Watch};
-use super::{BoxFuture, QuotaStore, StoreError, Unspent};
+use super::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::quota::{Grant, Spec};
 use crate::telemetry::metrics::{Metrics, StoreCallLabels};
@@ -45,8 +45,38 @@ struct Core {
     calls: [[Counter; 3]; 2],
 }
 
-const OPS: [&str; 2] = ["acquire", "release"];
+/// A store call a request (or a lease) makes, as the guard counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Acquire,
+    Release,
+}
+
+impl Op {
+    const ALL: [Op; 2] = [Op::Acquire, Op::Release];
+
+    /// The `op` label of `leasegate_store_calls_total`.
+    fn label(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Release => "release",
+        }
+    }
+}
+
 const RESULTS: [&str; 3] = ["ok", "timeout", "error"];
+
+/// `call`, or [`StoreError::Timeout`] once `deadline` has passed: the one
+/// place a deadline becomes an error.
+pub async fn within<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(deadline.as_millis() as u64)),
+    }
+}
 
 impl Guarded {
     pub fn new(
@@ -56,11 +86,11 @@ impl Guarded {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> Guarded {
-        let calls = OPS.map(|op| {
+        let calls = Op::ALL.map(|op| {
             RESULTS.map(|result| {
                 metrics
                     .store_calls
-                    .get_or_create(&StoreCallLabels { op, result })
+                    .get_or_create(&StoreCallLabels { op: op.label(), result })
                     .clone()
             })
         });
@@ -82,18 +112,9 @@ impl Guarded {
 }
 
 impl Core {
-    /// `call` under the deadline, with no breaker and no metrics.
-    async fn deadline_only<T>(&self, call: BoxFuture<'_, Result<T, StoreError>>) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.deadline, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
-        }
-    }
-
-    /// `op`: 0 acquire, 1 release (an index into [`OPS`]).
     async fn guard<'a, T>(
         self: &'a Arc<Self>,
-        op: usize,
+        op: Op,
         call: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let probe = match self.breaker.admit((self.clock)()) {
@@ -113,10 +134,7 @@ impl Core {
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         let result = match first {
             Poll::Ready(r) => r,
-            Poll::Pending => match tokio::time::timeout(self.deadline, call).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
-            },
+            Poll::Pending => within(self.deadline, call).await,
         };
         self.metrics.store_call_seconds.observe(started.elapsed().as_secs_f64());
         let outcome = match &result {
@@ -124,7 +142,7 @@ impl Core {
             Err(StoreError::Timeout(_)) => 1,
             Err(_) => 2,
         };
-        self.calls[op % 2][outcome].inc();
+        self.calls[op as usize][outcome].inc();
         abandoned.breaker = None; // answered: the result below decides
         match &result {
             Ok(_) => {
@@ -172,10 +190,7 @@ impl Core {
             breaker: Some(&self.breaker),
         };
         let started_ms = (self.clock)();
-        let result = match tokio::time::timeout(self.deadline, self.inner.ping()).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.deadline.as_millis() as u64)),
-        };
+        let result = within(self.deadline, self.inner.ping()).await;
         abandoned.breaker = None;
         match result {
             Ok(()) => {
@@ -226,6 +241,52 @@ impl Drop for ProbeWatch<'_> {
     }
 }
 
+/// A region store's calls under the store deadline. Transfers between
+/// regions run in the background, never for a request: the deadline bounds
+/// them, the breaker leaves them alone.
+pub struct Deadlined {
+    inner: Arc<dyn RegionStore>,
+    deadline: Duration,
+}
+
+impl Deadlined {
+    pub fn new(inner: Arc<dyn RegionStore>, deadline: Duration) -> Deadlined {
+        Deadlined { inner, deadline }
+    }
+}
+
+impl RegionStore for Deadlined {
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(within(
+            self.deadline,
+            self.inner.transfer_out(key, spec, id, want, remember_ms),
+        ))
+    }
+
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(within(self.deadline, self.inner.credit(key, id, tokens, ttl_ms)))
+    }
+
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
+        Box::pin(within(self.deadline, self.inner.spend_credit(key, want)))
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(within(self.deadline, self.inner.claim(key, window, ttl_ms)))
+    }
+
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(within(self.deadline, self.inner.unclaim(key, window)))
+    }
+}
+
 impl QuotaStore for Guarded {
     fn acquire<'a>(
         &'a self,
@@ -237,7 +298,7 @@ impl QuotaStore for Guarded {
         let core = &self.core;
         Box::pin(async move {
             let grant = core
-                .guard(0, move || core.inner.acquire(key, spec, want, unspent))
+                .guard(Op::Acquire, move || core.inner.acquire(key, spec, want, unspent))
                 .await?;
             if grant.granted > 0 {
                 core.metrics.lease_tokens.observe(grant.granted as f64);
@@ -248,63 +309,25 @@ impl QuotaStore for Guarded {
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let core = &self.core;
-        Box::pin(core.guard(1, move || core.inner.release(key, spec, unspent)))
+        Box::pin(core.guard(Op::Release, move || core.inner.release(key, spec, unspent)))
     }
 
     fn name(&self) -> &'static str {
         self.core.inner.name()
     }
 
-    // Transfers between regions run in the background, never for a
-    // request: the deadline bounds them, the breaker leaves them alone.
-    fn transfer_out<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        id: u64,
-        want: u64,
-        remember_ms: u64,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let call = self.core.inner.transfer_out(key, spec, id, want, remember_ms);
-        Box::pin(self.core.deadline_only(call))
-    }
-
-    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let call = self.core.inner.credit(key, id, tokens, ttl_ms);
-        Box::pin(self.core.deadline_only(call))
-    }
-
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<super::Credit, StoreError>> {
-        let call = self.core.inner.spend_credit(key, want);
-        Box::pin(self.core.deadline_only(call))
-    }
-
-    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.core.inner.claim(key, window, ttl_ms);
-        Box::pin(self.core.deadline_only(call))
-    }
-
-    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let call = self.core.inner.unclaim(key, window);
-        Box::pin(self.core.deadline_only(call))
-    }
-
     /// The inner store's ping under the deadline; the breaker is left alone.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let core = &self.core;
-        Box::pin(async move {
-            match tokio::time::timeout(core.deadline, core.inner.ping()).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(core.deadline.as_millis() as u64)),
-            }
-        })
+        Box::pin(within(core.deadline, core.inner.ping()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use crate::store::testing::{Answer, Scripted};
+    use std::sync::atomic::AtomicU64;
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_whose_caller_goes_away_frees_the_probe_slot() {
@@ -332,86 +355,17 @@ mod tests {
         let now = Arc::new(AtomicU64::new(1_000));
         let clock_now = now.clone();
         let guarded = Guarded::new(
-            Arc::new(Hung),
+            {
+                let store = Arc::new(Scripted::new());
+                store.all(Answer::Hang);
+                store
+            },
             Duration::from_millis(5),
             BreakerSettings { failures, open_ms },
             Arc::new(move || clock_now.load(Ordering::Relaxed)),
             metrics,
         );
         (guarded, now)
-    }
-
-    /// A store that never answers.
-    struct Hung;
-    impl QuotaStore for Hung {
-        fn acquire<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a Spec,
-            _: u64,
-            _: Unspent,
-        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-            Box::pin(std::future::pending())
-        }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-            Box::pin(std::future::pending())
-        }
-        fn name(&self) -> &'static str {
-            "hung"
-        }
-    }
-
-    /// A store the test scripts: down (refuses at once), up, or hung.
-    #[derive(Default)]
-    struct Scripted {
-        down: AtomicBool,
-        hung: AtomicBool,
-        acquires: AtomicU64,
-        pings: AtomicU64,
-    }
-
-    impl Scripted {
-        fn answer<T>(&self, ok: T) -> BoxFuture<'_, Result<T, StoreError>>
-        where
-            T: Send + 'static,
-        {
-            if self.hung.load(Ordering::Relaxed) {
-                Box::pin(std::future::pending())
-            } else if self.down.load(Ordering::Relaxed) {
-                Box::pin(std::future::ready(Err(StoreError::Unavailable("refused".into()))))
-            } else {
-                Box::pin(std::future::ready(Ok(ok)))
-            }
-        }
-    }
-
-    impl QuotaStore for Scripted {
-        fn acquire<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a Spec,
-            want: u64,
-            _: Unspent,
-        ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-            self.acquires.fetch_add(1, Ordering::Relaxed);
-            self.answer(Grant {
-                granted: want,
-                remaining: 0,
-                reset_ms: 0,
-                retry_after_ms: 0,
-                window_ms: 0,
-            })
-        }
-        fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-            self.answer(())
-        }
-        fn name(&self) -> &'static str {
-            "scripted"
-        }
-        fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-            self.pings.fetch_add(1, Ordering::Relaxed);
-            self.answer(())
-        }
     }
 
     /// Milliseconds of tokio's (paused) time, plus a jump the test may add.
@@ -439,8 +393,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_instance_closes_its_circuit_once_the_store_answers_again() {
-        let store = Arc::new(Scripted::default());
-        store.down.store(true, Ordering::Relaxed);
+        let store = Arc::new(Scripted::new());
+        store.all(Answer::Fail(StoreError::Unavailable("refused".into())));
         let (guarded, metrics, _) = scripted(&store, 5, 3);
         for _ in 0..3 {
             assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
@@ -448,7 +402,7 @@ mod tests {
         }
         assert_eq!(metrics.circuit_open.get(), 1);
         // The store comes back; no request arrives.
-        store.down.store(false, Ordering::Relaxed);
+        store.all(Answer::Real);
         tokio::time::sleep(Duration::from_millis(110)).await;
         assert_eq!(metrics.circuit_open.get(), 0, "closed without a request");
         assert!(!guarded.breaker().is_open());
@@ -461,8 +415,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_background_probe_keeps_the_circuit_open_and_probes_again_every_open_ms() {
-        let store = Arc::new(Scripted::default());
-        store.down.store(true, Ordering::Relaxed);
+        let store = Arc::new(Scripted::new());
+        store.all(Answer::Fail(StoreError::Unavailable("refused".into())));
         let (guarded, metrics, _) = scripted(&store, 5, 1);
         assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
         assert_eq!(metrics.circuit_open.get(), 1);
@@ -479,16 +433,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_background_probe_that_hangs_fails_by_the_deadline() {
-        let store = Arc::new(Scripted::default());
-        store.down.store(true, Ordering::Relaxed);
+        let store = Arc::new(Scripted::new());
+        store.all(Answer::Fail(StoreError::Unavailable("refused".into())));
         let (guarded, metrics, _) = scripted(&store, 5, 1);
         assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
-        store.hung.store(true, Ordering::Relaxed);
+        store.all(Answer::Hang);
         tokio::time::sleep(Duration::from_millis(103)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 1);
         // The hung probe failed at its deadline, and the next one comes.
-        store.hung.store(false, Ordering::Relaxed);
-        store.down.store(false, Ordering::Relaxed);
+        store.all(Answer::Fail(StoreError::Unavailable("refused".into())));
+        store.all(Answer::Real);
         tokio::time::sleep(Duration::from_millis(110)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 2);
         assert_eq!(metrics.circuit_open.get(), 0);
@@ -496,8 +450,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_prober_ends_with_the_guard() {
-        let store = Arc::new(Scripted::default());
-        store.down.store(true, Ordering::Relaxed);
+        let store = Arc::new(Scripted::new());
+        store.all(Answer::Fail(StoreError::Unavailable("refused".into())));
         let (guarded, _, _) = scripted(&store, 5, 1);
         assert!(guarded.acquire("k", &spec(), 1, Unspent::default()).await.is_err());
         drop(guarded);
@@ -508,8 +462,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_prober_never_probes_while_a_requests_probe_is_in_flight() {
-        let store = Arc::new(Scripted::default());
-        store.hung.store(true, Ordering::Relaxed);
+        let store = Arc::new(Scripted::new());
+        store.all(Answer::Hang);
         // Deadline 1 s, open 100 ms: a request's probe outlasts a period.
         let (guarded, metrics, jump) = scripted(&store, 1_000, 1);
         let guarded = Arc::new(guarded);
@@ -529,7 +483,7 @@ mod tests {
         assert_eq!(store.pings.load(Ordering::Relaxed), 0, "the prober waits for it");
         // The request's probe fails at its deadline; the prober's turn comes
         // one period later.
-        store.hung.store(false, Ordering::Relaxed);
+        store.all(Answer::Real);
         assert_eq!(request.await.unwrap(), Err(StoreError::Timeout(1_000)));
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         assert_eq!(store.pings.load(Ordering::Relaxed), 1);

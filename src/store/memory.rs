@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::clock::{system_clock, Clock};
 use crate::quota::{self, Grant, Spec, State};
+use crate::sync::Recover;
 
 const SHARDS: usize = 64;
 const SAMPLE: usize = 16;
@@ -150,7 +151,7 @@ impl MemoryStore {
 
     /// Keys held now, across shards.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map_or(0, |s| s.slots.len())).sum()
+        self.shards.iter().map(|s| s.lock().recover().slots.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -180,10 +181,7 @@ impl MemoryStore {
         start: u64,
     ) -> Result<Grant, StoreError> {
         let now = (self.clock)();
-        let mut shard = self
-            .shard(key)
-            .lock()
-            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
+        let mut shard = self.shard(key).lock().recover();
         if start < spec.capacity && !shard.index.contains_key(key) {
             // The same math as every grant: a new key's full bucket, less
             // what it does not start with.
@@ -205,7 +203,8 @@ impl MemoryStore {
 
     /// Drops `key`'s state, if held: its next grant starts anew.
     pub fn forget(&self, key: &str) {
-        if let Ok(mut shard) = self.shard(key).lock() {
+        {
+            let mut shard = self.shard(key).lock().recover();
             if let Some(&i) = shard.index.get(key) {
                 shard.remove(i);
             }
@@ -214,10 +213,7 @@ impl MemoryStore {
 
     pub fn release_now(&self, key: &str, spec: &Spec, unspent: Unspent) -> Result<(), StoreError> {
         let now = (self.clock)();
-        let mut shard = self
-            .shard(key)
-            .lock()
-            .map_err(|_| StoreError::Failed("memory store lock poisoned".into()))?;
+        let mut shard = self.shard(key).lock().recover();
         // Releasing to a key we no longer hold is a no-op: it was full.
         if shard.index.contains_key(key) {
             shard.update(key, spec, now, self.per_shard_cap, |prior| {

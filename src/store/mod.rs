@@ -9,6 +9,8 @@ pub mod breaker;
 pub mod guard;
 pub mod memory;
 pub mod redis;
+#[cfg(test)]
+pub mod testing;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -59,12 +61,6 @@ impl StoreError {
     }
 }
 
-fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
-    Box::pin(std::future::ready(Err(StoreError::Failed(
-        "transfers between regions need the redis backend".into(),
-    ))))
-}
-
 /// Shared quota, keyed by `rl:{<limit>:<parts>}`.
 pub trait QuotaStore: Send + Sync + 'static {
     /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
@@ -91,6 +87,20 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
 
+    /// Whether the store answers, at the cost of one round trip and no
+    /// quota: the guard's background probe while its circuit is open. The
+    /// embedded store always answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// The calls of transfers between regions (`src/region/`), apart from the
+/// quota a request takes: the primary's transfer out, the requesting
+/// region's credit, and the claim that elects one asker per key and
+/// window. Redis implements them (`redis/region.rs`); the memory store
+/// cannot share a transfer with anyone, and [`NoRegions`] says so.
+pub trait RegionStore: Send + Sync + 'static {
     /// The primary's side of a transfer between regions: takes up to
     /// `want` tokens of `key` (quota `spec`) out of this store's bucket,
     /// never more than it holds, once per transfer `id`: a repeated call
@@ -103,44 +113,61 @@ pub trait QuotaStore: Send + Sync + 'static {
         id: u64,
         want: u64,
         remember_ms: u64,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = (key, spec, id, want, remember_ms);
-        unsupported()
-    }
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// The requesting region's side: adds `tokens` granted by transfer
     /// `id` to `key`'s credit for `ttl_ms`, once per id. Returns the tokens
     /// credited (0 when the transfer was credited before).
-    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = (key, id, tokens, ttl_ms);
-        unsupported()
-    }
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Spends up to `want` tokens of `key`'s unexpired credit.
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        let _ = (key, want);
-        unsupported()
-    }
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>>;
 
     /// Sets `key`'s rebalance claim for `window` (kept `ttl_ms`) unless it
     /// is set: true for the one caller, of all the region's gateways, that
     /// set it.
-    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let _ = (key, window, ttl_ms);
-        unsupported()
-    }
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Drops `key`'s rebalance claim for `window`, so that the region's
     /// next ask for the key is elected again (the asker gave up).
-    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = (key, window);
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+/// The region calls of a store that has none (the memory backend): every
+/// call fails, so a memory store enforces its slice but cannot transfer.
+pub struct NoRegions;
+
+fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(std::future::ready(Err(StoreError::Failed(
+        "transfers between regions need the redis backend".into(),
+    ))))
+}
+
+impl RegionStore for NoRegions {
+    fn transfer_out<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a Spec,
+        _: u64,
+        _: u64,
+        _: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         unsupported()
     }
 
-    /// Whether the store answers, at the cost of one round trip and no
-    /// quota: the guard's background probe while its circuit is open. The
-    /// embedded store always answers.
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
+    fn credit<'a>(&'a self, _: &'a str, _: u64, _: u64, _: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        unsupported()
+    }
+
+    fn spend_credit<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
+        unsupported()
+    }
+
+    fn claim<'a>(&'a self, _: &'a str, _: u64, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        unsupported()
+    }
+
+    fn unclaim<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        unsupported()
     }
 }

@@ -553,7 +553,7 @@ async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_wha
 async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_window() {
     use leasegate::quota::{Algorithm, Rate, Spec};
     use leasegate::store::redis::{RedisStore, Target};
-    use leasegate::store::QuotaStore;
+    use leasegate::store::RegionStore;
 
     let redis = Redis::start();
     let store = RedisStore::start(&Target::Node(redis.url())).unwrap();

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::quota::Algorithm;
-use std::sync::atomic::AtomicBool;
 
 fn sliding(name: &str, rate: &str, mode: Mode) -> Arc<LimitRuntime> {
     let rate: Rate = rate.parse().unwrap();
@@ -72,7 +71,7 @@ async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
 
 #[tokio::test(start_paused = true)]
 async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
-    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let store = failing();
     let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let canary = {
         let rate: Rate = "1/h".parse().unwrap();
@@ -111,7 +110,7 @@ async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cold_burst_costs_a_couple_of_store_calls() {
-    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let store = slow(10);
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = Arc::new(vec![limit("route", "10000/min", None, Mode::Enforce)]);
     let tasks: Vec<_> = (0..50)
@@ -123,7 +122,7 @@ async fn a_cold_burst_costs_a_couple_of_store_calls() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), None);
     }
-    let wants = store.0.wants.lock().unwrap().clone();
+    let wants = store.wants.lock().unwrap().clone();
     assert!(wants.len() <= 3, "{wants:?}");
     // One call at a time, none bigger than max: this instance holds at most
     // max plus one call's grant.
@@ -141,30 +140,19 @@ fn limiter_hash(limiter: &Limiter, limit: &LimitRuntime, id: &str) -> u64 {
 }
 
 /// A store that answers after 40 ms with one token, whatever was asked.
-struct Stingy;
-
-impl QuotaStore for Stingy {
-    fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64, _: Unspent) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            Ok(Grant {
-                granted: 1,
-                remaining: 1_000,
-                ..Grant::default()
-            })
-        })
-    }
-    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn name(&self) -> &'static str {
-        "stingy"
-    }
+fn stingy() -> Arc<Scripted> {
+    let store = Arc::new(Scripted::new());
+    store.delay(Call::Acquire, 40).grant_always(Grant {
+        granted: 1,
+        remaining: 1_000,
+        ..Grant::default()
+    });
+    store
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_at_most_one_deadline_in_all() {
-    let limiter = Limiter::new(Arc::new(Stingy), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(stingy(), test_settings(), monotonic_clock());
     limiter.set_settings(Settings {
         deadline_ms: 50,
         ..limiter.settings()
@@ -267,40 +255,10 @@ async fn the_warning_measures_how_far_over_across_the_window() {
     assert_eq!(v.limits[0].over_percent, 60);
 }
 
-/// A memory store that can be switched off.
-struct Switch {
-    inner: MemoryStore,
-    down: AtomicBool,
-}
-
-impl QuotaStore for Switch {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        if self.down.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(StoreError::Unavailable("down".into())) });
-        }
-        self.inner.acquire(key, spec, want, unspent)
-    }
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.release(key, spec, unspent)
-    }
-    fn name(&self) -> &'static str {
-        "switch"
-    }
-}
-
 /// A limiter on a store the test can switch off, on a manual clock.
-fn switchable() -> (Arc<AtomicU64>, Arc<Switch>, Arc<Limiter>) {
+fn switchable() -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
     let (now, clock) = manual_clock(T0);
-    let store = Arc::new(Switch {
-        inner: MemoryStore::with_clock(1_000, clock.clone()),
-        down: AtomicBool::new(false),
-    });
+    let store = Arc::new(Scripted::with_memory(MemoryStore::with_clock(1_000, clock.clone())));
     let limiter = Limiter::new(store.clone(), test_settings(), clock);
     (now, store, limiter)
 }
@@ -314,7 +272,7 @@ async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
         assert_eq!(one(&limiter, &limits, "a").await.refused, None);
         now.fetch_add(100, Ordering::SeqCst);
     }
-    store.down.store(true, Ordering::SeqCst);
+    store.all(Answer::Fail(StoreError::Unavailable("down".into())));
     now.fetch_add(2_000, Ordering::SeqCst); // the lease at hand has expired
     let v = one(&limiter, &limits, "a").await;
     assert!(v.store_error.is_some());
@@ -341,7 +299,7 @@ async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
         assert_eq!(one(&limiter, &limits, "a").await.refused, None);
         now.fetch_add(100, Ordering::SeqCst);
     }
-    store.down.store(true, Ordering::SeqCst);
+    store.all(Answer::Fail(StoreError::Unavailable("down".into())));
     now.fetch_add(2_000, Ordering::SeqCst);
     let per_minute = one(&limiter, &limits, "a").await.limits[0].quota;
     assert!((1_000..=1_400).contains(&per_minute), "{per_minute}");
@@ -440,36 +398,12 @@ async fn a_reload_that_changes_a_limit_lifts_its_keys_local_blocks() {
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
 }
 
-/// A store whose releases never answer.
-struct HungReleases;
-
-impl QuotaStore for HungReleases {
-    fn acquire<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a Spec,
-        want: u64,
-        _: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        Box::pin(async move {
-            Ok(Grant {
-                granted: want,
-                remaining: 1_000_000,
-                ..Grant::default()
-            })
-        })
-    }
-    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn name(&self) -> &'static str {
-        "hung-releases"
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn background_releases_past_their_bound_are_dropped_not_queued() {
-    let limiter = Limiter::new(Arc::new(HungReleases), test_settings(), monotonic_clock());
+    // A store whose releases never answer.
+    let store = Arc::new(Scripted::new());
+    store.answer(Call::Release, Answer::Hang);
+    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let limits = vec![limit("l", "1000000/min", None, Mode::Enforce)];
     one(&limiter, &limits, "a").await;
     let lease = limiter.leases.get(limiter_hash(&limiter, &limits[0], "a")).unwrap();
@@ -483,7 +417,7 @@ async fn background_releases_past_their_bound_are_dropped_not_queued() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
-    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 20));
+    let store = slow(20);
     let settings = Settings {
         max_keys: 512, // 8 leases per shard
         ..test_settings()
@@ -516,8 +450,8 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     // A lease of 5: one for the request, the other 4 back to the store.
-    let granted = store.0.granted.load(Ordering::SeqCst);
-    assert_eq!(store.0.returned.load(Ordering::SeqCst), granted - 1);
+    let granted = store.granted.load(Ordering::SeqCst);
+    assert_eq!(store.returned.load(Ordering::SeqCst), granted - 1);
 }
 
 /// Admitted requests of `identity` in a row, until the first refusal (at
@@ -534,18 +468,18 @@ async fn admitted_in_a_row(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>],
 async fn every_outage_starts_the_fallback_low_not_where_the_last_one_left_it() {
     let (now, store, limiter) = switchable();
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
-    store.down.store(true, Ordering::SeqCst);
+    store.all(Answer::Fail(StoreError::Unavailable("down".into())));
     let first = admitted_in_a_row(&limiter, &limits, "a").await;
     // A fallback bucket starts with a second of its rate or a lease, not
     // its burst (the floor: 60 per minute).
     assert!((1..60).contains(&first), "{first}");
     // The store comes back and answers for the key ...
-    store.down.store(false, Ordering::SeqCst);
+    store.all(Answer::Real);
     now.fetch_add(2_000, Ordering::SeqCst);
     assert_eq!(one(&limiter, &limits, "a").await.store_error, None);
     // ... so the next outage starts the key's fallback anew, not from the
     // bucket the first one left (drained here; full had time passed).
-    store.down.store(true, Ordering::SeqCst);
+    store.all(Answer::Fail(StoreError::Unavailable("down".into())));
     now.fetch_add(2_000, Ordering::SeqCst);
     let second = admitted_in_a_row(&limiter, &limits, "a").await;
     assert_eq!(second, first);

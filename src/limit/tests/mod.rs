@@ -3,81 +3,27 @@ use crate::clock::monotonic_clock;
 use crate::limit::policy::{Draft, KeyPart, Mode, StoreFailure};
 use crate::quota::{Grant, Rate};
 use crate::store::memory::MemoryStore;
-use crate::store::{BoxFuture, Unspent};
+use crate::store::testing::{Answer, Call, Scripted};
+use crate::store::Unspent;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 mod hard_paths;
 
-/// A memory store that counts its calls and what went through them.
-struct Counting {
-    inner: MemoryStore,
-    acquires: AtomicU64,
-    releases: AtomicU64,
-    /// Tokens granted, and tokens given back (by release or with an acquire).
-    granted: AtomicU64,
-    returned: AtomicU64,
-    /// What each acquire asked for.
-    wants: std::sync::Mutex<Vec<u64>>,
-    /// Every give-back (with an acquire or a release), in order.
-    unspent: std::sync::Mutex<Vec<Unspent>>,
+/// A store that fails after a moment (3 ms, on tokio's paused clock).
+fn failing() -> Arc<Scripted> {
+    let store = Arc::new(Scripted::new());
+    store
+        .answer(Call::Acquire, Answer::Fail(StoreError::Unavailable("down".into())))
+        .delay(Call::Acquire, 3);
+    store
 }
 
-impl Counting {
-    fn new(inner: MemoryStore) -> Counting {
-        Counting {
-            inner,
-            acquires: AtomicU64::new(0),
-            releases: AtomicU64::new(0),
-            granted: AtomicU64::new(0),
-            returned: AtomicU64::new(0),
-            wants: std::sync::Mutex::new(Vec::new()),
-            unspent: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl Counting {
-    /// Counts a call and what it asks for.
-    fn asked(&self, want: u64) {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.wants.lock().unwrap().push(want);
-    }
-
-    /// Answers a call: gives `unspent` back, then grants.
-    fn answer(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
-        self.returned.fetch_add(unspent.tokens, Ordering::SeqCst);
-        if unspent.tokens > 0 {
-            self.unspent.lock().unwrap().push(unspent);
-        }
-        let answer = self.inner.acquire_now(key, spec, want, unspent);
-        if let Ok(g) = &answer {
-            self.granted.fetch_add(g.granted, Ordering::SeqCst);
-        }
-        answer
-    }
-}
-
-impl QuotaStore for Counting {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.asked(want);
-        Box::pin(std::future::ready(self.answer(key, spec, want, unspent)))
-    }
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.releases.fetch_add(1, Ordering::SeqCst);
-        self.returned.fetch_add(unused.tokens, Ordering::SeqCst);
-        self.unspent.lock().unwrap().push(unused);
-        self.inner.release(key, spec, unused)
-    }
-    fn name(&self) -> &'static str {
-        "counting"
-    }
+/// A store that answers after `ms`, like one across a network.
+fn slow(ms: u64) -> Arc<Scripted> {
+    let store = Arc::new(Scripted::with_memory(MemoryStore::new(1_000)));
+    store.delay(Call::Acquire, ms);
+    store
 }
 
 fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRuntime> {
@@ -93,8 +39,8 @@ fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRun
     Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
 }
 
-fn setup() -> (Arc<Counting>, Arc<Limiter>) {
-    let store = Arc::new(Counting::new(MemoryStore::new(10_000)));
+fn setup() -> (Arc<Scripted>, Arc<Limiter>) {
+    let store = Arc::new(Scripted::new());
     (store.clone(), Limiter::new(store, test_settings(), monotonic_clock()))
 }
 
@@ -111,9 +57,9 @@ fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
 }
 
 /// A limiter on a counting memory store, both on a manual clock.
-fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Counting>, Arc<Limiter>) {
+fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
     let (now, clock) = manual_clock(start_ms);
-    let store = Arc::new(Counting::new(MemoryStore::with_clock(10_000, clock.clone())));
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
     let limiter = Limiter::new(store.clone(), test_settings(), clock);
     (now, store, limiter)
 }
@@ -141,35 +87,9 @@ fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
     }
 }
 
-/// A store that answers after a delay (ms), like one across a network.
-struct Slow(Counting, u64);
-
-impl QuotaStore for Slow {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        // Counted when asked, answered later.
-        self.0.asked(want);
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(self.1)).await;
-            self.0.answer(key, spec, want, unspent)
-        })
-    }
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unused: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.0.release(key, spec, unused)
-    }
-    fn name(&self) -> &'static str {
-        "slow"
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn concurrent_requests_without_tokens_share_one_store_call() {
-    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let store = slow(10);
     let settings = Settings {
         sizing: Sizing {
             min: 50,
@@ -196,13 +116,13 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
     }
     // One call brought 50 tokens for all twenty (a background refill
     // may follow once the lease runs low).
-    assert!(store.0.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.0.acquires);
+    assert!(store.acquires.load(Ordering::SeqCst) <= 2, "{:?}", store.acquires);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_deadline() {
     // The store answers in 50 ms; the guard's deadline is 5 ms.
-    let slow = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 50));
+    let slow = slow(50);
     let store = Arc::new(crate::store::guard::Guarded::new(
         slow.clone(),
         Duration::from_millis(5),
@@ -238,31 +158,12 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
     assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
     assert!(started.elapsed() <= Duration::from_millis(5), "{:?}", started.elapsed());
     assert_eq!(first.await.unwrap(), Some(StoreError::Timeout(5)));
-    assert_eq!(slow.0.acquires.load(Ordering::SeqCst), 1, "one call for both");
-}
-
-/// A store that fails after a moment, counting its calls.
-struct Failing(AtomicU64);
-
-impl QuotaStore for Failing {
-    fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64, _: Unspent) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(3)).await;
-            Err(StoreError::Unavailable("down".into()))
-        })
-    }
-    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn name(&self) -> &'static str {
-        "failing"
-    }
+    assert_eq!(slow.acquires.load(Ordering::SeqCst), 1, "one call for both");
 }
 
 #[tokio::test(start_paused = true)]
 async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
-    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let store = failing();
     let settings = test_settings();
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
@@ -281,7 +182,7 @@ async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_aga
     for t in tasks {
         assert_eq!(t.await.unwrap(), Some(StoreError::Unavailable("down".into())));
     }
-    assert_eq!(store.0.load(Ordering::SeqCst), 1, "one call for five requests");
+    assert_eq!(store.acquires.load(Ordering::SeqCst), 1, "one call for five requests");
 }
 
 /// Three per hour, leases of ten that live 50 ms: the first request's
@@ -358,7 +259,7 @@ async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
-    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let store = failing();
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = vec![
         limit("a", "1000000/s", None, Mode::Enforce),
@@ -370,7 +271,11 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
         .await
         .committed();
     assert!(v.store_error.is_some());
-    assert_eq!(store.0.load(Ordering::SeqCst), 1, "the 503 is decided; b is not asked");
+    assert_eq!(
+        store.acquires.load(Ordering::SeqCst),
+        1,
+        "the 503 is decided; b is not asked"
+    );
     // A fail-open route asks both, each decided by its fallback bucket.
     let v = limiter
         .check(&limits, &[0, 1], &facts("k2", &h), StoreFailure::Allow)
@@ -382,7 +287,7 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
-    let store = Arc::new(Failing(AtomicU64::new(0)));
+    let store = failing();
     let limiter = Limiter::new(store, test_settings(), monotonic_clock());
     let rate: Rate = "40/h".parse().unwrap();
     let config = Arc::new(
@@ -413,7 +318,7 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_request_frees_its_keys_store_call_slot() {
-    let store = Arc::new(Slow(Counting::new(MemoryStore::new(1_000)), 10));
+    let store = slow(10);
     let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
     let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
@@ -594,7 +499,7 @@ async fn expired_leases_go_back_to_the_store() {
     // 2 ms: no token refilled). Without the release it would be short of
     // the lease's unspent tokens.
     let g = store
-        .inner
+        .memory()
         .acquire_now("rl:{l:a}", &limits[0].spec, 2_000, Unspent::default())
         .unwrap();
     assert_eq!(g.granted, 999);

@@ -24,7 +24,8 @@ use super::rebalancing::Ask;
 use super::threshold;
 use super::wire::{TransferAnswer, TransferRequest};
 use crate::clock::Clock;
-use crate::store::QuotaStore;
+use crate::store::RegionStore;
+use crate::sync::Recover;
 
 /// Transfers asked at once; asks beyond it are dropped (the key asks
 /// again on its next store call).
@@ -70,7 +71,7 @@ pub enum Outcome {
 pub struct Coordinator {
     pub region: String,
     pub window_ms: u64,
-    pub store: Arc<dyn QuotaStore>,
+    pub store: Arc<dyn RegionStore>,
     pub client: LinkClient,
     pub metrics: LinkMetrics,
     pub clock: Clock,
@@ -86,7 +87,7 @@ impl Coordinator {
     pub fn new(
         region: String,
         window_ms: u64,
-        store: Arc<dyn QuotaStore>,
+        store: Arc<dyn RegionStore>,
         client: LinkClient,
         metrics: LinkMetrics,
         clock: Clock,
@@ -127,7 +128,7 @@ impl Coordinator {
     }
 
     fn first_here(&self, key: &str, window: u64) -> bool {
-        let Ok(mut asked) = self.asked.lock() else { return false };
+        let mut asked = self.asked.lock().recover();
         // A new window starts afresh: no scan of the old keys, ever.
         if asked.window != window {
             asked.window = window;
@@ -142,7 +143,8 @@ impl Coordinator {
     }
 
     fn forget(&self, key: &str) {
-        if let Ok(mut asked) = self.asked.lock() {
+        {
+            let mut asked = self.asked.lock().recover();
             asked.keys.remove(key);
         }
     }

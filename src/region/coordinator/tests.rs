@@ -2,95 +2,17 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::quota::{Algorithm, Grant, Rate, Share, Spec, Unspent};
+use crate::quota::{Algorithm, Rate, Share, Spec};
 use crate::region::link::{Grantor, LinkService, ServeLimits};
-use crate::store::{BoxFuture, StoreError};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::store::testing::{Answer, Call, Scripted};
+use crate::store::StoreError;
+use std::sync::atomic::Ordering;
 
-/// A regional store and a primary's store in one: claims once per key,
-/// records credits, and grants transfers once per id from `tokens`.
-#[derive(Default)]
-struct Fake {
-    claimed: Mutex<Vec<String>>,
-    credits: Mutex<Vec<(u64, u64, u64)>>,
-    transfers: Mutex<HashMap<u64, u64>>,
-    tokens: AtomicU64,
-    takes: AtomicU64,
-    claim_fails: AtomicBool,
-    unclaimed: Mutex<Vec<String>>,
-    /// The first this many transfer calls answer only after `slow_ms`
-    /// (the tokens are taken at once).
-    slow_calls: AtomicU64,
-    slow_ms: AtomicU64,
-}
-
-fn ready<'a, T: Send + 'a>(v: Result<T, StoreError>) -> BoxFuture<'a, Result<T, StoreError>> {
-    Box::pin(std::future::ready(v))
-}
-
-impl QuotaStore for Fake {
-    fn acquire<'a>(&'a self, _: &'a str, _: &'a Spec, _: u64, _: Unspent) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        ready(Ok(Grant::default()))
-    }
-    fn release<'a>(&'a self, _: &'a str, _: &'a Spec, _: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        ready(Ok(()))
-    }
-    fn name(&self) -> &'static str {
-        "fake"
-    }
-    fn claim<'a>(&'a self, key: &'a str, window: u64, _: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        if self.claim_fails.load(Ordering::SeqCst) {
-            return ready(Err(StoreError::Unavailable("down".into())));
-        }
-        let mut c = self.claimed.lock().unwrap();
-        let key = format!("{key}:{window}");
-        let first = !c.contains(&key);
-        c.push(key);
-        ready(Ok(first))
-    }
-    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let key = format!("{key}:{window}");
-        self.claimed.lock().unwrap().retain(|k| *k != key);
-        self.unclaimed.lock().unwrap().push(key);
-        ready(Ok(()))
-    }
-    fn credit<'a>(&'a self, _: &'a str, id: u64, tokens: u64, ttl: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.credits.lock().unwrap().push((id, tokens, ttl));
-        ready(Ok(tokens))
-    }
-    fn transfer_out<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a Spec,
-        id: u64,
-        want: u64,
-        _: u64,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let g = {
-            let mut t = self.transfers.lock().unwrap();
-            match t.get(&id) {
-                Some(g) => *g,
-                None => {
-                    self.takes.fetch_add(1, Ordering::SeqCst);
-                    let have = self.tokens.load(Ordering::SeqCst);
-                    let g = have.min(want);
-                    self.tokens.store(have - g, Ordering::SeqCst);
-                    t.insert(id, g);
-                    g
-                }
-            }
-        };
-        let slow = self
-            .slow_calls
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        let delay = Duration::from_millis(if slow { self.slow_ms.load(Ordering::SeqCst) } else { 0 });
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            Ok(g)
-        })
-    }
+/// A primary's store granting transfers once per id from `tokens`.
+fn primary_with(tokens: u64) -> Arc<Scripted> {
+    let store = Arc::new(Scripted::new());
+    store.transferable.store(tokens, Ordering::SeqCst);
+    store
 }
 
 fn spec() -> Spec {
@@ -115,7 +37,7 @@ fn metrics() -> LinkMetrics {
 }
 
 /// A primary's link on an ephemeral port, granting from `primary`.
-async fn primary_link(primary: Arc<Fake>) -> String {
+async fn primary_link(primary: Arc<Scripted>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let grantor = Arc::new(Grantor {
@@ -146,16 +68,16 @@ async fn primary_link(primary: Arc<Fake>) -> String {
 const NOW: u64 = 1_000_000;
 const W: u64 = 50;
 
-fn coordinator(region: Arc<Fake>, primary: String, timeout: Duration) -> Arc<Coordinator> {
+fn coordinator(region: Arc<Scripted>, primary: String, timeout: Duration) -> Arc<Coordinator> {
     coordinator_at(region, primary, timeout, NOW)
 }
 
-fn coordinator_at(region: Arc<Fake>, primary: String, timeout: Duration, now: u64) -> Arc<Coordinator> {
+fn coordinator_at(region: Arc<Scripted>, primary: String, timeout: Duration, now: u64) -> Arc<Coordinator> {
     windowed(region, primary, timeout, 20_000, now)
 }
 
 /// With `window_ms` windows, the clock at `now`, short backoffs.
-fn windowed(region: Arc<Fake>, primary: String, timeout: Duration, window_ms: u64, now: u64) -> Arc<Coordinator> {
+fn windowed(region: Arc<Scripted>, primary: String, timeout: Duration, window_ms: u64, now: u64) -> Arc<Coordinator> {
     let mut c = Coordinator::new(
         "eu".into(),
         window_ms,
@@ -210,12 +132,9 @@ fn credit_lasts_to_the_end_of_its_window_and_at_most_one_period() {
 async fn a_limit_shorter_than_the_window_gets_credit_for_one_period_only() {
     // 100/s with a 20 s window: credit living 20 s would be spent while
     // the primary's bucket refills what it gave, 20 times over.
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(500),
-        ..Fake::default()
-    });
+    let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
     assert_eq!(
         c.rebalance(&ask_of("rl:{fast:k}", fast()), W).await,
@@ -228,12 +147,9 @@ async fn a_limit_shorter_than_the_window_gets_credit_for_one_period_only() {
 
 #[tokio::test]
 async fn credit_ends_with_the_aligned_window_it_was_granted_for() {
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(500),
-        ..Fake::default()
-    });
+    let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     // 15 s into window 50.
     let c = coordinator_at(region.clone(), link, Duration::from_secs(2), NOW + 15_000);
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(300));
@@ -242,12 +158,9 @@ async fn credit_ends_with_the_aligned_window_it_was_granted_for() {
 
 #[tokio::test]
 async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(500),
-        ..Fake::default()
-    });
+    let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let a = coordinator(region.clone(), link.clone(), Duration::from_secs(2));
     let b = coordinator(region.clone(), link, Duration::from_secs(2));
     // One more slice (300) of the primary's 500.
@@ -258,20 +171,20 @@ async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
     let id = threshold::transfer_id("eu", "rl:{l:k}", W);
     assert_eq!(credits, vec![(id, 300, 20_000)]);
     assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
-    assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
+    assert_eq!(primary.transferable.load(Ordering::SeqCst), 200);
 }
 
 #[tokio::test]
 async fn an_empty_primary_refuses_and_a_claim_failure_asks_nobody() {
-    let primary = Arc::new(Fake::default());
+    let primary = Arc::new(Scripted::new());
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Refused);
     assert_eq!(c.metrics.refused.get(), 1);
     assert!(region.credits.lock().unwrap().is_empty());
 
-    region.claim_fails.store(true, Ordering::SeqCst);
+    region.answer(Call::Claim, Answer::Fail(StoreError::Unavailable("down".into())));
     assert_eq!(c.rebalance(&ask(), W + 1).await, Outcome::Error);
     assert_eq!(primary.takes.load(Ordering::SeqCst), 1, "no second transfer");
     assert_eq!(c.metrics.error.get(), 1, "a failed claim is an error");
@@ -279,12 +192,9 @@ async fn an_empty_primary_refuses_and_a_claim_failure_asks_nobody() {
 
 #[tokio::test]
 async fn a_quota_the_primary_does_not_have_is_refused_and_takes_nothing() {
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(500),
-        ..Fake::default()
-    });
+    let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
     // Limit "l" is 1000/min at the primary; this region says 100/s.
     assert_eq!(c.rebalance(&ask_of("rl:{l:k}", fast()), W).await, Outcome::Refused);
@@ -303,18 +213,14 @@ async fn a_slow_link_is_asked_again_with_the_same_id_until_the_landed_grant_is_c
     // The primary takes the tokens at once but its answers come after
     // the client gave up, three times: the fourth attempt (same id)
     // gets the recorded grant, which is credited; nothing moves twice.
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(500),
-        slow_calls: AtomicU64::new(3),
-        slow_ms: AtomicU64::new(400),
-        ..Fake::default()
-    });
+    let primary = primary_with(500);
+    primary.delay_first(Call::TransferOut, 3, 400);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_millis(150));
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(300));
     assert_eq!(primary.takes.load(Ordering::SeqCst), 1);
-    assert_eq!(primary.tokens.load(Ordering::SeqCst), 200);
+    assert_eq!(primary.transferable.load(Ordering::SeqCst), 200);
     assert_eq!(region.credits.lock().unwrap().len(), 1);
     assert_eq!((c.metrics.granted.get(), c.metrics.error.get()), (1, 0));
 }
@@ -327,7 +233,7 @@ async fn retries_stop_once_a_grant_could_no_longer_be_credited() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let c = coordinator(Arc::new(Fake::default()), closed, Duration::from_millis(100));
+    let c = coordinator(Arc::new(Scripted::new()), closed, Duration::from_millis(100));
     let started = std::time::Instant::now();
     assert_eq!(c.rebalance(&ask_of("rl:{fast:k}", fast()), W).await, Outcome::Error);
     let took = started.elapsed();
@@ -343,7 +249,7 @@ async fn a_failed_transfer_releases_the_claim_so_the_key_asks_again() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     // 1 s windows, at the start of one: a second of retries.
     let c = windowed(region.clone(), closed, Duration::from_millis(100), 1_000, NOW);
     assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
@@ -359,18 +265,15 @@ async fn a_failed_transfer_releases_the_claim_so_the_key_asks_again() {
 async fn a_retry_after_a_lost_answer_moves_tokens_once() {
     // The primary applied the transfer, the answer was lost: the retry
     // carries the same id and gets the recorded answer.
-    let primary = Arc::new(Fake {
-        tokens: AtomicU64::new(1_000),
-        ..Fake::default()
-    });
+    let primary = primary_with(1_000);
     let link = primary_link(primary.clone()).await;
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
     let id = threshold::transfer_id("eu", "rl:{l:k}", W);
     primary.transfers.lock().unwrap().insert(id, 120);
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(120));
     assert_eq!(primary.takes.load(Ordering::SeqCst), 0);
-    assert_eq!(primary.tokens.load(Ordering::SeqCst), 1_000);
+    assert_eq!(primary.transferable.load(Ordering::SeqCst), 1_000);
 }
 
 #[tokio::test]
@@ -381,7 +284,7 @@ async fn a_refused_or_hanging_link_is_an_error_within_the_timeouts() {
         l.local_addr().unwrap().to_string()
     };
     // 1 s windows, at the start of one: retried for a second at most.
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = windowed(region.clone(), closed, Duration::from_millis(200), 1_000, NOW);
     assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
     assert_eq!((c.metrics.error.get(), c.metrics.link_up.get()), (1, 0));
@@ -396,7 +299,7 @@ async fn a_refused_or_hanging_link_is_an_error_within_the_timeouts() {
             conns.push(s);
         }
     });
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let c = windowed(region.clone(), addr, Duration::from_millis(200), 1_000, NOW);
     let started = std::time::Instant::now();
     assert_eq!(c.rebalance(&ask(), NOW / 1_000).await, Outcome::Error);
@@ -416,7 +319,7 @@ async fn link_up_comes_from_a_probe_at_the_start_and_only_transport_failures_low
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let c = coordinator(Arc::new(Fake::default()), closed, Duration::from_millis(200));
+    let c = coordinator(Arc::new(Scripted::new()), closed, Duration::from_millis(200));
     c.metrics.link_up.set(1);
     let (_tx, rx) = mpsc::channel(1);
     let task = tokio::spawn(c.clone().run(rx));
@@ -429,8 +332,8 @@ async fn link_up_comes_from_a_probe_at_the_start_and_only_transport_failures_low
 
     // A primary that answers: up from the start; a refusal (it
     // answered) leaves it up.
-    let link = primary_link(Arc::new(Fake::default())).await;
-    let c = coordinator(Arc::new(Fake::default()), link, Duration::from_secs(2));
+    let link = primary_link(Arc::new(Scripted::new())).await;
+    let c = coordinator(Arc::new(Scripted::new()), link, Duration::from_secs(2));
     let (_tx, rx) = mpsc::channel(1);
     let task = tokio::spawn(c.clone().run(rx));
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -447,7 +350,7 @@ async fn link_up_comes_from_a_probe_at_the_start_and_only_transport_failures_low
 
 #[tokio::test]
 async fn the_run_loop_handles_a_key_once_per_window_here() {
-    let region = Arc::new(Fake::default());
+    let region = Arc::new(Scripted::new());
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()

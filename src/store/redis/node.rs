@@ -3,6 +3,7 @@
 //! another master; and the connection enum a call runs on.
 
 use super::*;
+use crate::sync::Recover;
 
 #[derive(Clone)]
 pub(super) enum Connection {
@@ -137,10 +138,7 @@ impl Node {
     }
 
     pub(super) fn address(&self) -> Address {
-        self.address
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.address.lock().recover().clone()
     }
 
     pub(super) fn shown(&self) -> String {
@@ -160,7 +158,7 @@ impl Node {
     /// the new one. True if the address is new.
     pub(super) fn moved_to(&self, client: redis::Client, shown: String) -> bool {
         {
-            let mut address = self.address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut address = self.address.lock().recover();
             if address.client.is_some() && address.shown == shown {
                 return false;
             }

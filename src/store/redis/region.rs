@@ -1,0 +1,108 @@
+//! The region calls on Redis ([`RegionStore`]): each one atomic Lua
+//! script of `lua/region/`. The primary's transfer-out wraps the acquire
+//! script of each algorithm, so the bucket math exists once; the
+//! requesting region's credit, its spending and the claim that elects one
+//! asker per key and window live in keys beside the bucket's, in its hash
+//! slot.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::RedisStore;
+use crate::quota::{Algorithm, Spec};
+use crate::store::{BoxFuture, Credit, RegionStore, StoreError};
+
+static TRANSFER_OUT_BUCKET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/token_bucket.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static TRANSFER_OUT_WINDOW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/sliding_window.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static TRANSFER_OUT_FIXED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/fixed_window.lua"),
+        include_str!("../../../lua/region/transfer_out_tail.lua"),
+    ))
+});
+static CREDIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/credit.lua")));
+static SPEND_CREDIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/region/spend_credit.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/claim.lua")));
+static UNCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/unclaim.lua")));
+
+/// A key beside a bucket, outside its braces: the same hash slot, so a
+/// script may touch both in a Redis Cluster.
+fn beside(key: &str, suffix: &str) -> String {
+    format!("{key}:{suffix}")
+}
+
+impl RegionStore for RedisStore {
+    fn transfer_out<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        id: u64,
+        want: u64,
+        remember_ms: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let keys = vec![key.to_owned(), beside(key, &format!("xfer:{id:016x}"))];
+        let call = match spec.algorithm {
+            Algorithm::TokenBucket => self.call_keys(
+                &TRANSFER_OUT_BUCKET,
+                keys,
+                vec![spec.count, spec.period_ms(), spec.capacity, want, 0, remember_ms],
+            ),
+            Algorithm::SlidingWindow => self.call_keys(
+                &TRANSFER_OUT_WINDOW,
+                keys,
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+            ),
+            Algorithm::FixedWindow => self.call_keys(
+                &TRANSFER_OUT_FIXED,
+                keys,
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+            ),
+        };
+        Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let keys = vec![beside(key, "credit"), beside(key, &format!("credited:{id:016x}"))];
+        let call = self.call_keys(&CREDIT, keys, vec![tokens, ttl_ms.max(1)]);
+        Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
+        let call = self.call_keys(&SPEND_CREDIT, vec![beside(key, "credit")], vec![want]);
+        Box::pin(async move {
+            call.await.map(|r| Credit {
+                spent: r[0],
+                left: r[1],
+            })
+        })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.call_keys(
+            &CLAIM,
+            vec![beside(key, &format!("claim:{window}"))],
+            vec![ttl_ms.max(1)],
+        );
+        Box::pin(async move { call.await.map(|r| r[0] == 1) })
+    }
+
+    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let call = self.call_keys(&UNCLAIM, vec![beside(key, &format!("claim:{window}"))], vec![]);
+        Box::pin(async move { call.await.map(|_| ()) })
+    }
+}
