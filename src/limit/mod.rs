@@ -33,6 +33,7 @@ mod slow_path;
 pub mod stage;
 mod sweep;
 pub mod table;
+mod verdict;
 
 use std::hash::Hasher;
 use std::sync::Arc;
@@ -46,6 +47,8 @@ use lease::Sizing;
 use policy::{Limit, Mode, StoreFailure};
 use stage::Outcome;
 use table::LeaseTable;
+use verdict::admitted;
+pub use verdict::{Decision, LimitVerdict, Verdict};
 
 /// One configured limit, ready for decisions: its quota, its stage on this
 /// instance and its counters. Rebuilt with each config.
@@ -124,116 +127,6 @@ impl LimitRuntime {
     }
 }
 
-/// One limit's part of a verdict.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LimitVerdict {
-    /// The limit: an index into the config's limits.
-    pub limit: usize,
-    pub outcome: Outcome,
-    pub quota: u64,
-    pub window_secs: u64,
-    pub remaining: u64,
-    pub reset_ms: u64,
-    /// When refused: milliseconds until a token will be available.
-    pub retry_after_ms: u64,
-    /// How far over the quota this key is, in percent (when refused).
-    pub over_percent: u64,
-}
-
-/// What the limiter decided for one request: the one thing the request
-/// path acts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Decision {
-    /// Every limit admits (shadow and soft ones may be over, and say so).
-    #[default]
-    Admit,
-    /// A limit refuses: 429. Its entry in [`Verdict::limits`] is at
-    /// [`Verdict::refused`].
-    Refuse,
-    /// The store failed and the route fails open: admitted by the local
-    /// fallback buckets; `reason` is the bypass metric's label.
-    Bypass { reason: &'static str },
-    /// The store failed and the route fails closed: 503, with a retry
-    /// after this long. No token is kept.
-    Unavailable { retry_after_ms: u64 },
-}
-
-/// The decision for one request, and what the client is shown of it.
-#[derive(Debug, Default)]
-pub struct Verdict<'l> {
-    pub decision: Decision,
-    /// One entry per limit checked, in route order (inline for up to two).
-    pub limits: smallvec::SmallVec<[LimitVerdict; 2]>,
-    /// Index into `limits` of the limit that refused (enforced), if any.
-    pub refused: Option<usize>,
-    /// Why the store failed, when it did (the decision says what it means).
-    pub store_error: Option<StoreError>,
-    /// The tokens this request holds: given back unless committed.
-    taken: Taken<'l>,
-    /// Where in the request's limits [`Limiter::check`] goes on from when
-    /// [`Limiter::try_check`] stopped at a limit that needs the store.
-    next: usize,
-}
-
-impl Verdict<'_> {
-    /// The request is served: the tokens it took are spent. A verdict
-    /// dropped uncommitted (a refusal, a client gone while the store
-    /// answered) gives them back to their leases.
-    pub fn commit(&mut self) {
-        self.taken.hashes.clear();
-    }
-
-    /// [`Verdict::commit`], by value: for callers that serve every request
-    /// they check (benchmarks, tests, the Envoy services).
-    pub fn committed(mut self) -> Self {
-        self.commit();
-        self
-    }
-
-    /// Tokens held and not committed yet.
-    pub fn tokens_held(&self) -> usize {
-        self.taken.hashes.len()
-    }
-}
-
-/// Tokens a request took, one per key (by hash): a drop guard, as in
-/// pingora-limits, so that every way out of a decision that does not serve
-/// the request gives them back, and none is written by hand.
-#[derive(Debug, Default)]
-struct Taken<'l> {
-    limiter: Option<&'l Limiter>,
-    hashes: smallvec::SmallVec<[u64; 2]>,
-}
-
-impl<'l> Taken<'l> {
-    fn push(&mut self, limiter: &'l Limiter, h: u64) {
-        self.limiter = Some(limiter);
-        self.hashes.push(h);
-    }
-
-    fn give_back(&mut self) {
-        if let Some(limiter) = self.limiter {
-            for h in self.hashes.drain(..) {
-                limiter.leases.with(h, |l| l.give_back(1));
-            }
-        }
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        self.give_back();
-    }
-}
-
-impl std::fmt::Debug for Limiter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Limiter")
-            .field("store", &self.store.name())
-            .finish_non_exhaustive()
-    }
-}
-
 /// The quota of a request's key under `limit` (whose plain quota is
 /// `spec`, split in `shards`): the plan's rate when the request's plan is
 /// one of the limit's, then its sub-bucket's share when sharded, then this
@@ -278,6 +171,14 @@ pub struct Settings {
     /// `[store] timeout_ms`: the longest a request waits for the store, per
     /// limit, whether for its own call or for the one in flight for its key.
     pub deadline_ms: u64,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.store.name())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The decision engine shared by every worker.
@@ -462,7 +363,7 @@ impl Limiter {
             .leases
             .with(h, |lease| {
                 lease.try_take(now).then(|| {
-                    let size = lease.size_hint.load(std::sync::atomic::Ordering::Relaxed);
+                    let size = lease.size_hint();
                     (
                         lease.remaining(),
                         lease.reset_ms(now),
@@ -622,20 +523,6 @@ fn store_failure_decision(e: &StoreError, on_failure: StoreFailure) -> Decision 
         StoreFailure::Deny => Decision::Unavailable {
             retry_after_ms: e.retry_after_ms(),
         },
-    }
-}
-
-fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdict {
-    LimitVerdict {
-        limit: i,
-        outcome: Outcome::Admitted,
-        quota: spec.count,
-        window_secs: spec.window_secs(),
-        // A burst above the rate may hold more: never advertise more than q.
-        remaining: remaining.min(spec.count),
-        reset_ms,
-        retry_after_ms: 0,
-        over_percent: 0,
     }
 }
 

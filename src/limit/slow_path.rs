@@ -14,7 +14,6 @@
 //! (one atomic store step), not in a round trip of their own.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,7 +131,7 @@ impl Limiter {
         };
         let own = u64::from(caller == Caller::Request);
         let size = lease.next_size(&settings.sizing, spec.capacity, now, own);
-        lease.size_hint.store(size, Ordering::Relaxed);
+        lease.set_size_hint(size);
         // Enough for the requests in line (up to `max`), else the sized lease.
         let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
         lease.set_spec(*spec);

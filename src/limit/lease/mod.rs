@@ -1,0 +1,412 @@
+//! Local leases: tokens taken from the shared store in batches and spent
+//! here with one atomic operation each. The [`Lease`] is a handful of
+//! atomics: spending never takes a lock and never waits for the store.
+//!
+//! It is made of parts, one per concern, each `repr(C)` in a file of its
+//! own: `tokens` (what every decision reads and spends: first, in the first
+//! cache line), `rate` (the rate estimate that sizes the next lease, and
+//! the admitted rate), `refill` (the one store call per key). Here stay the
+//! block times, the table's marks, the grant's window, the quota and the
+//! key, and the methods the limiter calls, delegating to the parts; those
+//! that touch several (adding a grant, taking tokens back unspent, sizing
+//! the next lease) are written here. `sizing` holds the pure sizing rule,
+//! [`Sizing`].
+
+mod rate;
+mod refill;
+mod sizing;
+mod tokens;
+
+use crate::sync::Recover;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub use rate::ewma;
+pub use refill::{RefillSlot, Waiting};
+pub use sizing::Sizing;
+
+use rate::RateEstimate;
+use refill::Refill;
+use tokens::Tokens;
+
+/// The local state of one (limit, key). `repr(C)`, as each part: the
+/// spending path's fields (`Tokens`) come first, in the first cache line,
+/// with the eviction mark a decision through a thread's front reads.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct Lease {
+    // -- read on every decision --
+    /// Tokens at hand, their expiry, the last lease's size, the store's view.
+    tokens: Tokens,
+    /// Forgotten by the lease table: tokens added later go back at once.
+    evicted: AtomicBool,
+    // -- read on store calls and refusals --
+    /// The rate estimate and the admitted rate.
+    rate: RateEstimate,
+    /// Refused locally until this time, ms (after a store refusal).
+    pub(crate) blocked_until: AtomicU64,
+    /// When the store said a token will be available, ms: what a refused
+    /// client is told (the local block may end sooner, to re-ask the store).
+    pub(crate) retry_at: AtomicU64,
+    /// Requests refused in the current over-quota window: how far over.
+    over: AtomicU64,
+    /// When that window began, ms.
+    over_since: AtomicU64,
+    /// Threads' fronts keeping this lease (see `near`): references that
+    /// do not make it busy.
+    near: AtomicU64,
+    /// The store's window of the last grant (sliding window), for giving
+    /// tokens back to the window they were counted in.
+    window_ms: AtomicU64,
+    /// Last store call or refusal, ms (idle leases are forgotten).
+    pub(crate) touched: AtomicU64,
+    /// The key's one store call at a time, and the line behind it.
+    refill: Refill,
+    /// The quota the tokens at hand were taken under, for giving them back.
+    spec: std::sync::Mutex<Option<crate::quota::Spec>>,
+    /// The store key.
+    key: Arc<str>,
+}
+
+/// What a refill brings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub tokens: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    /// The store's window the tokens were counted in (sliding window).
+    pub window_ms: u64,
+}
+
+impl Lease {
+    pub fn new(key: &str) -> Lease {
+        Lease {
+            key: Arc::from(key),
+            ..Lease::default()
+        }
+    }
+
+    /// The store key this lease draws from.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The store key, shared (for tokens going back after the lease).
+    pub fn shared_key(&self) -> Arc<str> {
+        Arc::clone(&self.key)
+    }
+
+    // -- tokens --
+
+    /// Spends one token if one is at hand and the lease has not expired:
+    /// one load and one compare-and-swap, nothing else written.
+    #[inline]
+    pub fn try_take(&self, now_ms: u64) -> bool {
+        self.tokens.try_take(now_ms)
+    }
+
+    /// Spends `n` tokens at once if that many are at hand (all or none).
+    #[inline]
+    pub fn try_take_n(&self, n: u64, now_ms: u64) -> bool {
+        self.tokens.try_take_n(n, now_ms)
+    }
+
+    /// Tokens at hand now.
+    #[inline]
+    pub fn available(&self) -> u64 {
+        self.tokens.available()
+    }
+
+    /// Tokens at hand that may still be spent at `now_ms` (none once the
+    /// lease has expired: they belong to the store again).
+    pub fn spendable(&self, now_ms: u64) -> u64 {
+        self.tokens.spendable(now_ms)
+    }
+
+    /// Puts back a token taken for a request that was then refused.
+    pub fn give_back(&self, tokens: u64) {
+        self.tokens.give_back(tokens);
+    }
+
+    /// The size of the last lease asked for (for the low watermark).
+    #[inline]
+    pub fn size_hint(&self) -> u64 {
+        self.tokens.size_hint()
+    }
+
+    /// Remembers the size of the lease being asked for.
+    pub fn set_size_hint(&self, size: u64) {
+        self.tokens.set_size_hint(size);
+    }
+
+    /// Remaining as the client should see it: what the store had left, plus
+    /// what is at hand here.
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        self.tokens.remaining()
+    }
+
+    /// What the shared bucket had left at the store's last answer.
+    pub fn store_remaining(&self) -> u64 {
+        self.tokens.store_remaining()
+    }
+
+    #[inline]
+    pub fn reset_ms(&self, now_ms: u64) -> u64 {
+        self.tokens.reset_ms(now_ms)
+    }
+
+    // -- tokens taken back unspent: they leave the rate sample too --
+
+    /// Takes every token at hand if the lease has expired: they belong to
+    /// the store again.
+    pub fn take_expired(&self, now_ms: u64) -> u64 {
+        let taken = self.tokens.take_expired(now_ms);
+        self.rate.untake(taken);
+        taken
+    }
+
+    /// Takes up to `n` tokens at hand; returns how many.
+    pub fn take_up_to(&self, n: u64) -> u64 {
+        let taken = self.tokens.take_up_to(n);
+        self.rate.untake(taken);
+        taken
+    }
+
+    /// Takes every token at hand (shutdown, changed limit).
+    pub fn take_all(&self) -> u64 {
+        let taken = self.tokens.take_all();
+        self.rate.untake(taken);
+        taken
+    }
+
+    // -- store answers --
+
+    /// The size of the next lease, updating the rate estimate from what was
+    /// spent since the last grant (tokens taken back unspent since then, by
+    /// any path, do not count); `asking` is 1 when a request without a
+    /// token is asking (its hit counts too), 0 for a background refill.
+    pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, asking: u64) -> u64 {
+        let qps = self.rate.next_qps(&self.tokens, sizing.lookahead_ms, now_ms, asking);
+        sizing.lease_size(qps, capacity)
+    }
+
+    /// Adds granted tokens; the lease then lives `ttl_ms` from now.
+    pub fn add(&self, g: Granted, now_ms: u64, ttl_ms: u64) {
+        // The new expiry and window first: a sweeper that sees the new
+        // tokens must not take them as expired under the old ones.
+        self.tokens.expire_at(now_ms.saturating_add(ttl_ms));
+        self.window_ms.store(g.window_ms, Ordering::Release);
+        let level = self.tokens.add(g.tokens);
+        self.rate.granted(level);
+        self.touch(now_ms);
+        self.tokens
+            .set_store_view(g.remaining, now_ms.saturating_add(g.reset_ms));
+    }
+
+    /// Records a store answer that granted nothing.
+    pub fn refused(&self, reset_ms: u64, now_ms: u64) {
+        self.tokens.set_store_view(0, now_ms.saturating_add(reset_ms));
+    }
+
+    /// The store answered: tokens spent since the last answer, plus
+    /// `admitted_now` (the asking request, when it was granted), join the
+    /// decayed admitted count. Only answers call this: while the store is
+    /// away the average stays what it was.
+    pub fn record_admitted(&self, admitted_now: u64, now_ms: u64) {
+        self.rate.record_admitted(admitted_now, now_ms);
+    }
+
+    /// This instance's admitted rate for the key, per second, averaged over
+    /// about a minute as of the store's last answer: while the store is away
+    /// nothing updates it, so it stays the rate from before the outage. An
+    /// average younger than a minute is scaled up by the share of the minute
+    /// it has seen (at least a second), so a new key is not under-rated.
+    pub fn admitted_rate(&self) -> f64 {
+        self.rate.admitted_rate()
+    }
+
+    /// The store window the tokens at hand were counted in.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms.load(Ordering::Relaxed)
+    }
+
+    /// Remembers the quota tokens are taken under.
+    pub fn set_spec(&self, spec: crate::quota::Spec) {
+        *self.spec.lock().recover() = Some(spec);
+    }
+
+    pub fn spec(&self) -> Option<crate::quota::Spec> {
+        *self.spec.lock().recover()
+    }
+
+    /// Marks the lease as used now (store calls only; spending does not).
+    pub fn touch(&self, now_ms: u64) {
+        self.touched.store(now_ms, Ordering::Relaxed);
+    }
+
+    // -- refusals --
+
+    /// Counts one more request over the quota and returns how many there
+    /// were in the last `period_ms` (a window, not since the last grant: a
+    /// refill in between does not make a key look less over).
+    pub fn count_over(&self, now_ms: u64, period_ms: u64) -> u64 {
+        let since = self.over_since.load(Ordering::Relaxed);
+        if since == 0 || now_ms.saturating_sub(since) >= period_ms || now_ms < since {
+            self.over_since.store(now_ms.max(1), Ordering::Relaxed);
+            self.over.store(1, Ordering::Relaxed);
+            return 1;
+        }
+        self.over.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Requests refused in the over-quota window that is still open at
+    /// `now_ms` (`period_ms` long), without counting one: 0 once it closed.
+    pub fn refusals_in_window(&self, now_ms: u64, period_ms: u64) -> u64 {
+        let since = self.over_since.load(Ordering::Relaxed);
+        if since == 0 || now_ms < since || now_ms.saturating_sub(since) >= period_ms {
+            return 0;
+        }
+        self.over.load(Ordering::Relaxed)
+    }
+
+    // -- the table and threads' fronts --
+
+    /// Marks the lease as forgotten by the table.
+    pub fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+    }
+
+    #[inline]
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
+    /// How many threads' fronts keep this lease.
+    pub fn held_near(&self) -> usize {
+        self.near.load(Ordering::Acquire) as usize
+    }
+
+    /// A front starts (+1) or stops (-1) keeping this lease.
+    pub(super) fn near_count(&self, delta: i64) {
+        if delta >= 0 {
+            self.near.fetch_add(delta as u64, Ordering::AcqRel);
+        } else {
+            self.near.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
+        }
+    }
+
+    // -- the store call --
+
+    /// A request starts waiting for this key's store call; it stops when
+    /// the returned guard drops.
+    pub fn wait_in_line(&self) -> Waiting<'_> {
+        self.refill.wait_in_line()
+    }
+
+    /// Requests waiting for this key's store call now.
+    pub fn waiting(&self) -> u64 {
+        self.refill.waiting()
+    }
+
+    /// Claims the key's single store-call slot; released when the returned
+    /// guard drops (also when the call's future is dropped midway), which
+    /// wakes the requests waiting for it.
+    pub fn start_refill(&self) -> Option<RefillSlot<'_>> {
+        self.refill.start()
+    }
+
+    /// Whether a store call for this key is in flight.
+    #[inline]
+    pub fn refill_in_flight(&self) -> bool {
+        self.refill.in_flight()
+    }
+
+    /// How the last store call for this key failed, if it did.
+    pub fn last_failure(&self) -> Option<crate::store::StoreError> {
+        self.refill.last_failure()
+    }
+
+    /// Waits until the store call in flight for this key ends, or claims the
+    /// slot if none is (then the caller makes the call).
+    pub async fn wait_for_refill(&self) -> Option<RefillSlot<'_>> {
+        self.refill.wait().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_grow_with_traffic_and_decay_when_it_falls() {
+        let s = Sizing::default();
+        let lease = Lease::default();
+        let mut now = 1_000;
+        lease.next_size(&s, 1_000_000, now, 1);
+        let grant = |lease: &Lease, now| {
+            lease.add(
+                Granted {
+                    tokens: 1_000,
+                    remaining: 0,
+                    reset_ms: 0,
+                    window_ms: 0,
+                },
+                now,
+                60_000,
+            )
+        };
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            grant(&lease, now);
+            for _ in 0..400 {
+                lease.try_take(now);
+            }
+            now += 100; // 4,000 qps
+            sizes.push(lease.next_size(&s, 1_000_000, now, 1));
+        }
+        assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+        assert_eq!(*sizes.last().unwrap(), 500);
+        let mut decaying = Vec::new();
+        for _ in 0..8 {
+            grant(&lease, now);
+            now += 1_000; // 1 qps: the asking request only
+            decaying.push(lease.next_size(&s, 1_000_000, now, 1));
+        }
+        assert!(decaying.windows(2).all(|w| w[0] >= w[1]), "{decaying:?}");
+        assert_eq!(*decaying.last().unwrap(), 5);
+    }
+
+    #[test]
+    fn tokens_are_spent_once_and_expire() {
+        let lease = Lease::default();
+        assert!(!lease.try_take(0));
+        lease.add(
+            Granted {
+                tokens: 2,
+                remaining: 8,
+                reset_ms: 100,
+                window_ms: 0,
+            },
+            1_000,
+            500,
+        );
+        assert_eq!(lease.remaining(), 10);
+        assert!(lease.try_take(1_100));
+        assert_eq!(lease.take_expired(1_200), 0);
+        assert!(lease.try_take(1_200));
+        assert!(!lease.try_take(1_200));
+        lease.give_back(1);
+        assert!(!lease.try_take(1_500), "expired tokens are not spent");
+        assert_eq!(lease.take_expired(1_500), 1);
+    }
+
+    #[test]
+    fn the_spending_paths_fields_come_first_in_one_cache_line() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(Lease, tokens), 0);
+        assert!(size_of::<Tokens>() <= 64, "{}", size_of::<Tokens>());
+        // A decision through a thread's front reads the eviction mark too.
+        assert!(offset_of!(Lease, evicted) < 64);
+    }
+}

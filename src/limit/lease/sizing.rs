@@ -1,0 +1,68 @@
+//! How many tokens a lease asks for: `clamp(min, qps_ewma × lookahead,
+//! max)`, and never more than `fraction` of the bucket's capacity (at
+//! least 1); and the low watermark below which a lease refills in the
+//! background. Pure: the rate comes from the lease's [`RateEstimate`].
+//!
+//! [`RateEstimate`]: super::rate::RateEstimate
+
+/// The parameters of lease sizing, from `[leasing]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sizing {
+    pub min: u64,
+    pub max: u64,
+    pub lookahead_ms: u64,
+    /// Largest share of a bucket's capacity one lease may hold.
+    pub fraction: f64,
+    /// Leased tokens unspent after this long go back to the store.
+    pub ttl_ms: u64,
+}
+
+impl Default for Sizing {
+    fn default() -> Self {
+        Sizing {
+            min: 5,
+            max: 500,
+            lookahead_ms: 250,
+            fraction: 0.1,
+            ttl_ms: 1_000,
+        }
+    }
+}
+
+impl Sizing {
+    /// Tokens to ask for, given the observed rate and the bucket's capacity.
+    pub fn lease_size(&self, qps: f64, capacity: u64) -> u64 {
+        let wanted = (qps * self.lookahead_ms as f64 / 1_000.0).ceil();
+        let wanted = if wanted.is_finite() && wanted > 0.0 {
+            wanted as u64
+        } else {
+            0
+        };
+        let sized = wanted.clamp(self.min, self.max.max(self.min));
+        let cap = ((capacity as f64 * self.fraction).floor() as u64).max(1);
+        sized.min(cap)
+    }
+
+    /// Refill in the background once the local balance falls below this.
+    pub fn low_watermark(size: u64) -> u64 {
+        size / 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_traffic_within_min_max_and_fraction() {
+        let s = Sizing::default();
+        assert_eq!(s.lease_size(0.0, 1_000_000), 5); // cold: min
+        assert_eq!(s.lease_size(100.0, 1_000_000), 25); // 100 qps × 0.25 s
+        assert_eq!(s.lease_size(1_000.0, 1_000_000), 250);
+        assert_eq!(s.lease_size(1e9, 1_000_000), 500); // max
+        assert_eq!(s.lease_size(1_000.0, 100), 10); // 10% of capacity
+        assert_eq!(s.lease_size(1_000.0, 10), 1); // low limits: one at a time
+        assert_eq!(s.lease_size(f64::NAN, 10), 1);
+        assert_eq!(s.lease_size(f64::INFINITY, 1_000_000), 5);
+    }
+}
