@@ -15,6 +15,7 @@ pub trait Recover<G> {
 }
 
 impl<G> Recover<G> for LockResult<G> {
+    #[inline]
     fn recover(self) -> G {
         self.unwrap_or_else(PoisonError::into_inner)
     }

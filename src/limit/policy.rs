@@ -207,7 +207,16 @@ impl Draft {
 /// a double: levels are kept in units of capacity × period (ms), and the
 /// Redis scripts compute in doubles, exact only below 2^53.
 pub fn fits(capacity: u64, rate: &Rate) -> bool {
-    u128::from(capacity) * rate.period.as_millis().max(1) < u128::from(MAX_UNITS)
+    fits_ms(
+        capacity,
+        u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX).max(1),
+    )
+}
+
+/// [`fits`] for a period in milliseconds: the one place the rule is
+/// written (the Envoy YAML and the region link check their quotas by it).
+pub fn fits_ms(capacity: u64, period_ms: u64) -> bool {
+    u128::from(capacity) * u128::from(period_ms) < u128::from(MAX_UNITS)
 }
 
 /// The field of a [`Draft`] a [`PolicyError`] is about.

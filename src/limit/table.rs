@@ -71,6 +71,7 @@ impl LeaseTable {
     /// Runs `f` on the lease of `h`, if there is one: from this thread's
     /// front when it keeps the lease (no lock), else under the shard's read
     /// lock, offering the lease to the front on its second miss there.
+    #[inline]
     pub fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
         let mut f = Some(f);
         if let Some(t) = near::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::quota::{Algorithm, Rate, Share, Spec, MAX_UNITS};
+use crate::quota::{Algorithm, Rate, Share, Spec};
 
 /// The path transfers are asked on.
 pub const TRANSFER_PATH: &str = "/v1/transfer";
@@ -124,7 +124,7 @@ impl TransferRequest {
         let ok = self.count >= 1
             && self.capacity >= 1
             && self.period_ms >= 1
-            && u128::from(self.capacity) * u128::from(self.period_ms) < u128::from(MAX_UNITS);
+            && crate::limit::policy::fits_ms(self.capacity, self.period_ms);
         if !ok {
             return Err(BadRequest::Quota);
         }

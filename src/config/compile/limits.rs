@@ -13,9 +13,9 @@ use crate::quota::Rate;
 
 /// Every `[[limits]]` entry as a [`Draft`], each checked: what the file
 /// cannot say (an unknown word, a rate that does not parse, a bad date, a
-/// duplicate name) here, and the rules every limit obeys by
-/// [`Draft::problems`], located at the key they are about. The drafts
-/// become limits once the whole file is valid.
+/// duplicate name) here, one helper per field, and the rules every limit
+/// obeys by [`Draft::problems`], located at the key they are about
+/// ([`report`]). The drafts become limits once the whole file is valid.
 pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft> {
     let mut out: Vec<Draft> = Vec::new();
     for (n, l) in list.into_iter().enumerate() {
@@ -29,153 +29,182 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft
                 format!("duplicate limit name {name:?}"),
             );
         }
-        let algorithm = choice(
-            c,
-            l.algorithm.as_ref(),
-            &format!("{key}.algorithm"),
-            &[
-                ("token_bucket", Algorithm::TokenBucket),
-                ("sliding_window", Algorithm::SlidingWindow),
-            ],
-            Algorithm::TokenBucket,
-        );
+        let algorithm = algorithm(c, &l, &key);
         let rate = parsed_rate(c, &l.rate, &format!("{key}.rate")).unwrap_or(Rate {
             count: 1,
             period: Duration::from_secs(1),
         });
-        let burst = match &l.burst {
-            None => rate.count,
-            Some(b) if algorithm == Algorithm::SlidingWindow => {
-                c.at(
-                    b.span(),
-                    format!("{key}.burst"),
-                    "burst applies to token_bucket only; a sliding window allows the rate's count",
-                );
-                rate.count
-            }
-            // Read as i64 so that `-5` is refused in words, as written.
-            Some(b) => match u64::try_from(*b.get_ref()) {
-                Ok(n) if n >= 1 => n,
-                _ => {
-                    c.at(
-                        b.span(),
-                        format!("{key}.burst"),
-                        format!("{} is out of range: use 1 or more", b.get_ref()),
-                    );
-                    rate.count
-                }
-            },
-        };
-        let mut by = Vec::new();
-        if let Some(parts) = &l.by {
-            for p in parts.get_ref() {
-                match key_part(p) {
-                    Ok(part) => by.push(part),
-                    Err(why) => c.at(parts.span(), format!("{key}.by"), why),
-                }
-            }
-        } else {
-            by.push(KeyPart::Identity);
-        }
-        let bad_part = l.by.as_ref().is_some_and(|p| p.get_ref().len() != by.len());
-        let mode = choice(
-            c,
-            l.mode.as_ref(),
-            &format!("{key}.mode"),
-            &[
-                ("shadow", Mode::Shadow),
-                ("soft", Mode::Soft),
-                ("canary", Mode::Canary),
-                ("enforce", Mode::Enforce),
-            ],
-            Mode::Enforce,
-        );
-        let canary_percent = in_range(c, &l.canary_percent, &format!("{key}.canary_percent"), 0, 100, 5);
-        if let Some(d) = &l.enforce_after {
-            if !is_date(d.get_ref()) {
-                c.at(
-                    d.span(),
-                    format!("{key}.enforce_after"),
-                    format!("{:?} is not a date such as \"2027-01-31\"", d.get_ref()),
-                );
-            }
-        }
-        let plans = l
-            .plans
-            .iter()
-            .filter_map(|(plan, r)| Some((plan.clone(), parsed_rate(c, r, &format!("{key}.plans.{plan}"))?)))
-            .collect();
-        let tiers = l.tiers.as_ref().map(|t| {
-            let mut tiers = Vec::new();
-            for name in t.get_ref() {
-                match crate::identity::Tier::parse(name) {
-                    Some(tier) => tiers.push(tier),
-                    None => c.at(
-                        t.span(),
-                        format!("{key}.tiers"),
-                        format!("unknown tier {name:?}: use user, key, fingerprint or subnet"),
-                    ),
-                }
-            }
-            tiers
-        });
-        let fallback_rate = l
-            .fallback_rate
-            .as_ref()
-            .and_then(|r| parsed_rate(c, r, &format!("{key}.fallback_rate")));
+        let (by, bad_part) = key_parts(c, &l, &key);
         let shards = in_range(c, &l.shards, &format!("{key}.shards"), 1, MAX_SHARDS, 1);
-        let shard_by = choice(
-            c,
-            l.shard_by.as_ref(),
-            &format!("{key}.shard_by"),
-            &[("ip", ShardBy::Ip), ("identity", ShardBy::Identity)],
-            ShardBy::Ip,
-        );
-        if shards == 1 {
-            if let Some(sb) = &l.shard_by {
-                c.at(sb.span(), format!("{key}.shard_by"), "applies only with shards > 1");
-            }
-        }
         let draft = Draft {
-            fallback_rate,
-            shards,
-            shard_by,
-            tiers,
             algorithm,
             rate,
-            burst,
+            burst: burst(c, &l, &key, algorithm, rate),
             by,
-            mode,
-            canary_percent,
-            enforce_after: l.enforce_after.as_ref().map(|d| d.get_ref().clone()),
-            plans,
+            mode: mode(c, &l, &key),
+            canary_percent: in_range(c, &l.canary_percent, &format!("{key}.canary_percent"), 0, 100, 5),
+            enforce_after: enforce_after(c, &l, &key),
+            plans: plans(c, &l, &key),
+            tiers: tiers(c, &l, &key),
+            fallback_rate: l
+                .fallback_rate
+                .as_ref()
+                .and_then(|r| parsed_rate(c, r, &format!("{key}.fallback_rate"))),
+            shards,
+            shard_by: shard_by(c, &l, &key, shards),
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };
-        for problem in draft.problems() {
-            let (span, at) = match problem.field() {
-                Field::Name => (l.name.span(), format!("{key}.name")),
-                Field::Rate => (l.rate.span(), format!("{key}.rate")),
-                Field::Burst => (l.burst.as_ref().map_or(0..0, Spanned::span), format!("{key}.burst")),
-                // An unparsable part is already named.
-                Field::By if bad_part => continue,
-                Field::By => (l.by.as_ref().map_or(0..0, Spanned::span), format!("{key}.by")),
-                Field::CanaryPercent => continue, // in_range keeps it in bounds
-                Field::Plan(plan) => (
-                    l.plans.get(&plan).map_or(0..0, Spanned::span),
-                    format!("{key}.plans.{plan}"),
-                ),
-                Field::FallbackRate => (
-                    l.fallback_rate.as_ref().map_or(0..0, Spanned::span),
-                    format!("{key}.fallback_rate"),
-                ),
-                Field::Shards => (l.shards.as_ref().map_or(0..0, Spanned::span), format!("{key}.shards")),
-            };
-            c.at(span, at, problem.to_string());
-        }
+        report(c, &l, &key, &draft, bad_part);
         out.push(draft);
     }
     out
+}
+
+fn algorithm(c: &mut Check, l: &raw::Limit, key: &str) -> Algorithm {
+    choice(
+        c,
+        l.algorithm.as_ref(),
+        &format!("{key}.algorithm"),
+        &[
+            ("token_bucket", Algorithm::TokenBucket),
+            ("sliding_window", Algorithm::SlidingWindow),
+        ],
+        Algorithm::TokenBucket,
+    )
+}
+
+/// The bucket's capacity: the rate's count unless a token bucket says.
+fn burst(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm, rate: Rate) -> u64 {
+    match &l.burst {
+        None => rate.count,
+        Some(b) if algorithm == Algorithm::SlidingWindow => {
+            c.at(
+                b.span(),
+                format!("{key}.burst"),
+                "burst applies to token_bucket only; a sliding window allows the rate's count",
+            );
+            rate.count
+        }
+        // Read as i64 so that `-5` is refused in words, as written.
+        Some(b) => match u64::try_from(*b.get_ref()) {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                c.at(
+                    b.span(),
+                    format!("{key}.burst"),
+                    format!("{} is out of range: use 1 or more", b.get_ref()),
+                );
+                rate.count
+            }
+        },
+    }
+}
+
+/// The key parts, and whether one of them did not parse (then named here,
+/// and not again as an empty list).
+fn key_parts(c: &mut Check, l: &raw::Limit, key: &str) -> (Vec<KeyPart>, bool) {
+    let Some(parts) = &l.by else {
+        return (vec![KeyPart::Identity], false);
+    };
+    let mut by = Vec::new();
+    for p in parts.get_ref() {
+        match key_part(p) {
+            Ok(part) => by.push(part),
+            Err(why) => c.at(parts.span(), format!("{key}.by"), why),
+        }
+    }
+    let bad = parts.get_ref().len() != by.len();
+    (by, bad)
+}
+
+fn mode(c: &mut Check, l: &raw::Limit, key: &str) -> Mode {
+    choice(
+        c,
+        l.mode.as_ref(),
+        &format!("{key}.mode"),
+        &[
+            ("shadow", Mode::Shadow),
+            ("soft", Mode::Soft),
+            ("canary", Mode::Canary),
+            ("enforce", Mode::Enforce),
+        ],
+        Mode::Enforce,
+    )
+}
+
+fn enforce_after(c: &mut Check, l: &raw::Limit, key: &str) -> Option<String> {
+    let d = l.enforce_after.as_ref()?;
+    if !is_date(d.get_ref()) {
+        c.at(
+            d.span(),
+            format!("{key}.enforce_after"),
+            format!("{:?} is not a date such as \"2027-01-31\"", d.get_ref()),
+        );
+    }
+    Some(d.get_ref().clone())
+}
+
+fn plans(c: &mut Check, l: &raw::Limit, key: &str) -> Vec<(String, Rate)> {
+    l.plans
+        .iter()
+        .filter_map(|(plan, r)| Some((plan.clone(), parsed_rate(c, r, &format!("{key}.plans.{plan}"))?)))
+        .collect()
+}
+
+fn tiers(c: &mut Check, l: &raw::Limit, key: &str) -> Option<Vec<crate::identity::Tier>> {
+    let t = l.tiers.as_ref()?;
+    let mut tiers = Vec::new();
+    for name in t.get_ref() {
+        match crate::identity::Tier::parse(name) {
+            Some(tier) => tiers.push(tier),
+            None => c.at(
+                t.span(),
+                format!("{key}.tiers"),
+                format!("unknown tier {name:?}: use user, key, fingerprint or subnet"),
+            ),
+        }
+    }
+    Some(tiers)
+}
+
+fn shard_by(c: &mut Check, l: &raw::Limit, key: &str, shards: u32) -> ShardBy {
+    let shard_by = choice(
+        c,
+        l.shard_by.as_ref(),
+        &format!("{key}.shard_by"),
+        &[("ip", ShardBy::Ip), ("identity", ShardBy::Identity)],
+        ShardBy::Ip,
+    );
+    if let (Some(sb), 1) = (&l.shard_by, shards) {
+        c.at(sb.span(), format!("{key}.shard_by"), "applies only with shards > 1");
+    }
+    shard_by
+}
+
+/// Each rule the draft breaks ([`Draft::problems`]), at the key it is about.
+fn report(c: &mut Check, l: &raw::Limit, key: &str, draft: &Draft, bad_part: bool) {
+    for problem in draft.problems() {
+        let (span, at) = match problem.field() {
+            Field::Name => (l.name.span(), format!("{key}.name")),
+            Field::Rate => (l.rate.span(), format!("{key}.rate")),
+            Field::Burst => (l.burst.as_ref().map_or(0..0, Spanned::span), format!("{key}.burst")),
+            // An unparsable part is already named.
+            Field::By if bad_part => continue,
+            Field::By => (l.by.as_ref().map_or(0..0, Spanned::span), format!("{key}.by")),
+            Field::CanaryPercent => continue, // in_range keeps it in bounds
+            Field::Plan(plan) => (
+                l.plans.get(&plan).map_or(0..0, Spanned::span),
+                format!("{key}.plans.{plan}"),
+            ),
+            Field::FallbackRate => (
+                l.fallback_rate.as_ref().map_or(0..0, Spanned::span),
+                format!("{key}.fallback_rate"),
+            ),
+            Field::Shards => (l.shards.as_ref().map_or(0..0, Spanned::span), format!("{key}.shards")),
+        };
+        c.at(span, at, problem.to_string());
+    }
 }
 
 /// A rate as written (`"100/min"`), or a problem at `key`.

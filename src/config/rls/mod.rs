@@ -412,7 +412,7 @@ impl Compiler<'_> {
         // `count × period_ms` in doubles, exact only below 2^53.
         let period_ms = unit.map_or(1_000, |u| u.seconds() * 1_000);
         if algorithm != Algorithm::FixedWindow
-            && u128::from(r.requests_per_unit) * u128::from(period_ms) > u128::from(crate::quota::MAX_UNITS)
+            && !crate::limit::policy::fits_ms(u64::from(r.requests_per_unit), period_ms)
         {
             self.problem(
                 &format!("{at}.requests_per_unit"),
