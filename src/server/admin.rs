@@ -103,7 +103,7 @@ const MAX_STATE_KEYS: usize = 64;
 /// each key (`leasegate explain --admin` reads it).
 fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
     let mut keys = Vec::new();
-    for (name, value) in query_pairs(query.unwrap_or("")) {
+    for (name, value) in super::query::query_pairs(query.unwrap_or("")) {
         if name != "key" {
             continue;
         }
@@ -134,39 +134,6 @@ fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
     let keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
     let states = runtime.limiter.key_states(&keys);
     json(StatusCode::OK, &serde_json::json!({ "keys": states }))
-}
-
-/// The pairs of a query string, names raw, values percent-decoded (`+` is a
-/// space); a value that is not UTF-8 once decoded is `None`.
-pub(super) fn query_pairs(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
-    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (name, percent_decode(value))
-    })
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
 }
 
 /// `/config`: what is loaded, and the effective values of every route and
@@ -240,26 +207,4 @@ fn config_json(config: &crate::config::Config) -> serde_json::Value {
         "upstreams": config.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
         "effective": { "routes": routes, "limits": limits },
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_values_are_percent_decoded_and_keys_may_repeat() {
-        let pairs: Vec<_> = query_pairs("key=rl%3A%7Bfive%3Aa%7D&x=1&key=rl:{b+c}&key=%FF&&key").collect();
-        assert_eq!(
-            pairs,
-            [
-                ("key", Some("rl:{five:a}".to_string())),
-                ("x", Some("1".to_string())),
-                ("key", Some("rl:{b c}".to_string())),
-                ("key", None),
-                ("key", Some(String::new())),
-            ]
-        );
-        assert_eq!(percent_decode("100%"), Some("100%".into()));
-        assert_eq!(percent_decode("%4"), Some("%4".into()));
-    }
 }

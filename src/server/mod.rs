@@ -57,6 +57,7 @@ pub mod admin;
 pub mod door;
 pub mod opening;
 pub mod prefixed;
+pub mod query;
 pub mod reload;
 pub mod status;
 pub mod tls;

@@ -147,7 +147,7 @@ struct Previous {
 fn previous(query: Option<&str>) -> Option<Previous> {
     let mut p = Previous::default();
     let mut seen = 0;
-    for (name, value) in super::admin::query_pairs(query?) {
+    for (name, value) in super::query::query_pairs(query?) {
         let Some(v) = value else { continue };
         match name {
             "r" => p.requests = v.parse().ok()?,
