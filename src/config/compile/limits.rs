@@ -300,6 +300,33 @@ mod tests {
         }
     }
 
+    /// Each broken rule of a limit is one problem, at its key: never again
+    /// under another key when the drafts become limits.
+    #[test]
+    fn every_problem_of_a_limit_is_listed_once_at_its_key() {
+        use crate::config::{parse, ConfigError};
+        let problems = |limit: &str| -> Vec<(usize, String)> {
+            let text = format!("[listeners]\nhttp = \"127.0.0.1:0\"\n[[limits]]\n{limit}");
+            match parse(std::path::Path::new("gw.toml"), &text) {
+                Ok(_) => vec![],
+                Err(ConfigError::Invalid(p)) => p.into_iter().map(|p| (p.line.unwrap_or(0), p.key)).collect(),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(
+            problems("name = \"bad name\"\nrate = \"1000000000/day\"\n"),
+            [(4, "limits[0].name".to_string()), (5, "limits[0].rate".to_string())]
+        );
+        assert_eq!(
+            problems("name = \"l\"\nrate = \"10/s\"\nby = [\"cookie\"]\n"),
+            [(6, "limits[0].by".to_string())]
+        );
+        assert_eq!(
+            problems("name = \"l\"\nrate = \"10/s\"\nby = []\n"),
+            [(6, "limits[0].by".to_string())]
+        );
+    }
+
     #[test]
     fn key_parts_parse() {
         assert_eq!(key_part("identity"), Ok(KeyPart::Identity));

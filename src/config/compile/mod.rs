@@ -94,21 +94,23 @@ pub(super) fn compile(
     let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
     let rls = raw.rls.as_ref().and_then(|r| rls::rls(&mut c, r, base));
 
-    // Every draft's rules were checked where it was read: a draft that
-    // still fails is a problem of its own, never a panic.
-    let limits: Vec<Arc<Limit>> = limits
-        .into_iter()
-        .filter_map(|d| {
-            let name = d.name.clone();
-            Limit::try_new(d)
-                .map_err(|e| c.at(0..0, format!("limits.{name}"), e.to_string()))
-                .ok()
-                .map(Arc::new)
-        })
-        .collect();
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid(c.problems));
     }
+    // Every draft's rules were checked, and reported at their keys, where
+    // it was read: with no problem, each makes a limit. One that still did
+    // not would be a problem of its own, never a panic.
+    let mut made = Vec::with_capacity(limits.len());
+    for (n, d) in limits.into_iter().enumerate() {
+        match Limit::try_new(d) {
+            Ok(l) => made.push(Arc::new(l)),
+            Err(e) => c.at(0..0, format!("limits[{n}]"), e.to_string()),
+        }
+    }
+    if !c.problems.is_empty() {
+        return Err(ConfigError::Invalid(c.problems));
+    }
+    let limits = made;
     Ok(Config {
         source,
         gateway,
