@@ -1,8 +1,12 @@
 //! leasegate: an edge API gateway whose heart is distributed rate limiting.
 //!
-//! The pure rooms (`quota`, `route`, `upstream`, `fingerprint`, `config`
-//! validation) do no network I/O and take time as an argument; the I/O shells
-//! (`server`, `proxy`) wrap them. See `docs/architecture.md`.
+//! Rooms import only rooms on a lower floor (the `floors` block of
+//! `docs/architecture.md`, held by the `architecture` test): `server` builds
+//! the `runtime` that `gateway`, `rls` and `explain` hold; `config` builds the
+//! policy types `limit` owns; `limit` decides against a `store`. The pure
+//! rooms (`quota`, `route`, `fingerprint`, `identity`, `config` validation)
+//! do no network I/O and take time as an argument; the I/O shells (`server`,
+//! `proxy`, `store`) wrap them.
 
 pub mod clock;
 pub mod config;
