@@ -121,7 +121,8 @@ pub struct Draft {
     pub shards: u32,
     pub shard_by: ShardBy,
     /// This region's slice of every quota of the limit (`[region] share`;
-    /// the whole without `[region]`).
+    /// the whole without `[region]`). Applied last, by
+    /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
     pub share: Share,
 }
 
@@ -265,95 +266,42 @@ impl PolicyError {
     }
 }
 
-/// A checked limit: made only by [`Limit::try_new`] (its fields are public
-/// to read; the private marker keeps anyone else from building one).
+/// A checked limit: a [`Draft`] that passed every rule, made only by
+/// [`Limit::try_new`]. Its fields are the draft's, read through `Deref`;
+/// nothing outside this module can build or change one.
 #[derive(Debug, Clone)]
-pub struct Limit {
-    pub name: String,
-    pub algorithm: Algorithm,
-    pub rate: Rate,
-    /// Token bucket capacity; for a sliding window, equal to the rate's count.
-    pub burst: u64,
-    pub by: Vec<KeyPart>,
-    pub mode: Mode,
-    pub canary_percent: u8,
-    /// `YYYY-MM-DD`, announced by `soft` warnings.
-    pub enforce_after: Option<String>,
-    /// Plan name → rate override.
-    pub plans: Vec<(String, Rate)>,
-    /// Identity tiers this limit applies to; `None`: all.
-    pub tiers: Option<Vec<Tier>>,
-    /// Rate of the local fallback bucket while the store is away; `None`:
-    /// the limit's own rate divided by `[store] fleet_size`.
-    pub fallback_rate: Option<Rate>,
-    /// Sub-buckets per key (1: not sharded).
-    pub shards: u32,
-    pub shard_by: ShardBy,
-    /// This region's slice of every quota of the limit (`[region] share`;
-    /// the whole without `[region]`). Applied last, by
-    /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
-    share: Share,
-    checked: Checked,
-}
+pub struct Limit(Draft);
 
-#[derive(Debug, Clone, Copy)]
-struct Checked;
+impl std::ops::Deref for Limit {
+    type Target = Draft;
+
+    fn deref(&self) -> &Draft {
+        &self.0
+    }
+}
 
 impl Limit {
     /// The one way to make a limit: `draft` checked against every rule of
     /// [`Draft::problems`]; the first it breaks is the error.
     pub fn try_new(draft: Draft) -> Result<Limit, PolicyError> {
-        if let Some(e) = draft.problems().into_iter().next() {
-            return Err(e);
+        match draft.problems().into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(Limit(draft)),
         }
-        let Draft {
-            name,
-            algorithm,
-            rate,
-            burst,
-            by,
-            mode,
-            canary_percent,
-            enforce_after,
-            plans,
-            tiers,
-            fallback_rate,
-            shards,
-            shard_by,
-            share,
-        } = draft;
-        Ok(Limit {
-            name,
-            algorithm,
-            rate,
-            burst,
-            by,
-            mode,
-            canary_percent,
-            enforce_after,
-            plans,
-            tiers,
-            fallback_rate,
-            shards,
-            shard_by,
-            share,
-            checked: Checked,
-        })
     }
 
     /// This region's slice of every quota of the limit.
     pub fn share(&self) -> Share {
-        self.share
+        self.0.share
     }
 
     /// The same limit on another slice of its quota (a share is a valid
     /// fraction by construction, so nothing needs checking again).
     pub fn with_share(&self, share: Share) -> Limit {
-        Limit {
+        Limit(Draft {
             share,
-            checked: self.checked,
-            ..self.clone()
-        }
+            ..self.0.clone()
+        })
     }
 
     /// Whether the limit applies to a request whose identity came from

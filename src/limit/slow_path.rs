@@ -44,9 +44,7 @@ impl Limiter {
         spec: &Spec,
         settings: &Settings,
     ) -> Result<Option<(u64, u64)>, StoreError> {
-        let Some((lease, evicted)) = self.leases.get_or_insert(h, key) else {
-            return Err(StoreError::Failed("lease table lock poisoned".into()));
-        };
+        let (lease, evicted) = self.leases.get_or_insert(h, key);
         for e in &evicted {
             if let Some(r) = Release::take_all(e) {
                 self.release_later(r);

@@ -97,9 +97,9 @@ impl LeaseTable {
     /// The lease of `h`, made if there is none. At a full shard an eighth
     /// of its leases are evicted first and returned, for their tokens to go
     /// back to the store.
-    pub fn get_or_insert(&self, h: u64, key: &str) -> Option<(Arc<Lease>, Evicted)> {
+    pub fn get_or_insert(&self, h: u64, key: &str) -> (Arc<Lease>, Evicted) {
         if let Some(l) = self.get(h) {
-            return Some((l, Vec::new()));
+            return (l, Vec::new());
         }
         let mut shard = self.shard(h).write().recover();
         let mut evicted = Vec::new();
@@ -133,7 +133,7 @@ impl LeaseTable {
             }
         }
         let lease = shard.entry(h).or_insert_with(|| Arc::new(Lease::new(key))).clone();
-        Some((lease, evicted))
+        (lease, evicted)
     }
 
     pub fn len(&self) -> usize {
@@ -238,7 +238,7 @@ mod tests {
         let mut evicted = 0;
         for i in 0..20_000u64 {
             let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let (lease, out) = table.get_or_insert(h, "k").unwrap();
+            let (lease, out) = table.get_or_insert(h, "k");
             lease.give_back(3); // holds tokens
             evicted += out.len();
             assert!(out.iter().all(|l| l.is_evicted()));
@@ -279,12 +279,12 @@ mod tests {
         // Fill one shard: hashes with the same top six bits.
         let h = |i: u64| (5u64 << 58) | i;
         for i in 0..8 {
-            let (lease, _) = table.get_or_insert(h(i), "k").unwrap();
+            let (lease, _) = table.get_or_insert(h(i), "k");
             if i != 3 {
                 lease.give_back(1);
             }
         }
-        let (_, evicted) = table.get_or_insert(h(100), "k").unwrap();
+        let (_, evicted) = table.get_or_insert(h(100), "k");
         assert_eq!(evicted.len(), 1);
         assert_eq!(evicted[0].available(), 0, "the lease holding nothing went");
         assert!(table.get(h(3)).is_none());
