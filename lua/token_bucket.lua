@@ -1,7 +1,7 @@
 -- Token bucket acquire: give back unspent tokens, then take up to `want`
 -- tokens from the bucket at KEYS[1], in one atomic step.
 --
--- ARGV: count, period_ms, capacity, want, give_back. The bucket gains
+-- ARGV: count, period_ms, capacity, want, give_back, reserve. The bucket gains
 -- `count` tokens per `period_ms`, up to `capacity`. `give_back` (unspent
 -- leased tokens, 0 for none) goes back first, clamped to the capacity. This
 -- is src/quota/token_bucket.rs on Redis: integer math, the level kept in
@@ -9,17 +9,28 @@
 -- `count` units (every value stays below 2^53, so doubles are exact). Time
 -- is Redis's own clock.
 --
--- State: hash {tokens = level in units, ts = when measured, in ms}. A
--- missing key is a full bucket.
--- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
--- retry_after_ms is the exact wait for one whole token whenever none is
--- left after this grant (granted or not), else 0; window_ms is always 0.
+-- With `reserve` = 1 and no whole token to grant, up to `want` tokens of
+-- the refill to come are reserved instead (GCRA-style): taken now, so the
+-- level goes below zero (a debt the refill pays off before anyone else
+-- gets a token), and spendable by the caller one by one as the refill
+-- brings them, the first after retry_after_ms. The debt stays within
+-- max(capacity, count) tokens (and within 2^53 units all told, so doubles
+-- stay exact): a reservation is cut to what fits, and when nothing fits
+-- none is made.
+--
+-- State: hash {tokens = level in units (negative while reservations are
+-- owed), ts = when measured, in ms}. A missing key is a full bucket.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms,
+-- reserved}; retry_after_ms is the exact wait for one whole token whenever
+-- none is left after this grant (granted or not), else 0; window_ms is
+-- always 0.
 
 local count = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local give_back = tonumber(ARGV[5]) or 0
+local reserve = tonumber(ARGV[6]) or 0
 
 -- floor(a / b) for integers below 2^53, corrected for rounding.
 local function idiv(a, b)
@@ -51,14 +62,24 @@ end
 ts = now
 if give_back > 0 then units = math.min(cap, units + give_back * period) end
 
-local granted = math.min(want, idiv(units, period))
+local granted = 0
+if units > 0 then granted = math.min(want, idiv(units, period)) end
 units = units - granted * period
 local retry_after = 0
 if units < period then retry_after = ceil_div(period - units, count) end
+local reserved = 0
+if reserve == 1 and granted == 0 and want > 0 then
+  local debt = math.max(0, math.min(math.max(capacity, count), idiv(9007199254740992, period) - capacity))
+  local floor = -debt * period
+  if units > floor then reserved = math.min(want, idiv(units - floor, period)) end
+  units = units - reserved * period
+end
 local reset = ceil_div(cap - units, count)
+local remaining = 0
+if units > 0 then remaining = idiv(units, period) end
 
 redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
 -- Full again after `reset` ms, and a missing key is a full bucket: keep the
 -- state that long, and a second more.
 redis.call('PEXPIRE', KEYS[1], reset + 1000)
-return {granted, idiv(units, period), reset, retry_after, 0}
+return {granted, remaining, reset, retry_after, 0, reserved}

@@ -4,9 +4,10 @@
 -- the bucket math exists once).
 --
 -- KEYS[1]: the bucket; KEYS[2]: the transfer's record.
--- ARGV[1..5]: the acquire script's own arguments, `want` being the tokens
--- asked for and nothing given back; ARGV[6]: how long to remember the
--- transfer, in ms.
+-- ARGV[1..6]: the acquire script's own arguments, `want` being the tokens
+-- asked for, nothing given back and nothing reserved (ARGV[6] = 0: a
+-- transfer takes only what the bucket holds); ARGV[7]: how long to
+-- remember the transfer, in ms.
 --
 -- Takes up to `want` tokens from the primary's own bucket, as a request
 -- would (never more than the bucket holds), and records the answer under
@@ -15,6 +16,6 @@
 
 local recorded = redis.call('GET', KEYS[2])
 if recorded then return {tonumber(recorded), 0, 0, 0, 1} end
-local remember = tonumber(ARGV[6])
+local remember = tonumber(ARGV[7])
 
 local function take()

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::blocked;
-use super::lease::{Granted, Lease, RefillSlot};
+use super::lease::{Due, Granted, Lease, RefillSlot};
 use super::sweep::Release;
 use super::{Limiter, Settings};
 use crate::quota::{Grant, Spec};
@@ -68,6 +68,17 @@ impl Limiter {
             }
             if blocked::remaining(&lease, now).is_some() {
                 return Ok(None);
+            }
+            // Tokens the store reserved for this lease: those due are ours
+            // to spend; until the next is, refused from memory, and the
+            // store is not asked (it has queued us already).
+            match lease.take_due(now, settings.sizing.ttl_ms) {
+                Due::Now(_) => continue,
+                Due::At(at) => {
+                    blocked::block(&lease, now, at - now, u64::MAX);
+                    return Ok(None);
+                }
+                Due::None => {}
             }
             let slot = match claimed.take().or_else(|| lease.start_refill()) {
                 Some(slot) => slot,
@@ -133,7 +144,10 @@ impl Limiter {
         // Enough for the requests in line (up to `max`), else the sized lease.
         let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
         lease.set_spec(*spec);
-        let answer = self.store.acquire(lease.key(), spec, want, unspent).await;
+        // A drained token bucket reserves tokens of its refill to come
+        // rather than answer nothing: one call per reservation, not one
+        // per token per instance.
+        let answer = self.store.acquire_or_reserve(lease.key(), spec, want, unspent).await;
         slot.record(answer.as_ref().err());
         // Expired tokens that went with a failed call are not sent again: the
         // call may have landed, and tokens must never go back twice.
@@ -146,7 +160,21 @@ impl Limiter {
         lease.record_admitted(own.min(grant.granted), now);
         if grant.granted == 0 {
             lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
-            blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
+            if grant.reserved > 0 {
+                // Ours, due from the store's retry time on: refused from
+                // memory until then, however long (asking sooner would
+                // bring nothing), and told exactly when.
+                let first_at = now.saturating_add(grant.retry_after_ms.max(1));
+                lease.reserve(grant.reserved, first_at, *spec, settings.sizing.ttl_ms);
+                blocked::block(lease, now, grant.retry_after_ms, u64::MAX);
+                if lease.is_evicted() {
+                    if let Some(r) = Release::new(lease, *spec, lease.take_reserved(), grant.window_ms) {
+                        self.release_later(r);
+                    }
+                }
+            } else {
+                blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
+            }
             return Ok(false);
         }
         // Sliding window: tokens still at hand from an older window go back
@@ -186,7 +214,8 @@ impl Limiter {
     /// served inline; one that must wait (Redis) finishes in a background
     /// task, so no request waits for it.
     pub(super) fn refill_in_background(self: &Arc<Self>, lease: Arc<Lease>, spec: Spec) {
-        if lease.refill_in_flight() {
+        // A lease holding a reservation is queued in the store already.
+        if lease.refill_in_flight() || lease.has_reservation() {
             return;
         }
         let this = self.clone();

@@ -55,6 +55,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
         // Nothing fits before the next window, and everything does then.
         retry_after_ms: if remaining == 0 { reset_ms } else { 0 },
         window_ms: s.window_ms,
+        reserved: 0,
     };
     (s, grant)
 }

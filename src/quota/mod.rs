@@ -152,6 +152,11 @@ pub struct Grant {
     /// which the granted tokens were counted; unspent ones go back to it
     /// ([`Unspent::window_ms`]). Token bucket: 0.
     pub window_ms: u64,
+    /// Token bucket, asked to reserve ([`acquire_or_reserve`]) when no
+    /// whole token was left: tokens taken from the refill to come, granted
+    /// none now. The first may be spent after `retry_after_ms`, the k-th
+    /// (from 0) [`token_bucket::reserved_ready_ms`] after it. 0 otherwise.
+    pub reserved: u64,
 }
 
 /// Unspent leased tokens going back to the store, and the window they were
@@ -173,13 +178,22 @@ pub enum State {
 /// Acquire for any algorithm. A state of the other algorithm (a limit whose
 /// algorithm was changed) is treated as absent.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
+    acquire_or_reserve(state, spec, now_ms, want, false)
+}
+
+/// [`acquire`]; with `reserve`, a token bucket with no whole token left
+/// reserves tokens of its refill to come instead
+/// ([`token_bucket::acquire_or_reserve`]). The windows never reserve: a
+/// window's quota comes back all at once (fixed) or a little at a time
+/// with nobody's name on it (sliding).
+pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, reserve: bool) -> (State, Grant) {
     match spec.algorithm {
         Algorithm::TokenBucket => {
             let prior = match state {
                 Some(State::Bucket(b)) => Some(b),
                 _ => None,
             };
-            let (s, g) = token_bucket::acquire(prior, spec, now_ms, want);
+            let (s, g) = token_bucket::acquire_or_reserve(prior, spec, now_ms, want, reserve);
             (State::Bucket(s), g)
         }
         Algorithm::SlidingWindow => {
@@ -249,12 +263,25 @@ pub fn acquire_returning(
     want: u64,
     unspent: Unspent,
 ) -> (State, Grant) {
+    reserve_returning(state, spec, now_ms, want, unspent, false)
+}
+
+/// [`acquire_returning`], reserving as [`acquire_or_reserve`] does when
+/// `reserve` is set.
+pub fn reserve_returning(
+    state: Option<State>,
+    spec: &Spec,
+    now_ms: u64,
+    want: u64,
+    unspent: Unspent,
+    reserve: bool,
+) -> (State, Grant) {
     let state = if unspent.tokens > 0 {
         Some(release(state, spec, now_ms, unspent))
     } else {
         state
     };
-    acquire(state, spec, now_ms, want)
+    acquire_or_reserve(state, spec, now_ms, want, reserve)
 }
 
 /// True when forgetting the state changes no future decision.

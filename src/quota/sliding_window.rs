@@ -85,6 +85,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
             0
         },
         window_ms: s.window_ms,
+        reserved: 0,
     };
     (s, grant)
 }

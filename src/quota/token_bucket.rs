@@ -9,9 +9,12 @@
 use super::{Grant, Spec};
 
 /// A bucket's state: its level in units, and when that level was measured.
+/// A level below zero is a debt: tokens reserved for later
+/// ([`acquire_or_reserve`]), paid off by the refill before anyone else is
+/// granted one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
-    pub units: u64,
+    pub units: i64,
     pub at_ms: u64,
 }
 
@@ -19,31 +22,84 @@ pub struct State {
 /// Grants `min(want, whole tokens available)`: a partial grant beats a
 /// refusal at the end of a window.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
-    let per_token = spec.period_ms();
-    let cap = spec.capacity.saturating_mul(per_token);
+    acquire_or_reserve(state, spec, now_ms, want, false)
+}
+
+/// [`acquire`]; and, with `reserve`, when no whole token is left to grant:
+/// reserves up to `want` tokens of the refill to come instead, GCRA-style,
+/// so a fleet on a drained key is served in turn rather than polling.
+///
+/// The reserved tokens are taken now (the level goes below zero by them)
+/// and become spendable one by one as the refill would have brought them:
+/// the first after [`Grant::retry_after_ms`], the k-th (from 0)
+/// `ceil(k × period / count)` ms after the first at the latest
+/// ([`reserved_ready_ms`]). Reserving changes when tokens are spent, never
+/// how many: a holder that spends each at its time admits exactly what the
+/// bucket would have granted then.
+///
+/// The debt stays within [`max_debt`] tokens. A reservation that would
+/// pass it is cut to what fits; when not even one fits, nothing is
+/// reserved and `retry_after_ms` is the exact wait for a token free of
+/// every reservation.
+pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, reserve: bool) -> (State, Grant) {
+    let per_token = per_token(spec);
+    let cap = capacity_units(spec);
     let mut units = level(state, spec, now_ms);
-    let granted = want.min(units / per_token);
-    units -= granted * per_token;
+    let whole = u64::try_from(units.max(0) / per_token).unwrap_or(0);
+    let granted = want.min(whole);
+    units -= granted as i64 * per_token;
+    let retry_after_ms = retry_after(units, spec);
+    let mut reserved = 0;
+    if reserve && granted == 0 && want > 0 {
+        // Room: how many tokens the debt may still grow by.
+        let floor = -(max_debt(spec) as i64) * per_token;
+        let room = u64::try_from((units - floor).max(0) / per_token).unwrap_or(0);
+        reserved = want.min(room);
+        units -= reserved as i64 * per_token;
+    }
     let grant = Grant {
         granted,
-        remaining: units / per_token,
+        remaining: u64::try_from(units.max(0) / per_token).unwrap_or(0),
         reset_ms: ceil_div(cap - units, spec.count),
-        retry_after_ms: retry_after(units, spec),
+        retry_after_ms,
         window_ms: 0,
+        reserved,
     };
     (State { units, at_ms: now_ms }, grant)
 }
 
+/// How many tokens reservations may owe a bucket at most: one burst or one
+/// period's count, whichever is more (and no more than keeps every level
+/// within 2^53 units, for the Lua scripts' doubles). A fleet whose
+/// instances each hold a reservation of one lease fits in that for
+/// `max_debt / lease` instances; past that, an instance that asks is told
+/// when a token free of every reservation comes.
+pub fn max_debt(spec: &Spec) -> u64 {
+    let exact = (super::MAX_UNITS / spec.period_ms().max(1)).saturating_sub(spec.capacity);
+    spec.capacity.max(spec.count).min(exact)
+}
+
+/// When the k-th (from 0) of a reservation's tokens may be spent, in ms
+/// after the first: `ceil(k × period / count)`, never earlier than the
+/// refill brings it.
+pub fn reserved_ready_ms(spec: &Spec, k: u64) -> u64 {
+    let ms = (u128::from(k) * u128::from(spec.period_ms())).div_ceil(u128::from(spec.count.max(1)));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 /// Gives back `tokens` (unspent lease), clamped to the capacity.
 pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {
-    let cap = spec.capacity.saturating_mul(spec.period_ms());
+    let back = i64::try_from(tokens)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(per_token(spec));
     let units = level(state, spec, now_ms)
-        .saturating_add(tokens.saturating_mul(spec.period_ms()))
-        .min(cap);
+        .saturating_add(back)
+        .min(capacity_units(spec));
     State { units, at_ms: now_ms }
 }
 
-/// The level at `now_ms`, refilled for the time elapsed.
+/// The level at `now_ms`, refilled for the time elapsed (below zero while
+/// reservations are owed).
 ///
 /// A clock that went backwards (NTP stepping the wall clock, Redis `TIME`
 /// after a failover to a skewed replica) refills nothing, and the caller
@@ -51,21 +107,33 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> S
 /// from there as the clock moves on, instead of waiting for it to catch up
 /// with the old timestamp. Only forward movement ever refills, so no
 /// sequence of steps admits more than a monotonic clock moving as far.
-pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> u64 {
-    let cap = spec.capacity.saturating_mul(spec.period_ms());
+pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> i64 {
+    let cap = capacity_units(spec);
     match state {
         None => cap,
         Some(s) => {
-            let elapsed = now_ms.saturating_sub(s.at_ms);
-            s.units.saturating_add(elapsed.saturating_mul(spec.count)).min(cap)
+            let elapsed = i64::try_from(now_ms.saturating_sub(s.at_ms)).unwrap_or(i64::MAX);
+            s.units
+                .saturating_add(elapsed.saturating_mul(spec.count as i64))
+                .min(cap)
         }
     }
 }
 
+/// One token in units: the period in ms (at most a day's worth of them,
+/// and every valid config keeps `capacity × period` below 2^53).
+fn per_token(spec: &Spec) -> i64 {
+    i64::try_from(spec.period_ms()).unwrap_or(i64::MAX).max(1)
+}
+
+fn capacity_units(spec: &Spec) -> i64 {
+    i64::try_from(spec.capacity.saturating_mul(spec.period_ms())).unwrap_or(i64::MAX)
+}
+
 /// With `units` left: the exact milliseconds until one whole token exists,
 /// or 0 while one does.
-fn retry_after(units: u64, spec: &Spec) -> u64 {
-    let per_token = spec.period_ms();
+fn retry_after(units: i64, spec: &Spec) -> u64 {
+    let per_token = per_token(spec);
     if units < per_token {
         ceil_div(per_token - units, spec.count)
     } else {
@@ -75,11 +143,12 @@ fn retry_after(units: u64, spec: &Spec) -> u64 {
 
 /// True when the bucket is full at `now_ms`: its state can be forgotten.
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
-    level(Some(state), spec, now_ms) >= spec.capacity.saturating_mul(spec.period_ms())
+    level(Some(state), spec, now_ms) >= capacity_units(spec)
 }
 
-fn ceil_div(a: u64, b: u64) -> u64 {
-    a.div_ceil(b.max(1))
+/// `ceil(a / b)` for `a ≥ 0` (0 for a negative `a`).
+fn ceil_div(a: i64, b: u64) -> u64 {
+    u64::try_from(a.max(0)).unwrap_or(0).div_ceil(b.max(1))
 }
 
 #[cfg(test)]

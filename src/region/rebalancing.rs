@@ -98,6 +98,20 @@ impl QuotaStore for Rebalancing {
         })
     }
 
+    /// A region's slice never reserves: when it is spent, tokens other
+    /// regions transfer arrive as credit, which only an ask finds, and a
+    /// lease holding a reservation does not ask until it is due. A drained
+    /// key here costs a call per block, as before reservations.
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.acquire(key, spec, want, unspent)
+    }
+
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.release(key, spec, unspent)
     }

@@ -307,6 +307,28 @@ impl QuotaStore for Guarded {
         })
     }
 
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let core = &self.core;
+        Box::pin(async move {
+            let grant = core
+                .guard(Op::Acquire, move || {
+                    core.inner.acquire_or_reserve(key, spec, want, unspent)
+                })
+                .await?;
+            let leased = grant.granted + grant.reserved;
+            if leased > 0 {
+                core.metrics.lease_tokens.observe(leased as f64);
+            }
+            Ok(grant)
+        })
+    }
+
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let core = &self.core;
         Box::pin(core.guard(Op::Release, move || core.inner.release(key, spec, unspent)))

@@ -161,7 +161,13 @@ impl MemoryStore {
     /// Decides synchronously; the trait methods wrap this. The give-back and
     /// the acquire happen under one lock, as one step.
     pub fn acquire_now(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
-        self.acquire_from(key, spec, want, unspent, spec.capacity)
+        self.acquire_from(key, spec, want, unspent, spec.capacity, false)
+    }
+
+    /// [`acquire_now`](Self::acquire_now), reserving tokens to come when
+    /// none is left ([`QuotaStore::acquire_or_reserve`]).
+    pub fn reserve_now(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
+        self.acquire_from(key, spec, want, unspent, spec.capacity, true)
     }
 
     /// [`acquire_now`](Self::acquire_now) for a key that, when this store
@@ -169,7 +175,7 @@ impl MemoryStore {
     /// capacity) instead of a full bucket: the local fallback's first
     /// grant of an outage.
     pub fn acquire_starting(&self, key: &str, spec: &Spec, want: u64, start: u64) -> Result<Grant, StoreError> {
-        self.acquire_from(key, spec, want, Unspent::default(), start)
+        self.acquire_from(key, spec, want, Unspent::default(), start, false)
     }
 
     fn acquire_from(
@@ -179,6 +185,7 @@ impl MemoryStore {
         want: u64,
         unspent: Unspent,
         start: u64,
+        reserve: bool,
     ) -> Result<Grant, StoreError> {
         let now = (self.clock)();
         let mut shard = self.shard(key).lock().recover();
@@ -194,7 +201,7 @@ impl MemoryStore {
         shard.update(key, spec, now, self.per_shard_cap, |prior| {
             // A key we no longer hold was full (or its window empty): giving
             // back to it changes nothing, as in `release_now`.
-            let (state, g) = quota::acquire_returning(prior, spec, now, want, unspent);
+            let (state, g) = quota::reserve_returning(prior, spec, now, want, unspent, reserve);
             grant = g;
             state
         });
@@ -234,6 +241,16 @@ impl QuotaStore for MemoryStore {
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let result = self.acquire_now(key, spec, want, unspent);
         Box::pin(std::future::ready(result))
+    }
+
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        Box::pin(std::future::ready(self.reserve_now(key, spec, want, unspent)))
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -79,6 +79,20 @@ pub trait QuotaStore: Send + Sync + 'static {
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>>;
 
+    /// [`QuotaStore::acquire`], except that a token bucket with no whole
+    /// token to grant reserves up to `want` tokens of its refill to come
+    /// ([`Grant::reserved`], [`crate::quota::token_bucket::acquire_or_reserve`]):
+    /// the caller spends them as they become due instead of asking again,
+    /// so a drained key costs the store one call per reservation, not one
+    /// per instance per token. The windows grant as `acquire` does.
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
+
     /// Gives back `unspent` tokens (a lease's), clamped to capacity. A
     /// sliding window takes them off the window they were taken in while it
     /// still counts (current or previous), and nowhere once it is older.

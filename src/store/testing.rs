@@ -62,6 +62,8 @@ pub struct Scripted {
     /// Tokens granted, and tokens given back (by release or with an acquire).
     pub granted: AtomicU64,
     pub returned: AtomicU64,
+    /// Tokens reserved (granted for later).
+    pub reserved: AtomicU64,
     /// What each acquire asked for.
     pub wants: Mutex<Vec<u64>>,
     /// Every give-back (with an acquire or a release), in order.
@@ -111,6 +113,7 @@ impl Scripted {
             pings: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             returned: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
             wants: Mutex::default(),
             unspent: Mutex::default(),
             transferable: AtomicU64::new(0),
@@ -205,7 +208,14 @@ impl Scripted {
     }
 
     /// Gives `unspent` back and grants, counting both.
-    fn acquire_real(&self, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Result<Grant, StoreError> {
+    fn acquire_real(
+        &self,
+        key: &str,
+        spec: &Spec,
+        want: u64,
+        unspent: Unspent,
+        reserve: bool,
+    ) -> Result<Grant, StoreError> {
         self.returned.fetch_add(unspent.tokens, Ordering::SeqCst);
         if unspent.tokens > 0 {
             self.unspent.lock().recover().push(unspent);
@@ -213,10 +223,12 @@ impl Scripted {
         let fixed = *self.fixed_grant.lock().recover();
         let answer = match fixed {
             Some(g) => Ok(g),
+            None if reserve => self.memory.reserve_now(key, spec, want, unspent),
             None => self.memory.acquire_now(key, spec, want, unspent),
         };
         if let Ok(g) = &answer {
             self.granted.fetch_add(g.granted, Ordering::SeqCst);
+            self.reserved.fetch_add(g.reserved, Ordering::SeqCst);
         }
         answer
     }
@@ -233,7 +245,22 @@ impl QuotaStore for Scripted {
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         self.wants.lock().recover().push(want);
-        self.respond(Call::Acquire, move || self.acquire_real(key, spec, want, unspent))
+        self.respond(Call::Acquire, move || {
+            self.acquire_real(key, spec, want, unspent, false)
+        })
+    }
+
+    /// As `acquire` (the same `Call`, counted alike), reserving.
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.wants.lock().recover().push(want);
+        self.respond(Call::Acquire, move || self.acquire_real(key, spec, want, unspent, true))
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

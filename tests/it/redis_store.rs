@@ -36,9 +36,26 @@ fn eval(redis: &Redis, script: &str, key: &str, args: &[u64]) -> Vec<u64> {
 /// The first call after a restart may meet the dropped connection; the
 /// store reconnects on its own.
 async fn acquire_retrying(store: &RedisStore, key: &str, spec: &Spec, want: u64, unspent: Unspent) -> Grant {
+    reserve_retrying(store, key, spec, want, unspent, false).await
+}
+
+/// [`acquire_retrying`], reserving (`acquire_or_reserve`) when `reserve`.
+async fn reserve_retrying(
+    store: &RedisStore,
+    key: &str,
+    spec: &Spec,
+    want: u64,
+    unspent: Unspent,
+    reserve: bool,
+) -> Grant {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.acquire(key, spec, want, unspent).await {
+        let call = if reserve {
+            store.acquire_or_reserve(key, spec, want, unspent)
+        } else {
+            store.acquire(key, spec, want, unspent)
+        };
+        match call.await {
             Ok(g) => return g,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -69,12 +86,12 @@ fn pttl(redis: &Redis, key: &str) -> u64 {
 fn token_bucket_script_grants_partially_and_says_when_to_retry() {
     let redis = Redis::start();
     // 10 per minute, capacity 10: one token per 6 s.
-    let [granted, remaining, reset, retry, window] =
+    let [granted, remaining, reset, retry, window, reserved] =
         eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 4])[..]
     else {
         panic!()
     };
-    assert_eq!((granted, remaining, retry, window), (4, 6, 0, 0));
+    assert_eq!((granted, remaining, retry, window, reserved), (4, 6, 0, 0, 0));
     assert!((23_990..=24_000).contains(&reset), "{reset}");
     // Asking for more than is left: a partial grant, which empties the
     // bucket and so already says when the next token comes.
@@ -124,6 +141,42 @@ fn token_bucket_script_says_the_real_wait_on_the_grant_that_empties_it() {
     let r = eval(&redis, "token_bucket.lua", "rl:{t:e}", &[5, 60_000, 5, 4]);
     assert_eq!((r[0], r[1]), (4, 0), "{r:?}");
     assert!((1_900..=2_000).contains(&r[3]), "{r:?}");
+}
+
+/// A drained bucket asked to reserve: the tokens of its refill to come,
+/// in turn. The first asker's first token is due when the bucket's next
+/// one is, the second asker's after the first asker's last; the debt
+/// stops at one burst (or one period's count), and what is given back
+/// pays it off.
+#[test]
+fn token_bucket_script_reserves_the_refill_in_turn_and_bounds_the_debt() {
+    let redis = Redis::start();
+    // 10/s, burst 10: one token every 100 ms. Drained.
+    let r = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 10, 0, 1]);
+    assert_eq!(
+        (r[0], r[5]),
+        (10, 0),
+        "a bucket with tokens grants, reserves nothing: {r:?}"
+    );
+    let a = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 5, 0, 1]);
+    assert_eq!((a[0], a[1], a[5]), (0, 0, 5), "{a:?}");
+    assert!((1..=100).contains(&a[3]), "the first is due with the next token: {a:?}");
+    let b = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 5, 0, 1]);
+    assert_eq!(b[5], 5, "{b:?}");
+    assert!(
+        (400..=600).contains(&(b[3] - a[3])),
+        "after the first asker's five: {a:?} {b:?}"
+    );
+    // Without `reserve`, nothing is taken from the queue.
+    let c = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 5, 0, 0]);
+    assert_eq!((c[0], c[5]), (0, 0), "{c:?}");
+    assert!(c[3] >= b[3] + 400, "a plain ask waits for the whole queue: {c:?}");
+    // The debt is at most one burst: ten owed, nothing more fits.
+    let d = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 5, 0, 1]);
+    assert_eq!((d[0], d[5]), (0, 0), "{d:?}");
+    // Tokens given back pay the debt off first.
+    let e = eval(&redis, "token_bucket.lua", "rl:{t:q}", &[10, 1_000, 10, 3, 5, 1]);
+    assert_eq!(e[5], 3, "five back made room for three: {e:?}");
 }
 
 #[test]
@@ -357,15 +410,22 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
             continue;
         }
         let want = rng.u64(0..12);
-        let r = acquire_retrying(&store, &key, spec, want, unspent).await;
-        let m = memory.acquire(&key, spec, want, unspent).await.unwrap();
+        // A third of the asks may reserve (a drained token bucket then
+        // goes into debt, alike on both).
+        let reserve = rng.u8(..3) == 0;
+        let r = reserve_retrying(&store, &key, spec, want, unspent, reserve).await;
+        let m = if reserve {
+            memory.acquire_or_reserve(&key, spec, want, unspent).await.unwrap()
+        } else {
+            memory.acquire(&key, spec, want, unspent).await.unwrap()
+        };
         assert_eq!(
-            (r.granted, r.remaining, r.window_ms),
-            (m.granted, m.remaining, m.window_ms),
-            "step {step}: {key} want {want} {unspent:?}: redis {r:?} memory {m:?}"
+            (r.granted, r.remaining, r.window_ms, r.reserved),
+            (m.granted, m.remaining, m.window_ms, m.reserved),
+            "step {step}: {key} want {want} reserve {reserve} {unspent:?}: redis {r:?} memory {m:?}"
         );
-        if m.granted > 0 {
-            held.entry(key).or_default().push((m.window_ms, m.granted));
+        if m.granted + m.reserved > 0 {
+            held.entry(key).or_default().push((m.window_ms, m.granted + m.reserved));
         }
         // Times differ only by the milliseconds between the two calls.
         let close = |a: u64, b: u64| a.abs_diff(b) <= 2_000;

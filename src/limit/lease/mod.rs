@@ -14,6 +14,7 @@
 
 mod rate;
 mod refill;
+mod reserved;
 mod sizing;
 mod tokens;
 
@@ -23,10 +24,12 @@ use std::sync::Arc;
 
 pub use rate::ewma;
 pub use refill::{RefillSlot, Waiting};
+pub use reserved::Due;
 pub use sizing::Sizing;
 
 use rate::RateEstimate;
 use refill::Refill;
+use reserved::Reserved;
 use tokens::Tokens;
 
 /// The local state of one (limit, key). `repr(C)`, as each part: the
@@ -62,6 +65,8 @@ pub struct Lease {
     pub(crate) touched: AtomicU64,
     /// The key's one store call at a time, and the line behind it.
     refill: Refill,
+    /// Tokens the store reserved for this lease, not due yet.
+    reserved: Reserved,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
@@ -158,12 +163,13 @@ impl Lease {
 
     // -- tokens taken back unspent: they leave the rate sample too --
 
-    /// Takes every token at hand if the lease has expired: they belong to
-    /// the store again.
+    /// Takes every token at hand if the lease has expired, and a
+    /// reservation nobody spent a lease TTL after its last token was due:
+    /// they belong to the store again.
     pub fn take_expired(&self, now_ms: u64) -> u64 {
         let taken = self.tokens.take_expired(now_ms);
         self.rate.untake(taken);
-        taken
+        taken + self.reserved.take_expired(now_ms)
     }
 
     /// Takes up to `n` tokens at hand; returns how many.
@@ -173,11 +179,46 @@ impl Lease {
         taken
     }
 
-    /// Takes every token at hand (shutdown, changed limit).
+    /// Takes every token at hand, and every token reserved (shutdown,
+    /// changed limit, eviction).
     pub fn take_all(&self) -> u64 {
         let taken = self.tokens.take_all();
         self.rate.untake(taken);
-        taken
+        taken + self.reserved.take_all()
+    }
+
+    // -- tokens reserved for later --
+
+    /// Holds `tokens` the store reserved under `spec` ([`Granted`] none
+    /// now): the first due at `first_at`, the rest as the refill brings
+    /// them; unspent, they go back `ttl_ms` after the last is due.
+    pub fn reserve(&self, tokens: u64, first_at: u64, spec: crate::quota::Spec, ttl_ms: u64) {
+        self.reserved.hold(tokens, first_at, spec, ttl_ms);
+    }
+
+    /// Takes every token still reserved (a lease the table let go while
+    /// its reservation was on its way).
+    pub fn take_reserved(&self) -> u64 {
+        self.reserved.take_all()
+    }
+
+    /// Whether the lease holds reserved tokens not all due yet: it asks
+    /// the store for none meanwhile.
+    #[inline]
+    pub fn has_reservation(&self) -> bool {
+        self.reserved.is_held()
+    }
+
+    /// Moves the reserved tokens due at `now_ms` to the tokens at hand,
+    /// which then live `ttl_ms`; says how many, or when the next is due.
+    pub fn take_due(&self, now_ms: u64, ttl_ms: u64) -> Due {
+        let due = self.reserved.take_due(now_ms);
+        if let Due::Now(n) = due {
+            self.tokens.expire_at(now_ms.saturating_add(ttl_ms));
+            self.tokens.add(n);
+            self.rate.added(n);
+        }
+        due
     }
 
     // -- store answers --

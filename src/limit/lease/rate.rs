@@ -49,6 +49,13 @@ impl RateEstimate {
         self.level_at_grant.store(level, Ordering::Relaxed);
     }
 
+    /// Tokens added to those at hand outside a grant (a reservation's, as
+    /// they come due) raise the level the sample starts from: they are
+    /// not spent yet.
+    pub(super) fn added(&self, tokens: u64) {
+        self.level_at_grant.fetch_add(tokens, Ordering::Relaxed);
+    }
+
     /// Tokens taken out unspent (expired, released, evicted) leave the
     /// level the rate sample starts from: they were not spent. Nothing
     /// taken, nothing written (the sweep asks every lease, most unexpired).

@@ -484,3 +484,66 @@ async fn every_outage_starts_the_fallback_low_not_where_the_last_one_left_it() {
     let second = admitted_in_a_row(&limiter, &limits, "a").await;
     assert_eq!(second, first);
 }
+
+/// A fleet of `n` limiters on one store (the manual clock), one hot key at
+/// 100/s with a burst of 100, each instance asked once a millisecond (ten
+/// times the key's rate per instance) for `secs` seconds after the burst
+/// is spent. Returns (store calls, admitted) over those seconds.
+async fn drained_hot_key(n: usize, secs: u64) -> (u64, u64) {
+    let (now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings {
+        sizing: Sizing {
+            min: 5,
+            max: 10,
+            ..Sizing::default()
+        },
+        ..test_settings()
+    };
+    let fleet: Vec<_> = (0..n)
+        .map(|_| Limiter::new(store.clone(), settings, clock.clone()))
+        .collect();
+    let limits = vec![limit("hot", "100/s", Some(100), Mode::Enforce)];
+    let run = async |ms: u64| {
+        let mut admitted = 0;
+        for _ in 0..ms {
+            now.fetch_add(1, Ordering::SeqCst);
+            for limiter in &fleet {
+                admitted += u64::from(one(limiter, &limits, "a").await.refused.is_none());
+            }
+        }
+        admitted
+    };
+    // The burst, spent.
+    run(1_000).await;
+    let calls = store.acquires.load(Ordering::SeqCst);
+    let admitted = run(secs * 1_000).await;
+    (store.acquires.load(Ordering::SeqCst) - calls, admitted)
+}
+
+/// The attack the leases must hold against: a drained hot key that far
+/// more clients want than it allows, over a fleet. Each instance's
+/// refusals come from memory, and the store is asked once per reservation
+/// (a lease of 5 to 10 tokens), not once per token per instance: the
+/// calls stay near `rate / min lease` = 20/s whatever the fleet's size,
+/// and the fleet admits the refill, no more.
+#[tokio::test(start_paused = true)]
+async fn a_drained_hot_key_costs_the_store_its_refill_not_a_poll_per_instance() {
+    let secs = 5;
+    let (two_calls, two_admitted) = drained_hot_key(2, secs).await;
+    let (ten_calls, ten_admitted) = drained_hot_key(10, secs).await;
+    for (n, calls, admitted) in [(2, two_calls, two_admitted), (10, ten_calls, ten_admitted)] {
+        println!("{n} instances: {calls} store calls, {admitted} admitted in {secs} s");
+        // 100/s refilled over the run: 500 tokens, served from the
+        // bucket's debt in turn; one lease of at most 10 per instance may
+        // be at hand when the run ends, or still owed at its start.
+        assert!(admitted <= 500 + 10 * n as u64, "{n} instances admitted {admitted}");
+        assert!(admitted >= 500 - 10 * n as u64, "{n} instances admitted {admitted}");
+        // The floor is 500 / 10 = 50 calls (leases of max), 100 of min.
+        assert!(calls <= 3 * 100, "{n} instances made {calls} store calls in {secs} s");
+    }
+    assert!(
+        ten_calls <= 2 * two_calls.max(50),
+        "{two_calls} calls for 2, {ten_calls} for 10"
+    );
+}

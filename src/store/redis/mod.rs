@@ -236,9 +236,11 @@ impl RedisStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {
             let result = connection.run(script, &key, &args).await;
-            if let Err(Ok([granted, _, _, _, window_ms])) = answer.send(result) {
-                if let (true, Some([algorithm, count, period, capacity])) = (granted > 0, give_back) {
-                    let args = [algorithm, count, period, capacity, granted, window_ms];
+            if let Err(Ok([granted, _, _, _, window_ms, reserved])) = answer.send(result) {
+                // Reserved tokens were taken as surely as granted ones.
+                let taken = granted + reserved;
+                if let (true, Some([algorithm, count, period, capacity])) = (taken > 0, give_back) {
+                    let args = [algorithm, count, period, capacity, taken, window_ms];
                     if let Err(e) = connection.run(&RELEASE, &key, &args).await {
                         tracing::debug!(%key, error = %e.classify(), "returning a late grant failed");
                     }
@@ -247,12 +249,13 @@ impl RedisStore {
         });
         Box::pin(async move {
             match answered.await {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms])) => Ok(Grant {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms, reserved])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
                     window_ms,
+                    reserved,
                 }),
                 Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
@@ -270,7 +273,7 @@ impl RedisStore {
         script: &'static Script,
         keys: Vec<String>,
         args: Vec<u64>,
-    ) -> BoxFuture<'_, Result<[u64; 5], StoreError>> {
+    ) -> BoxFuture<'_, Result<[u64; 6], StoreError>> {
         let Some(mut connection) = self.connection.get().cloned() else {
             return Box::pin(std::future::ready(Err(StoreError::Unavailable(
                 "not connected to Redis yet".into(),
@@ -400,13 +403,16 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-impl QuotaStore for RedisStore {
-    fn acquire<'a>(
+impl RedisStore {
+    /// The acquire script of `spec`'s algorithm; `reserve` goes to the
+    /// token bucket's (the windows never reserve).
+    fn acquire_with<'a>(
         &'a self,
         key: &'a str,
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+        reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
         let Unspent { tokens, window_ms } = unspent;
@@ -414,7 +420,14 @@ impl QuotaStore for RedisStore {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
                 key,
-                vec![spec.count, spec.period_ms(), spec.capacity, want, tokens],
+                vec![
+                    spec.count,
+                    spec.period_ms(),
+                    spec.capacity,
+                    want,
+                    tokens,
+                    u64::from(reserve),
+                ],
                 give_back,
             ),
             Algorithm::SlidingWindow => self.call(
@@ -430,6 +443,28 @@ impl QuotaStore for RedisStore {
                 give_back,
             ),
         }
+    }
+}
+
+impl QuotaStore for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.acquire_with(key, spec, want, unspent, false)
+    }
+
+    fn acquire_or_reserve<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.acquire_with(key, spec, want, unspent, true)
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -33,7 +33,7 @@ impl CallError {
 }
 
 impl Connection {
-    pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 5], CallError> {
+    pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 6], CallError> {
         self.run_keys(script, &[key], args).await
     }
 
@@ -44,7 +44,7 @@ impl Connection {
         script: &Script,
         keys: &[&str],
         args: &[u64],
-    ) -> Result<[u64; 5], CallError> {
+    ) -> Result<[u64; 6], CallError> {
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(*k);
@@ -63,10 +63,12 @@ impl Connection {
             }
             Connection::Cluster(c) => call.invoke_async(c).await?,
         };
-        // Scripts answer five integers, never negative; anything else is a
-        // script from another version, not a reason to wrap around.
+        // Scripts answer five integers (the token bucket six: what it
+        // reserved), never negative; anything else is a script from another
+        // version, not a reason to wrap around.
         match reply[..] {
-            [a, b, c, d, e] => Ok([a, b, c, d, e].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e] => Ok([a, b, c, d, e, 0].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e, f] => Ok([a, b, c, d, e, f].map(|v| v.max(0) as u64)),
             _ => Err(CallError::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",

@@ -60,17 +60,17 @@ impl RegionStore for RedisStore {
             Algorithm::TokenBucket => self.call_keys(
                 &TRANSFER_OUT_BUCKET,
                 keys,
-                vec![spec.count, spec.period_ms(), spec.capacity, want, 0, remember_ms],
+                vec![spec.count, spec.period_ms(), spec.capacity, want, 0, 0, remember_ms],
             ),
             Algorithm::SlidingWindow => self.call_keys(
                 &TRANSFER_OUT_WINDOW,
                 keys,
-                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms],
             ),
             Algorithm::FixedWindow => self.call_keys(
                 &TRANSFER_OUT_FIXED,
                 keys,
-                vec![spec.capacity, spec.period_ms(), want, 0, 0, remember_ms],
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms],
             ),
         };
         Box::pin(async move { call.await.map(|r| r[0]) })
