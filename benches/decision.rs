@@ -62,7 +62,7 @@ fn setup() -> Setup {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
         max_keys: 1_000_000,
-        fleet_size: 1,
+        fleet_size: None,
         deadline_ms: 1_000,
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());

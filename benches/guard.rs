@@ -59,7 +59,7 @@ fn limiter(store: Arc<dyn QuotaStore>) -> Arc<Limiter> {
         },
         max_block_ms: 5_000,
         max_keys: 1_000_000,
-        fleet_size: 1,
+        fleet_size: None,
         deadline_ms: 1_000,
     };
     Limiter::new(store, settings, monotonic_clock())

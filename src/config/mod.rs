@@ -178,9 +178,10 @@ pub struct Store {
     pub timeout: Duration,
     /// Most keys the memory store tracks.
     pub max_keys: usize,
-    /// How many instances share the store: the default fallback rate of a
-    /// limit while the store is away is its rate divided by this.
-    pub fleet_size: u64,
+    /// The most instances that share the store, if set: a bound on the
+    /// live count by heartbeats, which the default fallback divides a
+    /// limit's quota by while the store is away.
+    pub fleet_size: Option<u64>,
     pub breaker: crate::store::guard::BreakerSettings,
 }
 

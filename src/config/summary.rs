@@ -136,7 +136,8 @@ impl Config {
                 .filter(|r| r.on_store_failure == crate::route::StoreFailure::Allow && r.limits.contains(&i))
                 .map(|r| r.name.as_str())
                 .collect();
-            let fleet = fallback.per_second() * self.store.fleet_size as f64;
+            let instances = self.store.fleet_size.unwrap_or(1);
+            let fleet = fallback.per_second() * instances as f64;
             if routes.is_empty() || fleet <= lim.rate.per_second() * 1.000_001 {
                 continue;
             }
@@ -144,7 +145,7 @@ impl Config {
                 "limit {}: fallback_rate {fallback} on each of {} instance(s) ([store] fleet_size) admits up to {:.3}/s \
                  while the store is away, more than its rate {} ({:.3}/s); fail-open route(s): {}",
                 lim.name,
-                self.store.fleet_size,
+                instances,
                 fleet,
                 lim.rate,
                 lim.rate.per_second(),

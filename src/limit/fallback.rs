@@ -5,7 +5,8 @@
 //! about twice what this instance was admitting for the key before the
 //! outage (a one-minute decaying average), with a floor of 1 % of the quota
 //! (at least one per period) for keys it had not seen, and never more than
-//! the quota divided by `[store] fleet_size`. A fleet that falls back
+//! the quota divided by the fleet's size (its live count by heartbeats,
+//! bounded by `[store] fleet_size`; see `fleet`). A fleet that falls back
 //! together therefore admits about twice what it was admitting, whatever
 //! its size, instead of its size times the quota.
 //!
@@ -78,7 +79,7 @@ impl Limiter {
             }
             None => {
                 let rate = self.leases.with(h, |l| l.admitted_rate()).unwrap_or(0.0);
-                default_spec(spec, rate, settings.fleet_size)
+                default_spec(spec, rate, self.fleet_divisor(settings))
             }
         }
     }

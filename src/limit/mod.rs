@@ -22,6 +22,7 @@
 
 pub mod blocked;
 mod fallback;
+pub mod fleet;
 pub mod headers;
 pub mod key;
 pub mod keyed;
@@ -165,9 +166,9 @@ pub struct Settings {
     pub max_block_ms: u64,
     /// Most keys with a local lease (`[store] max_keys`, per shard).
     pub max_keys: usize,
-    /// `[store] fleet_size`: the fallback bucket never exceeds a limit's
-    /// rate divided by it.
-    pub fleet_size: u64,
+    /// `[store] fleet_size`, when set: the bound on the live count of the
+    /// fleet ([`fleet`]) that the fallback divides a limit's quota by.
+    pub fleet_size: Option<u64>,
     /// `[store] timeout_ms`: the longest a request waits for the store, per
     /// limit, whether for its own call or for the one in flight for its key.
     pub deadline_ms: u64,
@@ -192,6 +193,8 @@ pub struct Limiter {
     releases: sweep::Releases,
     settings: arc_swap::ArcSwap<Settings>,
     clock: Clock,
+    /// The live count of instances, from the store's heartbeats.
+    fleet: fleet::Fleet,
 }
 
 impl Limiter {
@@ -203,6 +206,7 @@ impl Limiter {
             releases: sweep::Releases::new(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
+            fleet: fleet::Fleet::default(),
         })
     }
 

@@ -172,7 +172,7 @@ mod tests {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
             max_keys: 100_000,
-            fleet_size: 1,
+            fleet_size: None,
             deadline_ms: 1_000,
         };
         Limiter::new(Arc::new(MemoryStore::new(10_000)), settings, monotonic_clock())

@@ -123,6 +123,10 @@ impl QuotaStore for Rebalancing {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.ping()
     }
+
+    fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.heartbeat(member, ttl_ms)
+    }
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             runtime.metrics.encode(),
         ),
-        "/config" => json(StatusCode::OK, &config_json(&runtime.config())),
+        "/config" => json(StatusCode::OK, &config_json(&runtime.config(), runtime.limiter.fleet())),
         "/limits/state" => limits_state(req.uri().query(), runtime),
         "/" => {
             let page = super::status::page(runtime, req.uri().query());
@@ -138,7 +138,7 @@ fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
 
 /// `/config`: what is loaded, and the effective values of every route and
 /// limit (defaults filled in, plans applied), so a reload can be confirmed.
-fn config_json(config: &crate::config::Config) -> serde_json::Value {
+fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::FleetView) -> serde_json::Value {
     use crate::config::KeyPart;
     use crate::route::Action;
     let limit_name = |i: &usize| config.limits.get(*i).map(|l| l.name.as_str());
@@ -205,6 +205,7 @@ fn config_json(config: &crate::config::Config) -> serde_json::Value {
         "routes": config.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         "limits": config.limits.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
         "upstreams": config.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
+        "fleet": fleet,
         "effective": { "routes": routes, "limits": limits },
     })
 }

@@ -192,6 +192,31 @@ async fn sweep_leases(runtime: Arc<Runtime>) {
     }
 }
 
+/// This instance's member of the fleet's heartbeats: random per process,
+/// so two instances never share one (even with one `instance_id`).
+fn fleet_member(instance_id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one((instance_id, std::process::id()))
+}
+
+/// Keeps this instance counted in the fleet's heartbeats, for as long as
+/// the process runs: the live count the fallback divides quotas by.
+async fn heartbeat(runtime: Arc<Runtime>, member: u64) {
+    let every = Duration::from_millis(crate::limit::fleet::HEARTBEAT_EVERY_MS);
+    let mut last = None;
+    loop {
+        match runtime.limiter.heartbeat(member).await {
+            Ok(live) if last != Some(live) => {
+                tracing::info!(live, "fleet: instances live by their heartbeats");
+                last = Some(live);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "fleet heartbeat failed; the last count stands"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
     let err = |source| ServeError::Bind { listener, addr, source };
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).map_err(err)?;
@@ -239,6 +264,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         config.gateway.max_connections_per_ip,
         config.identity.trusted_proxies.clone(),
     );
+    let config_instance_id = config.gateway.instance_id.clone();
     let runtime = Arc::new(Runtime::new(config, metrics, store));
     let shared = Arc::new(Shared {
         gateway: Arc::new(Gateway::new(runtime.clone())),
@@ -325,6 +351,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         drop((http, https));
         tokio::spawn(sweep_leases(shared.runtime.clone()));
+        let member = fleet_member(&config_instance_id);
+        tokio::spawn(heartbeat(shared.runtime.clone(), member));
         let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));
         tokio::spawn(reloader.clone().watch());
         tracing::info!(workers, store = store_name, "leasegate ready");
@@ -362,6 +390,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             Ok(released) => tracing::info!(released_tokens = released, "stopped"),
             Err(_) => tracing::warn!("stopped before every leased token went back to the store"),
         }
+        let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.leave_fleet(member)).await;
         Ok(())
     })
 }

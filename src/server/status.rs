@@ -162,6 +162,26 @@ fn previous(query: Option<&str>) -> Option<Previous> {
 
 /// The page, from the metrics registry, the config in force and the
 /// limiter's bounded sample of hot keys.
+/// The fleet as the status page says it: the live count by heartbeats,
+/// how fresh it is, and what the fallback divides a quota by.
+fn fleet_line(f: crate::limit::fleet::FleetView) -> String {
+    let bound = f
+        .fleet_size
+        .map(|n| format!(", at most {n} ([store] fleet_size)"))
+        .unwrap_or_default();
+    match (f.live, f.counted_ms_ago) {
+        (Some(live), Some(ago)) => format!(
+            "{live} instance(s) live by their heartbeats, counted {:.1} s ago{bound}; a fallback bucket gets 1/{} of a quota",
+            ago as f64 / 1_000.0,
+            f.divisor
+        ),
+        _ => format!(
+            "not counted yet (the store has not answered a heartbeat){bound}; a fallback bucket gets 1/{} of a quota",
+            f.divisor
+        ),
+    }
+}
+
 pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     let config = runtime.config();
     let samples = parse_metrics(&runtime.metrics.encode());
@@ -217,6 +237,11 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
         ("ok", "closed")
     };
     let _ = writeln!(h, "<dt>circuit</dt><dd id=\"circuit\" class=\"{class}\">{state}</dd>");
+    let _ = writeln!(
+        h,
+        "<dt>fleet</dt><dd id=\"fleet\">{}</dd>",
+        escape(&fleet_line(runtime.limiter.fleet()))
+    );
     let _ = write!(
         h,
         "<dt>bypass rate</dt><dd><span id=\"bypass\">{}</span> since start ({} of {} requests admitted by a fallback bucket)",

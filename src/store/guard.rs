@@ -338,6 +338,12 @@ impl QuotaStore for Guarded {
         self.core.inner.name()
     }
 
+    /// The inner store's heartbeat under the deadline, as a ping: the
+    /// breaker is left alone, and it is not a store call of the metrics.
+    fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(within(self.core.deadline, self.core.inner.heartbeat(member, ttl_ms)))
+    }
+
     /// The inner store's ping under the deadline; the breaker is left alone.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let core = &self.core;

@@ -261,6 +261,11 @@ impl QuotaStore for MemoryStore {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    /// Nobody else can share this store: the fleet is this instance.
+    fn heartbeat(&self, _member: u64, _ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(std::future::ready(Ok(1)))
+    }
 }
 
 #[cfg(test)]

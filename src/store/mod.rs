@@ -101,6 +101,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
 
+    /// The fleet's heartbeat: marks `member` (this instance) live for
+    /// `ttl_ms` (0: gone) and answers how many instances are live, itself
+    /// included. What the local fallback divides a quota by while the
+    /// store is away. The embedded store is this instance's alone: 1.
+    fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>>;
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.

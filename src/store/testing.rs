@@ -59,6 +59,9 @@ pub struct Scripted {
     pub acquires: AtomicU64,
     pub releases: AtomicU64,
     pub pings: AtomicU64,
+    /// Heartbeats, and the live count they answer.
+    pub heartbeats: AtomicU64,
+    pub fleet: AtomicU64,
     /// Tokens granted, and tokens given back (by release or with an acquire).
     pub granted: AtomicU64,
     pub returned: AtomicU64,
@@ -111,6 +114,8 @@ impl Scripted {
             acquires: AtomicU64::new(0),
             releases: AtomicU64::new(0),
             pings: AtomicU64::new(0),
+            heartbeats: AtomicU64::new(0),
+            fleet: AtomicU64::new(1),
             granted: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
@@ -279,6 +284,14 @@ impl QuotaStore for Scripted {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.pings.fetch_add(1, Ordering::SeqCst);
         self.respond(Call::Ping, || Ok(()))
+    }
+
+    /// Answers `fleet` live instances (1 unless a test set it), as a ping
+    /// is answered.
+    fn heartbeat(&self, _member: u64, _ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.heartbeats.fetch_add(1, Ordering::SeqCst);
+        let live = self.fleet.load(Ordering::SeqCst).max(1);
+        self.respond(Call::Ping, move || Ok(live))
     }
 }
 

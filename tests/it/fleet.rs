@@ -283,3 +283,83 @@ async fn an_outage_does_not_multiply_the_burst() {
         "{metrics}"
     );
 }
+
+/// Waits until every gateway's `/config` counts `n` live instances by
+/// their heartbeats (bounded: a few heartbeat periods).
+async fn until_fleet_counts(fleet: &[Gateway], n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for gw in fleet {
+        loop {
+            let config: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+            if config["fleet"]["live"] == n && config["fleet"]["divisor"] == n {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fleet never counted {n}: {}",
+                config["fleet"]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// With no `fleet_size`, the fleet counts itself: three instances on one
+/// Redis see each other's heartbeats, and when Redis dies each one's
+/// fallback gets a third of the quota. Before the outage the key is
+/// young and was drained fast, so each instance's recent admitted rate
+/// alone would let it take the whole quota (three times the limit for
+/// the fleet); divided by the live count, the fleet stays within twice the
+/// rate plus the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_that_falls_back_together_divides_the_quota_by_its_live_count() {
+    let mut redis = Redis::start();
+    let text = config(
+        &format!("url = \"{}\"", redis.url()),
+        "min = 1\nmax = 5",
+        "rate = \"10/s\"\nburst = 10\nby = [\"route\"]",
+    )
+    .replace("timeout_ms = 1000", "timeout_ms = 200")
+    .replace("on_store_failure = \"deny\"", "on_store_failure = \"allow\"");
+    let fleet: Vec<Gateway> = (0..3).map(|_| Gateway::start_connected(&text)).collect();
+    let addrs: Vec<SocketAddr> = fleet.iter().map(Gateway::http).collect();
+    until_fleet_counts(&fleet, 3).await;
+    let page = fleet[0].admin_get("/").await;
+    assert!(page.contains("3 instance(s) live by their heartbeats"), "{page}");
+    let (before, _) = drive(&addrs, 1, 2.0).await;
+    assert!(before.ok.load(Ordering::Relaxed) > 0);
+    redis.kill();
+    let (tally, elapsed) = drive(&addrs, 1, 4.0).await;
+    let ok = tally.ok.load(Ordering::Relaxed);
+    assert_eq!(tally.other.load(Ordering::Relaxed), 0, "fail open: no 503");
+    let bound = 2.0 * 10.0 * elapsed.as_secs_f64() + 10.0;
+    println!("admitted {ok} in {elapsed:?} with the store down, bound {bound:.0}");
+    assert!(ok > 0, "a fail-open route admits while the store is away");
+    assert!(
+        ok as f64 <= bound,
+        "admitted {ok} > 2 × rate × time + burst = {bound:.0}"
+    );
+    // The count the fallback used stays the last one the store gave.
+    let config: serde_json::Value = serde_json::from_str(&fleet[1].admin_get("/config").await).unwrap();
+    assert_eq!(config["fleet"]["live"], 3, "{}", config["fleet"]);
+}
+
+/// An instance that shuts down leaves the count at once (not when its
+/// heartbeat would have expired); the memory store's fleet is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_stops_leaves_the_fleets_count() {
+    let redis = Redis::start();
+    let text = config(&format!("url = \"{}\"", redis.url()), "min = 1", "rate = \"10/s\"");
+    let mut fleet: Vec<Gateway> = (0..2).map(|_| Gateway::start_connected(&text)).collect();
+    until_fleet_counts(&fleet, 2).await;
+    let mut gone = fleet.pop().unwrap();
+    assert!(gone.stop(Duration::from_secs(10)).success());
+    // Counted again at the next heartbeat, within its 2 s period; the
+    // stopped one's heartbeat would have lived 6 s.
+    let started = Instant::now();
+    until_fleet_counts(&fleet, 1).await;
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert_eq!(redis.cli(&["ZCARD", "lg:fleet"]).trim(), "1");
+    let memory = Gateway::start(&Toml::new().respond("api", "/", &[]).to_string());
+    until_fleet_counts(std::slice::from_ref(&memory), 1).await;
+}

@@ -195,7 +195,10 @@ pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
         }
     };
     let max_keys = in_range(c, &s.max_keys, "store.max_keys", 1_000, 100_000_000, 1_000_000);
-    let fleet_size = in_range(c, &s.fleet_size, "store.fleet_size", 1, 10_000, 1);
+    let fleet_size = s
+        .fleet_size
+        .is_some()
+        .then(|| in_range(c, &s.fleet_size, "store.fleet_size", 1, 10_000, 1));
     let breaker = crate::store::guard::BreakerSettings {
         failures: in_range(c, &s.breaker.failures, "store.breaker.failures", 1, 1_000, 3),
         open_ms: in_range(c, &s.breaker.open_ms, "store.breaker.open_ms", 10, 600_000, 2_000),

@@ -71,7 +71,7 @@ fn test_settings() -> Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
         max_keys: 100_000,
-        fleet_size: 1,
+        fleet_size: None,
         deadline_ms: 1_000,
     }
 }

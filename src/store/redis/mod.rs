@@ -59,6 +59,11 @@ static SLIDING_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
 static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
+static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
+
+/// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no
+/// limit's key can take (those are `rl:{<limit>:...}`).
+pub const FLEET_KEY: &str = "lg:fleet";
 
 /// How long the client waits for a connection or a reply before calling it
 /// broken. Far above the store deadline on purpose: the caller gives up
@@ -490,6 +495,11 @@ impl QuotaStore for RedisStore {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.ping_on_io()
+    }
+
+    fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let call = self.call_keys(&FLEET, vec![FLEET_KEY.to_string()], vec![member, ttl_ms]);
+        Box::pin(async move { call.await.map(|r| r[0]) })
     }
 }
 

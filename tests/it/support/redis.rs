@@ -242,10 +242,12 @@ impl Cluster {
     }
 
     /// Keys stored on each master (DBSIZE).
+    /// Limit keys (`rl:*`) per master: the fleet's heartbeats (`lg:fleet`)
+    /// are not a limit's.
     pub fn key_counts(&self) -> Vec<u64> {
         self.nodes
             .iter()
-            .map(|n| n.cli(&["DBSIZE"]).trim().parse().unwrap_or(0))
+            .map(|n| n.cli(&["--scan", "--pattern", "rl:*"]).lines().count() as u64)
             .collect()
     }
 }
