@@ -6,7 +6,8 @@
 #
 # For each fleet size N: N leasegate instances (workers = 1, each its own
 # config, instance_id, http and admin listener on 127.0.0.1) on one
-# redis-server, [store] timeout_ms = TIMEOUT_MS (50), fleet_size = N,
+# redis-server, [store] timeout_ms = TIMEOUT_MS (50), no fleet_size (the
+# fleet counts itself by its heartbeats),
 # [leasing] min = 5, max = 10 (the other leasing keys at their defaults),
 # grace_period_ms = 1000. One route answers 200 directly (no upstream) with
 # one enforce token bucket keyed by route (by = ["route"]), fail-open. A
@@ -31,6 +32,9 @@
 #     and per request sent (and Redis's own EVAL/EVALSHA count beside it);
 #   - the fallback's share: rate_limit_bypassed_total (every reason), after
 #     minus before, over requests sent;
+#   - for calls that missed the deadline: how much of their time went by in
+#     the gateways and how much waiting for Redis
+#     (leasegate_store_call_phase_seconds, result="timeout");
 #   - p50/p99 latency from the client (from the request's send, not from its
 #     scheduled time; `late` counts requests sent more than one pacing
 #     interval behind schedule, so a saturated client shows).
@@ -134,7 +138,6 @@ admin = "127.0.0.1:$((BASE_PORT + 2 * $1 + 1))"
 backend = "redis"
 url = "redis://127.0.0.1:$REDIS_PORT"
 timeout_ms = $TIMEOUT_MS
-fleet_size = $2
 [leasing]
 min = $LEASE_MIN
 max = $LEASE_MAX
@@ -204,8 +207,10 @@ scrape() {
     }
     $1 ~ /^rate_limit_bypassed_total(\{|$)/ {byp += $2}
     $1 ~ /^leasegate_decisions_total(\{|$)/ {dec += $2; if ($1 ~ /outcome="limited"/) lim += $2}
-    END {printf "{\"store_calls\": %.0f, \"acquire\": %.0f, \"release\": %.0f, \"failed\": %.0f, \"bypassed\": %.0f, \"decisions\": %.0f, \"decisions_limited\": %.0f}\n",
-      calls, acq, rel, failed, byp, dec, lim}'
+    $1 ~ /^leasegate_store_call_phase_seconds_sum\{phase="gateway",result="timeout"\}/ {tgw += $2}
+    $1 ~ /^leasegate_store_call_phase_seconds_sum\{phase="redis",result="timeout"\}/ {trd += $2}
+    END {printf "{\"store_calls\": %.0f, \"acquire\": %.0f, \"release\": %.0f, \"failed\": %.0f, \"bypassed\": %.0f, \"decisions\": %.0f, \"decisions_limited\": %.0f, \"timeout_gateway_s\": %.6f, \"timeout_redis_s\": %.6f}\n",
+      calls, acq, rel, failed, byp, dec, lim, tgw, trd}'
 }
 
 # The paced client: THREADS threads, each with one keep-alive connection per
@@ -352,6 +357,7 @@ cols = ["n", "key", "limit", "duration_s", "sent", "offered_rps", "late", "admit
         "allowance", "bound", "admitted_over_allowance", "bound_over_allowance",
         "store_calls", "acquire", "release", "failed", "store_calls_per_s", "store_calls_per_request",
         "redis_script_calls", "bypassed", "fallback_share", "decisions", "decisions_limited",
+        "timeout_gateway_s", "timeout_redis_s",
         "p50_ms", "p99_ms", "max_ms"]
 with open(f"{out}/fleet_scale.csv", "w", newline="") as f:
     w = csv.writer(f)
@@ -367,6 +373,12 @@ for r in rows:
           f"| {r['other']} | {r['allowance']:.0f} | {r['admitted_over_allowance']:.3f} | {r['bound_over_allowance']:.3f} "
           f"| {r['store_calls_per_s']:.1f} | {r['store_calls_per_request']:.4f} | {r['redis_script_calls'] / r['duration_s']:.1f} "
           f"| {r['fallback_share']:.4f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+missed = [r for r in rows if r["timeout_gateway_s"] + r["timeout_redis_s"] > 0]
+for r in missed:
+    t = r["timeout_gateway_s"] + r["timeout_redis_s"]
+    print(f"N = {r['n']} {r['key']}: calls past the deadline spent {t * 1e3:.1f} ms in all, "
+          f"{100 * r['timeout_gateway_s'] / t:.0f} % of it in the gateways (before sending, after the reply) "
+          f"and {100 * r['timeout_redis_s'] / t:.0f} % waiting for Redis (leasegate_store_call_phase_seconds)")
 
 def fit(points):
     """Least squares y = a + b x; None with fewer than two distinct x."""

@@ -145,7 +145,7 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, ServeError> 
     let (inner, regional): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>) = match redis {
         None => (Arc::new(MemoryStore::new(config.store.max_keys)), Arc::new(NoRegions)),
         Some(target) => {
-            let redis = Arc::new(RedisStore::start(&target)?);
+            let redis = Arc::new(RedisStore::start(&target)?.with_metrics(metrics.clone()));
             (redis.clone(), redis)
         }
     };

@@ -57,6 +57,27 @@ pub struct StoreCallLabels {
     pub result: &'static str,
 }
 
+/// `leasegate_store_call_phase_seconds`: where a Redis call's time went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorePhaseLabels {
+    /// `gateway`: in this process (waiting for the Redis I/O thread to send
+    /// it, and for the caller to take the reply); `redis`: from sending to
+    /// the reply (the network, Redis, the connection's pipeline).
+    pub phase: &'static str,
+    /// `ok`, `error`, or `timeout` (the caller stopped waiting first).
+    pub result: &'static str,
+}
+
+/// Builds a store-call histogram with the deadline's bounds.
+#[derive(Clone, Debug)]
+pub struct StoreCallBounds(Vec<f64>);
+
+impl prometheus_client::metrics::family::MetricConstructor<Histogram> for StoreCallBounds {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// A configured route name, or `none` (no route matched).
@@ -278,6 +299,7 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub store_calls: Family<StoreCallLabels, Counter>,
     pub store_call_seconds: Histogram,
+    pub store_call_phase_seconds: Family<StorePhaseLabels, Histogram, StoreCallBounds>,
     pub circuit_open: Gauge,
     pub events: Family<ResultLabels, Counter>,
     pub rls_requests: Family<RlsLabels, Counter>,
@@ -392,6 +414,14 @@ impl Metrics {
             "Duration of quota store calls, as the caller saw them (at most the deadline)",
             store_call_seconds.clone(),
         );
+        // Its series appear with the first call of their kind: a fresh
+        // scrape stays small, and a memory store never has any.
+        let store_call_phase_seconds = Family::new_with_constructor(StoreCallBounds(store_call_bounds(deadline)));
+        registry.register(
+            "leasegate_store_call_phase_seconds",
+            "Redis quota store calls: time spent in this process (gateway) and waiting for Redis (redis), by result",
+            store_call_phase_seconds.clone(),
+        );
         let circuit_open = Gauge::default();
         registry.register(
             "leasegate_circuit_open",
@@ -450,6 +480,7 @@ impl Metrics {
             lease_tokens,
             store_calls,
             store_call_seconds,
+            store_call_phase_seconds,
             circuit_open,
             config_reloads,
             registry,

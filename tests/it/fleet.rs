@@ -360,6 +360,6 @@ async fn an_instance_that_stops_leaves_the_fleets_count() {
     until_fleet_counts(&fleet, 1).await;
     assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
     assert_eq!(redis.cli(&["ZCARD", "lg:fleet"]).trim(), "1");
-    let memory = Gateway::start(&Toml::new().respond("api", "/", &[]).to_string());
+    let memory = Gateway::start(&Toml::new().respond("api", "/", &[]));
     until_fleet_counts(std::slice::from_ref(&memory), 1).await;
 }

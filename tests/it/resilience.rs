@@ -288,6 +288,20 @@ async fn a_frozen_redis_times_out_then_opens_the_circuit() {
         0.0,
         "a frozen Redis is a timeout, not an error:\n{m}"
     );
+    // And the missed deadlines were spent waiting for Redis, not here: the
+    // calls went out, and most of each 5 ms went by after they had.
+    let phase = |what: &str| sample(&m, &format!("leasegate_store_call_phase_seconds_{what} "));
+    let timeouts = phase(r#"count{phase="redis",result="timeout"}"#);
+    assert!(timeouts >= 3.0, "{m}");
+    assert_eq!(timeouts, phase(r#"count{phase="gateway",result="timeout"}"#));
+    let (redis_s, gateway_s) = (
+        phase(r#"sum{phase="redis",result="timeout"}"#),
+        phase(r#"sum{phase="gateway",result="timeout"}"#),
+    );
+    assert!(
+        redis_s > gateway_s && redis_s >= timeouts * 0.002,
+        "a frozen Redis's timeouts are Redis's: {redis_s} s waiting for Redis, {gateway_s} s here, {timeouts} calls"
+    );
 
     redis.thaw();
     wait_for_recovery(&gw, &mut c).await;

@@ -46,6 +46,7 @@ use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
 mod node;
+mod phases;
 mod region;
 mod sentinel;
 
@@ -88,6 +89,8 @@ pub enum Target {
 pub struct RedisStore {
     connection: Arc<OnceLock<Connection>>,
     io: tokio::runtime::Handle,
+    /// Where each quota call's time goes (`phases`), when set.
+    metrics: Option<Arc<crate::telemetry::metrics::Metrics>>,
     /// Dropped with the store: ends the I/O thread.
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -216,8 +219,16 @@ impl RedisStore {
         Ok(RedisStore {
             connection,
             io,
+            metrics: None,
             _stop: stop,
         })
+    }
+
+    /// Records where each quota call's time goes
+    /// (`leasegate_store_call_phase_seconds`) in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::telemetry::metrics::Metrics>) -> RedisStore {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
@@ -239,8 +250,16 @@ impl RedisStore {
         };
         let key = key.to_owned();
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let stamps = phases::Stamps::new();
+        let mut watch = phases::PhaseWatch {
+            stamps: stamps.clone(),
+            metrics: self.metrics.clone(),
+            result: None,
+        };
         self.io.spawn(async move {
+            stamps.sent();
             let result = connection.run(script, &key, &args).await;
+            stamps.replied();
             if let Err(Ok([granted, _, _, _, window_ms, reserved])) = answer.send(result) {
                 // Reserved tokens were taken as surely as granted ones.
                 let taken = granted + reserved;
@@ -253,7 +272,9 @@ impl RedisStore {
             }
         });
         Box::pin(async move {
-            match answered.await {
+            let answer = answered.await;
+            watch.answered(matches!(answer, Ok(Ok(_))));
+            match answer {
                 Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms, reserved])) => Ok(Grant {
                     granted,
                     remaining,
