@@ -402,6 +402,7 @@ mod tests {
                 key: "rl:{per_client:key:acme}".into(),
                 tracked: true,
                 tokens_at_hand: 4,
+                tokens_reserved: 0,
                 blocked_for_ms: 0,
                 retry_after_ms: 0,
                 store_remaining: 95,

@@ -155,6 +155,12 @@ pub(super) fn live_text(state: Option<&admin::KeyState>) -> String {
     let mut parts = Vec::new();
     if st.tracked {
         parts.push(format!("{} token(s) at hand", st.tokens_at_hand));
+        if st.tokens_reserved > 0 {
+            parts.push(format!(
+                "{} reserved in the drained bucket, spent here as they come due",
+                st.tokens_reserved
+            ));
+        }
     } else {
         parts.push("not tracked on this instance (no lease, no block): its next request asks the store".to_string());
     }

@@ -33,8 +33,11 @@ pub struct KeyState {
     /// Tokens leased and not yet spent or expired: requests admitted here
     /// without asking the store.
     pub tokens_at_hand: u64,
+    /// Tokens a drained token bucket reserved for this instance and not
+    /// due yet: spent here as they come due, with no store call.
+    pub tokens_reserved: u64,
     /// How long requests for the key are still refused from memory, after
-    /// the store refused it.
+    /// the store refused it (or until its next reserved token is due).
     pub blocked_for_ms: u64,
     /// Until the store's retry time of the last refusal (0: passed or none).
     pub retry_after_ms: u64,
@@ -92,6 +95,7 @@ impl Limiter {
                 key: key.to_string(),
                 tracked: false,
                 tokens_at_hand: 0,
+                tokens_reserved: 0,
                 blocked_for_ms: 0,
                 retry_after_ms: 0,
                 store_remaining: 0,
@@ -105,6 +109,7 @@ impl Limiter {
             key: key.to_string(),
             tracked: true,
             tokens_at_hand: at_hand,
+            tokens_reserved: lease.reserved(),
             blocked_for_ms: blocked::remaining(&lease, now).unwrap_or(0),
             retry_after_ms: blocked::retry_pending(&lease, now),
             store_remaining: lease.store_remaining(),

@@ -75,7 +75,7 @@ impl Limiter {
             match lease.take_due(now, settings.sizing.ttl_ms) {
                 Due::Now(_) => continue,
                 Due::At(at) => {
-                    blocked::block(&lease, now, at - now, u64::MAX);
+                    blocked::block(&lease, now, at.saturating_sub(now), u64::MAX);
                     return Ok(None);
                 }
                 Due::None => {}

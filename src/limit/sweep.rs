@@ -102,8 +102,11 @@ impl Limiter {
             }
             let touched = lease.touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
-            // A lease someone holds (a store call in flight) stays.
-            !(idle && lease.available() == 0 && !super::near::is_held(lease))
+            // A lease someone holds (a store call in flight) stays, and so
+            // does one with reserved tokens still to come (expired ones
+            // were taken above): forgotten, they would be lost.
+            let forgettable = idle && lease.available() == 0 && !lease.has_reservation();
+            !forgettable || super::near::is_held(lease)
         });
         self.release_batch(to_release).await;
     }

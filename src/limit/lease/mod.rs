@@ -202,6 +202,11 @@ impl Lease {
         self.reserved.take_all()
     }
 
+    /// Reserved tokens not yet moved to the tokens at hand.
+    pub fn reserved(&self) -> u64 {
+        self.reserved.left()
+    }
+
     /// Whether the lease holds reserved tokens not all due yet: it asks
     /// the store for none meanwhile.
     #[inline]

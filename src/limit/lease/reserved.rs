@@ -96,6 +96,14 @@ impl Reserved {
         self.held.store(true, Ordering::Release);
     }
 
+    /// Tokens still reserved, due or not.
+    pub(super) fn left(&self) -> u64 {
+        if !self.is_held() {
+            return 0;
+        }
+        self.schedule.lock().recover().map_or(0, |s| s.total - s.moved)
+    }
+
     #[inline]
     pub(super) fn is_held(&self) -> bool {
         self.held.load(Ordering::Acquire)

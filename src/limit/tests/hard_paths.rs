@@ -547,3 +547,125 @@ async fn a_drained_hot_key_costs_the_store_its_refill_not_a_poll_per_instance() 
         "{two_calls} calls for 2, {ten_calls} for 10"
     );
 }
+
+/// One instance holds a reservation: refused from memory with the exact
+/// wait until each reserved token is due, admitted when it is, with no
+/// store call in between; the sweeper keeps the lease while tokens are
+/// still to come, and `/limits/state` shows them.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again() {
+    let (now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings {
+        sizing: Sizing {
+            min: 5,
+            max: 5,
+            fraction: 1.0,
+            ..Sizing::default()
+        },
+        ..test_settings()
+    };
+    let b = Limiter::new(store.clone(), settings, clock.clone());
+    // 10/s, burst 10: one token every 100 ms. Another instance took the
+    // burst.
+    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
+    let spec = limits[0].config.spec();
+    assert_eq!(
+        store
+            .memory()
+            .acquire_now(&key, &spec, 10, Unspent::default())
+            .unwrap()
+            .granted,
+        10
+    );
+    let calls = store.acquires.load(Ordering::SeqCst);
+    // `b` asks, and is queued for the next five tokens of the refill.
+    let v = one(&b, &limits, "k").await;
+    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.limits[0].retry_after_ms, 100);
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
+    let state = &b.key_states(&[&key])[0];
+    assert_eq!((state.tokens_reserved, state.blocked_for_ms), (5, 100));
+    // The sweeper keeps it, even idle.
+    b.sweep(0).await;
+    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 5);
+    // Each token when it is due, not a millisecond before; no store call.
+    now.fetch_add(99, Ordering::SeqCst);
+    assert_eq!(one(&b, &limits, "k").await.limits[0].retry_after_ms, 1);
+    now.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(one(&b, &limits, "k").await.refused, None);
+    let v = one(&b, &limits, "k").await;
+    assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 100));
+    now.fetch_add(400, Ordering::SeqCst);
+    for _ in 0..4 {
+        assert_eq!(one(&b, &limits, "k").await.refused, None);
+    }
+    // No call while tokens were reserved; once the last came due, the
+    // tokens at hand fell to the low watermark and a background refill
+    // queued for the next reservation (ahead of need, as any refill).
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 2);
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 10);
+    // So the next request is refused from memory until that one's first
+    // token, with no call of its own.
+    let v = one(&b, &limits, "k").await;
+    assert_eq!(v.refused, Some(0));
+    assert!(v.limits[0].retry_after_ms <= 100, "{}", v.limits[0].retry_after_ms);
+    assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 2);
+}
+
+/// Reserved tokens nobody came for go back a lease TTL after the last was
+/// due, and pay the bucket's debt off.
+#[tokio::test(start_paused = true)]
+async fn reserved_tokens_nobody_spends_go_back() {
+    let (now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings {
+        sizing: Sizing {
+            min: 5,
+            max: 5,
+            fraction: 1.0,
+            ttl_ms: 1_000,
+            ..Sizing::default()
+        },
+        ..test_settings()
+    };
+    let b = Limiter::new(store.clone(), settings, clock.clone());
+    // 1/s, burst 10, drained by another instance.
+    let limits = vec![limit("slow", "1/s", Some(10), Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
+    let spec = limits[0].config.spec();
+    assert_eq!(
+        store
+            .memory()
+            .acquire_now(&key, &spec, 10, Unspent::default())
+            .unwrap()
+            .granted,
+        10
+    );
+    assert_eq!(one(&b, &limits, "k").await.refused, Some(0));
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
+    // Due at 1, 2, 3, 4 and 5 s; nobody comes to `b`. Idle, unblocked and
+    // with nothing at hand, its lease is still kept while they are owed.
+    now.fetch_add(1_500, Ordering::SeqCst);
+    b.sweep(0).await;
+    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 5);
+    // A TTL after the last, at 6 s, they go back.
+    now.fetch_add(4_499, Ordering::SeqCst);
+    b.sweep(60_000).await;
+    assert_eq!(store.returned.load(Ordering::SeqCst), 0);
+    now.fetch_add(1, Ordering::SeqCst);
+    b.sweep(60_000).await;
+    tokio::task::yield_now().await;
+    assert_eq!(store.returned.load(Ordering::SeqCst), 5);
+    // The debt is paid: 6 s refilled 6 tokens, 5 of which were owed; with
+    // the 5 back, the bucket holds 6.
+    let g = store
+        .memory()
+        .acquire_now(&key, &spec, 100, Unspent::default())
+        .unwrap();
+    assert_eq!(g.granted, 6);
+}
