@@ -89,6 +89,7 @@ async fn key_state_reports_the_lease_block_and_untracked_keys() {
         "key",
         "tracked",
         "tokens_at_hand",
+        "tokens_reserved",
         "blocked_for_ms",
         "retry_after_ms",
         "store_remaining",

@@ -353,12 +353,16 @@ fn stages_config(redis: &Redis) -> Toml {
     }
     // Low rates: the stages are over their quota too, in Redis and in the
     // fallback bucket, so a refusal is what they meet, not only an error.
+    // Sliding windows: a drained token bucket would hand these keys a
+    // reservation, and a key holding one asks the store nothing until it
+    // is due (half a minute here), so it would never meet the outage.
+    let sliding = "algorithm = \"sliding_window\"\nby = [\"route\"]";
     toml.limit("watch", "2/min")
-        .with("by = [\"route\"]\nmode = \"shadow\"")
+        .with(&format!("{sliding}\nmode = \"shadow\""))
         .limit("gentle", "2/min")
-        .with("by = [\"route\"]\nmode = \"soft\"")
+        .with(&format!("{sliding}\nmode = \"soft\""))
         .limit("trial", "2/min")
-        .with("by = [\"route\"]\nmode = \"canary\"\ncanary_percent = 0")
+        .with(&format!("{sliding}\nmode = \"canary\"\ncanary_percent = 0"))
         .limit("strict", "100000/s")
         .with("by = [\"route\"]")
 }
