@@ -23,6 +23,7 @@
 pub mod blocked;
 mod fallback;
 pub mod fleet;
+mod forgotten;
 pub mod headers;
 pub mod key;
 pub mod keyed;
@@ -195,6 +196,8 @@ pub struct Limiter {
     clock: Clock,
     /// The live count of instances, from the store's heartbeats.
     fleet: fleet::Fleet,
+    /// Refused keys the sweeper forgot in their window (the status page).
+    forgotten: forgotten::Forgotten,
 }
 
 impl Limiter {
@@ -207,6 +210,7 @@ impl Limiter {
             settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
             fleet: fleet::Fleet::default(),
+            forgotten: forgotten::Forgotten::default(),
         })
     }
 

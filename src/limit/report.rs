@@ -150,6 +150,25 @@ impl Limiter {
                 most_limited.truncate(n);
             }
         });
+        // Keys refused in a window still open whose lease was forgotten
+        // since: they stay on the list for their window.
+        for (key, refusals) in self.forgotten.open(now) {
+            if n == 0 || most_limited.iter().any(|h| *h.key == *key) {
+                continue;
+            }
+            if most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals) {
+                let at = most_limited.partition_point(|h| h.refusals >= refusals);
+                most_limited.insert(
+                    at,
+                    HotKey {
+                        key: key.to_string(),
+                        admitted_per_sec: 0.0,
+                        refusals,
+                    },
+                );
+                most_limited.truncate(n);
+            }
+        }
         HotKeys {
             sampled,
             tracked: self.leases.len(),
@@ -274,5 +293,53 @@ mod tests {
             .windows(2)
             .all(|w| w[0].admitted_per_sec >= w[1].admitted_per_sec));
         assert_eq!(limiter.hot_keys(0).busiest.len(), 0);
+    }
+
+    /// The status page promises a refused key stays on the most-limited
+    /// list for its window (one period of its quota): past the sweeper,
+    /// which forgets an idle lease within seconds.
+    #[tokio::test]
+    async fn a_refused_key_stays_listed_for_its_window_after_its_lease_is_forgotten() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let now = Arc::new(AtomicU64::new(1_000_000));
+        let read = now.clone();
+        let clock: crate::clock::Clock = Arc::new(move || read.load(Ordering::SeqCst));
+        let settings = Settings {
+            sizing: Sizing::default(),
+            max_block_ms: 5_000,
+            max_keys: 100_000,
+            fleet_size: None,
+            deadline_ms: 1_000,
+        };
+        let store = Arc::new(MemoryStore::with_clock(10_000, clock.clone()));
+        let limiter = Limiter::new(store, settings, clock);
+        let limits = vec![Arc::new(LimitRuntime::new(
+            Arc::new(Limit::try_new(Draft::new("two", "2/min".parse().unwrap())).unwrap()),
+            "test",
+            &Metrics::new(),
+        ))];
+        let h = http::HeaderMap::new();
+        for _ in 0..5 {
+            limiter
+                .check(&limits, &[0], &facts("k", &h), StoreFailure::Allow)
+                .await
+                .committed();
+        }
+        let listed = |limiter: &Limiter| {
+            let hot = limiter.hot_keys(10);
+            hot.most_limited
+                .iter()
+                .map(|k| (k.key.clone(), k.refusals))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&limiter), [("rl:{two:k}".to_string(), 3)]);
+        // Idle for 10 s: the sweeper forgets the lease; the key stays.
+        now.fetch_add(10_000, Ordering::SeqCst);
+        limiter.sweep(6_000).await;
+        assert_eq!(limiter.tracked_keys(), 0);
+        assert_eq!(listed(&limiter), [("rl:{two:k}".to_string(), 3)]);
+        // Until its window (a minute from the first refusal) closes.
+        now.fetch_add(50_000, Ordering::SeqCst);
+        assert!(listed(&limiter).is_empty());
     }
 }

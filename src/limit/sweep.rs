@@ -95,6 +95,7 @@ impl Limiter {
     pub async fn sweep(&self, idle_ms: u64) {
         let now = self.now_ms();
         let mut to_release = Vec::new();
+        let mut refused = Vec::new();
         self.leases.retain(|lease| {
             let expired = lease.take_expired(now);
             if let Some(spec) = lease.spec() {
@@ -106,8 +107,20 @@ impl Limiter {
             // does one with reserved tokens still to come (expired ones
             // were taken above): forgotten, they would be lost.
             let forgettable = idle && lease.available() == 0 && !lease.has_reservation();
-            !forgettable || super::near::is_held(lease)
+            let kept = !forgettable || super::near::is_held(lease);
+            if !kept {
+                // Refused in a window still open: the status page keeps
+                // showing it for that window.
+                let period = lease.spec().map_or(60_000, |s| s.period_ms());
+                if let Some((refusals, until)) = lease.over_window(now, period) {
+                    refused.push((lease.shared_key(), refusals, until));
+                }
+            }
+            kept
         });
+        for (key, refusals, until) in refused {
+            self.forgotten.keep(key, refusals, until, now);
+        }
         self.release_batch(to_release).await;
     }
 

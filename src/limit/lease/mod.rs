@@ -306,6 +306,16 @@ impl Lease {
         self.over.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// The over-quota window still open at `now_ms` (`period_ms` long), if
+    /// any: its refusals and when it closes.
+    pub fn over_window(&self, now_ms: u64, period_ms: u64) -> Option<(u64, u64)> {
+        let refusals = self.refusals_in_window(now_ms, period_ms);
+        (refusals > 0).then(|| {
+            let since = self.over_since.load(Ordering::Relaxed);
+            (refusals, since.saturating_add(period_ms))
+        })
+    }
+
     /// Requests refused in the over-quota window that is still open at
     /// `now_ms` (`period_ms` long), without counting one: 0 once it closed.
     pub fn refusals_in_window(&self, now_ms: u64, period_ms: u64) -> u64 {
