@@ -25,6 +25,22 @@ pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
         .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);
 }
 
+/// Blocks `lease` after a refusal that sends the whole fleet's instances
+/// back at about the same time (a drained token bucket whose queue of
+/// reservations is full: they all wait for it to drain): the local block
+/// ends up to a quarter of the wait early (`jitter`, 0..=1 of that
+/// quarter), so their next asks spread out instead of landing together.
+/// Clients are still told the full wait.
+pub fn block_spread(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, jitter: f64) -> u64 {
+    let early = (retry_after_ms as f64 / 4.0 * jitter.clamp(0.0, 1.0)) as u64;
+    lease
+        .retry_at
+        .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
+    let until = until(now_ms, retry_after_ms - early, cap_ms);
+    lease.blocked_until.store(until, Ordering::Relaxed);
+    until - now_ms
+}
+
 /// Milliseconds until the store expects a token for a refused key (at
 /// least 1): what `Retry-After` says.
 pub fn retry_after(lease: &Lease, now_ms: u64) -> u64 {
@@ -61,5 +77,15 @@ mod tests {
         assert_eq!(retry_after(&lease, 1_000), 60_000);
         assert_eq!(retry_after(&lease, 70_000), 1);
         assert_eq!(until(0, 0, 5_000), 1);
+    }
+
+    #[test]
+    fn a_spread_block_ends_up_to_a_quarter_early_and_tells_the_full_wait() {
+        let lease = Lease::default();
+        assert_eq!(block_spread(&lease, 1_000, 800, 5_000, 0.0), 800);
+        assert_eq!(block_spread(&lease, 1_000, 800, 5_000, 1.0), 600);
+        assert_eq!(block_spread(&lease, 1_000, 800, 5_000, 0.5), 700);
+        assert_eq!(retry_after(&lease, 1_000), 800, "clients hear the whole wait");
+        assert_eq!(block_spread(&lease, 1_000, 80_000, 5_000, 1.0), 5_000, "capped");
     }
 }

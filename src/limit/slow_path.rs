@@ -172,6 +172,14 @@ impl Limiter {
                         self.release_later(r);
                     }
                 }
+            } else if queue_is_full(spec, &grant) {
+                blocked::block_spread(
+                    lease,
+                    now,
+                    grant.retry_after_ms,
+                    settings.max_block_ms,
+                    jitter(lease, now),
+                );
             } else {
                 blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
             }
@@ -235,6 +243,25 @@ impl Limiter {
             tokio::spawn(refill);
         }
     }
+}
+
+/// A token bucket asked to reserve that reserved nothing: its queue of
+/// reservations is full, and every instance refused so is told about the
+/// same wait (until the queue has drained past one token). Longer than two
+/// tokens' refill is how it shows: a plain empty bucket's wait is at most
+/// one.
+fn queue_is_full(spec: &Spec, grant: &Grant) -> bool {
+    spec.algorithm == crate::quota::Algorithm::TokenBucket
+        && grant.reserved == 0
+        && grant.retry_after_ms > 2 * crate::quota::token_bucket::reserved_ready_ms(spec, 1)
+}
+
+/// A number in 0..1, different on every instance and call: where in the
+/// spread a block ends.
+fn jitter(lease: &Lease, now_ms: u64) -> f64 {
+    use std::hash::BuildHasher;
+    let h = std::collections::hash_map::RandomState::new().hash_one((std::ptr::from_ref(lease) as usize, now_ms));
+    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// After a grant that drained the shared bucket: a request that finds

@@ -669,3 +669,56 @@ async fn reserved_tokens_nobody_spends_go_back() {
         .unwrap();
     assert_eq!(g.granted, 6);
 }
+
+/// Past the debt's bound (one burst or one period's count) nothing more is
+/// reserved: the instance is told when a token free of every reservation
+/// comes, exactly, and its local block ends up to a quarter of that early,
+/// at a different moment on every instance, so the instances waiting for
+/// the queue to drain do not all ask at once.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact_wait() {
+    let (_now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings {
+        sizing: Sizing {
+            min: 5,
+            max: 5,
+            fraction: 1.0,
+            ..Sizing::default()
+        },
+        ..test_settings()
+    };
+    // 10/s, burst 10 (a debt of 10 at most), drained by another instance.
+    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
+    let spec = limits[0].config.spec();
+    assert_eq!(
+        store
+            .memory()
+            .acquire_now(&key, &spec, 10, Unspent::default())
+            .unwrap()
+            .granted,
+        10
+    );
+    let fleet: Vec<_> = (0..6)
+        .map(|_| Limiter::new(store.clone(), settings, clock.clone()))
+        .collect();
+    // Two reservations of five fill the queue: due 100-500 and 600-1000 ms.
+    for (i, limiter) in fleet[..2].iter().enumerate() {
+        let v = one(limiter, &limits, "k").await;
+        assert_eq!(v.limits[0].retry_after_ms, 100 + 500 * i as u64);
+    }
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 10);
+    // The others: no room. A token free of the queue comes at 1.1 s.
+    let mut ends = std::collections::BTreeSet::new();
+    for limiter in &fleet[2..] {
+        let v = one(limiter, &limits, "k").await;
+        assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 1_100));
+        let blocked = limiter.key_states(&[&key])[0].blocked_for_ms;
+        assert!((825..=1_100).contains(&blocked), "{blocked}");
+        ends.insert(blocked);
+    }
+    assert!(ends.len() > 1, "every instance the same block: {ends:?}");
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 10);
+}
