@@ -18,5 +18,6 @@ else
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local live = redis.call('ZCARD', KEYS[1])
-if live > 0 then redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1000) * 2) end
+-- A member leaving does not shorten the set's life: the others renew it.
+if live > 0 and ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
 return {live, 0, 0, 0, 0}

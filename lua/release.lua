@@ -35,11 +35,15 @@ if algorithm == 0 then
   if units == nil or ts == nil then return {0, capacity, 0, 0, 0} end
   -- A clock that went back refills nothing and measures anew from now.
   if now > ts then units = units + (now - ts) * count end
+  -- A level below zero is owed to reservations (token_bucket.lua): what
+  -- comes back pays it off first. Never deeper than this quota allows.
+  local debt_max = math.max(0, math.min(math.max(capacity, count), idiv(9007199254740992, period) - capacity))
+  units = math.max(-debt_max * period, math.min(cap, units))
   units = math.min(cap, units + tokens * period)
   local reset = ceil_div(cap - units, count)
   redis.call('HSET', KEYS[1], 'tokens', units, 'ts', now)
   redis.call('PEXPIRE', KEYS[1], reset + 1000)
-  return {0, idiv(units, period), reset, 0, 0}
+  return {0, idiv(math.max(units, 0), period), reset, 0, 0}
 end
 
 local p = period

@@ -43,6 +43,9 @@ local function ceil_div(a, b) return idiv(a + b - 1, b) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 local cap = capacity * period
+-- The most tokens reservations may owe: one burst or one period's count,
+-- and no more than keeps every level within 2^53 units.
+local debt_max = math.max(0, math.min(math.max(capacity, count), idiv(9007199254740992, period) - capacity))
 
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local units, ts = tonumber(state[1]), tonumber(state[2])
@@ -57,7 +60,9 @@ else
   -- up with the old ts. Capped at the capacity in force, which a reload
   -- may have lowered.
   if now > ts then units = units + (now - ts) * count end
-  units = math.min(cap, units)
+  -- A debt deeper than this quota allows (a reload changed the limit)
+  -- is cut to what it allows, as a level above the capacity is.
+  units = math.max(-debt_max * period, math.min(cap, units))
 end
 ts = now
 if give_back > 0 then units = math.min(cap, units + give_back * period) end
@@ -69,8 +74,7 @@ local retry_after = 0
 if units < period then retry_after = ceil_div(period - units, count) end
 local reserved = 0
 if reserve == 1 and granted == 0 and want > 0 then
-  local debt = math.max(0, math.min(math.max(capacity, count), idiv(9007199254740992, period) - capacity))
-  local floor = -debt * period
+  local floor = -debt_max * period
   if units > floor then reserved = math.min(want, idiv(units - floor, period)) end
   units = units - reserved * period
 end

@@ -193,8 +193,13 @@ pub struct Leasing {
     pub ttl: Duration,
     /// Largest share of a bucket one lease may take.
     pub max_fraction: f64,
-    /// Longest local block after a refusal.
+    /// Longest local block after a refusal (a key holding reserved tokens
+    /// is blocked until they are due, however long).
     pub max_block: Duration,
+    /// Whether a drained token bucket reserves its refill to come for the
+    /// instance that asks (off only while a fleet still runs instances that
+    /// predate reservations).
+    pub reserve: bool,
 }
 
 pub use crate::events::Settings as Events;
@@ -282,6 +287,7 @@ impl Config {
                 ttl_ms: self.leasing.ttl.as_millis() as u64,
             },
             max_block_ms: self.leasing.max_block.as_millis() as u64,
+            reserve: self.leasing.reserve,
             max_keys: self.store.max_keys,
             fleet_size: self.store.fleet_size,
             deadline_ms: self.store.timeout.as_millis() as u64,

@@ -95,6 +95,7 @@ pub struct Leasing {
     pub ttl_ms: Option<Spanned<i64>>,
     pub max_fraction: Option<Spanned<f64>>,
     pub max_block_ms: Option<Spanned<i64>>,
+    pub reserve: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

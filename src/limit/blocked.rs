@@ -2,9 +2,11 @@
 //!
 //! When the store refuses a key, the key is blocked here until the store's
 //! retry time, capped so a long window cannot silence a key for long if the
-//! store's view changes (tokens released by other instances). While blocked,
-//! refusals cost no store call: a client hammering after its 429 is answered
-//! from memory.
+//! store's view changes (tokens released by other instances). A key holding
+//! tokens the store reserved for it is blocked until the next is due, with
+//! no cap: those are this instance's already, and asking sooner brings
+//! nothing. While blocked, refusals cost no store call: a client hammering
+//! after its 429 is answered from memory.
 
 use std::sync::atomic::Ordering;
 
@@ -28,15 +30,16 @@ pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
 /// Blocks `lease` after a refusal that sends the whole fleet's instances
 /// back at about the same time (a drained token bucket whose queue of
 /// reservations is full: they all wait for it to drain): the local block
-/// ends up to a quarter of the wait early (`jitter`, 0..=1 of that
-/// quarter), so their next asks spread out instead of landing together.
-/// Clients are still told the full wait.
+/// ends up to a quarter of the wait (capped at `cap_ms`) early (`jitter`,
+/// 0..=1 of that quarter), so their next asks spread out instead of
+/// landing together. Clients are still told the full wait.
 pub fn block_spread(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, jitter: f64) -> u64 {
-    let early = (retry_after_ms as f64 / 4.0 * jitter.clamp(0.0, 1.0)) as u64;
+    let wait = retry_after_ms.min(cap_ms);
+    let early = (wait as f64 / 4.0 * jitter.clamp(0.0, 1.0)) as u64;
     lease
         .retry_at
         .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
-    let until = until(now_ms, retry_after_ms - early, cap_ms);
+    let until = until(now_ms, wait - early, cap_ms);
     lease.blocked_until.store(until, Ordering::Relaxed);
     until - now_ms
 }
@@ -86,6 +89,11 @@ mod tests {
         assert_eq!(block_spread(&lease, 1_000, 800, 5_000, 1.0), 600);
         assert_eq!(block_spread(&lease, 1_000, 800, 5_000, 0.5), 700);
         assert_eq!(retry_after(&lease, 1_000), 800, "clients hear the whole wait");
-        assert_eq!(block_spread(&lease, 1_000, 80_000, 5_000, 1.0), 5_000, "capped");
+        assert_eq!(block_spread(&lease, 1_000, 80_000, 5_000, 0.0), 5_000, "capped");
+        assert_eq!(
+            block_spread(&lease, 1_000, 80_000, 5_000, 1.0),
+            3_750,
+            "spread within the cap"
+        );
     }
 }

@@ -163,8 +163,12 @@ pub fn store_key(limit: &Limit, facts: &Facts<'_>, shard: Option<u32>) -> String
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
     pub sizing: Sizing,
-    /// Longest local block after a refusal.
+    /// Longest local block after a refusal (not after a reservation: a key
+    /// holding reserved tokens is blocked until they are due).
     pub max_block_ms: u64,
+    /// `[leasing] reserve`: a drained token bucket reserves its refill to
+    /// come rather than answer nothing.
+    pub reserve: bool,
     /// Most keys with a local lease (`[store] max_keys`, per shard).
     pub max_keys: usize,
     /// `[store] fleet_size`, when set: the bound on the live count of the

@@ -34,7 +34,8 @@ pub struct KeyState {
     /// without asking the store.
     pub tokens_at_hand: u64,
     /// Tokens a drained token bucket reserved for this instance and not
-    /// due yet: spent here as they come due, with no store call.
+    /// moved to those at hand yet: spent here as they come due, with no
+    /// store call.
     pub tokens_reserved: u64,
     /// How long requests for the key are still refused from memory, after
     /// the store refused it (or until its next reserved token is due).
@@ -195,6 +196,7 @@ mod tests {
         let settings = Settings {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
+            reserve: true,
             max_keys: 100_000,
             fleet_size: None,
             deadline_ms: 1_000,
@@ -307,6 +309,7 @@ mod tests {
         let settings = Settings {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
+            reserve: true,
             max_keys: 100_000,
             fleet_size: None,
             deadline_ms: 1_000,

@@ -69,6 +69,14 @@ impl Limiter {
             if blocked::remaining(&lease, now).is_some() {
                 return Ok(None);
             }
+            // A reservation made under another quota (a reload changed the
+            // limit while its call was in flight) goes back, as the tokens
+            // at hand did.
+            if let Some(old) = lease.reserved_under().filter(|s| s != spec) {
+                if let Some(r) = Release::new(&lease, old, lease.take_reserved(), lease.window_ms()) {
+                    self.release_later(r);
+                }
+            }
             // Tokens the store reserved for this lease: those due are ours
             // to spend; until the next is, refused from memory, and the
             // store is not asked (it has queued us already).
@@ -147,7 +155,11 @@ impl Limiter {
         // A drained token bucket reserves tokens of its refill to come
         // rather than answer nothing: one call per reservation, not one
         // per token per instance.
-        let answer = self.store.acquire_or_reserve(lease.key(), spec, want, unspent).await;
+        let answer = if settings.reserve {
+            self.store.acquire_or_reserve(lease.key(), spec, want, unspent).await
+        } else {
+            self.store.acquire(lease.key(), spec, want, unspent).await
+        };
         slot.record(answer.as_ref().err());
         // Expired tokens that went with a failed call are not sent again: the
         // call may have landed, and tokens must never go back twice.

@@ -130,15 +130,20 @@ impl Limiter {
         if limits.is_empty() {
             return 0;
         }
-        self.release_where(|lease| {
-            let hit = limits.contains(limit_of(lease.key()));
-            if hit {
-                // A refusal under the old quota says nothing about the new one.
+        let hit = |lease: &Lease| limits.contains(limit_of(lease.key()));
+        let mut to_release = Vec::new();
+        self.leases.for_each(|lease| {
+            if hit(lease) {
+                // Tokens first, reserved ones included, then the block: a
+                // request in between must not find the old reservation and
+                // block on it again. A refusal under the old quota says
+                // nothing about the new one.
+                to_release.extend(Release::take_all(lease));
                 lease.blocked_until.store(0, Ordering::Relaxed);
+                lease.retry_at.store(0, Ordering::Relaxed);
             }
-            hit
-        })
-        .await
+        });
+        self.release_batch(to_release).await
     }
 
     /// Gives every unspent token back to the store (shutdown). Returns how

@@ -99,7 +99,7 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> S
 }
 
 /// The level at `now_ms`, refilled for the time elapsed (below zero while
-/// reservations are owed).
+/// reservations are owed, never below [`max_debt`]).
 ///
 /// A clock that went backwards (NTP stepping the wall clock, Redis `TIME`
 /// after a failover to a skewed replica) refills nothing, and the caller
@@ -113,9 +113,13 @@ pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> i64 {
         None => cap,
         Some(s) => {
             let elapsed = i64::try_from(now_ms.saturating_sub(s.at_ms)).unwrap_or(i64::MAX);
+            // A debt deeper than this quota allows (a reload changed the
+            // limit) is cut to what it allows, as a level above the
+            // capacity is.
+            let floor = -(max_debt(spec) as i64).saturating_mul(per_token(spec));
             s.units
                 .saturating_add(elapsed.saturating_mul(spec.count as i64))
-                .min(cap)
+                .clamp(floor, cap)
         }
     }
 }
@@ -227,6 +231,43 @@ mod tests {
         assert_eq!((g.granted, g.remaining, g.retry_after_ms), (4, 0, 2_000));
         assert_eq!(acquire(Some(st), &s, 11_999, 1).1.granted, 0);
         assert_eq!(acquire(Some(st), &s, 12_000, 1).1.granted, 1);
+    }
+
+    #[test]
+    fn a_debt_deeper_than_the_quota_allows_is_cut_to_it() {
+        // 10/s, burst 10: a debt of 10 at most (one burst).
+        let s = spec(10, 1_000, 10);
+        let deep = State {
+            units: -1_000_000,
+            at_ms: 0,
+        };
+        assert_eq!(level(Some(deep), &s, 0), -10_000);
+        let (_, g) = acquire(Some(deep), &s, 0, 1);
+        assert_eq!(g.retry_after_ms, 1_100, "the wait of a debt of ten, and one token");
+    }
+
+    proptest! {
+        /// Reservations go no deeper than `max_debt`: whatever is asked,
+        /// granted and reserved together stay within the capacity, the
+        /// refill so far and that one debt.
+        #[test]
+        fn reservations_never_owe_more_than_max_debt(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..1_000,
+            steps in prop::collection::vec((0u64..5_000, 0u64..50, any::<bool>()), 1..60),
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let (mut state, mut now, mut total) = (None, 0u64, 0u64);
+            for (dt, want, reserve) in steps {
+                now += dt;
+                let (st, g) = acquire_or_reserve(state, &s, now, want, reserve);
+                prop_assert!(g.granted + g.reserved <= want);
+                prop_assert!(g.granted == 0 || g.reserved == 0);
+                prop_assert!(st.units >= -(max_debt(&s) as i64) * period_ms as i64);
+                total += g.granted + g.reserved;
+                state = Some(st);
+            }
+            prop_assert!(total <= capacity + now * count / period_ms + max_debt(&s));
+        }
     }
 
     proptest! {

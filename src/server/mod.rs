@@ -352,7 +352,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         drop((http, https));
         tokio::spawn(sweep_leases(shared.runtime.clone()));
         let member = fleet_member(&config_instance_id);
-        tokio::spawn(heartbeat(shared.runtime.clone(), member));
+        let heartbeats = tokio::spawn(heartbeat(shared.runtime.clone(), member));
         let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));
         tokio::spawn(reloader.clone().watch());
         tracing::info!(workers, store = store_name, "leasegate ready");
@@ -390,6 +390,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             Ok(released) => tracing::info!(released_tokens = released, "stopped"),
             Err(_) => tracing::warn!("stopped before every leased token went back to the store"),
         }
+        // No heartbeat after leaving: it would count this instance again.
+        heartbeats.abort();
         let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.leave_fleet(member)).await;
         Ok(())
     })

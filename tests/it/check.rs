@@ -649,3 +649,18 @@ fn region_problems_name_their_line_and_key() {
         "unknown key",
     );
 }
+
+/// `[leasing] reserve` is a boolean, on unless set to false (a rolling
+/// upgrade from a version without reservations turns it off).
+#[test]
+fn leasing_reserve_is_a_boolean_on_by_default() {
+    let dir = TempDir::new();
+    let off = format!("{BASE}[leasing]\nreserve = false\n");
+    let path = dir.write("gateway.toml", &off);
+    let config = leasegate::config::parse(&path, &off).unwrap();
+    assert!(!config.limiter_settings().reserve);
+    let default = leasegate::config::parse(&path, BASE).unwrap();
+    assert!(default.limiter_settings().reserve);
+    let err = error(&format!("{BASE}[leasing]\nreserve = \"yes\"\n"));
+    assert!(err.contains("leasing.reserve"), "{err}");
+}

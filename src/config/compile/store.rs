@@ -230,5 +230,6 @@ pub(super) fn leasing(c: &mut Check, l: raw::Leasing) -> Leasing {
         ttl: Duration::from_millis(ttl),
         max_fraction,
         max_block: Duration::from_millis(max_block),
+        reserve: l.reserve.as_ref().is_none_or(|r| *r.get_ref()),
     }
 }

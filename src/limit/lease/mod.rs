@@ -65,7 +65,8 @@ pub struct Lease {
     pub(crate) touched: AtomicU64,
     /// The key's one store call at a time, and the line behind it.
     refill: Refill,
-    /// Tokens the store reserved for this lease, not due yet.
+    /// Tokens the store reserved for this lease, not moved to those at
+    /// hand yet.
     reserved: Reserved,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
@@ -202,13 +203,18 @@ impl Lease {
         self.reserved.take_all()
     }
 
-    /// Reserved tokens not yet moved to the tokens at hand.
+    /// Reserved tokens not yet moved to the tokens at hand (due or not).
     pub fn reserved(&self) -> u64 {
         self.reserved.left()
     }
 
-    /// Whether the lease holds reserved tokens not all due yet: it asks
-    /// the store for none meanwhile.
+    /// The quota a held reservation was made under.
+    pub fn reserved_under(&self) -> Option<crate::quota::Spec> {
+        self.reserved.spec()
+    }
+
+    /// Whether the lease holds reserved tokens not all moved to those at
+    /// hand yet: it asks the store for none meanwhile.
     #[inline]
     pub fn has_reservation(&self) -> bool {
         self.reserved.is_held()

@@ -142,21 +142,40 @@ impl Reserved {
         guard.take().map_or(0, |s| s.total - s.moved)
     }
 
-    /// Takes the tokens still reserved once the last was due a lease TTL
-    /// ago and nobody moved them: the store's again.
+    /// Takes the reserved tokens that came due a lease TTL ago or more and
+    /// that nobody moved: the store's again, like leased tokens unspent
+    /// for a TTL. (An instance whose clients stopped coming gives back its
+    /// reservation a token at a time, not at the end of the whole schedule.)
     pub(super) fn take_expired(&self, now_ms: u64) -> u64 {
         if !self.is_held() {
             return 0;
         }
         let mut guard = self.schedule.lock().recover();
-        match *guard {
-            Some(s) if s.due_at(s.total - 1).saturating_add(s.ttl_ms) <= now_ms => {
-                *guard = None;
-                self.held.store(false, Ordering::Release);
-                s.total - s.moved
-            }
-            _ => 0,
+        let Some(s) = guard.as_mut() else {
+            return 0;
+        };
+        let Some(cutoff) = now_ms.checked_sub(s.ttl_ms) else {
+            return 0;
+        };
+        let stale = s.due(cutoff);
+        if stale <= s.moved {
+            return 0;
         }
+        let taken = stale - s.moved;
+        s.moved = stale;
+        if s.moved == s.total {
+            *guard = None;
+            self.held.store(false, Ordering::Release);
+        }
+        taken
+    }
+
+    /// The quota the reservation was made under, if one is held.
+    pub(super) fn spec(&self) -> Option<Spec> {
+        if !self.is_held() {
+            return None;
+        }
+        self.schedule.lock().recover().map(|s| s.spec)
     }
 }
 
@@ -199,8 +218,11 @@ mod tests {
         let r = Reserved::default();
         r.hold(5, 1_000, spec(1, 100), 1_000); // due at 1000, 1100, ..., 1400
         assert_eq!(r.take_due(1_150), Due::Now(2));
-        assert_eq!(r.take_expired(2_399), 0);
-        assert_eq!(r.take_expired(2_400), 3);
+        // A token goes back a TTL after it was due, if nobody moved it.
+        assert_eq!(r.take_expired(2_199), 0);
+        assert_eq!(r.take_expired(2_200), 1);
+        assert_eq!(r.take_expired(2_399), 1);
+        assert_eq!(r.take_expired(2_400), 1);
         assert!(!r.is_held());
         r.hold(2, 5_000, spec(1, 100), 1_000);
         assert_eq!(r.take_all(), 2);

@@ -616,7 +616,7 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 2);
 }
 
-/// Reserved tokens nobody came for go back a lease TTL after the last was
+/// Reserved tokens nobody came for go back a lease TTL after each was
 /// due, and pay the bucket's debt off.
 #[tokio::test(start_paused = true)]
 async fn reserved_tokens_nobody_spends_go_back() {
@@ -653,11 +653,17 @@ async fn reserved_tokens_nobody_spends_go_back() {
     now.fetch_add(1_500, Ordering::SeqCst);
     b.sweep(0).await;
     assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 5);
-    // A TTL after the last, at 6 s, they go back.
-    now.fetch_add(4_499, Ordering::SeqCst);
+    // Each goes back a TTL after it was due: the first at 2 s, the last
+    // at 6 s.
+    now.fetch_add(499, Ordering::SeqCst);
     b.sweep(60_000).await;
     assert_eq!(store.returned.load(Ordering::SeqCst), 0);
     now.fetch_add(1, Ordering::SeqCst);
+    b.sweep(60_000).await;
+    tokio::task::yield_now().await;
+    assert_eq!(store.returned.load(Ordering::SeqCst), 1);
+    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 4);
+    now.fetch_add(4_000, Ordering::SeqCst);
     b.sweep(60_000).await;
     tokio::task::yield_now().await;
     assert_eq!(store.returned.load(Ordering::SeqCst), 5);
@@ -721,4 +727,33 @@ async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact
     }
     assert!(ends.len() > 1, "every instance the same block: {ends:?}");
     assert_eq!(store.reserved.load(Ordering::SeqCst), 10);
+}
+
+/// `[leasing] reserve = false`: a drained bucket answers nothing, as
+/// before reservations (a fleet mid-upgrade), and the key is blocked for
+/// the next token's wait.
+#[tokio::test(start_paused = true)]
+async fn with_reserve_off_a_drained_bucket_reserves_nothing() {
+    let (_now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings {
+        reserve: false,
+        ..test_settings()
+    };
+    let b = Limiter::new(store.clone(), settings, clock);
+    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
+    let h = http::HeaderMap::new();
+    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
+    let spec = limits[0].config.spec();
+    assert_eq!(
+        store
+            .memory()
+            .acquire_now(&key, &spec, 10, Unspent::default())
+            .unwrap()
+            .granted,
+        10
+    );
+    let v = one(&b, &limits, "k").await;
+    assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 100));
+    assert_eq!(store.reserved.load(Ordering::SeqCst), 0);
 }

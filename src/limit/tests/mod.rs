@@ -70,6 +70,7 @@ fn test_settings() -> Settings {
     Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
+        reserve: true,
         max_keys: 100_000,
         fleet_size: None,
         deadline_ms: 1_000,
