@@ -61,6 +61,7 @@ fn setup() -> Setup {
     let settings = Settings {
         sizing: Sizing::default(),
         max_block_ms: 5_000,
+        reserve: true,
         max_keys: 1_000_000,
         fleet_size: None,
         deadline_ms: 1_000,

@@ -58,6 +58,7 @@ fn limiter(store: Arc<dyn QuotaStore>) -> Arc<Limiter> {
             ..Sizing::default()
         },
         max_block_ms: 5_000,
+        reserve: true,
         max_keys: 1_000_000,
         fleet_size: None,
         deadline_ms: 1_000,
