@@ -213,7 +213,14 @@ fn explain(
         let states = if keys.is_empty() {
             Ok(Vec::new())
         } else {
-            leasegate::explain::admin::fetch_state(admin, &keys, std::time::Duration::from_secs(5))
+            // The gateway's own admin token, if its config has one.
+            let token = loaded
+                .listeners
+                .admin_token
+                .as_ref()
+                .and_then(|t| std::fs::read_to_string(&t.file).ok())
+                .map(|t| t.trim().to_string());
+            leasegate::explain::admin::fetch_state(admin, &keys, token.as_deref(), std::time::Duration::from_secs(5))
         };
         match states {
             Ok(states) => explained.attach_live(&admin.state_url(), states),

@@ -6,6 +6,7 @@
 //! check` and `leasegate run` run exactly this pipeline. A config either
 //! compiles whole or not at all.
 
+pub mod admin;
 mod compile;
 pub mod error;
 pub mod raw;
@@ -134,6 +135,9 @@ pub struct Listeners {
     pub http: Option<SocketAddr>,
     pub https: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    /// `[admin] token_file`: the admin listener's bearer token; `None`: no
+    /// authentication (then the listener must be on a loopback address).
+    pub admin_token: Option<admin::AdminToken>,
 }
 
 #[derive(Clone)]

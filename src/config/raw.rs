@@ -31,6 +31,13 @@ pub struct File {
     pub events: Option<Spanned<Events>>,
     pub rls: Option<Spanned<Rls>>,
     pub region: Option<Spanned<Region>>,
+    pub admin: Option<Spanned<Admin>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    pub token_file: Spanned<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

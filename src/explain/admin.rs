@@ -132,10 +132,11 @@ pub fn encode_query_value(v: &str) -> String {
 }
 
 /// The bytes of `GET /limits/state?key=K...` for `keys`.
-pub fn state_request(url: &AdminUrl, keys: &[&str]) -> String {
+pub fn state_request(url: &AdminUrl, keys: &[&str], bearer: Option<&str>) -> String {
     let query: Vec<String> = keys.iter().map(|k| format!("key={}", encode_query_value(k))).collect();
+    let authorization = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     format!(
-        "GET {}{STATE_PATH}?{} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: leasegate-explain/{}\r\nConnection: close\r\n\r\n",
+        "GET {}{STATE_PATH}?{} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: leasegate-explain/{}\r\n{authorization}Connection: close\r\n\r\n",
         url.base_path,
         query.join("&"),
         url.authority,
@@ -220,7 +221,14 @@ pub fn parse_state(body: &[u8]) -> Result<Vec<KeyState>, String> {
 
 /// Asks the admin listener at `url` for the state of `keys`, waiting at
 /// most `timeout` for each step (connect, write, every read).
-pub fn fetch_state(url: &AdminUrl, keys: &[&str], timeout: Duration) -> Result<Vec<KeyState>, AdminError> {
+/// `bearer`: the admin token to present (`[admin] token_file` of the
+/// config explain read), if any.
+pub fn fetch_state(
+    url: &AdminUrl,
+    keys: &[&str],
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<Vec<KeyState>, AdminError> {
     let shown = url.state_url();
     let unreachable = |reason: String| AdminError::Unreachable {
         url: format!("http://{}{}", url.authority, url.base_path),
@@ -246,7 +254,9 @@ pub fn fetch_state(url: &AdminUrl, keys: &[&str], timeout: Duration) -> Result<V
     let io = |e: std::io::Error| unreachable(e.to_string());
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    stream.write_all(state_request(url, keys).as_bytes()).map_err(io)?;
+    stream
+        .write_all(state_request(url, keys, bearer).as_bytes())
+        .map_err(io)?;
     let mut raw = Vec::new();
     stream.take(MAX_ANSWER as u64 + 1).read_to_end(&mut raw).map_err(io)?;
     if raw.len() > MAX_ANSWER {
@@ -271,10 +281,10 @@ pub fn fetch_state(url: &AdminUrl, keys: &[&str], timeout: Duration) -> Result<V
         return Err(AdminError::Status {
             url: shown,
             status: status.trim_start_matches(|c: char| c != ' ').trim().to_string(),
-            hint: if code == 404 {
-                " (is this a leasegate admin listener with /limits/state?)"
-            } else {
-                ""
+            hint: match code {
+                404 => " (is this a leasegate admin listener with /limits/state?)",
+                401 => " (the gateway wants its [admin] token_file's token: explain sends the one its --config names)",
+                _ => "",
             },
             body: excerpt(&body),
         });
@@ -339,6 +349,7 @@ mod tests {
         let req = state_request(
             &url,
             &["rl:{per_client:key:acme}", "rl:{per_subnet:198.51.100.0/24:s02}"],
+            None,
         );
         let mut lines = req.split("\r\n");
         assert_eq!(
@@ -350,8 +361,14 @@ mod tests {
         assert!(req.contains("\r\nHost: 127.0.0.1:9901\r\n"), "{req}");
         assert!(req.contains("\r\nConnection: close\r\n"), "{req}");
         assert!(req.ends_with("\r\n\r\n"), "{req}");
+        assert!(!req.contains("Authorization"), "{req}");
+        let with_token = state_request(&url, &["k"], Some("0123456789abcdef"));
+        assert!(
+            with_token.contains("\r\nAuthorization: Bearer 0123456789abcdef\r\n"),
+            "{with_token}"
+        );
         let behind = AdminUrl::parse("http://gw:80/admin/").unwrap();
-        assert!(state_request(&behind, &["k"]).starts_with("GET /admin/limits/state?key=k HTTP/1.1\r\n"));
+        assert!(state_request(&behind, &["k"], None).starts_with("GET /admin/limits/state?key=k HTTP/1.1\r\n"));
         // Spaces, percent signs and non-ASCII bytes are encoded too.
         assert_eq!(encode_query_value("a b%c/é"), "a%20b%25c%2F%C3%A9");
         assert_eq!(encode_query_value("Az09-._~"), "Az09-._~");

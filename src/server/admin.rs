@@ -2,7 +2,10 @@
 //! `/healthz`, `/readyz`, `/metrics`, `/config` and `/limits/state`.
 //!
 //! Everything here reads; nothing changes the runtime's state. It runs on
-//! the control runtime, never on a worker.
+//! the control runtime, never on a worker. With `[admin] token_file`,
+//! every path but `/healthz` and `/readyz` needs the bearer token (see
+//! [`crate::config::admin`]); without it, the config check keeps the
+//! listener on a loopback address.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -55,7 +58,30 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
     }
-    match req.uri().path() {
+    let path = req.uri().path();
+    // Health checks stay open (load balancers and orchestrators probe
+    // them); everything else shows the metrics, the config or the keys.
+    if !matches!(path, "/healthz" | "/readyz") {
+        if let Some(token) = &runtime.config().listeners.admin_token {
+            let presented = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            if !token.admits(presented) {
+                let mut resp = text(
+                    StatusCode::UNAUTHORIZED,
+                    "text/plain",
+                    "this admin path needs Authorization: Bearer <the token of [admin] token_file>\n".into(),
+                );
+                resp.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"leasegate admin\""),
+                );
+                return resp;
+            }
+        }
+    }
+    match path {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if runtime.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
         // A store outage does not fail readiness: every instance shares the

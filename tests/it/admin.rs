@@ -329,3 +329,97 @@ async fn the_status_page_in_chromium_shows_what_metrics_says_and_escapes_keys() 
         "a screenshot was taken"
     );
 }
+
+const TOKEN: &str = "3f8a1c0d9e7b6a5f4e3d2c1b0a998877";
+
+/// GET `path` on the admin listener with `authorization` (if any): the
+/// status, the `WWW-Authenticate` header and the body.
+async fn admin_as(gw: &Gateway, path: &str, authorization: Option<&str>) -> (u16, Option<String>, String) {
+    let mut c = client::http1(gw.admin()).await;
+    let mut req = Request::get(path).header("host", "admin");
+    if let Some(a) = authorization {
+        req = req.header("authorization", a);
+    }
+    let resp = client::send(&mut c, req.body(Full::new(Bytes::new())).unwrap()).await;
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_string());
+    let (status, _, body) = client::text(resp).await;
+    (status.as_u16(), challenge, body)
+}
+
+/// `[admin] token_file`: every admin path but the health checks needs
+/// the bearer token, compared whole; a reload reads the file again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_guards_every_path_but_the_health_checks() {
+    let text = Toml::new()
+        .respond("demo", "/", &[])
+        .table("admin", "token_file = \"admin.token\"")
+        .to_string();
+    let gw = Gateway::start_with(&text, &[("admin.token", &format!("{TOKEN}\n"))]);
+    let bearer = format!("Bearer {TOKEN}");
+    for path in ["/metrics", "/config", "/", "/limits/state?key=k"] {
+        let (status, challenge, body) = admin_as(&gw, path, None).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert_eq!(challenge.as_deref(), Some("Bearer realm=\"leasegate admin\""), "{path}");
+        assert!(!body.contains("leasegate_"), "{path}: {body}");
+        for wrong in ["Bearer 3f8a1c0d9e7b6a5f4e3d2c1b0a998878", "Basic abc", TOKEN, "Bearer "] {
+            assert_eq!(admin_as(&gw, path, Some(wrong)).await.0, 401, "{path} with {wrong:?}");
+        }
+        assert_eq!(admin_as(&gw, path, Some(&bearer)).await.0, 200, "{path} with the token");
+    }
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(admin_as(&gw, path, None).await.0, 200, "{path} stays open");
+    }
+    // A new token on disk, and a reload: the old one no longer opens.
+    let fresh = "a-brand-new-token-of-some-length";
+    std::fs::write(gw.dir.path().join("admin.token"), fresh).unwrap();
+    gw.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while admin_as(&gw, "/metrics", Some(&bearer)).await.0 != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reload never read the new token"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(admin_as(&gw, "/metrics", Some(&format!("Bearer {fresh}"))).await.0, 200);
+}
+
+/// Without `[admin]`, the admin listener may only listen on loopback:
+/// `check` says why, and what to do.
+#[test]
+fn an_admin_listener_off_loopback_needs_a_token() {
+    let open = "[listeners]\nhttp = \"127.0.0.1:0\"\nadmin = \"0.0.0.0:9901\"\n";
+    let (code, _, stderr, _dir) = support::check(open);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("gateway.toml:3: listeners.admin: 0.0.0.0:9901 is not a loopback address")
+            && stderr.contains("set [admin] token_file"),
+        "{stderr}"
+    );
+    // With a token file, it may; a short token is refused, and says how
+    // to make one.
+    let dir = support::TempDir::new();
+    dir.write("admin.token", TOKEN);
+    dir.write("short.token", "1234");
+    for (file, ok) in [("admin.token", true), ("short.token", false), ("missing.token", false)] {
+        let text = format!("{open}[admin]\ntoken_file = \"{file}\"\n");
+        let path = dir.write("gateway.toml", &text);
+        let parsed = leasegate::config::parse(&path, &text);
+        match (parsed, ok) {
+            (Ok(c), true) => assert!(c.listeners.admin_token.is_some()),
+            (Err(e), false) => assert!(e.to_string().contains("gateway.toml:5: admin.token_file:"), "{e}"),
+            (Ok(_), false) => panic!("{file} should be refused"),
+            (Err(e), true) => panic!("{file}: {e}"),
+        }
+    }
+    let text = format!("{open}[admin]\ntoken_file = \"short.token\"\n");
+    let path = dir.write("gateway.toml", &text);
+    let err = leasegate::config::parse(&path, &text).unwrap_err().to_string();
+    assert!(
+        err.contains("at least 16 characters") && err.contains("openssl rand -hex 32"),
+        "{err}"
+    );
+}

@@ -103,6 +103,8 @@ fn the_shipped_configs_are_valid() {
     for f in ["dev.crt", "dev.key"] {
         std::fs::copy(root.join("certs").join(f), dir.path().join("certs").join(f)).unwrap();
     }
+    // And the admin token next to it.
+    std::fs::copy(root.join("docker/admin.token"), dir.path().join("admin.token")).unwrap();
     let docker = std::fs::read_to_string(root.join("docker/gateway.toml")).unwrap();
     valid(&dir.write("gateway.toml", &docker));
 }

@@ -570,3 +570,30 @@ async fn admin_reads_a_running_gateways_key_state() {
     assert_eq!(live["blocked_for_ms"], 0);
     assert!(live["last_store_failure"].is_null());
 }
+
+/// A gateway whose admin listener wants a token: explain sends the one of
+/// the `[admin] token_file` its `--config` names; without it, the refusal
+/// says what the gateway wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_presents_the_configs_admin_token() {
+    let secrets = TempDir::new();
+    let token = secrets.write("admin.token", "0f1e2d3c4b5a69788796a5b4c3d2e1f0\n");
+    let text = format!("{}\n[admin]\ntoken_file = \"{}\"\n", config(""), token.display());
+    let gw = Gateway::start(&text);
+    let admin = format!("http://{}", gw.admin());
+    let args = [
+        "--admin",
+        admin.as_str(),
+        "--header",
+        "X-API-Key: test-key-1",
+        "GET",
+        "/v1/orders",
+    ];
+    let (code, out, err) = explain_with(&text, &args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("not tracked on this instance"), "{out}");
+    // The same request from a config without the token: refused, and told why.
+    let (code, _, err) = explain_with(&config(""), &args);
+    assert_eq!(code, 1);
+    assert!(err.contains("401") && err.contains("[admin] token_file"), "{err}");
+}

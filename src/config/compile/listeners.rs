@@ -11,6 +11,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use toml::Spanned;
 
 use super::{in_range, resolve, Check};
+use crate::config::admin::{AdminToken, MIN_TOKEN_LEN};
 use crate::config::{raw, Listeners, Tls};
 
 fn socket_addr(c: &mut Check, v: &Option<Spanned<String>>, key: &str) -> Option<SocketAddr> {
@@ -31,13 +32,33 @@ fn socket_addr(c: &mut Check, v: &Option<Spanned<String>>, key: &str) -> Option<
     }
 }
 
-pub(super) fn listeners(c: &mut Check, l: &Spanned<raw::Listeners>) -> Listeners {
+pub(super) fn listeners(
+    c: &mut Check,
+    l: &Spanned<raw::Listeners>,
+    admin: Option<&Spanned<raw::Admin>>,
+    base: &Path,
+) -> Listeners {
     let raw = l.get_ref();
     let out = Listeners {
         http: socket_addr(c, &raw.http, "listeners.http"),
         https: socket_addr(c, &raw.https, "listeners.https"),
         admin: socket_addr(c, &raw.admin, "listeners.admin"),
+        admin_token: admin.and_then(|a| admin_token(c, a, base)),
     };
+    // Without a token, anyone who reaches the admin listener reads the
+    // metrics, the config and the keys: only this host may.
+    if let (Some(addr), Some(v), None) = (out.admin, &raw.admin, &out.admin_token) {
+        if !addr.ip().is_loopback() {
+            c.at(
+                v.span(),
+                "listeners.admin",
+                format!(
+                    "{addr} is not a loopback address, and the admin listener has no authentication without \
+                     [admin] token_file: bind it to 127.0.0.1 (or [::1]), or set [admin] token_file"
+                ),
+            );
+        }
+    }
     if raw.http.is_none() && raw.https.is_none() {
         c.at(l.span(), "listeners", "set at least one of http or https");
     }
@@ -60,6 +81,40 @@ pub(super) fn listeners(c: &mut Check, l: &Spanned<raw::Listeners>) -> Listeners
         }
     }
     out
+}
+
+/// `[admin] token_file`: the token, read now (a reload reads it again),
+/// trimmed of surrounding whitespace, at least
+/// [`MIN_TOKEN_LEN`](crate::config::admin::MIN_TOKEN_LEN) characters.
+fn admin_token(c: &mut Check, a: &Spanned<raw::Admin>, base: &Path) -> Option<AdminToken> {
+    let v = &a.get_ref().token_file;
+    let path = resolve(base, v.get_ref());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            c.at(
+                v.span(),
+                "admin.token_file",
+                format!("cannot read {}: {e}", path.display()),
+            );
+            return None;
+        }
+    };
+    let token = text.trim();
+    if token.len() < MIN_TOKEN_LEN || token.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+        c.at(
+            v.span(),
+            "admin.token_file",
+            format!(
+                "{} must hold one token of at least {MIN_TOKEN_LEN} characters with no space in it \
+                 (e.g. `openssl rand -hex 32 > {}`)",
+                path.display(),
+                v.get_ref()
+            ),
+        );
+        return None;
+    }
+    Some(AdminToken::new(token, path))
 }
 
 pub(super) fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<Tls> {

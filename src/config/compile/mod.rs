@@ -65,7 +65,7 @@ pub(super) fn compile(
     };
 
     let gateway = gateway(&mut c, raw.gateway);
-    let listeners = listeners(&mut c, &raw.listeners);
+    let listeners = listeners(&mut c, &raw.listeners, raw.admin.as_ref(), base);
     let tls = match (&raw.tls, listeners.https) {
         (Some(t), _) => tls(&mut c, t, base),
         (None, Some(_)) => {
