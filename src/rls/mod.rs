@@ -34,6 +34,11 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 /// Most concurrent calls and streams on one connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 1_000;
 
+/// Largest gRPC message either service decodes (tonic's default is 4 MiB):
+/// a ShouldRateLimit within every cap of `should` is far smaller. A larger
+/// one is refused by tonic before it is decoded, `OUT_OF_RANGE`.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const RLQS_PREFIX: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 
@@ -77,8 +82,10 @@ impl RlsService {
     pub fn new(runtime: Arc<Runtime>) -> RlsService {
         RlsService {
             routes: Routes {
-                rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(runtime.clone())),
-                rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(runtime)),
+                rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(runtime.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(runtime))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
             },
         }
     }

@@ -27,6 +27,45 @@ use crate::quota::Algorithm;
 use crate::runtime::Runtime;
 use crate::telemetry::metrics::RlsLabels;
 
+/// Most descriptors one call may carry (envoyproxy/ratelimit has no cap;
+/// Envoy's own actions make a handful). Each is a decision, awaited one
+/// after another, so an unbounded list is unbounded work for one call.
+pub const MAX_DESCRIPTORS: usize = 64;
+
+/// Most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 16;
+
+/// Longest entry, key and value together, in bytes: entries become store
+/// keys.
+pub const MAX_ENTRY_BYTES: usize = 256;
+
+/// Why a call is refused before any rule is looked at: `None` when it is
+/// within every cap.
+fn over_a_cap(req: &RateLimitRequest) -> Option<Status> {
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Some(Status::invalid_argument(format!(
+            "{} descriptors in one call; at most {MAX_DESCRIPTORS}",
+            req.descriptors.len()
+        )));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Some(Status::invalid_argument(format!(
+                "descriptor {i} has {} entries; at most {MAX_ENTRIES}",
+                d.entries.len()
+            )));
+        }
+        if let Some(e) = d.entries.iter().find(|e| e.key.len() + e.value.len() > MAX_ENTRY_BYTES) {
+            return Some(Status::invalid_argument(format!(
+                "descriptor {i} has an entry of {} bytes (key {:?}...); at most {MAX_ENTRY_BYTES} for key and value together",
+                e.key.len() + e.value.len(),
+                e.key.chars().take(32).collect::<String>()
+            )));
+        }
+    }
+    None
+}
+
 /// The RLS v3 service over the runtime's limiter and config.
 pub struct ShouldRateLimit {
     runtime: Arc<Runtime>,
@@ -63,6 +102,9 @@ impl RateLimitService for ShouldRateLimit {
         if req.descriptors.is_empty() {
             return Err(Status::invalid_argument("rate limit descriptor list must not be empty"));
         }
+        if let Some(refused) = over_a_cap(&req) {
+            return Err(refused);
+        }
         let config = self.runtime.config();
         let rls = config.rls.as_ref();
         let domain = rls.and_then(|r| r.rules.domains.get(&req.domain));
@@ -90,8 +132,12 @@ impl RateLimitService for ShouldRateLimit {
                         Some(h) => h.value,
                         None => u64::from(req.hits_addend.max(1)),
                     };
-                    let decision = if limit.requests_per_unit == 0 {
-                        // Nothing is ever allowed: no store call to make.
+                    let spec = limit.spec().slice(share);
+                    let decision = if limit.requests_per_unit == 0 || hits > spec.capacity {
+                        // Nothing is ever allowed (no limit, or more hits
+                        // than the whole quota): no store call to make, and
+                        // nothing taken, so one absurd addend cannot drain
+                        // the key for everyone else.
                         Ok(KeyDecision {
                             admitted: hits == 0,
                             remaining: 0,
@@ -99,7 +145,7 @@ impl RateLimitService for ShouldRateLimit {
                             retry_after_ms: 0,
                         })
                     } else {
-                        limiter.check_key(key, &limit.spec().slice(share), hits).await
+                        limiter.check_key(key, &spec, hits).await
                     };
                     match decision {
                         Ok(dec) => {

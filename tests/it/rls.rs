@@ -547,3 +547,47 @@ async fn a_dead_store_answers_unavailable_or_ok_as_configured_within_the_deadlin
         );
     }
 }
+
+/// Bounded work per call: each cap answers INVALID_ARGUMENT (an oversized
+/// message, OUT_OF_RANGE from the decoder) and the service goes on; a
+/// `hits_addend` above the whole quota is OVER_LIMIT and takes nothing,
+/// so it cannot drain a key for every later caller.
+#[tokio::test]
+async fn caps_refuse_what_is_too_big_and_an_absurd_addend_takes_nothing() {
+    clear_of_the_hour();
+    let gw = memory_gateway();
+    let mut c = client(&gw).await;
+    let many = vec![descriptor(&[("weights", "w")]); 65];
+    let e = c.should_rate_limit(request("edge", many)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("at most 64"), "{e}");
+    let wide: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".to_string())).collect();
+    let wide: Vec<(&str, &str)> = wide.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let e = c
+        .should_rate_limit(request("edge", vec![descriptor(&wide)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let long = "x".repeat(300);
+    let e = c
+        .should_rate_limit(request("edge", vec![descriptor(&[("weights", long.as_str())])]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let huge = "y".repeat(70 * 1024);
+    let mut d = descriptor(&[("weights", "w")]);
+    d.entries[0].value = huge;
+    let e = c.should_rate_limit(request("edge", vec![d])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+    // 2^32 - 1 hits on a 10/hour descriptor: over, and nothing taken.
+    let mut absurd = request("edge", vec![descriptor(&[("weights", "drain")])]);
+    absurd.hits_addend = u32::MAX;
+    let r = c.should_rate_limit(absurd).await.unwrap().into_inner();
+    assert_eq!(code(&r), Over, "{r:?}");
+    let r = ask(&mut c, "edge", &[("weights", "drain")]).await;
+    assert_eq!(
+        (code(&r), r.statuses[0].limit_remaining),
+        (OK, 9),
+        "the quota is whole for the next caller: {r:?}"
+    );
+}
