@@ -67,8 +67,12 @@ impl Config {
         for lim in &self.limits {
             let _ = write!(
                 s,
-                "limit     {} {:?} {} burst {} ({:?})",
-                lim.name, lim.algorithm, lim.rate, lim.burst, lim.mode
+                "limit     {} {} {} burst {} ({})",
+                lim.name,
+                lim.algorithm.as_str(),
+                lim.rate,
+                lim.burst,
+                lim.mode.as_str()
             );
             if lim.shards > 1 {
                 let _ = write!(s, ", {} shards by {}", lim.shards, lim.shard_by.as_str());

@@ -82,7 +82,7 @@ fn the_base_config_is_valid_and_summarised() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("limit     per_client TokenBucket 100/min burst 100"),
+        stdout.contains("limit     per_client token_bucket 100/min burst 100"),
         "{stdout}"
     );
 }
@@ -445,7 +445,7 @@ fn shards_must_leave_every_sub_bucket_a_token() {
     ));
     assert!(
         stdout.contains(
-            "limit     per_client TokenBucket 100/min burst 100 (Enforce), 4 shards by identity, fallback 10/min"
+            "limit     per_client token_bucket 100/min burst 100 (enforce), 4 shards by identity, fallback 10/min"
         ),
         "{stdout}"
     );
