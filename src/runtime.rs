@@ -24,6 +24,7 @@ use crate::limit::key::Facts;
 use crate::limit::{LimitRuntime, Limiter, Settings};
 use crate::route::{Route, RouteTable};
 use crate::store::QuotaStore;
+use crate::sync::Recover;
 use crate::telemetry::metrics::{Metrics, RouteMetrics};
 
 /// One config, compiled for serving: the config and its limits ready for
@@ -55,6 +56,13 @@ impl Snapshot {
     }
 }
 
+/// A refused reload: when, and why (the config error's text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadFailure {
+    pub at: std::time::SystemTime,
+    pub why: String,
+}
+
 pub struct Runtime {
     snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
@@ -62,6 +70,10 @@ pub struct Runtime {
     /// `[events]`, when configured: swapped when a reload changes it.
     events: ArcSwapOption<Emitter>,
     draining: AtomicBool,
+    /// The last reload that was refused, while no reload has succeeded
+    /// since: what the status page and `/config` say, so a refused edit is
+    /// not mistaken for one in force.
+    reload_failure: std::sync::Mutex<Option<ReloadFailure>>,
     /// `[region] share` at start (the whole without `[region]`): `[region]`
     /// is bound at start (its link, its coordinator, the primary's grants),
     /// so a reload keeps every limit on this slice.
@@ -81,7 +93,18 @@ impl Runtime {
             limiter,
             events: ArcSwapOption::new(events),
             draining: AtomicBool::new(false),
+            reload_failure: std::sync::Mutex::new(None),
         }
+    }
+
+    /// A reload was refused (`None`: one succeeded, which clears it).
+    pub fn reload_failed(&self, failure: Option<ReloadFailure>) {
+        *self.reload_failure.lock().recover() = failure;
+    }
+
+    /// The last refused reload, if none succeeded since.
+    pub fn reload_failure(&self) -> Option<ReloadFailure> {
+        self.reload_failure.lock().recover().clone()
     }
 
     /// This region's slice of every quota (`[region] share` at start; the

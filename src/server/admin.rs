@@ -104,7 +104,17 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             runtime.metrics.encode(),
         ),
-        "/config" => json(StatusCode::OK, &config_json(&runtime.config(), runtime.limiter.fleet())),
+        "/config" => {
+            let mut body = config_json(&runtime.config(), runtime.limiter.fleet());
+            body["last_reload_failure"] = match runtime.reload_failure() {
+                Some(f) => serde_json::json!({
+                    "at": humantime::format_rfc3339_seconds(f.at).to_string(),
+                    "why": f.why,
+                }),
+                None => serde_json::Value::Null,
+            };
+            json(StatusCode::OK, &body)
+        }
         "/limits/state" => limits_state(req.uri().query(), runtime),
         "/" => {
             let page = super::status::page(runtime, req.uri().query());

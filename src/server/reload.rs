@@ -69,12 +69,17 @@ impl Reloader {
                 }
                 let sha = config.source.sha256_hex();
                 self.runtime.apply(config).await;
+                self.runtime.reload_failed(None);
                 tracing::info!(?trigger, sha256 = %sha, "config reloaded");
                 "ok"
             }
             Err(e) => {
                 self.remember(self.hash());
                 tracing::error!(?trigger, error = %e, "config reload failed: keeping the config in force");
+                self.runtime.reload_failed(Some(crate::runtime::ReloadFailure {
+                    at: std::time::SystemTime::now(),
+                    why: e.to_string(),
+                }));
                 "error"
             }
         };

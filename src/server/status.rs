@@ -227,6 +227,14 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
         config.source.sha256_hex(),
         escape(&config.source.path.display().to_string())
     );
+    if let Some(f) = runtime.reload_failure() {
+        let _ = writeln!(
+            h,
+            "<dt>last reload</dt><dd id=\"reload-failed\" class=\"bad\">failed at {}, the config above stays in force: {}</dd>",
+            humantime::format_rfc3339_seconds(f.at),
+            escape(&f.why)
+        );
+    }
     let _ = writeln!(h, "<dt>store</dt><dd id=\"store\">{}</dd>", escape(&store));
     let (class, state) = if circuit_open {
         (

@@ -66,6 +66,17 @@ async fn a_changed_limit_applies_and_broken_files_never_do() {
     .await;
     assert_eq!(sha(&gw).await, first, "a broken file is never applied");
     assert_eq!(status(&mut c).await, 429, "the old limit still holds");
+    // The refusal shows where the sha does: /config and the status page
+    // say the last reload failed, when and why, until one succeeds.
+    let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+    let failure = &v["last_reload_failure"];
+    assert!(failure["why"].as_str().unwrap().contains("limits[0].rate"), "{v}");
+    assert!(failure["at"].as_str().unwrap().ends_with('Z'), "{v}");
+    let page = gw.admin_get("/").await;
+    assert!(
+        page.contains("id=\"reload-failed\"") && page.contains("limits[0].rate"),
+        "{page}"
+    );
     assert!(
         gw.log().contains("limits[0].rate"),
         "the log names the key: {}",
@@ -78,6 +89,9 @@ async fn a_changed_limit_applies_and_broken_files_never_do() {
     wait_for("the new limit", async || status(&mut c).await == 200).await;
     let m = gw.admin_get("/metrics").await;
     assert!(m.contains(r#"leasegate_config_reloads_total{result="ok"} 1"#), "{m}");
+    let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+    assert!(v["last_reload_failure"].is_null(), "a good reload clears it: {v}");
+    assert!(!gw.admin_get("/").await.contains("reload-failed"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
