@@ -144,6 +144,8 @@ pub struct Listeners {
 pub struct Tls {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// [`tls_files_digest`] of the files as read.
+    pub files_sha256: [u8; 32],
     pub server_config: Arc<rustls::ServerConfig>,
     /// A client must deliver its whole ClientHello within this time.
     pub client_hello_timeout: Duration,
@@ -247,6 +249,38 @@ pub fn inputs_digest(toml: &[u8; 32], rls: Option<&[u8; 32]>) -> [u8; 32] {
     }
 }
 
+/// [`inputs_digest`] with the `[tls]` certificate and key files' digest
+/// ([`tls_files_digest`]) when there is a `[tls]`.
+pub fn inputs_digest_with_tls(toml: &[u8; 32], rls: Option<&[u8; 32]>, tls: Option<&[u8; 32]>) -> [u8; 32] {
+    let base = inputs_digest(toml, rls);
+    match tls {
+        None => base,
+        Some(t) => {
+            let mut d = Sha256::new();
+            d.update(base);
+            d.update(b"tls");
+            d.update(t);
+            d.finalize().into()
+        }
+    }
+}
+
+/// SHA-256 of a certificate file's bytes then a key file's (zeros for one
+/// that cannot be read: unlike any digest in force, so a reload runs and
+/// reports it).
+pub fn tls_files_digest(cert: &Path, key: &Path) -> [u8; 32] {
+    match (std::fs::read(cert), std::fs::read(key)) {
+        (Ok(c), Ok(k)) => {
+            let mut d = Sha256::new();
+            d.update((c.len() as u64).to_le_bytes());
+            d.update(&c);
+            d.update(&k);
+            d.finalize().into()
+        }
+        _ => [0; 32],
+    }
+}
+
 /// Reads, parses and compiles a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
@@ -299,12 +333,14 @@ impl Config {
     }
 
     /// SHA-256 of everything this config was read from: gateway.toml's
-    /// bytes, and the `[rls]` YAML files' when there are any. A reload
-    /// compares it with the files on disk.
+    /// bytes, the `[rls]` YAML files' when there are any, and the `[tls]`
+    /// certificate and key. A reload compares it with the files on disk,
+    /// so a certificate replaced on disk is reloaded like an edit.
     pub fn inputs_sha256(&self) -> [u8; 32] {
-        match &self.rls {
-            None => self.source.sha256,
-            Some(r) => inputs_digest(&self.source.sha256, Some(&r.rules.digest)),
-        }
+        inputs_digest_with_tls(
+            &self.source.sha256,
+            self.rls.as_ref().map(|r| &r.rules.digest),
+            self.tls.as_ref().map(|t| &t.files_sha256),
+        )
     }
 }

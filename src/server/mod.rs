@@ -70,7 +70,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, StoreBackend};
 use crate::gateway::Gateway;
@@ -244,7 +243,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         .map(|r| bind("region link", r.link))
         .transpose()?;
     let tls = match (&config.tls, &https) {
-        (Some(t), Some(_)) => Some((t.clone(), TlsAcceptor::from(t.server_config.clone()))),
+        (Some(t), Some(_)) => Some(t.clone()),
         (None, Some(_)) => return Err(ServeError::NoTls),
         _ => None,
     };

@@ -125,11 +125,28 @@ impl Reloader {
         let inode = std::os::unix::fs::MetadataExt::ino(&m);
         #[cfg(not(unix))]
         let inode = 0;
-        let rls = self
+        let mut files = self
             .rls_path()
             .map(|p| crate::config::rls::fingerprint_of(&p))
             .unwrap_or_default();
-        Some(((m.modified().ok()?, m.len(), inode), rls))
+        // The certificate and key in force: replaced on disk, they are
+        // reloaded like an edit.
+        if let Some(t) = &self.runtime.config().tls {
+            for path in [&t.cert, &t.key] {
+                let (modified, len, inode) = match std::fs::metadata(path) {
+                    Ok(m) => {
+                        #[cfg(unix)]
+                        let inode = std::os::unix::fs::MetadataExt::ino(&m);
+                        #[cfg(not(unix))]
+                        let inode = 0;
+                        (m.modified().ok(), m.len(), inode)
+                    }
+                    Err(_) => (None, 0, 0),
+                };
+                files.push((path.clone(), modified, len, inode));
+            }
+        }
+        Some(((m.modified().ok()?, m.len(), inode), files))
     }
 
     /// The digest a load of the files on disk would record
@@ -142,7 +159,13 @@ impl Reloader {
         let rls = self
             .rls_path()
             .map(|p| crate::config::rls::digest_of(&p).unwrap_or_default());
-        Some(crate::config::inputs_digest(&toml, rls.as_ref()))
+        let tls = self
+            .runtime
+            .config()
+            .tls
+            .as_ref()
+            .map(|t| crate::config::tls_files_digest(&t.cert, &t.key));
+        Some(crate::config::inputs_digest_with_tls(&toml, rls.as_ref(), tls.as_ref()))
     }
 
     /// The `[rls] config` the file on disk names (resolved as a load
@@ -188,11 +211,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         o.http != n.http || o.https != n.https || o.admin != n.admin,
         "listener addresses changed: they apply after a restart",
     );
-    let cert = |c: &Config| c.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone()));
-    warn(
-        cert(old) != cert(new),
-        "[tls] changed: certificates apply after a restart",
-    );
+    // Certificates apply at a reload, to new handshakes (a new https
+    // listener is the listeners' warning above).
     let g = |c: &Config| {
         (
             c.gateway.workers,

@@ -36,7 +36,9 @@ pub(super) struct Shared {
     pub(super) connections: Arc<Semaphore>,
     /// `max_connections_per_ip`, bound at start like `max_connections`.
     pub(super) per_ip: Arc<door::PerIp>,
-    pub(super) tls: Option<(crate::config::Tls, TlsAcceptor)>,
+    /// `[tls]` as started (the ClientHello deadline is bound at start);
+    /// each handshake takes the certificate of the config in force.
+    pub(super) tls: Option<crate::config::Tls>,
 }
 
 pub(super) struct Listeners {
@@ -237,10 +239,20 @@ impl Connection {
             let conn = ConnInfo::new(peer, None, Some(self.held.clone())).with_idle_timeout(builders.idle);
             let io = Opening::new(stream, builders.opening);
             self.http(&builders.sniff, TokioIo::new(io), conn).await;
-        } else if let Some((settings, acceptor)) = &self.shared.tls {
+        } else if let Some(settings) = &self.shared.tls {
+            // The certificate in force now: one a reload read from disk is
+            // served from the next handshake on.
+            let current = self
+                .shared
+                .runtime
+                .config()
+                .tls
+                .as_ref()
+                .map_or_else(|| settings.server_config.clone(), |t| t.server_config.clone());
+            let acceptor = TlsAcceptor::from(current);
             let mut stop = self.stop.clone();
             let accepted = tokio::select! {
-                accepted = tls::accept(stream, settings, acceptor) => accepted,
+                accepted = tls::accept(stream, settings, &acceptor) => accepted,
                 _ = stopped(&mut stop) => return,
             };
             match accepted {

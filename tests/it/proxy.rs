@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{self, client, upstream, Gateway};
+use crate::support::{self, client, upstream, Gateway, Toml};
 
 fn config(targets: &[String], extra_routes: &str) -> String {
     let targets: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
@@ -710,4 +710,65 @@ async fn silent_and_half_preface_clients_lose_their_slot() {
         let (status, _, _) = client::text(client::send(c, client::get("/direct")).await).await;
         assert_eq!(status, 201);
     }
+}
+
+/// A certificate replaced on disk is served to the next handshake, with
+/// no restart; a bad one is refused like any invalid edit, keeping the
+/// pair in force and saying so on `/config`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_swapped_on_disk_is_served_to_the_next_handshake() {
+    let text = Toml::new()
+        .listeners("https = \"127.0.0.1:0\"")
+        .table("tls", "cert = \"{cert}\"\nkey = \"{key}\"")
+        .respond("hello", "/", &[])
+        .to_string();
+    let gw = Gateway::start(&text);
+    let first = gw.cert.as_ref().unwrap().cert_pem.clone();
+    let leaf = |s: &client::TlsStream| s.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let before = leaf(&client::tls(gw.https(), &first, &[b"http/1.1"]).await);
+
+    // A renewal: a new pair written over the old files.
+    let renewed = support::TestCert::new();
+    std::fs::write(gw.dir.path().join("key.pem"), &renewed.key_pem).unwrap();
+    std::fs::write(gw.dir.path().join("cert.pem"), &renewed.cert_pem).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        // Trusting both: whichever the gateway serves, the handshake ends.
+        let both = format!("{first}{}", renewed.cert_pem);
+        let served = leaf(&client::tls(gw.https(), &both, &[b"http/1.1"]).await);
+        if served != before {
+            break served;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    use rustls_pki_types::pem::PemObject;
+    let renewed_der = rustls_pki_types::CertificateDer::pem_slice_iter(renewed.cert_pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(after, renewed_der.to_vec());
+
+    // A broken certificate: refused, the renewed one stays.
+    std::fs::write(gw.dir.path().join("cert.pem"), "not a certificate").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+        if v["last_reload_failure"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("tls.cert"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bad certificate was never refused: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let served = leaf(&client::tls(gw.https(), &renewed.cert_pem, &[b"http/1.1"]).await);
+    assert_eq!(served, renewed_der.to_vec(), "the last good pair stays in force");
 }

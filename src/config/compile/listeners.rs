@@ -165,6 +165,7 @@ pub(super) fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<T
         Ok(mut sc) => {
             sc.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
             Some(Tls {
+                files_sha256: crate::config::tls_files_digest(&cert, &key),
                 cert,
                 key,
                 server_config: Arc::new(sc),
