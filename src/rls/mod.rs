@@ -34,10 +34,14 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 /// Most concurrent calls and streams on one connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 1_000;
 
-/// Largest gRPC message either service decodes (tonic's default is 4 MiB):
-/// a ShouldRateLimit within every cap of `should` is far smaller. A larger
-/// one is refused by tonic before it is decoded, `OUT_OF_RANGE`.
+/// Largest ShouldRateLimit message decoded (tonic's default is 4 MiB): one
+/// within every cap of `should` is far smaller. A larger one is refused by
+/// tonic before it is decoded, `OUT_OF_RANGE`.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Largest RLQS usage report decoded: one report may carry a stream's
+/// whole set of buckets (up to 10 000, a few dozen bytes each).
+pub const MAX_REPORT_BYTES: usize = 1024 * 1024;
 
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const RLQS_PREFIX: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
@@ -85,7 +89,7 @@ impl RlsService {
                 rls: RateLimitServiceServer::new(should::ShouldRateLimit::new(runtime.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_BYTES),
                 rlqs: RateLimitQuotaServiceServer::new(quota::QuotaService::new(runtime))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                    .max_decoding_message_size(MAX_REPORT_BYTES),
             },
         }
     }
