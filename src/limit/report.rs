@@ -192,16 +192,19 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::telemetry::metrics::Metrics;
 
-    fn limiter() -> Arc<Limiter> {
-        let settings = Settings {
+    fn settings() -> Settings {
+        Settings {
             sizing: Sizing::default(),
             max_block_ms: 5_000,
             reserve: true,
             max_keys: 100_000,
             fleet_size: None,
             deadline_ms: 1_000,
-        };
-        Limiter::new(Arc::new(MemoryStore::new(10_000)), settings, monotonic_clock())
+        }
+    }
+
+    fn limiter() -> Arc<Limiter> {
+        Limiter::new(Arc::new(MemoryStore::new(10_000)), settings(), monotonic_clock())
     }
 
     fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
@@ -306,16 +309,8 @@ mod tests {
         let now = Arc::new(AtomicU64::new(1_000_000));
         let read = now.clone();
         let clock: crate::clock::Clock = Arc::new(move || read.load(Ordering::SeqCst));
-        let settings = Settings {
-            sizing: Sizing::default(),
-            max_block_ms: 5_000,
-            reserve: true,
-            max_keys: 100_000,
-            fleet_size: None,
-            deadline_ms: 1_000,
-        };
         let store = Arc::new(MemoryStore::with_clock(10_000, clock.clone()));
-        let limiter = Limiter::new(store, settings, clock);
+        let limiter = Limiter::new(store, settings(), clock);
         let limits = vec![Arc::new(LimitRuntime::new(
             Arc::new(Limit::try_new(Draft::new("two", "2/min".parse().unwrap())).unwrap()),
             "test",

@@ -287,6 +287,35 @@ impl RegionStore for Deadlined {
     }
 }
 
+impl Guarded {
+    /// An acquire (or, with `reserve`, an acquire that may reserve) under
+    /// the guard; the tokens leased, reserved ones included, go to the
+    /// lease-size histogram.
+    fn acquire_guarded<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+        reserve: bool,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        let core = &self.core;
+        Box::pin(async move {
+            let grant = core
+                .guard(Op::Acquire, move || match reserve {
+                    true => core.inner.acquire_or_reserve(key, spec, want, unspent),
+                    false => core.inner.acquire(key, spec, want, unspent),
+                })
+                .await?;
+            let leased = grant.granted + grant.reserved;
+            if leased > 0 {
+                core.metrics.lease_tokens.observe(leased as f64);
+            }
+            Ok(grant)
+        })
+    }
+}
+
 impl QuotaStore for Guarded {
     fn acquire<'a>(
         &'a self,
@@ -295,16 +324,7 @@ impl QuotaStore for Guarded {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let core = &self.core;
-        Box::pin(async move {
-            let grant = core
-                .guard(Op::Acquire, move || core.inner.acquire(key, spec, want, unspent))
-                .await?;
-            if grant.granted > 0 {
-                core.metrics.lease_tokens.observe(grant.granted as f64);
-            }
-            Ok(grant)
-        })
+        self.acquire_guarded(key, spec, want, unspent, false)
     }
 
     fn acquire_or_reserve<'a>(
@@ -314,19 +334,7 @@ impl QuotaStore for Guarded {
         want: u64,
         unspent: Unspent,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let core = &self.core;
-        Box::pin(async move {
-            let grant = core
-                .guard(Op::Acquire, move || {
-                    core.inner.acquire_or_reserve(key, spec, want, unspent)
-                })
-                .await?;
-            let leased = grant.granted + grant.reserved;
-            if leased > 0 {
-                core.metrics.lease_tokens.observe(leased as f64);
-            }
-            Ok(grant)
-        })
+        self.acquire_guarded(key, spec, want, unspent, true)
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

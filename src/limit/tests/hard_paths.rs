@@ -548,12 +548,19 @@ async fn a_drained_hot_key_costs_the_store_its_refill_not_a_poll_per_instance() 
     );
 }
 
-/// One instance holds a reservation: refused from memory with the exact
-/// wait until each reserved token is due, admitted when it is, with no
-/// store call in between; the sweeper keeps the lease while tokens are
-/// still to come, and `/limits/state` shows them.
-#[tokio::test(start_paused = true)]
-async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again() {
+/// A bucket another instance drained: the manual clock, the counting
+/// store, the limit (`rate`, `burst`), its key for identity `k` and its
+/// quota, and settings with leases of exactly five (reserve as given).
+struct Drained {
+    now: Arc<AtomicU64>,
+    clock: Clock,
+    store: Arc<Scripted>,
+    limits: Vec<Arc<LimitRuntime>>,
+    key: String,
+    settings: Settings,
+}
+
+fn drained(rate: &str, burst: u64, reserve: bool) -> Drained {
     let (now, clock) = manual_clock(T0);
     let store = Arc::new(Scripted::with_clock(clock.clone()));
     let settings = Settings {
@@ -561,25 +568,54 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
             min: 5,
             max: 5,
             fraction: 1.0,
+            ttl_ms: 1_000,
             ..Sizing::default()
         },
+        reserve,
         ..test_settings()
     };
-    let b = Limiter::new(store.clone(), settings, clock.clone());
-    // 10/s, burst 10: one token every 100 ms. Another instance took the
-    // burst.
-    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
+    let limits = vec![limit("hot", rate, Some(burst), Mode::Enforce)];
     let h = http::HeaderMap::new();
     let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
     let spec = limits[0].config.spec();
-    assert_eq!(
-        store
-            .memory()
-            .acquire_now(&key, &spec, 10, Unspent::default())
-            .unwrap()
-            .granted,
-        10
-    );
+    let taken = store
+        .memory()
+        .acquire_now(&key, &spec, burst, Unspent::default())
+        .unwrap();
+    assert_eq!(taken.granted, burst);
+    Drained {
+        now,
+        clock,
+        store,
+        limits,
+        key,
+        settings,
+    }
+}
+
+impl Drained {
+    fn instance(&self) -> Arc<Limiter> {
+        Limiter::new(self.store.clone(), self.settings, self.clock.clone())
+    }
+}
+
+/// One instance holds a reservation: refused from memory with the exact
+/// wait until each reserved token is due, admitted when it is, with no
+/// store call in between; the sweeper keeps the lease while tokens are
+/// still to come, and `/limits/state` shows them.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again() {
+    // 10/s, burst 10: one token every 100 ms. Another instance took the
+    // burst.
+    let d = drained("10/s", 10, true);
+    let b = d.instance();
+    let Drained {
+        now,
+        store,
+        limits,
+        key,
+        ..
+    } = d;
     let calls = store.acquires.load(Ordering::SeqCst);
     // `b` asks, and is queued for the next five tokens of the refill.
     let v = one(&b, &limits, "k").await;
@@ -620,32 +656,17 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
 /// due, and pay the bucket's debt off.
 #[tokio::test(start_paused = true)]
 async fn reserved_tokens_nobody_spends_go_back() {
-    let (now, clock) = manual_clock(T0);
-    let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let settings = Settings {
-        sizing: Sizing {
-            min: 5,
-            max: 5,
-            fraction: 1.0,
-            ttl_ms: 1_000,
-            ..Sizing::default()
-        },
-        ..test_settings()
-    };
-    let b = Limiter::new(store.clone(), settings, clock.clone());
     // 1/s, burst 10, drained by another instance.
-    let limits = vec![limit("slow", "1/s", Some(10), Mode::Enforce)];
-    let h = http::HeaderMap::new();
-    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
+    let d = drained("1/s", 10, true);
+    let b = d.instance();
+    let Drained {
+        now,
+        store,
+        limits,
+        key,
+        ..
+    } = d;
     let spec = limits[0].config.spec();
-    assert_eq!(
-        store
-            .memory()
-            .acquire_now(&key, &spec, 10, Unspent::default())
-            .unwrap()
-            .granted,
-        10
-    );
     assert_eq!(one(&b, &limits, "k").await.refused, Some(0));
     assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
     // Due at 1, 2, 3, 4 and 5 s; nobody comes to `b`. Idle, unblocked and
@@ -683,33 +704,10 @@ async fn reserved_tokens_nobody_spends_go_back() {
 /// the queue to drain do not all ask at once.
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact_wait() {
-    let (_now, clock) = manual_clock(T0);
-    let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let settings = Settings {
-        sizing: Sizing {
-            min: 5,
-            max: 5,
-            fraction: 1.0,
-            ..Sizing::default()
-        },
-        ..test_settings()
-    };
     // 10/s, burst 10 (a debt of 10 at most), drained by another instance.
-    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
-    let h = http::HeaderMap::new();
-    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
-    let spec = limits[0].config.spec();
-    assert_eq!(
-        store
-            .memory()
-            .acquire_now(&key, &spec, 10, Unspent::default())
-            .unwrap()
-            .granted,
-        10
-    );
-    let fleet: Vec<_> = (0..6)
-        .map(|_| Limiter::new(store.clone(), settings, clock.clone()))
-        .collect();
+    let d = drained("10/s", 10, true);
+    let fleet: Vec<_> = (0..6).map(|_| d.instance()).collect();
+    let Drained { store, limits, key, .. } = d;
     // Two reservations of five fill the queue: due 100-500 and 600-1000 ms.
     for (i, limiter) in fleet[..2].iter().enumerate() {
         let v = one(limiter, &limits, "k").await;
@@ -734,25 +732,9 @@ async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact
 /// the next token's wait.
 #[tokio::test(start_paused = true)]
 async fn with_reserve_off_a_drained_bucket_reserves_nothing() {
-    let (_now, clock) = manual_clock(T0);
-    let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let settings = Settings {
-        reserve: false,
-        ..test_settings()
-    };
-    let b = Limiter::new(store.clone(), settings, clock);
-    let limits = vec![limit("hot", "10/s", Some(10), Mode::Enforce)];
-    let h = http::HeaderMap::new();
-    let key = crate::limit::store_key(&limits[0].config, &facts("k", &h), None);
-    let spec = limits[0].config.spec();
-    assert_eq!(
-        store
-            .memory()
-            .acquire_now(&key, &spec, 10, Unspent::default())
-            .unwrap()
-            .granted,
-        10
-    );
+    let d = drained("10/s", 10, false);
+    let b = d.instance();
+    let Drained { store, limits, .. } = d;
     let v = one(&b, &limits, "k").await;
     assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 100));
     assert_eq!(store.reserved.load(Ordering::SeqCst), 0);
