@@ -242,6 +242,7 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
         "limits": config.limits.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
         "upstreams": config.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
         "fleet": fleet,
+        "rls": config.rls.as_ref().map(|r| serde_json::json!({ "domains": r.rules.domain_sha256 })),
         "effective": { "routes": routes, "limits": limits },
     })
 }

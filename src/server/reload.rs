@@ -68,9 +68,15 @@ impl Reloader {
                     tracing::warn!("{warning}");
                 }
                 let sha = config.source.sha256_hex();
+                // Each [rls] domain's YAML, as `sha256sum` prints it.
+                let rls: Vec<String> = config
+                    .rls
+                    .iter()
+                    .flat_map(|r| r.rules.domain_sha256.iter().map(|(d, s)| format!("{d}:{s}")))
+                    .collect();
                 self.runtime.apply(config).await;
                 self.runtime.reload_failed(None);
-                tracing::info!(?trigger, sha256 = %sha, "config reloaded");
+                tracing::info!(?trigger, sha256 = %sha, rls = %rls.join(","), "config reloaded");
                 "ok"
             }
             Err(e) => {

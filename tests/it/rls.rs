@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
 use crate::support::redis::Redis;
@@ -351,6 +352,19 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
     let mut c = client(&gw).await;
     assert_eq!(codes(&mut c, &[("key2", "gold")], 1).await, [OK]);
     let yaml = gw.dir.path().join("ratelimit.yaml");
+    // /config names each domain's YAML by its SHA-256, as sha256sum does,
+    // so a rollout of an edit can be confirmed instance by instance.
+    let sha256sum = |text: &str| -> String {
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let domains = async || {
+        let v: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+        v["rls"]["domains"].clone()
+    };
+    assert_eq!(domains().await, serde_json::json!({ "edge": sha256sum(YAML) }));
     // A bad edit: refused, the rules in force stay.
     std::fs::write(
         &yaml,
@@ -386,6 +400,13 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
         assert!(Instant::now() < deadline, "the edit never applied:\n{}", gw.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let edited = YAML.replace("requests_per_unit: 4, name: gold", "requests_per_unit: 40, name: gold");
+    assert_eq!(domains().await, serde_json::json!({ "edge": sha256sum(&edited) }));
+    assert!(
+        gw.log().contains(&format!("rls=edge:{}", sha256sum(&edited))),
+        "{}",
+        gw.log()
+    );
     // SIGHUP reloads it too.
     std::fs::write(
         &yaml,

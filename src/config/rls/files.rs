@@ -65,8 +65,16 @@ pub fn load(path: &Path) -> Result<RlsRules, Vec<Problem>> {
                 continue;
             }
         };
+        let known: Vec<String> = rules.domains.keys().cloned().collect();
         if let Err(mut p) = parse_into(&mut rules, &name, &text) {
             problems.append(&mut p);
+        }
+        let sha: String = Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        for domain in rules.domains.keys().filter(|d| !known.contains(d)) {
+            rules.domain_sha256.insert(domain.clone(), sha.clone());
         }
     }
     rules.digest = digest.finalize().into();

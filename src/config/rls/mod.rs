@@ -139,6 +139,10 @@ pub struct RlsRules {
     /// SHA-256 over the files' names and bytes as read: a reload compares
     /// it with the files on disk.
     pub digest: [u8; 32],
+    /// Each domain's file, as the hex SHA-256 of its bytes (what
+    /// `sha256sum` prints): `/config` and the reload log show them, so a
+    /// fleet's rollout of a YAML edit can be confirmed per domain.
+    pub domain_sha256: std::collections::BTreeMap<String, String>,
 }
 
 impl RlsRules {
