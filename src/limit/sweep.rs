@@ -118,6 +118,12 @@ impl Limiter {
             }
             kept
         });
+        // Only the most refused can stay (the table holds a few): a flood
+        // of keys refused once costs one sort here, not a table walk each.
+        if refused.len() > super::forgotten::KEPT {
+            refused.select_nth_unstable_by(super::forgotten::KEPT, |a, b| b.1.cmp(&a.1));
+            refused.truncate(super::forgotten::KEPT);
+        }
         for (key, refusals, until) in refused {
             self.forgotten.keep(key, refusals, until, now);
         }
