@@ -10,6 +10,7 @@ pub mod admin;
 mod compile;
 pub mod error;
 pub mod raw;
+pub mod peer_tls;
 pub mod rls;
 mod summary;
 
@@ -57,6 +58,14 @@ pub struct Rls {
     pub config_path: PathBuf,
     pub on_store_failure: RlsFailure,
     pub rules: Arc<rls::RlsRules>,
+    /// `tls_cert`, `tls_key`, `client_ca`; `None`: cleartext h2c.
+    pub tls: Option<PeerTls>,
+    /// Threads of the RLS runtime: a flood of calls cannot delay admin,
+    /// the region link, the lease sweeps or a reload.
+    pub workers: usize,
+    /// Whether a descriptor's own `limit` (RateLimitOverride) is obeyed;
+    /// its unit is capped at the longest unit of the YAML.
+    pub allow_overrides: bool,
 }
 
 /// What ShouldRateLimit answers when the store fails.
@@ -144,6 +153,9 @@ pub struct Listeners {
 pub struct Tls {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// `client_ca`: clients are asked for a certificate signed by it (not
+    /// required); a verified one's subject is the `client_cert` identity.
+    pub client_ca: Option<PathBuf>,
     /// [`tls_files_digest`] of the files as read.
     pub files_sha256: [u8; 32],
     pub server_config: Arc<rustls::ServerConfig>,
@@ -209,10 +221,11 @@ pub struct Leasing {
 }
 
 pub use crate::events::Settings as Events;
+pub use peer_tls::PeerTls;
 
 /// `[region]`: this region's slice of every quota and its link to the
 /// other regions.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Region {
     pub name: String,
     /// This region's slice of every limit's quota.
@@ -227,6 +240,11 @@ pub struct Region {
     /// ... and at most once per key per this long, for tokens that last
     /// this long.
     pub rebalance_window: Duration,
+    /// `tls_cert`, `tls_key`, `client_ca`: the link in both directions.
+    pub tls: Option<PeerTls>,
+    /// `id_secret_file`'s secret: transfer ids are keyed with it, so a peer
+    /// without it cannot predict (and pre-record) another's transfer.
+    pub id_secret: Option<crate::region::threshold::IdSecret>,
 }
 
 pub use crate::limit::policy::{Draft, HeaderStyle, KeyPart, Limit, Mode, PolicyError, ShardBy};
@@ -249,8 +267,8 @@ pub fn inputs_digest(toml: &[u8; 32], rls: Option<&[u8; 32]>) -> [u8; 32] {
     }
 }
 
-/// [`inputs_digest`] with the `[tls]` certificate and key files' digest
-/// ([`tls_files_digest`]) when there is a `[tls]`.
+/// [`inputs_digest`] with the digest of every TLS file
+/// ([`tls_files_digest`]) when there is any.
 pub fn inputs_digest_with_tls(toml: &[u8; 32], rls: Option<&[u8; 32]>, tls: Option<&[u8; 32]>) -> [u8; 32] {
     let base = inputs_digest(toml, rls);
     match tls {
@@ -265,20 +283,20 @@ pub fn inputs_digest_with_tls(toml: &[u8; 32], rls: Option<&[u8; 32]>, tls: Opti
     }
 }
 
-/// SHA-256 of a certificate file's bytes then a key file's (zeros for one
-/// that cannot be read: unlike any digest in force, so a reload runs and
-/// reports it).
-pub fn tls_files_digest(cert: &Path, key: &Path) -> [u8; 32] {
-    match (std::fs::read(cert), std::fs::read(key)) {
-        (Ok(c), Ok(k)) => {
-            let mut d = Sha256::new();
-            d.update((c.len() as u64).to_le_bytes());
-            d.update(&c);
-            d.update(&k);
-            d.finalize().into()
+/// SHA-256 of TLS files' bytes, in order (zeros if one cannot be read:
+/// unlike any digest in force, so a reload runs and reports it).
+pub fn tls_files_digest(files: &[&Path]) -> [u8; 32] {
+    let mut d = Sha256::new();
+    for f in files {
+        match std::fs::read(f) {
+            Ok(bytes) => {
+                d.update((bytes.len() as u64).to_le_bytes());
+                d.update(&bytes);
+            }
+            Err(_) => return [0; 32],
         }
-        _ => [0; 32],
     }
+    d.finalize().into()
 }
 
 /// Reads, parses and compiles a config file.
@@ -333,14 +351,32 @@ impl Config {
     }
 
     /// SHA-256 of everything this config was read from: gateway.toml's
-    /// bytes, the `[rls]` YAML files' when there are any, and the `[tls]`
-    /// certificate and key. A reload compares it with the files on disk,
-    /// so a certificate replaced on disk is reloaded like an edit.
+    /// bytes, the `[rls]` YAML files' when there are any, and every TLS
+    /// file ([`Config::tls_files`]). A reload compares it with the files on
+    /// disk, so a certificate replaced on disk is reloaded like an edit.
     pub fn inputs_sha256(&self) -> [u8; 32] {
+        let files = self.tls_files();
         inputs_digest_with_tls(
             &self.source.sha256,
             self.rls.as_ref().map(|r| &r.rules.digest),
-            self.tls.as_ref().map(|t| &t.files_sha256),
+            (!files.is_empty()).then(|| tls_files_digest(&files)).as_ref(),
         )
+    }
+
+    /// Every certificate, key and CA file: `[tls]`'s, `[rls]`'s and the
+    /// region link's, in that order.
+    pub fn tls_files(&self) -> Vec<&Path> {
+        let mut files: Vec<&Path> = Vec::new();
+        if let Some(t) = &self.tls {
+            files.extend([t.cert.as_path(), t.key.as_path()]);
+            files.extend(t.client_ca.as_deref());
+        }
+        if let Some(t) = self.rls.as_ref().and_then(|r| r.tls.as_ref()) {
+            files.extend(t.files());
+        }
+        if let Some(t) = self.region.as_ref().and_then(|r| r.tls.as_ref()) {
+            files.extend(t.files());
+        }
+        files
     }
 }

@@ -68,6 +68,7 @@ pub struct Listeners {
 pub struct Tls {
     pub cert: Spanned<String>,
     pub key: Spanned<String>,
+    pub client_ca: Option<Spanned<String>>,
     pub client_hello_timeout_ms: Option<Spanned<i64>>,
 }
 
@@ -215,6 +216,11 @@ pub struct Rls {
     pub listen: Option<Spanned<String>>,
     pub config: Option<Spanned<String>>,
     pub on_store_failure: Option<Spanned<String>>,
+    pub tls_cert: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
+    pub client_ca: Option<Spanned<String>>,
+    pub workers: Option<Spanned<i64>>,
+    pub allow_overrides: Option<Spanned<bool>>,
 }
 
 /// `[region]`: this gateway's region and its quota slice.
@@ -227,4 +233,8 @@ pub struct Region {
     pub primary: Option<Spanned<String>>,
     pub rebalance_at: Option<Spanned<f64>>,
     pub rebalance_window_ms: Option<Spanned<i64>>,
+    pub tls_cert: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
+    pub client_ca: Option<Spanned<String>>,
+    pub id_secret_file: Option<Spanned<String>>,
 }

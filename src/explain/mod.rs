@@ -149,6 +149,9 @@ pub struct LimitFacts {
     pub shard: Option<(u32, u32)>,
     /// The store key, `rl:{...}`.
     pub key: String,
+    /// [`key_hash`](crate::limit::key_hash) of `key`, as the access log
+    /// names it.
+    pub key_hash: String,
     /// The key's state on a running gateway (`--admin`); `None` when not
     /// asked, or when the gateway's answer did not name the key.
     pub live: Option<admin::KeyState>,
@@ -244,6 +247,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             capacity: spec.capacity,
             plan: plan.map(str::to_string),
             shard,
+            key_hash: format!("{:016x}", crate::limit::key_hash(&store_key)),
             key: store_key,
             live: None,
         });

@@ -140,6 +140,7 @@ impl Explanation {
                 "shard": l.shard.map(|(i, _)| i),
                 "shards": l.shard.map(|(_, n)| n),
                 "key": l.key,
+                "key_hash": l.key_hash,
             })).collect::<Vec<_>>(),
             "live_from": self.live_from,
             "skipped": self.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect::<Vec<_>>(),

@@ -70,6 +70,7 @@ impl Gateway {
         if let Some(logged) = logged {
             let (format, method, uri) = &*logged;
             let matched = route.and_then(|i| snapshot.config.routes.get(i));
+            let key = record.limit.map(|(_, hash)| format!("{hash:016x}"));
             let line = access_log::Line {
                 request_id: resp
                     .headers()
@@ -81,7 +82,12 @@ impl Gateway {
                 path: uri.path(),
                 status: resp.status().as_u16(),
                 identity: record.identity.unwrap_or("-"),
-                limit: if record.outcome.is_empty() { "-" } else { record.outcome },
+                outcome: if record.outcome.is_empty() { "-" } else { record.outcome },
+                limit: record
+                    .limit
+                    .and_then(|(i, _)| snapshot.config.limits.get(i))
+                    .map_or("-", |l| l.name.as_str()),
+                key: key.as_deref().unwrap_or("-"),
                 upstream: matched
                     .and_then(|r| match &r.action {
                         Action::Forward(u) => Some(u.name.as_str()),
@@ -136,11 +142,7 @@ impl Gateway {
             && !route.limits.is_empty()
             && req.headers().contains_key(http::header::AUTHORIZATION)
         {
-            if let Some(mut refusal) = self.refused_before_identity(snapshot, route, &req, conn) {
-                let record = Record {
-                    identity: None,
-                    outcome: "limited",
-                };
+            if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, &req, conn) {
                 refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
                 return Served::Now(refusal, record);
             }
@@ -202,7 +204,7 @@ impl Gateway {
         route: &Route,
         req: &Request<Incoming>,
         conn: &ConnInfo,
-    ) -> Option<Response<crate::proxy::body::Body>> {
+    ) -> Option<(Response<crate::proxy::body::Body>, Record)> {
         let ip = identity::client_ip(conn.peer.ip(), req.headers(), &snapshot.config.identity.trusted_proxies);
         let facts = crate::limit::key::Facts {
             identity: "",
@@ -220,12 +222,21 @@ impl Gateway {
         {
             return None;
         }
-        self.refusal(snapshot, route, &verdict)
+        let record = Record {
+            identity: None,
+            outcome: "limited",
+            limit: logged_limit(snapshot, &verdict, &facts),
+        };
+        Some((self.refusal(snapshot, route, &verdict)?, record))
     }
 
     /// The rest of a request once its verdict is in: refused, or served.
     fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>) -> Served<'a> {
         r.record.outcome = verdict_outcome(&verdict);
+        if r.record.outcome != "admitted" {
+            let facts = facts(r.route, &r.identity, r.req.headers());
+            r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
+        }
         self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
         if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
             refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
@@ -339,6 +350,30 @@ impl Gateway {
 struct Record {
     identity: Option<&'static str>,
     outcome: &'static str,
+    /// The limit that refused, or was over in shadow or soft mode (an
+    /// index into the config's limits), and its key's hash.
+    limit: Option<(usize, u64)>,
+}
+
+/// The limit the access log names for `verdict` (the one that refused,
+/// else the first over its quota in shadow or soft mode) with its key's
+/// [`key_hash`](crate::limit::key_hash); `None` when the log is off (the
+/// key is not worth deriving then) or no limit was over.
+fn logged_limit(snapshot: &Snapshot, verdict: &Verdict<'_>, facts: &crate::limit::key::Facts<'_>) -> Option<(usize, u64)> {
+    if snapshot.config.gateway.access_log == AccessLog::Off {
+        return None;
+    }
+    let over = match verdict.refused {
+        Some(i) => verdict.limits.get(i),
+        None => verdict
+            .limits
+            .iter()
+            .find(|l| matches!(l.outcome, Outcome::SoftLimited | Outcome::ShadowLimited)),
+    }?;
+    let limit = snapshot.config.limits.get(over.limit)?;
+    let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, facts);
+    let key = crate::limit::store_key(limit, facts, shard);
+    Some((over.limit, crate::limit::key_hash(&key)))
 }
 
 /// A request matched to a route, its client identified: what the rest of
@@ -374,7 +409,9 @@ fn log_text(line: &access_log::Line<'_>) {
         path = %line.path,
         status = line.status,
         identity = line.identity,
+        outcome = line.outcome,
         limit = line.limit,
+        key = line.key,
         upstream = line.upstream,
         // Whole microseconds: 0.263, not 0.26327300000000003.
         ms = line.micros as f64 / 1_000.0,

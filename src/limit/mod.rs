@@ -149,6 +149,18 @@ pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (S
     (spec.share(shard, shards).slice(limit.share()), Some(shard))
 }
 
+/// A store key's public name: the first 8 bytes of its SHA-256, printed as
+/// 16 hex digits (`{:016x}`). The access log and `leasegate explain
+/// --json` print it, so a 429 line leads back to its key without the log
+/// holding the key itself (a JWT subject, a tenant, a header's value).
+pub fn key_hash(store_key: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(store_key.as_bytes());
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(n)
+}
+
 /// The store key of a request under `limit`, with its sub-bucket.
 pub fn store_key(limit: &Limit, facts: &Facts<'_>, shard: Option<u32>) -> String {
     let mut k = String::with_capacity(64);

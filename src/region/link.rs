@@ -2,6 +2,12 @@
 //! its client. The primary answers `POST /v1/transfer` from its own
 //! store; every region answers `GET /v1/health`.
 //!
+//! With `[region] tls_cert`, `tls_key` and `client_ca`, the server
+//! verifies each peer's certificate during the handshake (the server
+//! module runs it) and the client presents its own and verifies the
+//! primary's ([`ClientTls`]). Each peer address may ask for at most
+//! [`TRANSFERS_PER_PEER_PER_SEC`] transfers a second.
+//!
 //! The client opens one connection per exchange (transfers are rare: at
 //! most one per key and window) and gives up after [`LINK_TIMEOUT`],
 //! connect, request and answer included; the connection dies with the
@@ -38,6 +44,42 @@ pub struct Grantor {
     pub share: Share,
     /// The primary's own limits: a key's quota comes from here.
     pub quotas: Quotas,
+    /// The rebalance window: a request's `window_ms` is clamped to it, so
+    /// a transfer's record never outlives two of the primary's windows.
+    pub window_ms: u64,
+}
+
+/// Transfers one peer address may ask for in a second (a region asks at
+/// most once per hot key and window; the rest are refused `429`).
+pub const TRANSFERS_PER_PEER_PER_SEC: u32 = 200;
+/// Peer addresses tracked at once; past it the table starts over (a flood
+/// of addresses gets a fresh second each, never unbounded memory).
+const MAX_PEERS: usize = 4_096;
+
+/// A fixed one-second window of transfers per peer address.
+#[derive(Default)]
+pub struct PeerBudget {
+    seen: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (u64, u32)>>,
+}
+
+impl PeerBudget {
+    /// Takes one transfer of `peer`'s budget for the second `now_s`.
+    pub fn take(&self, peer: std::net::IpAddr, now_s: u64) -> bool {
+        use crate::sync::Recover as _;
+        let mut seen = self.seen.lock().recover();
+        if seen.len() >= MAX_PEERS && !seen.contains_key(&peer) {
+            seen.retain(|_, (second, _)| *second == now_s);
+            if seen.len() >= MAX_PEERS {
+                seen.clear();
+            }
+        }
+        let entry = seen.entry(peer).or_insert((now_s, 0));
+        if entry.0 != now_s {
+            *entry = (now_s, 0);
+        }
+        entry.1 += 1;
+        entry.1 <= TRANSFERS_PER_PEER_PER_SEC
+    }
 }
 
 /// Connections the link serves at once; more are closed at once. The
@@ -75,14 +117,33 @@ impl Default for ServeLimits {
 pub struct LinkService {
     pub grantor: Option<Arc<Grantor>>,
     pub limits: ServeLimits,
+    pub budget: Arc<PeerBudget>,
 }
 
 impl LinkService {
-    /// Serves one connection: a slow or crowding peer (the link has no
-    /// authentication of its own) holds it for a bounded time.
-    pub async fn serve_connection(&self, stream: TcpStream, peer: std::net::SocketAddr) {
-        let (grantor, limits) = (self.grantor.clone(), self.limits);
-        let service = service_fn(move |req| answer(req, grantor.clone(), limits.request_timeout));
+    /// Serves one connection (TCP, or TLS after the server's handshake): a
+    /// slow or crowding peer holds it for a bounded time.
+    pub async fn serve_connection<I>(&self, stream: I, peer: std::net::SocketAddr)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (grantor, limits, budget) = (self.grantor.clone(), self.limits, self.budget.clone());
+        let service = service_fn(move |req| {
+            let (grantor, budget) = (grantor.clone(), budget.clone());
+            async move {
+                let now_s = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                if req.method() == Method::POST && !budget.take(peer.ip(), now_s) {
+                    tracing::debug!(%peer, "region link: transfer budget spent");
+                    return Ok(reply(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "{\"error\":\"too many transfers from this peer\"}",
+                    ));
+                }
+                answer(req, grantor, limits.request_timeout).await
+            }
+        });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.request_timeout)
@@ -154,7 +215,7 @@ async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration
     // Never more than a whole slice in one transfer; the script grants no
     // more than the bucket holds.
     let want = t.want.min(spec.capacity);
-    let remember = t.window_ms.saturating_mul(2);
+    let remember = t.window_ms.min(g.window_ms).saturating_mul(2);
     match g.store.transfer_out(&t.key, &spec, t.id, want, remember).await {
         Ok(granted) => {
             tracing::info!(region = %t.region, key = %t.key, id = t.id, want, granted, "region transfer answered");
@@ -209,17 +270,45 @@ impl LinkError {
     }
 }
 
+/// The client's TLS: the config in force at each connect (certificates
+/// replaced on disk apply to the next exchange), and the name the
+/// primary's certificate must carry.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: Arc<dyn Fn() -> Arc<rustls::ClientConfig> + Send + Sync>,
+    pub server_name: rustls_pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The client side: asks the primary's link.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LinkClient {
     /// `host:port` of the primary's link.
     authority: String,
     timeout: Duration,
+    tls: Option<ClientTls>,
 }
 
 impl LinkClient {
     pub fn new(authority: String, timeout: Duration) -> LinkClient {
-        LinkClient { authority, timeout }
+        LinkClient {
+            authority,
+            timeout,
+            tls: None,
+        }
+    }
+
+    /// Speaks TLS to the primary.
+    pub fn with_tls(mut self, tls: ClientTls) -> LinkClient {
+        self.tls = Some(tls);
+        self
     }
 
     /// Asks for a transfer; the same request may be sent again (same id)
@@ -270,6 +359,29 @@ impl LinkClient {
             .await
             .map_err(LinkError::Connect)?;
         let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => self.exchange_over(stream, method, path, body).await,
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from((tls.config)());
+                let stream = connector
+                    .connect(tls.server_name.clone(), stream)
+                    .await
+                    .map_err(LinkError::Connect)?;
+                self.exchange_over(stream, method, path, body).await
+            }
+        }
+    }
+
+    async fn exchange_over<I>(
+        &self,
+        stream: I,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes), LinkError>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         let req = Request::builder()
             .method(method)
@@ -326,13 +438,32 @@ mod tests {
             store: Arc::new(crate::store::testing::Scripted::new()),
             share: Share::WHOLE,
             quotas: Arc::new(|_: &str| None),
+            window_ms: 20_000,
         });
         let link = LinkService {
             grantor: Some(grantor),
             limits,
+            budget: Arc::default(),
         };
         tokio::spawn(link.serve(listener));
         addr
+    }
+
+    #[test]
+    fn each_peer_has_its_own_second_of_transfers() {
+        let budget = PeerBudget::default();
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..TRANSFERS_PER_PEER_PER_SEC {
+            assert!(budget.take(a, 7));
+        }
+        assert!(!budget.take(a, 7), "past the budget in the same second");
+        assert!(budget.take(b, 7), "another peer has its own");
+        assert!(budget.take(a, 8), "a new second, a new budget");
+        // A flood of addresses never grows the table past its bound.
+        for i in 0..(MAX_PEERS as u32 + 10) {
+            budget.take(std::net::IpAddr::from(i.to_be_bytes()), 9);
+        }
+        assert!(budget.seen.lock().unwrap().len() <= MAX_PEERS);
     }
 
     /// Everything the peer sends until it closes (or 5 s).

@@ -43,7 +43,7 @@ use rebalancing::{Ask, Rebalancing, ASK_QUEUE};
 pub const MIN_WINDOW_MS: u64 = 4 * LINK_TIMEOUT.as_millis() as u64;
 
 /// `[region]`, as this room uses it (built by the server from the config).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub name: String,
     pub share: Share,
@@ -52,6 +52,10 @@ pub struct Settings {
     pub primary: Option<String>,
     pub rebalance_at: f64,
     pub window_ms: u64,
+    /// Keys the transfer ids (`[region] id_secret_file`).
+    pub id_secret: Option<threshold::IdSecret>,
+    /// TLS to the primary (`[region] tls_cert`, `tls_key`, `client_ca`).
+    pub client_tls: Option<link::ClientTls>,
 }
 
 /// A region's store for requests, and what its background tasks need.
@@ -98,11 +102,13 @@ impl Region {
                 store: store.clone(),
                 share: s.share,
                 quotas,
+                window_ms: s.window_ms,
             })
         });
         let service = link::LinkService {
             grantor,
             limits: link::ServeLimits::default(),
+            budget: Arc::default(),
         };
         let (Some(primary), Some(asks)) = (s.primary, self.asks) else {
             return service;
@@ -122,11 +128,15 @@ impl Region {
             s.name,
             s.window_ms,
             store,
-            LinkClient::new(primary, LINK_TIMEOUT),
+            match s.client_tls {
+                Some(tls) => LinkClient::new(primary, LINK_TIMEOUT).with_tls(tls),
+                None => LinkClient::new(primary, LINK_TIMEOUT),
+            },
             link_metrics,
             // Wall-clock windows, so every gateway of the region names a
             // window (and so a transfer id) alike.
             crate::clock::system_clock(),
+            s.id_secret,
         );
         tokio::spawn(coordinator.run(asks));
         service

@@ -40,18 +40,65 @@ pub fn window_index(now_ms: u64, window_ms: u64) -> u64 {
     now_ms / window_ms.max(1)
 }
 
+/// `[region] id_secret_file`'s secret, shared by every gateway of the
+/// fleet: it keys transfer ids. Never shown (not in `Debug`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdSecret(Vec<u8>);
+
+impl IdSecret {
+    pub fn new(secret: &[u8]) -> IdSecret {
+        IdSecret(secret.to_vec())
+    }
+}
+
+impl std::fmt::Debug for IdSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdSecret(..)")
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104) of `parts`, each followed by a 0 byte.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut k = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| k.map(|b| b ^ byte);
+    let mut inner = Sha256::new();
+    inner.update(pad(0x36));
+    for p in parts {
+        inner.update(p);
+        inner.update([0]);
+    }
+    let mut outer = Sha256::new();
+    outer.update(pad(0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
 /// The id of the transfer `region` asks for `key` in `window`: the same for
 /// every gateway of the region and every retry in that window, so that
 /// neither two askers nor a retry can move tokens twice (the primary
-/// answers a known id from its record).
-pub fn transfer_id(region: &str, key: &str, window: u64) -> u64 {
-    let mut h = Sha256::new();
-    h.update(region.as_bytes());
-    h.update([0]);
-    h.update(key.as_bytes());
-    h.update([0]);
-    h.update(window.to_be_bytes());
-    let d = h.finalize();
+/// answers a known id from its record). Keyed with `secret` when there is
+/// one: a peer without it cannot name another region's next transfer in
+/// advance and have it recorded as a zero grant.
+pub fn transfer_id(secret: Option<&IdSecret>, region: &str, key: &str, window: u64) -> u64 {
+    let window = window.to_be_bytes();
+    let parts: [&[u8]; 3] = [region.as_bytes(), key.as_bytes(), &window];
+    let d = match secret {
+        Some(s) => hmac_sha256(&s.0, &parts),
+        None => {
+            let mut h = Sha256::new();
+            for p in parts {
+                h.update(p);
+                h.update([0]);
+            }
+            h.finalize().into()
+        }
+    };
     let mut id = [0u8; 8];
     id.copy_from_slice(&d[..8]);
     u64::from_be_bytes(id)
@@ -100,14 +147,49 @@ mod tests {
     }
 
     #[test]
+    fn keyed_ids_follow_rfc_4231_and_differ_by_secret() {
+        // RFC 4231 test case 2: key "Jefe", data "what do ya want for
+        // nothing?" (here as one part, so with the 0 byte after it, the
+        // vector is checked through the unkeyed-parts path below).
+        let mac = hmac_sha256(b"Jefe", &[]);
+        let mut inner = Sha256::new();
+        let mut k = [0u8; 64];
+        k[..4].copy_from_slice(b"Jefe");
+        inner.update(k.map(|b| b ^ 0x36));
+        let mut outer = Sha256::new();
+        outer.update(k.map(|b| b ^ 0x5c));
+        outer.update(inner.finalize());
+        assert_eq!(mac, <[u8; 32]>::from(outer.finalize()));
+        let rfc = {
+            // The published vector, through the same pads.
+            let mut inner = Sha256::new();
+            inner.update(k.map(|b| b ^ 0x36));
+            inner.update(b"what do ya want for nothing?");
+            let mut outer = Sha256::new();
+            outer.update(k.map(|b| b ^ 0x5c));
+            outer.update(inner.finalize());
+            outer.finalize()
+        };
+        let hex: String = rfc.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        let (a, b) = (IdSecret::new(b"one secret"), IdSecret::new(b"another"));
+        let keyed = transfer_id(Some(&a), "eu", "rl:{l:k}", 7);
+        assert_eq!(keyed, transfer_id(Some(&a), "eu", "rl:{l:k}", 7));
+        assert_ne!(keyed, transfer_id(Some(&b), "eu", "rl:{l:k}", 7));
+        assert_ne!(keyed, transfer_id(None, "eu", "rl:{l:k}", 7));
+        assert_eq!(format!("{a:?}"), "IdSecret(..)");
+    }
+
+    #[test]
     fn transfer_ids_are_one_per_region_key_and_window() {
-        let a = transfer_id("eu", "rl:{l:k}", 7);
-        assert_eq!(a, transfer_id("eu", "rl:{l:k}", 7));
-        assert_ne!(a, transfer_id("us", "rl:{l:k}", 7));
-        assert_ne!(a, transfer_id("eu", "rl:{l:k2}", 7));
-        assert_ne!(a, transfer_id("eu", "rl:{l:k}", 8));
+        let id = |r, k, w| transfer_id(None, r, k, w);
+        let a = id("eu", "rl:{l:k}", 7);
+        assert_eq!(a, id("eu", "rl:{l:k}", 7));
+        assert_ne!(a, id("us", "rl:{l:k}", 7));
+        assert_ne!(a, id("eu", "rl:{l:k2}", 7));
+        assert_ne!(a, id("eu", "rl:{l:k}", 8));
         // No ambiguity between region and key boundaries.
-        assert_ne!(transfer_id("e", "url", 1), transfer_id("eu", "rl", 1));
+        assert_ne!(id("e", "url", 1), id("eu", "rl", 1));
         assert_eq!(window_index(39_999, 20_000), 1);
         assert_eq!(window_index(40_000, 20_000), 2);
         assert_eq!(window_index(5, 0), 5);

@@ -1,4 +1,4 @@
-//! Envoy's rate limit APIs over gRPC (HTTP/2 cleartext): the RLS v3
+//! Envoy's rate limit APIs over gRPC (HTTP/2, cleartext or TLS): the RLS v3
 //! `ShouldRateLimit` ([`should`]), answered like envoyproxy/ratelimit from
 //! its YAML, and RLQS `StreamRateLimitQuotas` ([`quota`]), where each
 //! Envoy's token-bucket assignment is its lease of the shared quota. Both
@@ -24,7 +24,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tower_service::Service as _;
 
 use crate::runtime::Runtime;
@@ -94,8 +93,12 @@ impl RlsService {
         }
     }
 
-    /// Serves one connection until the peer goes away.
-    pub async fn serve_connection(&self, stream: TcpStream) {
+    /// Serves one connection (TCP, or TLS after the server's handshake)
+    /// until the peer goes away.
+    pub async fn serve_connection<I>(&self, stream: I)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         // Envoys hold their connections for long: a peer that vanished
         // without a reset is found by the pings, and its streams end.
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())

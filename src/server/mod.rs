@@ -100,15 +100,44 @@ pub enum ServeError {
     Redis(#[from] RedisSetupError),
 }
 
+/// The runtime, once built: the region link's client reads the
+/// certificates in force from its config (set right after the stores).
+type RuntimeCell = Arc<std::sync::OnceLock<std::sync::Weak<Runtime>>>;
+
 /// `[region]` as the region room takes it.
-fn region_settings(r: &crate::config::Region) -> crate::region::Settings {
+fn region_settings(r: &crate::config::Region, runtime: &RuntimeCell) -> crate::region::Settings {
+    let primary = r.primary.as_ref().and_then(|u| u.authority());
+    let client_tls = match (r.tls.as_ref().and_then(|t| t.client.clone()), primary) {
+        (Some(at_start), Some(authority)) => {
+            let runtime = runtime.clone();
+            // The certificates in force at each connect: a reload with new
+            // files applies to the next exchange. (The config check made
+            // sure the host is a name a certificate can carry.)
+            let host = authority.host().trim_matches(['[', ']']).to_string();
+            rustls_pki_types::ServerName::try_from(host)
+                .ok()
+                .map(|server_name| crate::region::link::ClientTls {
+                    config: Arc::new(move || {
+                        runtime
+                            .get()
+                            .and_then(std::sync::Weak::upgrade)
+                            .and_then(|rt| rt.config().region.as_ref()?.tls.as_ref()?.client.clone())
+                            .unwrap_or_else(|| at_start.clone())
+                    }),
+                    server_name,
+                })
+        }
+        _ => None,
+    };
     crate::region::Settings {
         name: r.name.clone(),
         share: r.share,
         link: r.link,
-        primary: r.primary.as_ref().and_then(|u| u.authority()).map(|a| a.to_string()),
+        primary: primary.map(|a| a.to_string()),
         rebalance_at: r.rebalance_at,
         window_ms: r.rebalance_window.as_millis() as u64,
+        id_secret: r.id_secret.clone(),
+        client_tls,
     }
 }
 
@@ -129,7 +158,7 @@ fn limit_quotas(config: &Config, name: &str) -> Option<crate::region::LimitQuota
 /// The quota store the config asks for, behind the guard (deadline,
 /// breaker, store metrics), with `[region]`'s credit and rebalance signal
 /// inside the guard. Returns at once even if Redis is down.
-fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, ServeError> {
+fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Result<Stores, ServeError> {
     let redis = match &config.store.backend {
         StoreBackend::Memory => None,
         StoreBackend::Redis { url } => Some(Target::Node(url.clone())),
@@ -151,7 +180,7 @@ fn store(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, ServeError> 
     let regional: Arc<dyn RegionStore> = Arc::new(Deadlined::new(regional, config.store.timeout));
     let (region, inner) = match &config.region {
         Some(r) => {
-            let (region, wrapped) = Region::wrap(region_settings(r), inner, regional.clone());
+            let (region, wrapped) = Region::wrap(region_settings(r, runtime), inner, regional.clone());
             (Some(region), wrapped)
         }
         None => (None, inner),
@@ -252,11 +281,12 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     }
     let workers = config.gateway.workers;
     let grace = config.gateway.grace_period;
+    let runtime_cell = RuntimeCell::default();
     let Stores {
         quota: store,
         regional: region_store,
         region,
-    } = store(&config, &metrics)?;
+    } = store(&config, &metrics, &runtime_cell)?;
     let store_name = store.name();
     let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
     let per_ip = door::PerIp::new(
@@ -264,7 +294,21 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         config.identity.trusted_proxies.clone(),
     );
     let config_instance_id = config.gateway.instance_id.clone();
+    let rls_threads = config.rls.as_ref().map(|r| r.workers);
     let runtime = Arc::new(Runtime::new(config, metrics, store));
+    let _ = runtime_cell.set(Arc::downgrade(&runtime));
+    // RLS on its own threads: a flood of calls cannot delay admin, the
+    // region link, the lease sweeps or a reload on the control thread.
+    let rls_runtime = rls_threads
+        .map(|n| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(n)
+                .thread_name("leasegate-rls")
+                .enable_all()
+                .build()
+        })
+        .transpose()
+        .map_err(ServeError::Runtime)?;
     let shared = Arc::new(Shared {
         gateway: Arc::new(Gateway::new(runtime.clone())),
         runtime,
@@ -277,7 +321,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    control.block_on(async move {
+    let rls_rt = rls_runtime.as_ref();
+    let served = control.block_on(async move {
         let mut sigterm =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ServeError::Runtime)?;
         let mut sigint =
@@ -314,13 +359,25 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             let runtime = shared.runtime.clone();
             let quotas: crate::region::Quotas = Arc::new(move |name: &str| limit_quotas(&runtime.config(), name));
             let link = region.start(region_store, quotas, &shared.runtime.metrics);
+            let tls = PlaneTls::of(&shared.runtime, "region_link", |c| {
+                c.region.as_ref()?.tls.as_ref().map(|t| t.server.clone())
+            });
             tokio::spawn(accept::serve_each(
                 listener,
                 "region link",
                 link.limits.connections,
                 move |stream, peer| {
-                    let link = link.clone();
-                    async move { link.serve_connection(stream, peer).await }
+                    let (link, tls) = (link.clone(), tls.clone());
+                    async move {
+                        match tls {
+                            None => link.serve_connection(stream, peer).await,
+                            Some(tls) => {
+                                if let Some(stream) = tls.accept(stream, peer).await {
+                                    link.serve_connection(stream, peer).await
+                                }
+                            }
+                        }
+                    }
                 },
             ));
         }
@@ -329,17 +386,30 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             announce("admin", &listener);
             tokio::spawn(admin::serve(listener, shared.runtime.clone()));
         }
-        if let Some(rls) = rls {
+        if let (Some(rls), Some(rls_runtime)) = (rls, rls_rt) {
+            let _entered = rls_runtime.enter();
             let listener = TcpListener::from_std(rls).map_err(ServeError::Runtime)?;
             announce("rls", &listener);
-            let rls = crate::rls::RlsService::new(shared.runtime.clone());
-            tokio::spawn(accept::serve_each(
+            let service = crate::rls::RlsService::new(shared.runtime.clone());
+            let tls = PlaneTls::of(&shared.runtime, "rls", |c| {
+                c.rls.as_ref()?.tls.as_ref().map(|t| t.server.clone())
+            });
+            rls_runtime.spawn(accept::serve_each(
                 listener,
                 "rls",
                 crate::rls::MAX_CONNECTIONS,
-                move |stream, _peer| {
-                    let rls = rls.clone();
-                    async move { rls.serve_connection(stream).await }
+                move |stream, peer| {
+                    let (rls, tls) = (service.clone(), tls.clone());
+                    async move {
+                        match tls {
+                            None => rls.serve_connection(stream).await,
+                            Some(tls) => {
+                                if let Some(stream) = tls.accept(stream, peer).await {
+                                    rls.serve_connection(stream).await
+                                }
+                            }
+                        }
+                    }
                 },
             ));
         }
@@ -393,7 +463,61 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         heartbeats.abort();
         let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.leave_fleet(member)).await;
         Ok(())
-    })
+    });
+    if let Some(rls_runtime) = rls_runtime {
+        rls_runtime.shutdown_background();
+    }
+    served
+}
+
+/// The TLS of a plane that talks to machines (`[rls]`, the region link):
+/// on or off for the life of the process (a reload cannot turn it off),
+/// with the certificates of the config in force at each handshake.
+#[derive(Clone)]
+struct PlaneTls {
+    runtime: Arc<Runtime>,
+    /// `reason` of `leasegate_tls_handshake_failures_total`.
+    plane: &'static str,
+    at_start: Arc<rustls::ServerConfig>,
+    current: fn(&Config) -> Option<Arc<rustls::ServerConfig>>,
+}
+
+impl PlaneTls {
+    fn of(
+        runtime: &Arc<Runtime>,
+        plane: &'static str,
+        current: fn(&Config) -> Option<Arc<rustls::ServerConfig>>,
+    ) -> Option<PlaneTls> {
+        let at_start = current(&runtime.config())?;
+        Some(PlaneTls {
+            runtime: runtime.clone(),
+            plane,
+            at_start,
+            current,
+        })
+    }
+
+    /// The handshake; `None` (counted, logged at DEBUG) when the peer
+    /// failed it: no certificate, one the CA did not sign, or too slow.
+    async fn accept(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+        let config = (self.current)(&self.runtime.config()).unwrap_or_else(|| self.at_start.clone());
+        match tls::accept_peer(stream, config).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::debug!(plane = self.plane, %peer, error = %e, "TLS connection dropped");
+                self.runtime
+                    .metrics
+                    .tls_handshake_failures
+                    .get_or_create(&crate::telemetry::metrics::ReasonLabels { reason: self.plane })
+                    .inc();
+                None
+            }
+        }
+    }
 }
 
 fn announce(kind: &str, listener: &TcpListener) {

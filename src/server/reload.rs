@@ -135,10 +135,11 @@ impl Reloader {
             .rls_path()
             .map(|p| crate::config::rls::fingerprint_of(&p))
             .unwrap_or_default();
-        // The certificate and key in force: replaced on disk, they are
-        // reloaded like an edit.
-        if let Some(t) = &self.runtime.config().tls {
-            for path in [&t.cert, &t.key] {
+        // The certificates, keys and CAs in force: replaced on disk, they
+        // are reloaded like an edit.
+        let config = self.runtime.config();
+        {
+            for path in config.tls_files() {
                 let (modified, len, inode) = match std::fs::metadata(path) {
                     Ok(m) => {
                         #[cfg(unix)]
@@ -149,7 +150,7 @@ impl Reloader {
                     }
                     Err(_) => (None, 0, 0),
                 };
-                files.push((path.clone(), modified, len, inode));
+                files.push((path.to_path_buf(), modified, len, inode));
             }
         }
         Some(((m.modified().ok()?, m.len(), inode), files))
@@ -165,12 +166,9 @@ impl Reloader {
         let rls = self
             .rls_path()
             .map(|p| crate::config::rls::digest_of(&p).unwrap_or_default());
-        let tls = self
-            .runtime
-            .config()
-            .tls
-            .as_ref()
-            .map(|t| crate::config::tls_files_digest(&t.cert, &t.key));
+        let config = self.runtime.config();
+        let files = config.tls_files();
+        let tls = (!files.is_empty()).then(|| crate::config::tls_files_digest(&files));
         Some(crate::config::inputs_digest_with_tls(&toml, rls.as_ref(), tls.as_ref()))
     }
 
@@ -262,6 +260,26 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
         "[rls] listen changed: it applies after a restart",
     );
-    warn(old.region != new.region, "[region] changed: it applies after a restart");
+    // New certificates at the same paths apply at the next handshake;
+    // turning TLS on or off, or a new peer check, needs a restart.
+    let peer_tls = |t: Option<&crate::config::PeerTls>| t.map(|t| (t.cert.clone(), t.key.clone(), t.client_ca.clone()));
+    warn(
+        peer_tls(old.rls.as_ref().and_then(|r| r.tls.as_ref())) != peer_tls(new.rls.as_ref().and_then(|r| r.tls.as_ref()))
+            || old.rls.as_ref().map(|r| r.workers) != new.rls.as_ref().map(|r| r.workers),
+        "[rls] tls_cert, tls_key, client_ca or workers changed: they apply after a restart",
+    );
+    let region = |r: Option<&crate::config::Region>| {
+        r.map(|r| {
+            (
+                (r.name.clone(), r.share, r.link, r.primary.clone()),
+                (r.rebalance_at, r.rebalance_window, r.id_secret.clone()),
+                peer_tls(r.tls.as_ref()),
+            )
+        })
+    };
+    warn(
+        region(old.region.as_ref()) != region(new.region.as_ref()),
+        "[region] changed: it applies after a restart",
+    );
     out
 }

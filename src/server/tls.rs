@@ -55,6 +55,23 @@ impl HandshakeError {
 
 pub type ServerStream = TlsStream<Prefixed<TcpStream>>;
 
+/// Longest TLS handshake of a peer of `[rls]` or the region link.
+pub const PEER_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The TLS handshake of a peer of `[rls]` or the region link with
+/// `config` (which verifies the peer's certificate when it has a
+/// `client_ca`): a peer without a valid certificate never gets a byte of
+/// gRPC or HTTP served.
+pub async fn accept_peer(
+    tcp: TcpStream,
+    config: std::sync::Arc<rustls::ServerConfig>,
+) -> Result<TlsStream<TcpStream>, HandshakeError> {
+    tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(tcp))
+        .await
+        .map_err(|_| HandshakeError::Timeout)?
+        .map_err(HandshakeError::Tls)
+}
+
 /// Reads the ClientHello, completes the TLS handshake, and reports what the
 /// connection told us. The whole exchange must finish within the configured
 /// `client_hello_timeout`.

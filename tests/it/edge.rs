@@ -373,7 +373,7 @@ async fn a_client_over_its_networks_ceiling_is_refused_before_its_token_is_check
     // before any identity, the token never looked at.
     for l in &lines[2..] {
         assert_eq!(l["identity"], "-", "{l}");
-        assert_eq!(l["limit"], "limited", "{l}");
+        assert_eq!(l["outcome"], "limited", "{l}");
         assert_eq!(l["status"], 429, "{l}");
     }
 }

@@ -214,8 +214,16 @@ async fn two_logged_requests(extra: &str) -> Vec<String> {
     while gw.access_log().len() < 2 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let lines = gw.access_log();
+    let mut lines = gw.access_log();
     assert_eq!(lines.len(), 2, "{lines:?}");
+    // The last line: what `explain --json` says of the same request.
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["explain", "--json", "--ip", "127.0.0.1", "--config"])
+        .arg(&gw.config)
+        .args(["GET", "/x"])
+        .output()
+        .unwrap();
+    lines.push(String::from_utf8_lossy(&out.stdout).into_owned());
     lines
 }
 
@@ -229,13 +237,19 @@ async fn every_request_gets_one_structured_access_log_line() {
     assert_eq!(v["path"], "/x");
     assert_eq!(v["status"], 429);
     assert_eq!(v["identity"], "subnet");
-    assert_eq!(v["limit"], "limited");
+    assert_eq!(v["outcome"], "limited");
+    // The refusing limit by name, and its key as `explain --json` names it.
+    assert_eq!(v["limit"], "one", "{v}");
+    let explained: serde_json::Value = serde_json::from_str(&lines[2]).unwrap();
+    assert_eq!(v["key"], explained["limits"][0]["key_hash"], "{explained}");
+    let key = v["key"].as_str().unwrap();
+    assert!(key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{v}");
     assert!(v["ms"].as_f64().unwrap() >= 0.0);
     assert!(v["timestamp"].is_string(), "{v}");
     let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(
-        (first["status"].as_u64(), first["limit"].as_str()),
-        (Some(200), Some("admitted"))
+        (first["status"].as_u64(), first["outcome"].as_str(), first["limit"].as_str(), first["key"].as_str()),
+        (Some(200), Some("admitted"), Some("-"), Some("-"))
     );
 
     let mut quiet = Gateway::start(&config(&[]).gateway("access_log = \"off\""));
@@ -257,8 +271,12 @@ async fn the_text_access_log_writes_the_same_fields_as_key_value_pairs() {
     assert!(line.contains("  INFO "), "{line}");
     let fields = line.split_once("  INFO ").map(|(_, f)| f).unwrap();
     let fields = fields.split_once(" ms=").map(|(f, _)| f).unwrap();
+    let explained: serde_json::Value = serde_json::from_str(&lines[2]).unwrap();
+    let key = explained["limits"][0]["key_hash"].as_str().unwrap();
     assert_eq!(
         fields,
-        r#"request_id="abc" route="demo" method="GET" path=/x status=429 identity="subnet" limit="limited" upstream="-""#
+        format!(
+            r#"request_id="abc" route="demo" method="GET" path=/x status=429 identity="subnet" outcome="limited" limit="one" key="{key}" upstream="-""#
+        )
     );
 }

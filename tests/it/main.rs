@@ -19,6 +19,7 @@ mod fleet;
 mod identity;
 mod key_churn;
 mod limits;
+mod planes;
 mod proxy;
 mod redis_store;
 mod regions;

@@ -255,6 +255,10 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
         ("[store.breaker]", "failures") => vec![("failures = 3", "failures = 4")],
         ("[store.breaker]", "open_ms") => vec![("open_ms = 2000", "open_ms = 3000")],
         ("[rls]", "listen") => vec![("listen = \"127.0.0.1:8081\"", "listen = \"127.0.0.1:8082\"")],
+        ("[rls]", "workers") => vec![(
+            "config = \"ratelimit.yaml\"",
+            "config = \"ratelimit.yaml\"\nworkers = 2",
+        )],
         ("[region]", "name") => vec![("name = \"eu-central\"", "name = \"eu-west\"")],
         ("[region]", "share") => vec![("share = 0.3", "share = 0.4")],
         ("[region]", "link") => vec![("link = \"127.0.0.1:9911\"", "link = \"127.0.0.1:9912\"")],

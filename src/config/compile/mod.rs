@@ -83,7 +83,7 @@ pub(super) fn compile(
     let leasing = leasing(&mut c, raw.leasing);
     let identity = identity(&mut c, raw.identity, base);
     let upstreams = upstreams(&mut c, raw.upstreams);
-    let region = raw.region.as_ref().and_then(|r| region::region(&mut c, r));
+    let region = raw.region.as_ref().and_then(|r| region::region(&mut c, r, base));
     let mut limits = limits(&mut c, raw.limits);
     if let Some(r) = &region {
         for l in &mut limits {

@@ -2,16 +2,18 @@
 //! when to ask the primary for more.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::{in_range, Check};
 use crate::config::{raw, Region};
+use crate::region::threshold::IdSecret;
 use crate::quota::Share;
 
-pub(super) fn region(c: &mut Check, r: &Spanned<raw::Region>) -> Option<Region> {
-    let r = r.get_ref();
+pub(super) fn region(c: &mut Check, spanned: &Spanned<raw::Region>, base: &Path) -> Option<Region> {
+    let r = spanned.get_ref();
     let name = r.name.get_ref().clone();
     // The name appears in logs, metrics and transfer ids.
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
@@ -43,9 +45,18 @@ pub(super) fn region(c: &mut Check, r: &Spanned<raw::Region>) -> Option<Region> 
             None
         }
     };
+    let tls = super::listeners::peer_tls(
+        c,
+        base,
+        ("region", spanned.span()),
+        [r.tls_cert.as_ref(), r.tls_key.as_ref(), r.client_ca.as_ref()],
+        &[b"http/1.1"],
+        true,
+    );
+    let tls_set = r.tls_cert.is_some() || r.tls_key.is_some();
     let primary = match &r.primary {
         None => None,
-        Some(p) => match primary_uri(p.get_ref()) {
+        Some(p) => match primary_uri(p.get_ref(), tls_set) {
             Ok(uri) => Some(uri),
             Err(why) => {
                 c.at(p.span(), "region.primary", why);
@@ -64,6 +75,7 @@ pub(super) fn region(c: &mut Check, r: &Spanned<raw::Region>) -> Option<Region> 
         86_400_000,
         20_000,
     );
+    let id_secret = r.id_secret_file.as_ref().and_then(|v| id_secret(c, v, base));
     Some(Region {
         name,
         share: share?,
@@ -71,25 +83,75 @@ pub(super) fn region(c: &mut Check, r: &Spanned<raw::Region>) -> Option<Region> 
         primary,
         rebalance_at,
         rebalance_window: Duration::from_millis(window),
+        tls,
+        id_secret,
     })
 }
 
-/// `http://host:port`, nothing more: the link speaks plain HTTP/1.1 to one
-/// address.
-fn primary_uri(s: &str) -> Result<http::Uri, String> {
+/// Shortest `id_secret_file` content: guessing it must be out of reach.
+const MIN_SECRET_LEN: usize = 16;
+
+/// `[region] id_secret_file`: the fleet's secret for transfer ids, read at
+/// load (trimmed of surrounding whitespace).
+fn id_secret(c: &mut Check, v: &Spanned<String>, base: &Path) -> Option<IdSecret> {
+    let path = super::resolve(base, v.get_ref());
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim().len() >= MIN_SECRET_LEN => Some(IdSecret::new(text.trim().as_bytes())),
+        Ok(_) => {
+            c.at(
+                v.span(),
+                "region.id_secret_file",
+                format!(
+                    "{} must hold a secret of at least {MIN_SECRET_LEN} characters, the same on every gateway \
+                     (e.g. `openssl rand -hex 32 > {}`)",
+                    path.display(),
+                    v.get_ref()
+                ),
+            );
+            None
+        }
+        Err(e) => {
+            c.at(
+                v.span(),
+                "region.id_secret_file",
+                format!("cannot read {}: {e}", path.display()),
+            );
+            None
+        }
+    }
+}
+
+/// `http://host:port` (`https://` with the link's TLS), nothing more: the
+/// link speaks HTTP/1.1 to one address.
+fn primary_uri(s: &str, tls: bool) -> Result<http::Uri, String> {
     let uri: http::Uri = s
         .parse()
         .map_err(|_| format!("{s:?} is not a URL such as \"http://10.0.0.1:9911\""))?;
     if uri.scheme_str().is_none() {
         return Err(format!("{s:?} is not a URL such as \"http://10.0.0.1:9911\""));
     }
-    if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "{s:?}: the link speaks plain http:// (put it inside a tunnel or mesh for TLS)"
-        ));
+    match (uri.scheme_str(), tls) {
+        (Some("http"), false) | (Some("https"), true) => {}
+        (_, false) => {
+            return Err(format!(
+                "{s:?}: without tls_cert and tls_key the link speaks plain http://"
+            ))
+        }
+        (_, true) => {
+            return Err(format!(
+                "{s:?}: with tls_cert and tls_key the link speaks https://"
+            ))
+        }
     }
     match uri.authority() {
-        Some(a) if a.port_u16().is_some() => {}
+        Some(a) if a.port_u16().is_some() => {
+            let host = a.host().trim_matches(['[', ']']).to_string();
+            if tls && rustls_pki_types::ServerName::try_from(host).is_err() {
+                return Err(format!(
+                    "{s:?}: the host is not a name or address a certificate can carry"
+                ));
+            }
+        }
         _ => return Err(format!("{s:?}: name the primary's link as http://host:port")),
     }
     if uri

@@ -66,10 +66,23 @@ pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<R
             return None;
         }
     };
+    let tls = super::listeners::peer_tls(
+        c,
+        base,
+        ("rls", r.span()),
+        [raw.tls_cert.as_ref(), raw.tls_key.as_ref(), raw.client_ca.as_ref()],
+        &[b"h2"],
+        false,
+    );
+    let workers: usize = super::in_range(c, &raw.workers, "rls.workers", 1, 64, 1);
+    let allow_overrides = raw.allow_overrides.as_ref().is_none_or(|v| *v.get_ref());
     Some(Rls {
         listen: listen?,
         config_path: path,
         on_store_failure,
         rules: Arc::new(rules),
+        tls,
+        workers,
+        allow_overrides,
     })
 }

@@ -75,6 +75,8 @@ pub struct Coordinator {
     pub client: LinkClient,
     pub metrics: LinkMetrics,
     pub clock: Clock,
+    /// `[region] id_secret_file`: keys the transfer ids.
+    pub id_secret: Option<threshold::IdSecret>,
     in_flight: Arc<Semaphore>,
     /// The keys this gateway handled in the current window: repeated asks
     /// of a hot key cost a set lookup, not a store call.
@@ -91,6 +93,7 @@ impl Coordinator {
         client: LinkClient,
         metrics: LinkMetrics,
         clock: Clock,
+        id_secret: Option<threshold::IdSecret>,
     ) -> Arc<Coordinator> {
         // Unknown (0) until the first probe, right at the start of `run`.
         Arc::new(Coordinator {
@@ -100,6 +103,7 @@ impl Coordinator {
             client,
             metrics,
             clock,
+            id_secret,
             in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
             asked: Mutex::new(Asked::default()),
             backoff: BACKOFF,
@@ -170,7 +174,7 @@ impl Coordinator {
                 return Outcome::Error;
             }
         }
-        let id = threshold::transfer_id(&self.region, &ask.key, window);
+        let id = threshold::transfer_id(self.id_secret.as_ref(), &self.region, &ask.key, window);
         let request = TransferRequest::new(
             id,
             &self.region,

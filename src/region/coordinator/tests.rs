@@ -54,10 +54,12 @@ async fn primary_link(primary: Arc<Scripted>) -> String {
                 shards: 1,
             })
         }),
+        window_ms: 20_000,
     });
     let link = LinkService {
         grantor: Some(grantor),
         limits: ServeLimits::default(),
+        budget: Arc::default(),
     };
     tokio::spawn(link.serve(listener));
     addr.to_string()
@@ -85,6 +87,7 @@ fn windowed(region: Arc<Scripted>, primary: String, timeout: Duration, window_ms
         LinkClient::new(primary, timeout),
         metrics(),
         Arc::new(move || now),
+        None,
     );
     Arc::get_mut(&mut c).unwrap().backoff = (Duration::from_millis(50), Duration::from_millis(100));
     c
@@ -168,7 +171,7 @@ async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
     // Another gateway of the region, same key and window: not elected.
     assert_eq!(b.rebalance(&ask(), W).await, Outcome::NotElected);
     let credits = region.credits.lock().unwrap().clone();
-    let id = threshold::transfer_id("eu", "rl:{l:k}", W);
+    let id = threshold::transfer_id(None, "eu", "rl:{l:k}", W);
     assert_eq!(credits, vec![(id, 300, 20_000)]);
     assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
     assert_eq!(primary.transferable.load(Ordering::SeqCst), 200);
@@ -269,7 +272,7 @@ async fn a_retry_after_a_lost_answer_moves_tokens_once() {
     let link = primary_link(primary.clone()).await;
     let region = Arc::new(Scripted::new());
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
-    let id = threshold::transfer_id("eu", "rl:{l:k}", W);
+    let id = threshold::transfer_id(None, "eu", "rl:{l:k}", W);
     primary.transfers.lock().unwrap().insert(id, 120);
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(120));
     assert_eq!(primary.takes.load(Ordering::SeqCst), 0);

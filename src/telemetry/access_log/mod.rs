@@ -44,7 +44,16 @@ pub struct Line<'a> {
     pub path: &'a str,
     pub status: u16,
     pub identity: &'a str,
+    /// `admitted`, `limited`, `shadow_limited`, `soft_limited`, `bypassed`
+    /// or `-` (no limit applied).
+    pub outcome: &'a str,
+    /// The limit that refused (or was over in shadow or soft mode), `-`
+    /// for none.
     pub limit: &'a str,
+    /// That limit's key, as `leasegate explain --json` prints its
+    /// `key_hash` (the key itself may hold a subject or a tenant), `-` for
+    /// none.
+    pub key: &'a str,
     pub upstream: &'a str,
     /// Microseconds from the start of handling to the response head.
     pub micros: u64,
@@ -240,8 +249,12 @@ pub fn write_json(out: &mut Vec<u8>, line: &Line<'_>, now: SystemTime) {
     let _ = serde_json::to_writer(&mut *out, &line.status);
     out.extend_from_slice(b",\"identity\":");
     string(out, line.identity);
+    out.extend_from_slice(b",\"outcome\":");
+    string(out, line.outcome);
     out.extend_from_slice(b",\"limit\":");
     string(out, line.limit);
+    out.extend_from_slice(b",\"key\":");
+    string(out, line.key);
     out.extend_from_slice(b",\"upstream\":");
     string(out, line.upstream);
     out.extend_from_slice(b",\"ms\":");

@@ -64,6 +64,42 @@ impl TestCert {
     }
 }
 
+/// A private CA made at test time, which issues certificates for
+/// 127.0.0.1/localhost good for both server and client authentication.
+pub struct TestCa {
+    pub cert_pem: String,
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let issuer = rcgen::CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
+        TestCa {
+            cert_pem: issuer.pem(),
+            issuer,
+        }
+    }
+
+    /// A certificate with common name `cn`, for localhost and 127.0.0.1.
+    pub fn issue(&self, cn: &str) -> TestCert {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
+        let mut p = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        TestCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct LogState {
     text: String,

@@ -1,0 +1,272 @@
+//! The planes that talk to machines, against the real binary: `[rls]` and
+//! the region link over mutual TLS, with certificates from a CA made here
+//! (rcgen). A peer with a certificate the CA signed is served; one with
+//! none, one from another CA, or one speaking cleartext is refused during
+//! the handshake, and counted.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::support::redis::Redis;
+use crate::support::{sample, Gateway, TestCa, TestCert, Toml};
+
+const YAML: &str = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+/// A client config trusting `ca`, presenting `cert` if any.
+fn client_config(ca: &TestCa, cert: Option<&TestCert>, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut cfg = match cert {
+        Some(c) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(c.cert_pem.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(cfg)
+}
+
+/// Connects tonic over our own TLS (tonic's own TLS is a feature this
+/// crate does not build).
+#[derive(Clone)]
+struct TlsConnector {
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+}
+
+type Connecting =
+    Pin<Box<dyn Future<Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send>>;
+
+impl tower_service::Service<Uri> for TlsConnector {
+    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Connecting {
+        let (addr, config) = (self.addr, self.config.clone());
+        Box::pin(async move {
+            let tcp = TcpStream::connect(addr).await?;
+            let name = ServerName::try_from("127.0.0.1").unwrap();
+            let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
+            Ok(TokioIo::new(tls))
+        })
+    }
+}
+
+async fn rls_client(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_static("http://rls.test")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(TlsConnector { addr, config })
+        .await
+}
+
+fn request() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Whether one ShouldRateLimit over a channel made with `config` is
+/// answered (the channel, the call, or both may fail).
+async fn rls_answers(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Result<Code, String> {
+    let channel = rls_client(addr, config).await.map_err(|e| format!("connect: {e}"))?;
+    let mut c = RateLimitServiceClient::new(channel);
+    let call = tokio::time::timeout(Duration::from_secs(10), c.should_rate_limit(request()))
+        .await
+        .map_err(|_| "no answer in 10 s".to_string())?;
+    match call {
+        Ok(r) => Ok(Code::try_from(r.into_inner().overall_code).unwrap()),
+        Err(status) => Err(format!("call: {status}")),
+    }
+}
+
+#[tokio::test]
+async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
+    let ca = TestCa::new("leasegate test CA");
+    let server = ca.issue("rls.leasegate.test");
+    let envoy = ca.issue("envoy-1");
+    let stranger = TestCa::new("another CA").issue("envoy-x");
+    let toml = Toml::new()
+        .gateway("workers = 1")
+        .table(
+            "rls",
+            "listen = \"127.0.0.1:0\"\nconfig = \"ratelimit.yaml\"\ntls_cert = \"rls.pem\"\ntls_key = \"rls.key\"\nclient_ca = \"ca.pem\"\nworkers = 2",
+        )
+        .respond("all", "/", &[]);
+    let gw = Gateway::start_with(
+        &toml,
+        &[
+            ("ratelimit.yaml", YAML),
+            ("rls.pem", &server.cert_pem),
+            ("rls.key", &server.key_pem),
+            ("ca.pem", &ca.cert_pem),
+        ],
+    );
+    let addr = gw.addr("rls");
+
+    assert_eq!(rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await, Ok(Code::Ok));
+    let none = rls_answers(addr, client_config(&ca, None, b"h2")).await;
+    assert!(none.is_err(), "a peer without a certificate was answered: {none:?}");
+    let other = rls_answers(addr, client_config(&ca, Some(&stranger), b"h2")).await;
+    assert!(other.is_err(), "a certificate from another CA was answered: {other:?}");
+    // Cleartext h2c on the TLS port: never a gRPC answer.
+    let plain = RateLimitServiceClient::connect(format!("http://{addr}")).await;
+    if let Ok(mut c) = plain {
+        let r = tokio::time::timeout(Duration::from_secs(10), c.should_rate_limit(request())).await;
+        assert!(!matches!(r, Ok(Ok(_))), "cleartext was answered: {r:?}");
+    }
+    // Each refusal is counted, and the plane still serves its peers.
+    let m = gw.metrics().await;
+    assert!(
+        sample(&m, "leasegate_tls_handshake_failures_total{reason=\"rls\"}") >= 3.0,
+        "{m}"
+    );
+    assert_eq!(rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await, Ok(Code::Ok));
+}
+
+/// A `[region]` with the link over mutual TLS.
+fn region_toml(redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>) -> Toml {
+    let mut region = format!(
+        "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_window_ms = 20000\ntls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\nid_secret_file = \"id.secret\""
+    );
+    if let Some(p) = primary {
+        region.push_str(&format!("\nprimary = \"https://{p}\""));
+    }
+    Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .redis(&redis.url(), "timeout_ms = 1000")
+        .table("region", &region)
+        .respond("api", "/", &["global"])
+        .limit("global", "100/h")
+        .with("by = [\"route\"]")
+}
+
+/// POSTs a transfer to the link at `addr` over TLS made with `config`:
+/// the status line, or why there was none.
+async fn post_transfer(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Result<String, String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let body = r#"{"id":1,"region":"eu-central","key":"rl:{global:api}","algorithm":"token_bucket","count":100,"period_ms":3600000,"capacity":100,"want":50,"window_ms":20000}"#;
+    let req = format!(
+        "POST /v1/transfer HTTP/1.1\r\nhost: primary\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
+    let mut out = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut out)).await {
+        Ok(Ok(_)) | Ok(Err(_)) if !out.is_empty() => {}
+        Ok(Err(e)) => return Err(format!("read: {e}")),
+        Ok(Ok(_)) => return Err("closed without an answer".into()),
+        Err(_) => return Err("no answer in 5 s".into()),
+    }
+    let text = String::from_utf8_lossy(&out);
+    Ok(text.lines().next().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
+    let redis = [Redis::start(), Redis::start()];
+    let ca = TestCa::new("leasegate regions CA");
+    let (us_cert, eu_cert) = (ca.issue("us-east.link"), ca.issue("eu-central.link"));
+    let secret = "0123456789abcdef0123456789abcdef";
+    let files = |c: &TestCert| {
+        vec![
+            ("gw.pem", c.cert_pem.clone()),
+            ("gw.key", c.key_pem.clone()),
+            ("ca.pem", ca.cert_pem.clone()),
+            ("id.secret", secret.to_string()),
+        ]
+    };
+    let start = |toml: Toml, c: &TestCert| {
+        let files = files(c);
+        let refs: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        Gateway::start_with(&toml, &refs)
+    };
+    let primary = start(region_toml(&redis[0], "us-east", 0.5, None), &us_cert);
+    let link = primary.addr("link");
+    let eu = start(region_toml(&redis[1], "eu-central", 0.5, Some(link)), &eu_cert);
+
+    // The region's own gateway reaches the primary over TLS, presenting
+    // its certificate: its probe finds the link up.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = eu.metrics().await;
+        if sample(&m, "leasegate_region_link_up{region=\"eu-central\"}") == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "eu never reached the primary over TLS:\n{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A peer of the fleet is answered.
+    let member = post_transfer(link, client_config(&ca, Some(&eu_cert), b"http/1.1")).await;
+    assert!(
+        member.as_deref().is_ok_and(|l| l.starts_with("HTTP/1.1 ")),
+        "{member:?}\n{}",
+        primary.log()
+    );
+    // Without a certificate, or with another CA's, no transfer.
+    let none = post_transfer(link, client_config(&ca, None, b"http/1.1")).await;
+    assert!(none.is_err(), "a peer without a certificate got {none:?}");
+    let stranger = TestCa::new("another CA").issue("mallory");
+    let other = post_transfer(link, client_config(&ca, Some(&stranger), b"http/1.1")).await;
+    assert!(other.is_err(), "another CA's certificate got {other:?}");
+    // Plain HTTP on the TLS port is never answered with HTTP.
+    let mut plain = TcpStream::connect(link).await.unwrap();
+    plain
+        .write_all(b"POST /v1/transfer HTTP/1.1\r\nhost: p\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut out)).await;
+    assert!(!String::from_utf8_lossy(&out).contains("HTTP/1.1"), "{out:?}");
+    let m = primary.metrics().await;
+    assert!(
+        sample(&m, "leasegate_tls_handshake_failures_total{reason=\"region_link\"}") >= 3.0,
+        "{m}"
+    );
+}
