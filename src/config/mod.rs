@@ -192,6 +192,8 @@ pub enum StoreBackend {
 #[derive(Debug, Clone)]
 pub struct Store {
     pub backend: StoreBackend,
+    /// `ca`: the CA `rediss://` addresses are verified against.
+    pub ca: Option<StoreCa>,
     /// Deadline of every store call.
     pub timeout: Duration,
     /// Most keys the memory store tracks.
@@ -201,6 +203,19 @@ pub struct Store {
     /// limit's quota by while the store is away.
     pub fleet_size: Option<u64>,
     pub breaker: crate::store::guard::BreakerSettings,
+}
+
+/// `[store] ca`, read at load.
+#[derive(Clone)]
+pub struct StoreCa {
+    pub path: PathBuf,
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for StoreCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreCa").field("path", &self.path).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -80,6 +80,7 @@ pub struct Store {
     pub cluster: Option<Spanned<Vec<String>>>,
     pub sentinel: Option<Spanned<Vec<String>>>,
     pub sentinel_master: Option<Spanned<String>>,
+    pub ca: Option<Spanned<String>>,
     pub timeout_ms: Option<Spanned<i64>>,
     pub max_keys: Option<Spanned<i64>>,
     pub fleet_size: Option<Spanned<i64>>,

@@ -249,7 +249,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         "[store] max_keys changed: it applies after a restart",
     );
     warn(
-        old.store.backend != new.store.backend,
+        (&old.store.backend, old.store.ca.as_ref().map(|c| &c.pem))
+            != (&new.store.backend, new.store.ca.as_ref().map(|c| &c.pem)),
         "[store] backend changed: it applies after a restart",
     );
     warn(

@@ -465,13 +465,19 @@ fn bad_fallback_rate() {
 fn redis_addresses_the_client_cannot_dial_are_refused() {
     let store = |lines: &str| format!("{BASE}\n[store]\nbackend = \"redis\"\n{lines}\n");
     refused(
-        &store("url = \"rediss://:hunter2@redis.example:6380\""),
+        &store("url = \"rediss://:hunter2@redis.example:6380/#insecure\""),
         20,
         "store.url",
-        "TLS to Redis (rediss://) is not supported",
+        "the certificate is always verified (no #insecure)",
     );
-    let err = error(&store("url = \"rediss://:hunter2@redis.example:6380\""));
+    let err = error(&store("url = \"rediss://:hunter2@redis.example:6380/#insecure\""));
     assert!(!err.contains("hunter2"), "passwords never reach the terminal: {err}");
+    refused(
+        &store("url = \"rediss://redis.example:6380\"\nca = \"no-such-ca.pem\""),
+        21,
+        "store.ca",
+        "cannot read",
+    );
     refused(
         &store("cluster = [\"redis+unix:///tmp/r.sock\"]"),
         20,
@@ -536,13 +542,13 @@ fn sentinel_needs_its_master_name_and_excludes_url_and_cluster() {
         "is listed twice",
     );
     let text = store(
-        "sentinel = [\"redis://:hunter2@127.0.0.1:26379\", \"rediss://:hunter2@s2:26379\"]\nsentinel_master = \"m\"",
+        "sentinel = [\"redis://:hunter2@127.0.0.1:26379\", \"rediss://:hunter2@s2:26379/#insecure\"]\nsentinel_master = \"m\"",
     );
     refused(
         &text,
         20,
         "store.sentinel[1]",
-        "TLS to Redis (rediss://) is not supported",
+        "the certificate is always verified",
     );
     let err = error(&text);
     assert!(!err.contains("hunter2"), "passwords never reach the terminal: {err}");

@@ -270,3 +270,85 @@ async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
         "{m}"
     );
 }
+
+/// GETs `path` on the gateway's http listener; the status.
+async fn status_of(gw: &Gateway, path: &str) -> u16 {
+    let mut c = crate::support::client::http1(gw.http()).await;
+    let resp = crate::support::client::send(&mut c, crate::support::client::get(path)).await;
+    resp.status().as_u16()
+}
+
+#[tokio::test]
+async fn a_gateway_on_rediss_with_an_acl_user_leases_and_falls_back_like_on_plain_redis() {
+    let ca = TestCa::new("leasegate redis CA");
+    let mut redis = Redis::start_tls(&ca);
+    let acl = ["ACL", "SETUSER", "leasegate", "on", ">a-long-redis-password", "~*", "&*", "+@all"];
+    assert_eq!(redis.cli(&acl).trim(), "OK");
+    let tls_port = redis.tls_port.unwrap();
+    let toml = |password: &str| {
+        Toml::new()
+            .gateway("workers = 1\naccess_log = \"off\"")
+            .redis(
+                &format!("rediss://leasegate:{password}@127.0.0.1:{tls_port}"),
+                "timeout_ms = 1000\nca = \"ca.pem\"",
+            )
+            .table("leasing", "min = 1\nmax = 2")
+            .respond("api", "/api", &["five"])
+            .with("on_store_failure = \"allow\"")
+            .respond("other", "/other", &["five"])
+            .with("on_store_failure = \"allow\"")
+            .limit("five", "5/min")
+            .with("by = [\"route\"]")
+    };
+    let gw = Gateway::start_with(&toml("a-long-redis-password"), &[("ca.pem", &ca.cert_pem)]);
+    assert!(
+        gw.wait_for_log(": connected to Redis", Duration::from_secs(20)),
+        "{}",
+        gw.log()
+    );
+
+    // Leases from the store, over TLS, as the ACL user.
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(status_of(&gw, "/api").await);
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 200, 429]);
+    let keys = redis.cli(&["--scan", "--pattern", "rl:*"]);
+    assert!(keys.contains("five"), "no bucket in the store: {keys:?}");
+    let clients = redis.cli(&["CLIENT", "LIST"]);
+    assert!(clients.contains("user=leasegate"), "{clients}");
+
+    // Redis dies: the fail-open route goes on by its fallback bucket.
+    redis.kill();
+    let before = sample(&gw.metrics().await, "rate_limit_bypassed_total{reason=\"store_error\"}")
+        + sample(&gw.metrics().await, "rate_limit_bypassed_total{reason=\"store_timeout\"}");
+    assert_eq!(status_of(&gw, "/other").await, 200);
+    let m = gw.metrics().await;
+    let after = sample(&m, "rate_limit_bypassed_total{reason=\"store_error\"}")
+        + sample(&m, "rate_limit_bypassed_total{reason=\"store_timeout\"}")
+        + sample(&m, "rate_limit_bypassed_total{reason=\"store_circuit_open\"}");
+    assert!(after > before, "{m}");
+
+    // Back (empty, so the user is made again): the gateway reconnects over
+    // TLS and leases from the store again.
+    redis.restart();
+    assert_eq!(redis.cli(&acl).trim(), "OK");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let _ = status_of(&gw, "/other").await;
+        if redis.cli(&["--scan", "--pattern", "rl:*"]).contains("other") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never leased again:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A wrong password is refused by Redis, and said so.
+    let wrong = Gateway::start_with(&toml("not-the-password"), &[("ca.pem", &ca.cert_pem)]);
+    assert!(!wrong.wait_for_log(": connected to Redis", Duration::from_secs(3)));
+    assert!(
+        wrong.log().contains("Password authentication failed"),
+        "{}",
+        wrong.log()
+    );
+}

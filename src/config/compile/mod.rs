@@ -79,7 +79,7 @@ pub(super) fn compile(
         }
         (None, None) => None,
     };
-    let store = store(&mut c, raw.store);
+    let store = store(&mut c, raw.store, base);
     let leasing = leasing(&mut c, raw.leasing);
     let identity = identity(&mut c, raw.identity, base);
     let upstreams = upstreams(&mut c, raw.upstreams);

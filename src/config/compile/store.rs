@@ -1,12 +1,13 @@
 //! `[store]` (backend, Redis URLs, Sentinel, breaker) and `[leasing]`.
 
 use std::ops::Range;
+use std::path::Path;
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::{in_range, Check};
-use crate::config::{raw, redact, Leasing, Store, StoreBackend};
+use crate::config::{raw, redact, Leasing, Store, StoreBackend, StoreCa};
 
 /// A sentinel URL's database: the gateway asks the sentinels with the URL
 /// as written, and a sentinel knows no `SELECT`, so only database 0 works.
@@ -28,12 +29,15 @@ fn sentinel_url_extras(c: &mut Check, span: Range<usize>, key: &str, url: &str) 
 /// `tcp_only`: cluster seeds and sentinels (both announce TCP addresses).
 fn redis_url(c: &mut Check, span: Range<usize>, key: &str, url: &str, tcp_only: bool) -> bool {
     let shown = redact(url);
-    let why = if url.starts_with("rediss://") {
+    let why = if !["redis://", "rediss://", "redis+unix://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+    {
+        Some(format!("{shown:?} is not a redis://, rediss:// or redis+unix:// URL"))
+    } else if url.starts_with("rediss://") && url.contains('#') {
         Some(format!(
-            "{shown:?}: TLS to Redis (rediss://) is not supported by this build; use redis:// (through a TLS tunnel if the network needs one)"
+            "{shown:?}: the certificate is always verified (no #insecure); for a private CA set [store] ca"
         ))
-    } else if !url.starts_with("redis://") && !url.starts_with("redis+unix://") {
-        Some(format!("{shown:?} is not a redis:// or redis+unix:// URL"))
     } else if tcp_only && url.starts_with("redis+unix://") {
         let what = if key.starts_with("store.sentinel") {
             "sentinels must be redis://host:port (they name the master by a TCP address)"
@@ -158,7 +162,38 @@ fn redis_backend(
     }
 }
 
-pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
+/// `[store] ca`: the PEM CA certificates `rediss://` addresses are
+/// verified against (else the system's roots).
+fn store_ca(c: &mut Check, v: &Spanned<String>, base: &Path, tls: bool) -> Option<StoreCa> {
+    let path = super::resolve(base, v.get_ref());
+    let pem = match std::fs::read(&path) {
+        Ok(pem) => pem,
+        Err(e) => {
+            c.at(v.span(), "store.ca", format!("cannot read {}: {e}", path.display()));
+            return None;
+        }
+    };
+    use rustls_pki_types::pem::PemObject as _;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
+    if certs == 0 {
+        c.at(
+            v.span(),
+            "store.ca",
+            format!("{}: no PEM certificate in the file", path.display()),
+        );
+        return None;
+    }
+    if !tls {
+        c.at(
+            v.span(),
+            "store.ca",
+            "is set but no Redis address is rediss:// (TLS): use rediss://host:port",
+        );
+    }
+    Some(StoreCa { path, pem })
+}
+
+pub(super) fn store(c: &mut Check, s: raw::Store, base: &Path) -> Store {
     let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
     #[derive(Clone, Copy)]
     enum Kind {
@@ -194,6 +229,14 @@ pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
             StoreBackend::Memory
         }
     };
+    let tls = match &backend {
+        StoreBackend::Memory => false,
+        StoreBackend::Redis { url } => url.starts_with("rediss://"),
+        StoreBackend::RedisCluster { seeds: urls } | StoreBackend::RedisSentinel { sentinels: urls, .. } => {
+            urls.iter().any(|u| u.starts_with("rediss://"))
+        }
+    };
+    let ca = s.ca.as_ref().and_then(|v| store_ca(c, v, base, tls));
     let max_keys = in_range(c, &s.max_keys, "store.max_keys", 1_000, 100_000_000, 1_000_000);
     let fleet_size = s
         .fleet_size
@@ -205,6 +248,7 @@ pub(super) fn store(c: &mut Check, s: raw::Store) -> Store {
     };
     Store {
         backend,
+        ca,
         timeout: Duration::from_millis(timeout),
         max_keys,
         fleet_size,

@@ -103,10 +103,31 @@ pub enum RedisSetupError {
     Thread(std::io::Error),
 }
 
+/// A client for `info`: over TLS (`rediss://`) trusting `ca` (PEM) when
+/// given, else the system's roots.
+pub(super) fn client(info: redis::ConnectionInfo, ca: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    match (info.addr(), ca) {
+        (redis::ConnectionAddr::TcpTls { .. }, Some(ca)) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.to_vec()),
+            },
+        ),
+        _ => redis::Client::open(info),
+    }
+}
+
 impl RedisStore {
     /// Starts the I/O thread and begins connecting in the background;
     /// returns at once, whether or not Redis is up.
     pub fn start(target: &Target) -> Result<RedisStore, RedisSetupError> {
+        RedisStore::start_with_ca(target, None)
+    }
+
+    /// [`RedisStore::start`], trusting `ca` (PEM CA certificates) for
+    /// `rediss://` addresses instead of the system's roots.
+    pub fn start_with_ca(target: &Target, ca: Option<Vec<u8>>) -> Result<RedisStore, RedisSetupError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -127,7 +148,7 @@ impl RedisStore {
                 let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
                     .map_err(|e| RedisSetupError::Address(redact(url), e))?
                     .set_tcp_settings(tcp_settings());
-                let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(redact(url), e))?;
+                let client = client(info, ca.as_deref()).map_err(|e| RedisSetupError::Address(redact(url), e))?;
                 let address = Address {
                     client: Some(client),
                     shown: redact(url),
@@ -158,9 +179,9 @@ impl RedisStore {
                         .redis_settings()
                         .clone()
                         .set_protocol(redis::ProtocolVersion::RESP3);
-                    let events = redis::Client::open(info.clone().set_redis_settings(resp3))
+                    let events = client(info.clone().set_redis_settings(resp3), ca.as_deref())
                         .map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
-                    let client = redis::Client::open(info).map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
+                    let client = client(info, ca.as_deref()).map_err(|e| RedisSetupError::Address(shown.clone(), e))?;
                     asks.push(Sentinel {
                         client,
                         events,
@@ -183,10 +204,18 @@ impl RedisStore {
                 let _ = connection.set(Connection::Node(node.clone()));
                 let asks = Arc::new(asks);
                 io.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
-                io.spawn(follow_master(node, asks, master.clone(), template));
+                io.spawn(follow_master(node, asks, master.clone(), template, ca));
             }
             Target::Cluster(seeds) => {
-                let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+                let builder = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str));
+                let builder = match ca {
+                    Some(ca) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca),
+                    }),
+                    None => builder,
+                };
+                let client = builder
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
                     .tcp_settings(tcp_settings())

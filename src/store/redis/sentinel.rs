@@ -91,6 +91,7 @@ pub(super) async fn follow_master(
     sentinels: Arc<Vec<Sentinel>>,
     master: String,
     template: redis::ConnectionInfo,
+    ca: Option<Vec<u8>>,
 ) {
     let Some(notify) = node.rediscover.clone() else {
         return;
@@ -102,11 +103,18 @@ pub(super) async fn follow_master(
             Ok((host, port)) => {
                 unknown_since_logged = false;
                 let shown = redact(&format!("redis://{host}:{port}"));
-                let info = template
-                    .clone()
-                    .set_addr(redis::ConnectionAddr::Tcp(host, port))
-                    .set_tcp_settings(tcp_settings());
-                match redis::Client::open(info) {
+                // The master over TLS when the sentinels are (rediss://).
+                let addr = match template.addr() {
+                    redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: *insecure,
+                        tls_params: None,
+                    },
+                    _ => redis::ConnectionAddr::Tcp(host, port),
+                };
+                let info = template.clone().set_addr(addr).set_tcp_settings(tcp_settings());
+                match super::client(info, ca.as_deref()) {
                     Ok(client) => {
                         if node.moved_to(client, shown) {
                             // Warm-up: the first call after a failover

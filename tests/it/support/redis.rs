@@ -33,6 +33,9 @@ pub struct Redis {
     cluster: bool,
     /// The master's port, for a replica.
     replica_of: Option<u16>,
+    /// A TLS port too (the plain one stays, for `cli`), with its
+    /// certificate and key files in `dir`.
+    pub tls_port: Option<u16>,
 }
 
 /// A port that is free, and (for cluster nodes) whose bus port +10000 is too.
@@ -67,6 +70,7 @@ impl Redis {
             dir: TempDir::new(),
             cluster: false,
             replica_of: Some(master.port),
+            tls_port: None,
         };
         r.spawn();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -90,10 +94,33 @@ impl Redis {
             dir: TempDir::new(),
             cluster,
             replica_of: None,
+            tls_port: None,
         };
         r.spawn();
         r
     }
+
+    /// A node that also serves TLS (`rediss://`) with a certificate `ca`
+    /// signed, and asks no client certificate.
+    pub fn start_tls(ca: &super::TestCa) -> Redis {
+        require_tool("redis-server", "apt-get install -y redis-server");
+        let dir = TempDir::new();
+        let cert = ca.issue("redis.test");
+        dir.write("redis.pem", &cert.cert_pem);
+        dir.write("redis.key", &cert.key_pem);
+        dir.write("ca.pem", &ca.cert_pem);
+        let mut r = Redis {
+            child: None,
+            port: free_port(false),
+            dir,
+            cluster: false,
+            replica_of: None,
+            tls_port: Some(free_port(false)),
+        };
+        r.spawn();
+        r
+    }
+
 
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
@@ -108,6 +135,16 @@ impl Redis {
         }
         if let Some(master) = self.replica_of {
             cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
+        }
+        if let Some(tls) = self.tls_port {
+            let file = |name: &str| self.dir.path().join(name);
+            cmd.args(["--tls-port", &tls.to_string(), "--tls-auth-clients", "no"])
+                .arg("--tls-cert-file")
+                .arg(file("redis.pem"))
+                .arg("--tls-key-file")
+                .arg(file("redis.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(file("ca.pem"));
         }
         let child = cmd
             .stdin(Stdio::null())
