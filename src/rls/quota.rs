@@ -17,6 +17,7 @@
 //! paid for that long is spent, not given back).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy as PbStrategy};
@@ -49,13 +50,72 @@ const IDLE_INTERVALS: u64 = 6;
 /// The longest report interval believed (Envoy's are seconds to minutes).
 const MAX_INTERVAL_SECS: u64 = 3_600;
 
+/// Most RLQS streams open at once, over every connection; one more is
+/// refused `RESOURCE_EXHAUSTED` (an Envoy holds one per filter config).
+pub const MAX_STREAMS: usize = 1_000;
+/// Most buckets tracked over every stream; past it, new buckets get
+/// `ALLOW_ALL` (as past [`MAX_BUCKETS_PER_STREAM`]) until some go.
+pub const MAX_BUCKETS: usize = 100_000;
+
+/// Streams and buckets open over the whole service.
+#[derive(Default)]
+struct Totals {
+    streams: AtomicUsize,
+    buckets: AtomicUsize,
+}
+
+/// A stream's place in [`Totals`], given back when the stream ends.
+struct StreamSlot {
+    totals: Arc<Totals>,
+    /// This stream's buckets, as counted in the totals.
+    buckets: usize,
+}
+
+impl StreamSlot {
+    fn take(totals: &Arc<Totals>) -> Option<StreamSlot> {
+        let taken = totals
+            .streams
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_STREAMS).then_some(n + 1));
+        taken.is_ok().then(|| StreamSlot {
+            totals: totals.clone(),
+            buckets: 0,
+        })
+    }
+
+    /// Buckets the other streams hold (as last counted).
+    fn others(&self) -> usize {
+        self.totals.buckets.load(Ordering::Relaxed).saturating_sub(self.buckets)
+    }
+
+    /// Counts this stream's buckets as `now`.
+    fn count(&mut self, now: usize) {
+        if now >= self.buckets {
+            self.totals.buckets.fetch_add(now - self.buckets, Ordering::Relaxed);
+        } else {
+            self.totals.buckets.fetch_sub(self.buckets - now, Ordering::Relaxed);
+        }
+        self.buckets = now;
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.count(0);
+        self.totals.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub struct QuotaService {
     runtime: Arc<Runtime>,
+    totals: Arc<Totals>,
 }
 
 impl QuotaService {
     pub fn new(runtime: Arc<Runtime>) -> QuotaService {
-        QuotaService { runtime }
+        QuotaService {
+            runtime,
+            totals: Arc::default(),
+        }
     }
 }
 
@@ -67,6 +127,11 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let Some(mut slot) = StreamSlot::take(&self.totals) else {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_STREAMS} quota streams are open: no more"
+            )));
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
         let runtime = self.runtime.clone();
@@ -77,7 +142,8 @@ impl RateLimitQuotaService for QuotaService {
                     Ok(Some(r)) => r,
                     Ok(None) | Err(_) => break,
                 };
-                let reply = stream.on_reports(&runtime, reports).await;
+                let reply = stream.on_reports(&runtime, reports, slot.others()).await;
+                slot.count(stream.buckets.len());
                 if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
                     break;
                 }
@@ -125,6 +191,7 @@ impl StreamState {
         &mut self,
         runtime: &Arc<Runtime>,
         reports: RateLimitQuotaUsageReports,
+        others: usize,
     ) -> RateLimitQuotaResponse {
         if !reports.domain.is_empty() {
             self.domain = reports.domain;
@@ -155,7 +222,8 @@ impl StreamState {
         for (id, entries, usage) in usages {
             let borrowed: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let matched = domain.and_then(|d| matcher::find(d, &borrowed));
-            let room = self.buckets.len() < MAX_BUCKETS_PER_STREAM || self.buckets.contains_key(&entries);
+            let n = self.buckets.len();
+            let room = (n < MAX_BUCKETS_PER_STREAM && others + n < MAX_BUCKETS) || self.buckets.contains_key(&entries);
             let action = match matched {
                 Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
@@ -330,7 +398,28 @@ fn sorted(id: &BucketId) -> Entries {
 
 #[cfg(test)]
 mod tests {
-    use super::next_interval;
+    use super::*;
+
+    #[test]
+    fn streams_and_buckets_are_capped_over_the_whole_service() {
+        let totals = Arc::new(Totals::default());
+        let mut slots: Vec<StreamSlot> = (0..MAX_STREAMS).map(|_| StreamSlot::take(&totals).unwrap()).collect();
+        assert!(StreamSlot::take(&totals).is_none(), "one stream past the cap");
+        // Buckets: one stream's count moves the total both ways.
+        slots[0].count(MAX_BUCKETS - 10);
+        slots[1].count(5);
+        assert_eq!(slots[1].others(), MAX_BUCKETS - 10);
+        assert_eq!(slots[0].others(), 5);
+        slots[1].count(2);
+        assert_eq!(totals.buckets.load(Ordering::Relaxed), MAX_BUCKETS - 8);
+        // A stream that ends gives back its place and its buckets.
+        drop(slots.swap_remove(0));
+        assert_eq!(totals.buckets.load(Ordering::Relaxed), 2);
+        assert!(StreamSlot::take(&totals).is_some());
+        drop(slots);
+        assert_eq!(totals.streams.load(Ordering::Relaxed), 0);
+        assert_eq!(totals.buckets.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn the_learned_interval_follows_reports_and_forgets_a_stall() {

@@ -111,9 +111,9 @@ impl RateLimitService for ShouldRateLimit {
         let mut checks: Vec<Check> = req
             .descriptors
             .iter()
-            .map(|d| match domain {
-                None => Check::None,
-                Some(level) => check_for(&req.domain, level, d),
+            .map(|d| match (domain, rls) {
+                (Some(level), Some(rls)) => check_for(&req.domain, level, d, overrides(rls)),
+                _ => Check::None,
             })
             .collect();
         apply_replaces(&mut checks);
@@ -206,15 +206,28 @@ impl RateLimitService for ShouldRateLimit {
     }
 }
 
+/// What a descriptor's own `limit` may do: `None`, ignored (`[rls]
+/// allow_overrides = false`); else its unit is capped at this one (the
+/// longest of the YAML's rules; `None` inside: no rule has a unit, so no
+/// override applies either).
+type Overrides = Option<Option<crate::config::rls::Unit>>;
+
+fn overrides(rls: &crate::config::Rls) -> Overrides {
+    rls.allow_overrides.then(|| rls.rules.longest_unit())
+}
+
 /// The rule a descriptor is checked against in a known domain. A limit
 /// the request carries (Envoy's per-action override) replaces the rules
-/// and is never in shadow mode, as in envoyproxy/ratelimit.
-fn check_for(domain: &str, level: &crate::config::rls::Level, d: &RateLimitDescriptor) -> Check {
+/// and is never in shadow mode, as in envoyproxy/ratelimit; unless
+/// `[rls] allow_overrides = false`, and with its unit capped at the
+/// longest unit of the YAML (a caller cannot make year-long keys).
+fn check_for(domain: &str, level: &crate::config::rls::Level, d: &RateLimitDescriptor, overrides: Overrides) -> Check {
     let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-    if let Some(o) = &d.limit {
-        let Some(unit) = unit_of(o.unit) else {
+    if let (Some(o), Some(cap)) = (&d.limit, overrides) {
+        let (Some(unit), Some(cap)) = (unit_of(o.unit), cap) else {
             return Check::None;
         };
+        let unit = unit.min(cap);
         let limit = Arc::new(RlsLimit {
             full_key: String::new(),
             name: String::new(),

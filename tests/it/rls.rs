@@ -306,6 +306,39 @@ async fn replaces_hits_addend_and_overrides() {
         outs.push(code(&r));
     }
     assert_eq!(outs, [OK, OK, Over]);
+    // An override's unit is capped at the YAML's longest (an hour here): a
+    // caller cannot make a year-long key.
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 7,
+        unit: Unit::Year as i32,
+    });
+    let r = c.should_rate_limit(request("edge", vec![d])).await.unwrap().into_inner();
+    let current = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((current.requests_per_unit, current.unit), (7, Unit::Hour as i32), "{r:?}");
+}
+
+#[tokio::test]
+async fn with_allow_overrides_off_a_descriptor_s_own_limit_is_ignored() {
+    clear_of_the_minute();
+    let gw = Gateway::start_with(
+        &gateway_toml("", "allow_overrides = false"),
+        &[("ratelimit.yaml", YAML)],
+    );
+    let mut c = client(&gw).await;
+    let mut d = descriptor(&[("minute", "m")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1_000,
+        unit: Unit::Second as i32,
+    });
+    let mut outs = Vec::new();
+    for _ in 0..6 {
+        let r = c.should_rate_limit(request("edge", vec![d.clone()])).await.unwrap().into_inner();
+        let current = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((current.requests_per_unit, current.unit), (5, Unit::Minute as i32), "{r:?}");
+        outs.push(code(&r));
+    }
+    // The YAML's 5 per minute, not the caller's 1000 per second.
+    assert_eq!(outs, [OK, OK, OK, OK, OK, Over]);
 }
 
 #[tokio::test]

@@ -20,8 +20,8 @@ use super::Problem;
 use crate::quota::{Algorithm, Rate, Spec};
 
 /// An RLS unit, with envoyproxy/ratelimit's lengths: a month is 30 days
-/// and a year 365, windows aligned to the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// and a year 365, windows aligned to the epoch. Ordered by length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Unit {
     Second,
     Minute,
@@ -155,6 +155,23 @@ impl RlsRules {
                 + level.any.values().map(node).sum::<usize>()
         }
         self.domains.values().map(count).sum()
+    }
+
+    /// The longest unit of any rule, over all domains: a descriptor's own
+    /// `limit` (RateLimitOverride) is capped at it, so a caller cannot make
+    /// store keys outlive every rule's window.
+    pub fn longest_unit(&self) -> Option<Unit> {
+        fn longest(level: &Level) -> Option<Unit> {
+            let node = |n: &Node| {
+                let own = n.limit.as_ref().filter(|l| !l.unlimited).map(|l| l.unit);
+                own.max(longest(&n.children))
+            };
+            let exact = level.exact.values().flat_map(HashMap::values).filter_map(node).max();
+            let wild = level.wildcards.iter().filter_map(|(_, _, n)| node(n)).max();
+            let any = level.any.values().filter_map(node).max();
+            exact.max(wild).max(any)
+        }
+        self.domains.values().filter_map(longest).max()
     }
 }
 
