@@ -13,8 +13,12 @@
 //! once (leases holding nothing and in nobody's hands first), so a flood of
 //! new identities pays one scan per many inserts, not one per insert.
 //! Evicted leases give their tokens back (see [`Evicted`]).
+//!
+//! Each shard also indexes its leases by a hash of the store key's string
+//! ([`LeaseTable::find`]): the admin's key lookups are one probe per shard,
+//! never a walk of the leases. The index costs the insert of a new key one
+//! more hash, and the request path nothing.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use super::lease::Lease;
@@ -23,7 +27,24 @@ use crate::sync::Recover;
 
 pub const SHARDS: usize = 64;
 
-type Shard = RwLock<crate::int_hash::IntMap<u64, Arc<Lease>>>;
+/// One shard: the leases by request hash, and the same leases' request
+/// hashes by the hash of their store key's string.
+#[derive(Default)]
+struct Maps {
+    leases: crate::int_hash::IntMap<u64, Arc<Lease>>,
+    by_key: crate::int_hash::IntMap<u64, u64>,
+}
+
+impl Maps {
+    /// Forgets `h`'s index entry, if it still points at `h`.
+    fn unindex(&mut self, key_hash: u64, h: u64) {
+        if self.by_key.get(&key_hash) == Some(&h) {
+            self.by_key.remove(&key_hash);
+        }
+    }
+}
+
+type Shard = RwLock<Maps>;
 
 pub struct LeaseTable {
     /// This table's entries in threads' fronts (see `near`).
@@ -45,7 +66,7 @@ impl LeaseTable {
     pub fn new(max_keys: usize) -> LeaseTable {
         LeaseTable {
             id: super::near::new_table_id(),
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(Maps::default())).collect(),
             key_seed: fastrand::u64(..),
             hasher: foldhash::fast::RandomState::default(),
             per_shard_cap: max_keys.div_ceil(SHARDS).max(8),
@@ -62,6 +83,12 @@ impl LeaseTable {
     /// Most leases the table holds.
     pub fn capacity(&self) -> usize {
         self.per_shard_cap * SHARDS
+    }
+
+    /// The index's hash of a store key's string.
+    fn key_hash(&self, key: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
     }
 
     fn shard(&self, h: u64) -> &Shard {
@@ -81,7 +108,7 @@ impl LeaseTable {
         let f = f.take()?;
         let (t, keep) = {
             let shard = self.shard(h).read().recover();
-            let lease = shard.get(&h)?;
+            let lease = shard.leases.get(&h)?;
             (f(lease), near::wants(self.id, h).then(|| lease.clone()))
         };
         if let Some(lease) = keep {
@@ -91,7 +118,7 @@ impl LeaseTable {
     }
 
     pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
-        self.shard(h).read().recover().get(&h).cloned()
+        self.shard(h).read().recover().leases.get(&h).cloned()
     }
 
     /// The lease of `h`, made if there is none. At a full shard an eighth
@@ -103,10 +130,11 @@ impl LeaseTable {
         }
         let mut shard = self.shard(h).write().recover();
         let mut evicted = Vec::new();
-        if shard.len() >= self.per_shard_cap && !shard.contains_key(&h) {
+        if shard.leases.len() >= self.per_shard_cap && !shard.leases.contains_key(&h) {
             let batch = (self.per_shard_cap / 8).max(1);
             // Idle leases first: nothing at hand, nobody holding them.
             let mut victims: Vec<u64> = shard
+                .leases
                 .iter()
                 .filter(|(_, l)| l.available() == 0 && !near::is_held(l))
                 .map(|(k, _)| *k)
@@ -116,28 +144,38 @@ impl LeaseTable {
                 // Every lease holds tokens or is in use: the cap still holds.
                 // From a random place in the shard, so no lease is spared
                 // for where its hash happens to sit in the map.
-                let from = fastrand::usize(..shard.len().max(1));
+                let from = fastrand::usize(..shard.leases.len().max(1));
                 victims = shard
+                    .leases
                     .keys()
                     .copied()
                     .cycle()
                     .skip(from)
-                    .take(batch.min(shard.len()))
+                    .take(batch.min(shard.leases.len()))
                     .collect();
             }
             for v in victims {
-                if let Some(lease) = shard.remove(&v) {
+                if let Some(lease) = shard.leases.remove(&v) {
+                    shard.unindex(self.key_hash(lease.key()), v);
                     lease.evict();
                     evicted.push(lease);
                 }
             }
         }
-        let lease = shard.entry(h).or_insert_with(|| Arc::new(Lease::new(key))).clone();
+        let shard = &mut *shard;
+        let lease = shard
+            .leases
+            .entry(h)
+            .or_insert_with(|| {
+                shard.by_key.insert(self.key_hash(key), h);
+                Arc::new(Lease::new(key))
+            })
+            .clone();
         (lease, evicted)
     }
 
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().recover().len()).sum()
+        self.shards.iter().map(|s| s.read().recover().leases.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -148,50 +186,25 @@ impl LeaseTable {
     pub fn for_each(&self, mut f: impl FnMut(&Arc<Lease>)) {
         for shard in self.shards.iter() {
             let map = shard.read().recover();
-            map.values().for_each(&mut f);
+            map.leases.values().for_each(&mut f);
         }
     }
 
-    /// The lease whose store key is `key`, by a scan of the whole table
-    /// (one shard's read lock at a time), comparing keys. The table is keyed
-    /// by a hash of the key's parts, which the string cannot give back (a
-    /// header value's `:` is hashed into the string, an IP is hashed by its
-    /// octets), so there is no lookup by string. Bounded by the table's
-    /// capacity (`[store] max_keys`): for the admin endpoint only, never for
-    /// requests.
+    /// The lease whose store key is `key`: one probe of each shard's index
+    /// (under its read lock), then the key compared. For the admin
+    /// endpoint; requests find their lease by the hash of its parts.
     pub fn find(&self, key: &str) -> Option<Arc<Lease>> {
-        self.find_all(&[key]).pop().flatten()
+        let kh = self.key_hash(key);
+        self.shards.iter().find_map(|shard| {
+            let maps = shard.read().recover();
+            let h = maps.by_key.get(&kh)?;
+            maps.leases.get(h).filter(|l| l.key() == key).cloned()
+        })
     }
 
-    /// The leases of `keys`, in their order, in one scan of the table
-    /// (however many keys are asked for).
+    /// [`LeaseTable::find`] of each of `keys`, in order.
     pub fn find_all(&self, keys: &[&str]) -> Vec<Option<Arc<Lease>>> {
-        let wanted: std::collections::HashMap<&str, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-        let mut found = vec![None; keys.len()];
-        let mut left = wanted.len();
-        for shard in self.shards.iter() {
-            let map = shard.read().recover();
-            for lease in map.values() {
-                if let Some(&i) = wanted.get(lease.key()) {
-                    if found[i].is_none() {
-                        found[i] = Some(lease.clone());
-                        left -= 1;
-                    }
-                }
-            }
-            if left == 0 {
-                break;
-            }
-        }
-        // A key asked for twice gets its lease twice.
-        for (i, k) in keys.iter().enumerate() {
-            if found[i].is_none() {
-                if let Some(&j) = wanted.get(k) {
-                    found[i] = found[j].clone();
-                }
-            }
-        }
-        found
+        keys.iter().map(|k| self.find(k)).collect()
     }
 
     /// Visits at most `max` leases, whole shards at a time starting at shard
@@ -204,7 +217,7 @@ impl LeaseTable {
                 break;
             }
             let map = self.shards[(start + i) % SHARDS].read().recover();
-            for lease in map.values().take(max - seen) {
+            for lease in map.leases.values().take(max - seen) {
                 f(lease);
                 seen += 1;
             }
@@ -216,9 +229,14 @@ impl LeaseTable {
     pub fn retain(&self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
         for shard in self.shards.iter() {
             let mut map = shard.write().recover();
-            map.retain(|_, lease| {
+            let Maps { leases, by_key } = &mut *map;
+            leases.retain(|&h, lease| {
                 let kept = keep(lease);
                 if !kept {
+                    let kh = self.key_hash(lease.key());
+                    if by_key.get(&kh) == Some(&h) {
+                        by_key.remove(&kh);
+                    }
                     lease.evict();
                 }
                 kept
@@ -271,6 +289,27 @@ mod tests {
             1_000
         );
         assert_eq!(keys.len(), 1_000, "every lease once");
+    }
+
+    #[test]
+    fn the_key_index_follows_evictions_and_sweeps() {
+        let table = LeaseTable::new(8 * SHARDS);
+        let key = |i: u64| format!("rl:{{l:{i}}}");
+        // A full shard (same top six bits): every insert past 8 evicts.
+        let h = |i: u64| (9u64 << 58) | i;
+        for i in 0..40 {
+            table.get_or_insert(h(i), &key(i));
+            let indexed = table.shards[9].read().unwrap().by_key.len();
+            assert_eq!(indexed, table.shards[9].read().unwrap().leases.len(), "one entry a lease");
+        }
+        for i in 0..40 {
+            let found = table.find(&key(i)).map(|l| l.key().to_string());
+            let held = table.get(h(i)).is_some();
+            assert_eq!(found.is_some(), held, "key {i}");
+        }
+        table.retain(|l| l.key() != key(39));
+        assert!(table.find(&key(39)).is_none());
+        assert_eq!(table.shards[9].read().unwrap().by_key.len(), table.len());
     }
 
     #[test]

@@ -131,8 +131,8 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     }
 }
 
-/// Most keys one `/limits/state` request may ask about: each is a scan of
-/// the lease table.
+/// Most keys one `/limits/state` request may ask about: each is a probe of
+/// every shard's key index (no walk of the leases).
 const MAX_STATE_KEYS: usize = 64;
 
 /// `GET /limits/state?key=<store key>[&key=...]`: this instance's lease of
