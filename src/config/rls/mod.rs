@@ -176,6 +176,7 @@ impl RlsRules {
 }
 
 mod files;
+mod lines;
 
 pub use files::{digest_of, fingerprint_of, load};
 
@@ -240,20 +241,102 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// Every key envoyproxy/ratelimit accepts, in any map of the file.
+const KNOWN: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "share_threshold",
+    "requests_per_unit",
+    "unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "detailed_metric",
+    "value_to_metric",
+    "metadata",
+];
+
+/// The keys that mean something in the map at `path` (a key's path less
+/// its last name): what an unknown key there is compared with.
+fn known_at(parent: &str) -> &'static [&'static str] {
+    let last = parent.rsplit('.').next().unwrap_or(parent);
+    if parent.is_empty() {
+        &["domain", "descriptors"]
+    } else if last == "rate_limit" {
+        &["requests_per_unit", "unit", "unlimited", "name", "replaces", "algorithm"]
+    } else if last.starts_with("replaces[") {
+        &["name"]
+    } else if last.starts_with("descriptors[") {
+        &[
+            "key",
+            "value",
+            "rate_limit",
+            "descriptors",
+            "shadow_mode",
+            "quota_mode",
+            "share_threshold",
+            "detailed_metric",
+            "value_to_metric",
+        ]
+    } else {
+        KNOWN
+    }
+}
+
+/// Every key of the file outside [`KNOWN`], each at its own line, with
+/// the names that mean something where it is and the nearest of them.
+fn unknown_keys(file: &str, lines: &lines::Lines) -> Vec<Problem> {
+    lines
+        .keys()
+        .filter_map(|(path, line)| {
+            let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
+            if KNOWN.contains(&name) {
+                return None;
+            }
+            let here = known_at(parent);
+            let near = crate::config::error::did_you_mean(name, here)
+                .map(|n| format!(", did you mean `{n}`?"))
+                .unwrap_or_default();
+            Some(Problem {
+                file: file.to_string(),
+                line: Some(line),
+                key: path.to_string(),
+                reason: format!("unknown field `{name}`{near} (known here: {})", here.join(", ")),
+            })
+        })
+        .collect()
+}
+
 /// Parses one file's text into `rules` (one domain).
 pub fn parse_into(rules: &mut RlsRules, file: &str, text: &str) -> Result<(), Vec<Problem>> {
+    let lines = lines::Lines::of(text);
     let raw: RawMap = serde_yaml_ng::from_str(text).map_err(|e| {
         let (key, reason) = yaml_problem(&e.to_string());
-        vec![Problem {
-            file: file.to_string(),
-            line: e.location().map(|l| l.line()),
-            key,
-            reason,
-        }]
+        // serde stops at the first problem: every unknown key is listed
+        // from the file's own structure, and a problem of another kind
+        // (a type, the syntax) is added as serde put it.
+        let mut problems = unknown_keys(file, &lines);
+        if problems.is_empty() || !reason.starts_with("unknown field") {
+            problems.push(Problem {
+                file: file.to_string(),
+                line: e.location().map(|l| l.line()),
+                key,
+                reason,
+            });
+            problems.sort_by_key(|p| p.line);
+        }
+        problems
     })?;
     let mut c = Compiler {
         file,
         text,
+        lines,
         problems: Vec::new(),
     };
     if raw.domain.is_empty() {
@@ -304,14 +387,20 @@ fn yaml_problem(message: &str) -> (String, String) {
 struct Compiler<'a> {
     file: &'a str,
     text: &'a str,
+    /// Where each key is (the YAML parser keeps no positions once a value
+    /// is read).
+    lines: lines::Lines,
     problems: Vec<Problem>,
 }
 
 impl Compiler<'_> {
-    /// A problem at the first line containing `needle` (the YAML parser
-    /// keeps no positions once a value is read).
+    /// A problem at `key`'s own line; else at the first line containing
+    /// `needle`.
     fn problem(&mut self, key: &str, needle: Option<&str>, reason: String) {
-        let line = needle.and_then(|n| self.text.lines().position(|l| l.contains(n)).map(|i| i + 1));
+        let line = self
+            .lines
+            .line_of(key)
+            .or_else(|| needle.and_then(|n| self.text.lines().position(|l| l.contains(n)).map(|i| i + 1)));
         self.problems.push(Problem {
             file: self.file.to_string(),
             line,
@@ -472,130 +561,4 @@ struct RuleFlags {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<RlsRules, Vec<Problem>> {
-        let mut rules = RlsRules::default();
-        parse_into(&mut rules, "ratelimit.yaml", text).map(|()| rules)
-    }
-
-    #[test]
-    fn reads_envoyproxy_ratelimit_yaml() {
-        let rules = parse(
-            "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n  - key: database\n    value: default\n    rate_limit:\n      unit: Second\n      requests_per_unit: 500\n      algorithm: token_bucket\n  - key: remote_address\n    rate_limit:\n      unlimited: true\n  - key: path\n    value: /foo/*\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      name: foo\n      replaces:\n        - name: bar\n",
-        )
-        .unwrap();
-        let d = &rules.domains["mongo_cps"];
-        let users = d.exact["database"]["users"].limit.clone().unwrap();
-        assert_eq!((users.requests_per_unit, users.unit), (500, Unit::Second));
-        assert_eq!(users.algorithm, Algorithm::FixedWindow);
-        assert_eq!(users.full_key, "mongo_cps.database_users");
-        let default = d.exact["database"]["default"].limit.clone().unwrap();
-        assert_eq!(default.algorithm, Algorithm::TokenBucket);
-        assert!(d.any["remote_address"].limit.as_ref().unwrap().unlimited);
-        let (k, v, n) = &d.wildcards[0];
-        assert_eq!((k.as_str(), v.as_str()), ("path", "/foo/*"));
-        let foo = n.limit.clone().unwrap();
-        assert!(foo.shadow_mode);
-        assert_eq!(foo.replaces, vec!["bar".to_string()]);
-        assert_eq!(rules.limit_count(), 4);
-    }
-
-    #[test]
-    fn every_unit_in_any_case() {
-        for (u, secs) in [
-            ("second", 1),
-            ("MINUTE", 60),
-            ("Hour", 3_600),
-            ("day", 86_400),
-            ("week", 604_800),
-            ("month", 2_592_000),
-            ("year", 31_536_000),
-        ] {
-            let rules = parse(&format!(
-                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: {u}\n      requests_per_unit: 1\n"
-            ))
-            .unwrap();
-            let l = rules.domains["d"].any["k"].limit.clone().unwrap();
-            assert_eq!(l.unit.seconds(), secs);
-            assert_eq!(l.spec().period_ms(), secs * 1_000);
-        }
-    }
-
-    fn problems(text: &str) -> Vec<String> {
-        parse(text).unwrap_err().iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn refuses_what_envoyproxy_ratelimit_refuses_with_file_and_line() {
-        let p = problems("domain: d\ndescriptors:\n  - key: k\n    colour: red\n");
-        assert!(
-            p[0].starts_with("ratelimit.yaml:4: descriptors[0].colour: unknown field `colour`"),
-            "{p:?}"
-        );
-        assert!(p[0].contains("unknown field"), "{p:?}");
-        let p = problems(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
-        );
-        assert_eq!(p.len(), 1);
-        assert!(
-            p[0].starts_with("ratelimit.yaml:5: descriptors[0].rate_limit.unit: invalid rate limit unit \"fortnight\""),
-            "{p:?}"
-        );
-        let p = problems(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unlimited: true\n",
-        );
-        assert!(
-            p[0].contains("should not specify rate limit unit when unlimited"),
-            "{p:?}"
-        );
-        let p = problems("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n");
-        assert!(p[0].contains("duplicate descriptor composite key \"d.k_v\""), "{p:?}");
-        let p = problems("descriptors:\n  - key: k\n");
-        assert!(p[0].contains("empty domain"), "{p:?}");
-        let p = problems("domain: d\ndescriptors:\n  - value: v\n");
-        assert!(p[0].contains("descriptor has empty key"), "{p:?}");
-        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      name: a\n      replaces:\n        - name: a\n");
-        assert!(
-            p[0].contains("replaces should not contain name of same descriptor"),
-            "{p:?}"
-        );
-        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky\n");
-        assert!(
-            p[0].starts_with("ratelimit.yaml:7: descriptors[0].rate_limit.algorithm"),
-            "{p:?}"
-        );
-        let p = problems(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
-        );
-        assert!(p[0].starts_with("ratelimit.yaml:6"), "{p:?}");
-        let p = problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n      algorithm: token_bucket\n");
-        assert!(
-            p[0].starts_with("ratelimit.yaml:6: descriptors[0].rate_limit.requests_per_unit"),
-            "{p:?}"
-        );
-        assert!(parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n").is_ok());
-        let p = problems("domain: [\n");
-        assert!(p[0].starts_with("ratelimit.yaml:"), "{p:?}");
-    }
-
-    #[test]
-    fn accepts_what_envoyproxy_ratelimit_accepts() {
-        // Keys of its flat list in other places, explicit nulls.
-        let rules = parse(
-            "domain: d\ndescriptors:\n  - key: k\n    value:\n    name: ignored\n    descriptors:\n    rate_limit:\n      unit: second\n      requests_per_unit: 3\n      shadow_mode: true\n      replaces:\n",
-        )
-        .unwrap();
-        let l = rules.domains["d"].any["k"].limit.clone().unwrap();
-        assert_eq!((l.requests_per_unit, l.shadow_mode), (3, false));
-    }
-
-    #[test]
-    fn a_domain_is_defined_once() {
-        let mut rules = RlsRules::default();
-        parse_into(&mut rules, "a.yaml", "domain: d\n").unwrap();
-        let p = parse_into(&mut rules, "b.yaml", "domain: d\n").unwrap_err();
-        assert_eq!(p[0].to_string(), "b.yaml:1: domain: duplicate domain \"d\"");
-    }
-}
+mod tests;
