@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use super::raw;
 
 /// Why a config file could not become the running config.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,57 @@ pub fn from_toml(file: &str, source: &str, err: &toml::de::Error) -> Problem {
         key,
         reason: reword(&message, is_table),
     }
+}
+
+/// Most problems of key types and names listed from one file.
+const MAX_TOML_PROBLEMS: usize = 50;
+
+/// Every problem of a file whose syntax is sound, not only the first: serde
+/// stops at the first key of a wrong type or name, so that key's lines are
+/// blanked (offsets kept, so later lines keep their numbers) and the file
+/// is read again, until it reads or [`MAX_TOML_PROBLEMS`]. A key it took
+/// away is no more "missing" than the user's file said: such follow-ups are
+/// dropped. A syntax error is the only problem listed (past it, nothing
+/// can be read reliably).
+pub fn every_toml_problem(file: &str, source: &str, first: toml::de::Error) -> Vec<Problem> {
+    let mut problems = vec![from_toml(file, source, &first)];
+    if source.parse::<toml::Table>().is_err() {
+        return problems;
+    }
+    let mut text = source.to_string();
+    let mut err = first;
+    let mut blanked: Vec<std::ops::Range<usize>> = Vec::new();
+    while problems.len() < MAX_TOML_PROBLEMS {
+        let Some(span) = err.span().filter(|s| s.start < s.end && s.end <= text.len()) else {
+            break;
+        };
+        // The whole lines of the key and its value.
+        let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[span.end..].find('\n').map_or(text.len(), |i| span.end + i);
+        if blanked.iter().any(|b| b.start <= start && end <= b.end) {
+            break; // the same lines again: nothing more to learn
+        }
+        let spaces: String = text[start..end].chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect();
+        // Multi-byte characters become one space each: pad to keep offsets.
+        let pad = (end - start).saturating_sub(spaces.len());
+        text.replace_range(start..end, &(spaces + &" ".repeat(pad)));
+        blanked.push(start..end);
+        match toml::from_str::<raw::File>(&text) {
+            Ok(_) => break,
+            Err(e) => {
+                let follow_up = e.message().starts_with("missing field");
+                if !follow_up {
+                    problems.push(from_toml(file, source, &e));
+                }
+                err = e;
+                if follow_up {
+                    break;
+                }
+            }
+        }
+    }
+    problems.sort_by_key(|p| p.line);
+    problems
 }
 
 /// "unknown field `foo`, expected ..." and "missing field `bar`" name the field.

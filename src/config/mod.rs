@@ -335,8 +335,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// it resolve against `path`'s directory).
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let raw: raw::File =
-        toml::from_str(text).map_err(|e| ConfigError::Invalid(vec![error::from_toml(&file, text, &e)]))?;
+    let raw: raw::File = toml::from_str(text).map_err(|e| ConfigError::Invalid(error::every_toml_problem(&file, text, e)))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let source = Source {
         path: path.to_path_buf(),

@@ -672,3 +672,18 @@ fn leasing_reserve_is_a_boolean_on_by_default() {
     let err = error(&format!("{BASE}[leasing]\nreserve = \"yes\"\n"));
     assert!(err.contains("leasing.reserve"), "{err}");
 }
+
+#[test]
+fn keys_of_the_wrong_type_or_name_are_all_listed_at_once() {
+    let text = "[gateway]\nworkers = \"two\"\nmax_connections = 100\n\n[listeners]\nhttp = \"127.0.0.1:0\"\nhtps = \"127.0.0.1:1\"\n\n[[limits]]\nname = \"a\"\nrate = \"5/s\"\nburst = \"ten\"\n\n[[limits]]\nname = \"b\"\nrate = \"5/s\"\nmode = 3\n";
+    let err = error(text);
+    let located: Vec<&str> = err.lines().filter(|l| l.contains("gateway.toml:")).collect();
+    assert_eq!(located.len(), 4, "{err}");
+    refused(text, 2, "gateway.workers", "expected a whole number");
+    refused(text, 7, "listeners.htps", "did you mean `https`?");
+    refused(text, 12, "limits[0].burst", "expected a whole number");
+    refused(text, 17, "limits[1].mode", "expected a string");
+    // A syntax error is the one problem: past it nothing reads reliably.
+    let err = error("[gateway]\nworkers = \n[listeners]\nhtps = 1\n");
+    assert_eq!(err.lines().filter(|l| l.contains("gateway.toml:")).count(), 1, "{err}");
+}
