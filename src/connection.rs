@@ -37,6 +37,9 @@ pub struct TlsInfo {
     /// JA4 of the ClientHello, ready to pass upstream as `x-leasegate-ja4`
     /// (`None` if the hello could not be parsed; rustls accepted it anyway).
     pub ja4: Option<HeaderValue>,
+    /// The `cert` identity of the client certificate `[tls] client_ca`
+    /// verified, when the client sent one.
+    pub client_cert: Option<Arc<str>>,
 }
 
 impl ConnInfo {

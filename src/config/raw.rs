@@ -120,6 +120,7 @@ pub struct Identity {
     pub api_keys_file: Option<Spanned<String>>,
     pub on_invalid_credentials: Option<Spanned<String>>,
     pub max_token_bytes: Option<Spanned<i64>>,
+    pub order: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

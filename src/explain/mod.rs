@@ -189,6 +189,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     let conn = identity::Connection {
         peer: probe.peer,
         ja4: None,
+        client_cert: None,
     };
     let id = match config.identity.resolve(req.headers(), conn, now_secs) {
         Ok(id) => id,

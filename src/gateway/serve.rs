@@ -156,6 +156,7 @@ impl Gateway {
         let seen = identity::Connection {
             peer: conn.peer.ip(),
             ja4,
+            client_cert: conn.tls.as_ref().and_then(|t| t.client_cert.as_deref()),
         };
         let now_secs = identity_clock(req.headers());
         let identity = match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {

@@ -6,6 +6,7 @@
 //! because each connection runs in its own task.
 
 use std::io;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -94,7 +95,14 @@ pub async fn accept(
     let ja4 = crate::fingerprint::parse(&client_hello)
         .ok()
         .and_then(|hello| http::HeaderValue::from_str(&crate::fingerprint::ja4::ja4(&hello).ja4).ok());
+    // rustls verified it against [tls] client_ca during the handshake.
+    let client_cert = session
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| crate::identity::client_cert::identity_of(leaf))
+        .map(Arc::from);
     let info = TlsInfo {
+        client_cert,
         ja4,
         client_hello,
         alpn: session.alpn_protocol().map(<[u8]>::to_vec),

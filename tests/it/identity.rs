@@ -284,3 +284,66 @@ async fn alice_is_limited_bob_is_not_and_none_tokens_are_nobody() {
     let (_, v) = get(&mut c, &[("authorization", &none)]).await;
     assert_eq!(seen_identity(&v), "subnet:127.0.0.0/24");
 }
+
+/// The identity the upstream saw for one GET over TLS presenting `cert`
+/// (signed by `ca`) or none.
+async fn identity_over_mtls(
+    gw: &Gateway,
+    ca: &support::TestCa,
+    cert: Option<&support::TestCert>,
+) -> (StatusCode, String) {
+    let config = client::mtls_config(ca, cert, b"http/1.1");
+    let tcp = tokio::net::TcpStream::connect(gw.https()).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (status, v) = get(&mut c, &[]).await;
+    (status, seen_identity(&v))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_the_identity_where_identity_order_puts_it() {
+    let up = upstream::start("a").await;
+    let ca = support::TestCa::new("clients CA");
+    let server = ca.issue("gateway.test");
+    let (alice, bob) = (ca.issue("alice.clients"), ca.issue("bob.clients"));
+    let text = config(
+        &up.target(),
+        "order = [\"user\", \"key\", \"cert\", \"fingerprint\", \"subnet\"]",
+        "",
+    )
+    .replace("cert = \"{cert}\"", "cert = \"srv.pem\"")
+    .replace("key = \"{key}\"", "key = \"srv.key\"\nclient_ca = \"ca.pem\"");
+    let gw = Gateway::start_with(
+        &text,
+        &[("srv.pem", &server.cert_pem), ("srv.key", &server.key_pem), ("ca.pem", &ca.cert_pem)],
+    );
+    assert_eq!(
+        identity_over_mtls(&gw, &ca, Some(&alice)).await,
+        (StatusCode::OK, "cert:alice.clients".to_string())
+    );
+    // Alice's own bucket (2/min): her third request is refused, Bob's is not.
+    assert_eq!(identity_over_mtls(&gw, &ca, Some(&alice)).await.0, StatusCode::OK);
+    assert_eq!(identity_over_mtls(&gw, &ca, Some(&alice)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        identity_over_mtls(&gw, &ca, Some(&bob)).await,
+        (StatusCode::OK, "cert:bob.clients".to_string())
+    );
+    // No certificate: asked, not required; the waterfall goes on.
+    let (status, id) = identity_over_mtls(&gw, &ca, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(id.starts_with("fingerprint:"), "{id}");
+    // `check` refuses "cert" without [tls] client_ca.
+    let without = text.replace("\nclient_ca = \"ca.pem\"", "");
+    let dir = support::TempDir::new();
+    for (name, body) in [("srv.pem", &server.cert_pem), ("srv.key", &server.key_pem)] {
+        dir.write(name, body);
+    }
+    let path = dir.write("gateway.toml", &without);
+    let (code, _, err) = support::check_path(&path);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("identity.order") && err.contains("needs [tls] client_ca"), "{err}");
+}

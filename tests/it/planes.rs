@@ -17,42 +17,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::support::redis::Redis;
+use crate::support::client::mtls_config as client_config;
 use crate::support::{sample, Gateway, TestCa, TestCert, Toml};
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
-
-/// A client config trusting `ca`, presenting `cert` if any.
-fn client_config(ca: &TestCa, cert: Option<&TestCert>, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut cfg = match cert {
-        Some(c) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(c.cert_pem.as_bytes())
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    cfg.alpn_protocols = vec![alpn.to_vec()];
-    Arc::new(cfg)
-}
 
 /// Connects tonic over our own TLS (tonic's own TLS is a feature this
 /// crate does not build).

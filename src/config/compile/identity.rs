@@ -83,7 +83,34 @@ pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::i
             crate::identity::DEFAULT_MAX_TOKEN_BYTES,
         ),
         jwt: verifier.map(Arc::new),
+        order: i.order.as_ref().map(|o| order(c, o)).unwrap_or_default(),
     }
+}
+
+/// `[identity] order`: the waterfall's tiers, each once, `subnet` last
+/// (it always applies: anything after it would never be tried).
+fn order(c: &mut Check, o: &Spanned<Vec<String>>) -> Vec<crate::identity::Tier> {
+    use crate::identity::Tier;
+    let mut out: Vec<Tier> = Vec::new();
+    for name in o.get_ref() {
+        match Tier::parse(name) {
+            Some(t) if out.contains(&t) => c.at(o.span(), "identity.order", format!("{name:?} is listed twice")),
+            Some(t) => out.push(t),
+            None => c.at(
+                o.span(),
+                "identity.order",
+                format!("unknown tier {name:?}: use \"user\", \"key\", \"cert\", \"fingerprint\" or \"subnet\""),
+            ),
+        }
+    }
+    if out.last() != Some(&Tier::Subnet) {
+        c.at(
+            o.span(),
+            "identity.order",
+            "end the list with \"subnet\": it always applies, so a tier after it would never be tried",
+        );
+    }
+    out
 }
 
 /// `[identity.jwt]`: the algorithms allowed and the keys to verify with,

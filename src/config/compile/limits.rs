@@ -161,7 +161,7 @@ fn tiers(c: &mut Check, l: &raw::Limit, key: &str) -> Option<Vec<crate::identity
             None => c.at(
                 t.span(),
                 format!("{key}.tiers"),
-                format!("unknown tier {name:?}: use user, key, fingerprint or subnet"),
+                format!("unknown tier {name:?}: use user, key, cert, fingerprint or subnet"),
             ),
         }
     }

@@ -79,6 +79,19 @@ pub(super) fn compile(
         }
         (None, None) => None,
     };
+    // The cert tier needs client certificates asked for and verified.
+    if let (Some(order), None) = (
+        raw.identity.order.as_ref(),
+        tls.as_ref().and_then(|t| t.client_ca.as_ref()),
+    ) {
+        if order.get_ref().iter().any(|t| t == "cert") {
+            c.at(
+                order.span(),
+                "identity.order",
+                "\"cert\" needs [tls] client_ca (the CA whose client certificates name the caller) and an https listener",
+            );
+        }
+    }
     let store = store(&mut c, raw.store, base);
     let leasing = leasing(&mut c, raw.leasing);
     let identity = identity(&mut c, raw.identity, base);

@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
 pub type Sender1 = http1::SendRequest<Full<Bytes>>;
@@ -108,4 +108,30 @@ where
 pub async fn send(c: &mut Sender1, req: Request<Full<Bytes>>) -> Response<hyper::body::Incoming> {
     c.ready().await.unwrap();
     c.send_request(req).await.unwrap()
+}
+
+/// A client config trusting `ca`, presenting `cert` if any.
+pub fn mtls_config(ca: &super::TestCa, cert: Option<&super::TestCert>, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut cfg = match cert {
+        Some(c) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(c.cert_pem.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(cfg)
 }
