@@ -23,7 +23,7 @@ use crate::quota::Spec;
 
 /// Headroom over the reported demand, so a growing client is not starved
 /// until the next report.
-const HEADROOM: f64 = 1.25;
+pub const HEADROOM: f64 = 1.25;
 /// A rate is kept while demand stays within this factor of it either way:
 /// a new strategy resets Envoy's bucket, so it is not sent for small moves.
 const HYSTERESIS: f64 = 1.25;
@@ -58,6 +58,12 @@ pub fn limit_rate(spec: &Spec) -> f64 {
 /// least one per second always fills every second and varies its tokens;
 /// a slower limit has one strategy only, one token per its own spacing.
 pub fn strategy_for(demand: f64, spec: &Spec, current: Option<Refill>) -> Refill {
+    strategy_within(demand, spec, current, f64::INFINITY)
+}
+
+/// [`strategy_for`], with the rate held to `share` (the stream's fair
+/// share, [`fair_share`]); never below the floor a stream keeps.
+pub fn strategy_within(demand: f64, spec: &Spec, current: Option<Refill>, share: f64) -> Refill {
     let limit = limit_rate(spec);
     if limit < 1.0 {
         let spacing = (1.0 / limit.max(1e-9)).ceil();
@@ -72,10 +78,11 @@ pub fn strategy_for(demand: f64, spec: &Spec, current: Option<Refill>) -> Refill
     } else {
         0.0
     };
-    let target = want.clamp(floor, limit);
-    if let Some(c) = current.filter(|c| c.fill_secs == 1) {
+    let ceiling = limit.min(share.max(floor));
+    let target = want.clamp(floor, ceiling);
+    if let Some(c) = current.filter(|c| c.fill_secs == 1 && c.per_second() <= ceiling) {
         let r = c.per_second();
-        let at_ceiling = r >= limit.floor() && target >= limit.floor();
+        let at_ceiling = r >= ceiling.floor() && target >= ceiling.floor();
         if at_ceiling || (target <= r * HYSTERESIS && target >= r / HYSTERESIS) {
             return c;
         }
@@ -84,6 +91,37 @@ pub fn strategy_for(demand: f64, spec: &Spec, current: Option<Refill>) -> Refill
         tokens: (target.floor() as u64).max(1),
         fill_secs: 1,
     }
+}
+
+/// The max-min fair share of `rate` for a stream wanting `own` (requests
+/// per second, headroom included) beside streams wanting `others`: a stream that wants less
+/// than an equal split gets what it wants, and the rest is split equally
+/// among the others. A lone stream gets all of `rate`; the shares of all
+/// streams add up to at most `rate`.
+pub fn fair_share(own: f64, others: &[f64], rate: f64) -> f64 {
+    if others.is_empty() {
+        return rate;
+    }
+    let clean = |d: f64| if d.is_finite() && d > 0.0 { d } else { 0.0 };
+    let mut all: Vec<f64> = others.iter().map(|d| clean(*d)).collect();
+    let own = clean(own);
+    all.push(own);
+    all.sort_by(f64::total_cmp);
+    let mut left = rate;
+    let mut n = all.len() as f64;
+    for d in all {
+        let equal = left / n;
+        if d >= equal {
+            // This and every larger demand get the equal split.
+            return if own >= equal { equal } else { own };
+        }
+        if d == own {
+            return own;
+        }
+        left -= d;
+        n -= 1.0;
+    }
+    own.min(left.max(0.0))
 }
 
 /// What Envoy holds now, as paid for.
@@ -236,9 +274,40 @@ mod tests {
     }
 
     #[test]
+    fn fair_shares_split_what_busy_streams_want() {
+        assert_eq!(fair_share(80.0, &[], 100.0), 100.0, "alone: all of it");
+        assert_eq!(fair_share(80.0, &[80.0], 100.0), 50.0);
+        assert_eq!(fair_share(10.0, &[80.0], 100.0), 10.0, "wants less than half: gets it");
+        assert_eq!(fair_share(80.0, &[10.0], 100.0), 80.0, "the other: what it wants");
+        assert_eq!(fair_share(95.0, &[10.0], 100.0), 90.0, "up to the rest");
+        assert_eq!(fair_share(f64::NAN, &[f64::INFINITY, -3.0], 100.0), 0.0);
+    }
+
+    proptest! {
+        #[test]
+        fn fair_shares_add_up_to_at_most_the_rate(
+            demands in proptest::collection::vec(0.0f64..1_000.0, 1..12),
+            rate in 1.0f64..500.0,
+        ) {
+            let mut sum = 0.0;
+            for (i, d) in demands.iter().enumerate() {
+                let others: Vec<f64> = demands.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, x)| *x).collect();
+                let share = fair_share(*d, &others, rate);
+                prop_assert!(share <= d.max(0.0) + 1e-9 || others.is_empty(), "{share} > demand {d}");
+                sum += share;
+            }
+            prop_assert!(sum <= rate + 1e-6, "{sum} > {rate}: {demands:?}");
+        }
+    }
+
+    #[test]
     fn rates_follow_demand_within_the_limit() {
         let s = spec(100, 1_000);
         assert_eq!(strategy_for(40.0, &s, None), refill(50, 1));
+        // Held to a fair share, and a current rate above it is not kept.
+        assert_eq!(strategy_within(80.0, &s, None, 50.0), refill(50, 1));
+        assert_eq!(strategy_within(80.0, &s, Some(refill(100, 1)), 50.0), refill(50, 1));
+        assert_eq!(strategy_within(0.0, &s, None, 0.0), refill(1, 1), "never below the floor");
         assert_eq!(strategy_for(400.0, &s, None), refill(100, 1));
         // Idle: the floor, 1 % of the limit.
         assert_eq!(strategy_for(0.0, &s, None), refill(1, 1));

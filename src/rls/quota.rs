@@ -57,11 +57,57 @@ pub const MAX_STREAMS: usize = 1_000;
 /// `ALLOW_ALL` (as past [`MAX_BUCKETS_PER_STREAM`]) until some go.
 pub const MAX_BUCKETS: usize = 100_000;
 
-/// Streams and buckets open over the whole service.
+/// Streams and buckets open over the whole service, and what each
+/// stream wants of each bucket.
 #[derive(Default)]
 struct Totals {
     streams: AtomicUsize,
     buckets: AtomicUsize,
+    demands: Demands,
+    next_stream: std::sync::atomic::AtomicU64,
+}
+
+/// What each stream of this instance wants of a bucket (by store key), in
+/// requests per second with headroom, and when it said so: a stream's
+/// assignment follows its demand only up to its max-min fair share beside
+/// the others that want the same bucket ([`assign::fair_share`]). One
+/// inflated report cannot take the whole quota from the other streams.
+#[derive(Default)]
+struct Demands {
+    by_key: std::sync::Mutex<HashMap<String, Vec<(u64, f64, u64)>>>,
+}
+
+impl Demands {
+    /// Records `stream`'s `demand` for `key` at `now`, and returns the
+    /// demands of the other streams heard within `fresh_ms`.
+    fn note(&self, key: &str, stream: u64, demand: f64, now: u64, fresh_ms: u64) -> Vec<f64> {
+        use crate::sync::Recover as _;
+        let mut by_key = self.by_key.lock().recover();
+        let stale = |at: u64| now.saturating_sub(at) > fresh_ms;
+        if by_key.len() >= MAX_BUCKETS && !by_key.contains_key(key) {
+            by_key.retain(|_, v| {
+                v.retain(|(_, _, at)| !stale(*at));
+                !v.is_empty()
+            });
+            if by_key.len() >= MAX_BUCKETS {
+                return Vec::new();
+            }
+        }
+        let streams = by_key.entry(key.to_string()).or_default();
+        streams.retain(|(id, _, at)| *id != stream && !stale(*at));
+        let others = streams.iter().map(|(_, d, _)| *d).collect();
+        streams.push((stream, demand, now));
+        others
+    }
+
+    /// Forgets `stream` (it ended).
+    fn forget(&self, stream: u64) {
+        use crate::sync::Recover as _;
+        self.by_key.lock().recover().retain(|_, v| {
+            v.retain(|(id, _, _)| *id != stream);
+            !v.is_empty()
+        });
+    }
 }
 
 /// A stream's place in [`Totals`], given back when the stream ends.
@@ -69,6 +115,8 @@ struct StreamSlot {
     totals: Arc<Totals>,
     /// This stream's buckets, as counted in the totals.
     buckets: usize,
+    /// This stream, among the [`Demands`].
+    id: u64,
 }
 
 impl StreamSlot {
@@ -79,6 +127,7 @@ impl StreamSlot {
         taken.is_ok().then(|| StreamSlot {
             totals: totals.clone(),
             buckets: 0,
+            id: totals.next_stream.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -101,6 +150,7 @@ impl StreamSlot {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.count(0);
+        self.totals.demands.forget(self.id);
         self.totals.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -142,7 +192,7 @@ impl RateLimitQuotaService for QuotaService {
                     Ok(Some(r)) => r,
                     Ok(None) | Err(_) => break,
                 };
-                let reply = stream.on_reports(&runtime, reports, slot.others()).await;
+                let reply = stream.on_reports(&runtime, reports, &slot).await;
                 slot.count(stream.buckets.len());
                 if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
                     break;
@@ -191,8 +241,9 @@ impl StreamState {
         &mut self,
         runtime: &Arc<Runtime>,
         reports: RateLimitQuotaUsageReports,
-        others: usize,
+        slot: &StreamSlot,
     ) -> RateLimitQuotaResponse {
+        let others = slot.others();
         if !reports.domain.is_empty() {
             self.domain = reports.domain;
         }
@@ -228,7 +279,7 @@ impl StreamState {
                 Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
                     let spec = m.limit.spec().slice(runtime.share());
-                    self.assign(runtime, entries, &usage, &key, &spec, interval_ms).await
+                    self.assign(runtime, entries, &usage, (&key, &spec), interval_ms, slot).await
                 }
                 // No rule, or an unlimited one: Envoy allows all. What the
                 // bucket held is forgotten, so a rule that comes back (a
@@ -282,9 +333,9 @@ impl StreamState {
         runtime: &Arc<Runtime>,
         entries: Entries,
         usage: &BucketQuotaUsage,
-        key: &str,
-        spec: &Spec,
+        (key, spec): (&str, &Spec),
         interval_ms: u64,
+        slot: &StreamSlot,
     ) -> Option<Action> {
         let now = runtime.limiter.now_ms();
         let bucket = self.buckets.entry(entries.clone()).or_insert(Bucket {
@@ -314,7 +365,12 @@ impl StreamState {
         // An expired bucket is still owed the fills it had before it ended.
         let held = bucket.held;
         let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
-        let next = assign::strategy_for(demand, spec, live);
+        // Up to this stream's fair share beside the others that want the
+        // bucket (heard within two of their reports).
+        let wanted = demand * assign::HEADROOM;
+        let others = slot.totals.demands.note(key, slot.id, wanted, now, 2 * interval_ms);
+        let share = assign::fair_share(wanted, &others, assign::limit_rate(spec));
+        let next = assign::strategy_within(demand, spec, live, share);
         let offer = assign::offer(next, held, now, interval_ms);
         let limiter = &runtime.limiter;
         let grant = match limiter.acquire_direct(key, spec, offer.cost).await {

@@ -262,6 +262,26 @@ async fn a_fleet_on_one_redis_stays_within_the_quota_and_follows_demand() {
 }
 
 #[tokio::test]
+async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let (mut ea, mut eb) = (Envoy::connect(&gw).await, Envoy::connect(&gw).await);
+    let acme = bucket(&[("tenant", "fair")]);
+    let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
+    let mut last = (0.0, 0.0);
+    // Each asks for 80/s of the 100/s bucket. Before, the first to report
+    // kept 100/s and the other got nothing.
+    for round in 0..6 {
+        let ra = ea.report(&[(acme.clone(), 80, 0)], 1).await;
+        let rb = eb.report(&[(acme.clone(), 80, 0)], 1).await;
+        last = (rate(token_bucket(&ra[&k(&acme)])), rate(token_bucket(&rb[&k(&acme)])));
+        println!("round {round}: {last:?}");
+        assert!(last.0 + last.1 <= 100.0, "round {round}: {last:?} exceed 100/s");
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+    }
+    assert!((40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1), "{last:?}");
+}
+
+#[tokio::test]
 async fn an_idle_bucket_is_abandoned() {
     let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
     let mut envoy = Envoy::connect(&gw).await;
