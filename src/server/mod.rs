@@ -100,6 +100,9 @@ pub enum ServeError {
     Redis(#[from] RedisSetupError),
 }
 
+/// The niceness of the RLS threads (the rest of the process runs at 0).
+const RLS_NICE: i32 = 10;
+
 /// The runtime, once built: the region link's client reads the
 /// certificates in force from its config (set right after the stores).
 type RuntimeCell = Arc<std::sync::OnceLock<std::sync::Weak<Runtime>>>;
@@ -298,12 +301,20 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let runtime = Arc::new(Runtime::new(config, metrics, store));
     let _ = runtime_cell.set(Arc::downgrade(&runtime));
     // RLS on its own threads: a flood of calls cannot delay admin, the
-    // region link, the lease sweeps or a reload on the control thread.
+    // region link, the lease sweeps or a reload on the control thread. At a
+    // lower CPU priority: on a core they share, the workers and the control
+    // thread preempt them, so a flood takes the CPU those leave over.
     let rls_runtime = rls_threads
         .map(|n| {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(n)
                 .thread_name("leasegate-rls")
+                .on_thread_start(|| {
+                    let me = rustix::thread::gettid();
+                    if let Err(e) = rustix::process::setpriority_process(Some(me), RLS_NICE) {
+                        tracing::debug!(error = %e, "rls: cannot lower this thread's priority");
+                    }
+                })
                 .enable_all()
                 .build()
         })
