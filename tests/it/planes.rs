@@ -94,6 +94,22 @@ async fn rls_answers(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Res
     }
 }
 
+/// The nice value of each thread of `pid` named `name`.
+fn thread_nice(pid: u32, name: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the ")" closing the name: state is field 3, nice field 19.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+        out.push(fields[16].parse().unwrap());
+    }
+    out
+}
+
 #[tokio::test]
 async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
     let ca = TestCa::new("leasegate test CA");
@@ -117,6 +133,9 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
         ],
     );
     let addr = gw.addr("rls");
+    // Its own threads, at a lower priority than the workers'.
+    assert_eq!(thread_nice(gw.pid(), "leasegate-rls"), [10, 10], "two RLS threads at nice 10");
+    assert_eq!(thread_nice(gw.pid(), "leasegate-worke"), [0], "the worker at 0");
 
     assert_eq!(rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await, Ok(Code::Ok));
     let none = rls_answers(addr, client_config(&ca, None, b"h2")).await;
@@ -164,7 +183,7 @@ async fn post_transfer(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> R
         .connect(name, tcp)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    let body = r#"{"id":1,"region":"eu-central","key":"rl:{global:api}","algorithm":"token_bucket","count":100,"period_ms":3600000,"capacity":100,"want":50,"window_ms":20000}"#;
+    let body = r#"{"id":1,"region":"eu-central","key":"rl:{global:api}","algorithm":"token_bucket","count":100,"period_ms":3600000,"capacity":100,"want":50,"window_ms":86400000}"#;
     let req = format!(
         "POST /v1/transfer HTTP/1.1\r\nhost: primary\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -223,6 +242,14 @@ async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
         "{member:?}\n{}",
         primary.log()
     );
+    // The record of the id lives two of the primary's windows (20 s), not
+    // two of the day the request asked for.
+    let ttl: i64 = redis[0]
+        .cli(&["PTTL", "rl:{global:api}:xfer:0000000000000001"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=40_000).contains(&ttl), "the transfer record lives {ttl} ms");
     // Without a certificate, or with another CA's, no transfer.
     let none = post_transfer(link, client_config(&ca, None, b"http/1.1")).await;
     assert!(none.is_err(), "a peer without a certificate got {none:?}");
