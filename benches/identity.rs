@@ -98,6 +98,7 @@ fn bench(c: &mut Criterion) {
     let conn = leasegate::identity::Connection {
         peer: "198.51.100.7".parse().unwrap(),
         ja4: None,
+        client_cert: None,
     };
     let mut plain = http::HeaderMap::new();
     plain.insert("user-agent", http::HeaderValue::from_static("bench/1.0"));

@@ -1,8 +1,8 @@
 //! Config errors that name the file, the line, the key and what is wrong.
 
+use super::raw;
 use std::fmt;
 use std::ops::Range;
-use super::raw;
 
 /// Why a config file could not become the running config.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +114,10 @@ pub fn every_toml_problem(file: &str, source: &str, first: toml::de::Error) -> V
         if blanked.iter().any(|b| b.start <= start && end <= b.end) {
             break; // the same lines again: nothing more to learn
         }
-        let spaces: String = text[start..end].chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect();
+        let spaces: String = text[start..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
         // Multi-byte characters become one space each: pad to keep offsets.
         let pad = (end - start).saturating_sub(spaces.len());
         text.replace_range(start..end, &(spaces + &" ".repeat(pad)));

@@ -9,8 +9,8 @@
 pub mod admin;
 mod compile;
 pub mod error;
-pub mod raw;
 pub mod peer_tls;
+pub mod raw;
 pub mod rls;
 mod summary;
 
@@ -214,7 +214,9 @@ pub struct StoreCa {
 
 impl std::fmt::Debug for StoreCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreCa").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("StoreCa")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -335,7 +337,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// it resolve against `path`'s directory).
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let raw: raw::File = toml::from_str(text).map_err(|e| ConfigError::Invalid(error::every_toml_problem(&file, text, e)))?;
+    let raw: raw::File =
+        toml::from_str(text).map_err(|e| ConfigError::Invalid(error::every_toml_problem(&file, text, e)))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let source = Source {
         path: path.to_path_buf(),

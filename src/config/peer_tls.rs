@@ -31,9 +31,13 @@ pub struct PeerTls {
 impl PeerTls {
     /// Every file it was read from, for the reload's digest.
     pub fn files(&self) -> impl Iterator<Item = &std::path::Path> {
-        [Some(self.cert.as_path()), Some(self.key.as_path()), self.client_ca.as_deref()]
-            .into_iter()
-            .flatten()
+        [
+            Some(self.cert.as_path()),
+            Some(self.key.as_path()),
+            self.client_ca.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
     }
 
     /// Whether peers must present a certificate.

@@ -360,7 +360,11 @@ struct Record {
 /// else the first over its quota in shadow or soft mode) with its key's
 /// [`key_hash`](crate::limit::key_hash); `None` when the log is off (the
 /// key is not worth deriving then) or no limit was over.
-fn logged_limit(snapshot: &Snapshot, verdict: &Verdict<'_>, facts: &crate::limit::key::Facts<'_>) -> Option<(usize, u64)> {
+fn logged_limit(
+    snapshot: &Snapshot,
+    verdict: &Verdict<'_>,
+    facts: &crate::limit::key::Facts<'_>,
+) -> Option<(usize, u64)> {
     if snapshot.config.gateway.access_log == AccessLog::Off {
         return None;
     }

@@ -37,8 +37,12 @@ const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
 
 /// The subject Name of a DER certificate: its whole element.
 fn subject(cert: &[u8]) -> Option<&[u8]> {
-    let (SEQUENCE, certificate, _) = element(cert)? else { return None };
-    let (SEQUENCE, tbs, _) = element(certificate)? else { return None };
+    let (SEQUENCE, certificate, _) = element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = element(certificate)? else {
+        return None;
+    };
     let mut rest = tbs;
     // [0] version, when present.
     if rest.first() == Some(&0xa0) {
@@ -48,7 +52,9 @@ fn subject(cert: &[u8]) -> Option<&[u8]> {
     for _ in 0..4 {
         rest = element(rest)?.2;
     }
-    let (SEQUENCE, _, after) = element(rest)? else { return None };
+    let (SEQUENCE, _, after) = element(rest)? else {
+        return None;
+    };
     Some(&rest[..rest.len() - after.len()])
 }
 
@@ -56,12 +62,18 @@ fn subject(cert: &[u8]) -> Option<&[u8]> {
 fn common_name(subject: &[u8]) -> Option<String> {
     let (_, mut rdns, _) = element(subject)?;
     while !rdns.is_empty() {
-        let (SET, mut set, next) = element(rdns)? else { return None };
+        let (SET, mut set, next) = element(rdns)? else {
+            return None;
+        };
         rdns = next;
         while !set.is_empty() {
-            let (SEQUENCE, attribute, next) = element(set)? else { return None };
+            let (SEQUENCE, attribute, next) = element(set)? else {
+                return None;
+            };
             set = next;
-            let (0x06, oid, value) = element(attribute)? else { return None };
+            let (0x06, oid, value) = element(attribute)? else {
+                return None;
+            };
             if oid == COMMON_NAME {
                 let (_, text, _) = element(value)?;
                 let text = std::str::from_utf8(text).ok()?;
@@ -110,7 +122,13 @@ mod tests {
 
     #[test]
     fn garbage_gives_none_and_never_panics() {
-        for bytes in [&[][..], &[0x30], &[0x30, 0x84, 0xff, 0xff, 0xff, 0xff], &[0x30, 0x02, 0x30, 0x00], &[0x31, 0x00]] {
+        for bytes in [
+            &[][..],
+            &[0x30],
+            &[0x30, 0x84, 0xff, 0xff, 0xff, 0xff],
+            &[0x30, 0x02, 0x30, 0x00],
+            &[0x31, 0x00],
+        ] {
             assert_eq!(identity_of(bytes), None);
         }
         let mut x = 7u64;

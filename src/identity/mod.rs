@@ -203,7 +203,9 @@ impl Resolver {
                 }
             }
             Tier::Key => {
-                let Some(presented) = api_key(headers) else { return Ok(None) };
+                let Some(presented) = api_key(headers) else {
+                    return Ok(None);
+                };
                 match self.find_key(presented) {
                     Some(k) => {
                         let name = k.id.as_deref().or(k.tenant.as_deref()).unwrap_or("anonymous");

@@ -307,14 +307,24 @@ fn a_verified_client_certificate_is_a_tier_where_the_order_puts_it() {
     // Above it, an API key still wins; below it, no certificate falls on
     // to the fingerprint.
     let keyed = headers(&[("host", "x"), ("x-api-key", "secret-1")]);
-    assert_eq!(r.resolve(&keyed, conn(Some("envoy-1.edge")), 0).unwrap().tier, Tier::Key);
+    assert_eq!(
+        r.resolve(&keyed, conn(Some("envoy-1.edge")), 0).unwrap().tier,
+        Tier::Key
+    );
     let id = r.resolve(&plain, conn(None), 0).unwrap();
     assert_eq!(id.tier, Tier::Fingerprint);
-    let why: Vec<Tier> = r.passed_over(&plain, conn(None), 0, id.tier).into_iter().map(|(t, _)| t).collect();
+    let why: Vec<Tier> = r
+        .passed_over(&plain, conn(None), 0, id.tier)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
     assert_eq!(why, [Tier::User, Tier::Key, Tier::Cert]);
     // Without `order`, a certificate changes nothing.
     let default = resolver();
-    assert_eq!(default.resolve(&plain, conn(Some("envoy-1.edge")), 0).unwrap().tier, Tier::Fingerprint);
+    assert_eq!(
+        default.resolve(&plain, conn(Some("envoy-1.edge")), 0).unwrap().tier,
+        Tier::Fingerprint
+    );
     // An order may drop tiers: here only certificates and subnets count.
     let strict = Resolver {
         order: vec![Tier::Cert, Tier::Subnet],

@@ -300,7 +300,11 @@ mod tests {
         for i in 0..40 {
             table.get_or_insert(h(i), &key(i));
             let indexed = table.shards[9].read().unwrap().by_key.len();
-            assert_eq!(indexed, table.shards[9].read().unwrap().leases.len(), "one entry a lease");
+            assert_eq!(
+                indexed,
+                table.shards[9].read().unwrap().leases.len(),
+                "one entry a lease"
+            );
         }
         for i in 0..40 {
             let found = table.find(&key(i)).map(|l| l.key().to_string());

@@ -307,7 +307,11 @@ mod tests {
         // Held to a fair share, and a current rate above it is not kept.
         assert_eq!(strategy_within(80.0, &s, None, 50.0), refill(50, 1));
         assert_eq!(strategy_within(80.0, &s, Some(refill(100, 1)), 50.0), refill(50, 1));
-        assert_eq!(strategy_within(0.0, &s, None, 0.0), refill(1, 1), "never below the floor");
+        assert_eq!(
+            strategy_within(0.0, &s, None, 0.0),
+            refill(1, 1),
+            "never below the floor"
+        );
         assert_eq!(strategy_for(400.0, &s, None), refill(100, 1));
         // Idle: the floor, 1 % of the limit.
         assert_eq!(strategy_for(0.0, &s, None), refill(1, 1));

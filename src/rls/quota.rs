@@ -74,8 +74,11 @@ struct Totals {
 /// inflated report cannot take the whole quota from the other streams.
 #[derive(Default)]
 struct Demands {
-    by_key: std::sync::Mutex<HashMap<String, Vec<(u64, f64, u64)>>>,
+    by_key: std::sync::Mutex<HashMap<String, Vec<Demand>>>,
 }
+
+/// One stream's demand: (stream, requests per second, when).
+type Demand = (u64, f64, u64);
 
 impl Demands {
     /// Records `stream`'s `demand` for `key` at `now`, and returns the
@@ -121,9 +124,9 @@ struct StreamSlot {
 
 impl StreamSlot {
     fn take(totals: &Arc<Totals>) -> Option<StreamSlot> {
-        let taken = totals
-            .streams
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_STREAMS).then_some(n + 1));
+        let taken = totals.streams.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < MAX_STREAMS).then_some(n + 1)
+        });
         taken.is_ok().then(|| StreamSlot {
             totals: totals.clone(),
             buckets: 0,
@@ -279,7 +282,8 @@ impl StreamState {
                 Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
                     let spec = m.limit.spec().slice(runtime.share());
-                    self.assign(runtime, entries, &usage, (&key, &spec), interval_ms, slot).await
+                    self.assign(runtime, entries, &usage, (&key, &spec), interval_ms, slot)
+                        .await
                 }
                 // No rule, or an unlimited one: Envoy allows all. What the
                 // bucket held is forgotten, so a rule that comes back (a

@@ -176,7 +176,10 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
     let (inner, regional): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>) = match redis {
         None => (Arc::new(MemoryStore::new(config.store.max_keys)), Arc::new(NoRegions)),
         Some(target) => {
-            let redis = Arc::new(RedisStore::start_with_ca(&target, config.store.ca.as_ref().map(|c| c.pem.clone()))?.with_metrics(metrics.clone()));
+            let redis = Arc::new(
+                RedisStore::start_with_ca(&target, config.store.ca.as_ref().map(|c| c.pem.clone()))?
+                    .with_metrics(metrics.clone()),
+            );
             (redis.clone(), redis)
         }
     };

@@ -265,7 +265,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     // turning TLS on or off, or a new peer check, needs a restart.
     let peer_tls = |t: Option<&crate::config::PeerTls>| t.map(|t| (t.cert.clone(), t.key.clone(), t.client_ca.clone()));
     warn(
-        peer_tls(old.rls.as_ref().and_then(|r| r.tls.as_ref())) != peer_tls(new.rls.as_ref().and_then(|r| r.tls.as_ref()))
+        peer_tls(old.rls.as_ref().and_then(|r| r.tls.as_ref()))
+            != peer_tls(new.rls.as_ref().and_then(|r| r.tls.as_ref()))
             || old.rls.as_ref().map(|r| r.workers) != new.rls.as_ref().map(|r| r.workers),
         "[rls] tls_cert, tls_key, client_ca or workers changed: they apply after a restart",
     );

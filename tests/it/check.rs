@@ -544,12 +544,7 @@ fn sentinel_needs_its_master_name_and_excludes_url_and_cluster() {
     let text = store(
         "sentinel = [\"redis://:hunter2@127.0.0.1:26379\", \"rediss://:hunter2@s2:26379/#insecure\"]\nsentinel_master = \"m\"",
     );
-    refused(
-        &text,
-        20,
-        "store.sentinel[1]",
-        "the certificate is always verified",
-    );
+    refused(&text, 20, "store.sentinel[1]", "the certificate is always verified");
     let err = error(&text);
     assert!(!err.contains("hunter2"), "passwords never reach the terminal: {err}");
     refused(

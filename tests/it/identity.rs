@@ -295,7 +295,10 @@ async fn identity_over_mtls(
     let config = client::mtls_config(ca, cert, b"http/1.1");
     let tcp = tokio::net::TcpStream::connect(gw.https()).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
     let (mut c, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
         .await
         .unwrap();
@@ -319,7 +322,11 @@ async fn a_client_certificate_is_the_identity_where_identity_order_puts_it() {
     .replace("key = \"{key}\"", "key = \"srv.key\"\nclient_ca = \"ca.pem\"");
     let gw = Gateway::start_with(
         &text,
-        &[("srv.pem", &server.cert_pem), ("srv.key", &server.key_pem), ("ca.pem", &ca.cert_pem)],
+        &[
+            ("srv.pem", &server.cert_pem),
+            ("srv.key", &server.key_pem),
+            ("ca.pem", &ca.cert_pem),
+        ],
     );
     assert_eq!(
         identity_over_mtls(&gw, &ca, Some(&alice)).await,
@@ -327,7 +334,10 @@ async fn a_client_certificate_is_the_identity_where_identity_order_puts_it() {
     );
     // Alice's own bucket (2/min): her third request is refused, Bob's is not.
     assert_eq!(identity_over_mtls(&gw, &ca, Some(&alice)).await.0, StatusCode::OK);
-    assert_eq!(identity_over_mtls(&gw, &ca, Some(&alice)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        identity_over_mtls(&gw, &ca, Some(&alice)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(
         identity_over_mtls(&gw, &ca, Some(&bob)).await,
         (StatusCode::OK, "cert:bob.clients".to_string())
@@ -345,5 +355,8 @@ async fn a_client_certificate_is_the_identity_where_identity_order_puts_it() {
     let path = dir.write("gateway.toml", &without);
     let (code, _, err) = support::check_path(&path);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("identity.order") && err.contains("needs [tls] client_ca"), "{err}");
+    assert!(
+        err.contains("identity.order") && err.contains("needs [tls] client_ca"),
+        "{err}"
+    );
 }

@@ -248,7 +248,12 @@ async fn every_request_gets_one_structured_access_log_line() {
     assert!(v["timestamp"].is_string(), "{v}");
     let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(
-        (first["status"].as_u64(), first["outcome"].as_str(), first["limit"].as_str(), first["key"].as_str()),
+        (
+            first["status"].as_u64(),
+            first["outcome"].as_str(),
+            first["limit"].as_str(),
+            first["key"].as_str()
+        ),
         (Some(200), Some("admitted"), Some("-"), Some("-"))
     );
 

@@ -22,8 +22,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::support::redis::Redis;
 use crate::support::client::mtls_config as client_config;
+use crate::support::redis::Redis;
 use crate::support::{sample, Gateway, TestCa, TestCert, Toml};
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
@@ -104,7 +104,11 @@ fn thread_nice(pid: u32, name: &str) -> Vec<i64> {
         }
         let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
         // After the ")" closing the name: state is field 3, nice field 19.
-        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, r)| r)
+            .split_whitespace()
+            .collect();
         out.push(fields[16].parse().unwrap());
     }
     out
@@ -134,10 +138,17 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
     );
     let addr = gw.addr("rls");
     // Its own threads, at a lower priority than the workers'.
-    assert_eq!(thread_nice(gw.pid(), "leasegate-rls"), [10, 10], "two RLS threads at nice 10");
+    assert_eq!(
+        thread_nice(gw.pid(), "leasegate-rls"),
+        [10, 10],
+        "two RLS threads at nice 10"
+    );
     assert_eq!(thread_nice(gw.pid(), "leasegate-worke"), [0], "the worker at 0");
 
-    assert_eq!(rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await, Ok(Code::Ok));
+    assert_eq!(
+        rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await,
+        Ok(Code::Ok)
+    );
     let none = rls_answers(addr, client_config(&ca, None, b"h2")).await;
     assert!(none.is_err(), "a peer without a certificate was answered: {none:?}");
     let other = rls_answers(addr, client_config(&ca, Some(&stranger), b"h2")).await;
@@ -154,7 +165,10 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
         sample(&m, "leasegate_tls_handshake_failures_total{reason=\"rls\"}") >= 3.0,
         "{m}"
     );
-    assert_eq!(rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await, Ok(Code::Ok));
+    assert_eq!(
+        rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await,
+        Ok(Code::Ok)
+    );
 }
 
 /// A `[region]` with the link over mutual TLS.
@@ -283,7 +297,16 @@ async fn status_of(gw: &Gateway, path: &str) -> u16 {
 async fn a_gateway_on_rediss_with_an_acl_user_leases_and_falls_back_like_on_plain_redis() {
     let ca = TestCa::new("leasegate redis CA");
     let mut redis = Redis::start_tls(&ca);
-    let acl = ["ACL", "SETUSER", "leasegate", "on", ">a-long-redis-password", "~*", "&*", "+@all"];
+    let acl = [
+        "ACL",
+        "SETUSER",
+        "leasegate",
+        "on",
+        ">a-long-redis-password",
+        "~*",
+        "&*",
+        "+@all",
+    ];
     assert_eq!(redis.cli(&acl).trim(), "OK");
     let tls_port = redis.tls_port.unwrap();
     let toml = |password: &str| {
@@ -322,7 +345,10 @@ async fn a_gateway_on_rediss_with_an_acl_user_leases_and_falls_back_like_on_plai
     // Redis dies: the fail-open route goes on by its fallback bucket.
     redis.kill();
     let before = sample(&gw.metrics().await, "rate_limit_bypassed_total{reason=\"store_error\"}")
-        + sample(&gw.metrics().await, "rate_limit_bypassed_total{reason=\"store_timeout\"}");
+        + sample(
+            &gw.metrics().await,
+            "rate_limit_bypassed_total{reason=\"store_timeout\"}",
+        );
     assert_eq!(status_of(&gw, "/other").await, 200);
     let m = gw.metrics().await;
     let after = sample(&m, "rate_limit_bypassed_total{reason=\"store_error\"}")

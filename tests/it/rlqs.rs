@@ -278,7 +278,10 @@ async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
         assert!(last.0 + last.1 <= 100.0, "round {round}: {last:?} exceed 100/s");
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
-    assert!((40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1), "{last:?}");
+    assert!(
+        (40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1),
+        "{last:?}"
+    );
 }
 
 #[tokio::test]

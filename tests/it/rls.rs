@@ -312,9 +312,17 @@ async fn replaces_hits_addend_and_overrides() {
         requests_per_unit: 7,
         unit: Unit::Year as i32,
     });
-    let r = c.should_rate_limit(request("edge", vec![d])).await.unwrap().into_inner();
+    let r = c
+        .should_rate_limit(request("edge", vec![d]))
+        .await
+        .unwrap()
+        .into_inner();
     let current = r.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((current.requests_per_unit, current.unit), (7, Unit::Hour as i32), "{r:?}");
+    assert_eq!(
+        (current.requests_per_unit, current.unit),
+        (7, Unit::Hour as i32),
+        "{r:?}"
+    );
 }
 
 #[tokio::test]
@@ -332,9 +340,17 @@ async fn with_allow_overrides_off_a_descriptor_s_own_limit_is_ignored() {
     });
     let mut outs = Vec::new();
     for _ in 0..6 {
-        let r = c.should_rate_limit(request("edge", vec![d.clone()])).await.unwrap().into_inner();
+        let r = c
+            .should_rate_limit(request("edge", vec![d.clone()]))
+            .await
+            .unwrap()
+            .into_inner();
         let current = r.statuses[0].current_limit.as_ref().unwrap();
-        assert_eq!((current.requests_per_unit, current.unit), (5, Unit::Minute as i32), "{r:?}");
+        assert_eq!(
+            (current.requests_per_unit, current.unit),
+            (5, Unit::Minute as i32),
+            "{r:?}"
+        );
         outs.push(code(&r));
     }
     // The YAML's 5 per minute, not the caller's 1000 per second.

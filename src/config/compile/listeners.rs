@@ -340,10 +340,7 @@ pub(super) fn peer_tls(
                 .with_safe_default_protocol_versions()
                 .map_err(|e| e.to_string())
                 .map(|b| b.with_root_certificates(r.clone()))
-                .and_then(|b| {
-                    b.with_client_auth_cert(id.chain, id.private)
-                        .map_err(|e| e.to_string())
-                });
+                .and_then(|b| b.with_client_auth_cert(id.chain, id.private).map_err(|e| e.to_string()));
             match built {
                 Ok(mut cc) => {
                     cc.alpn_protocols = server.alpn_protocols.clone();

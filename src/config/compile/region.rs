@@ -9,8 +9,8 @@ use toml::Spanned;
 
 use super::{in_range, Check};
 use crate::config::{raw, Region};
-use crate::region::threshold::IdSecret;
 use crate::quota::Share;
+use crate::region::threshold::IdSecret;
 
 pub(super) fn region(c: &mut Check, spanned: &Spanned<raw::Region>, base: &Path) -> Option<Region> {
     let r = spanned.get_ref();
@@ -137,11 +137,7 @@ fn primary_uri(s: &str, tls: bool) -> Result<http::Uri, String> {
                 "{s:?}: without tls_cert and tls_key the link speaks plain http://"
             ))
         }
-        (_, true) => {
-            return Err(format!(
-                "{s:?}: with tls_cert and tls_key the link speaks https://"
-            ))
-        }
+        (_, true) => return Err(format!("{s:?}: with tls_cert and tls_key the link speaks https://")),
     }
     match uri.authority() {
         Some(a) if a.port_u16().is_some() => {

@@ -174,7 +174,9 @@ fn store_ca(c: &mut Check, v: &Spanned<String>, base: &Path, tls: bool) -> Optio
         }
     };
     use rustls_pki_types::pem::PemObject as _;
-    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem)
+        .filter(Result::is_ok)
+        .count();
     if certs == 0 {
         c.at(
             v.span(),

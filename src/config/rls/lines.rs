@@ -40,7 +40,10 @@ fn key_of(s: &str) -> Option<(&str, &str)> {
     let end = s.find(':')?;
     let name = &s[..end];
     let rest = &s[end + 1..];
-    let plain = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     (plain && (rest.is_empty() || rest.starts_with(' '))).then_some((name, rest.trim()))
 }
 
@@ -197,7 +200,13 @@ replaces_at_top:
 
     #[test]
     fn anything_goes_without_a_panic() {
-        for text in ["- - -\n  :\n", ":\n- a: {b, : c}\n", "a:\n\t- b\n", "  - x\n- y: [\n", "\u{feff}a: ü:\n"] {
+        for text in [
+            "- - -\n  :\n",
+            ":\n- a: {b, : c}\n",
+            "a:\n\t- b\n",
+            "  - x\n- y: [\n",
+            "\u{feff}a: ü:\n",
+        ] {
             let l = Lines::of(text);
             let _ = l.line_of("a.b[0]");
             let _ = l.keys().count();

@@ -269,7 +269,14 @@ fn known_at(parent: &str) -> &'static [&'static str] {
     if parent.is_empty() {
         &["domain", "descriptors"]
     } else if last == "rate_limit" {
-        &["requests_per_unit", "unit", "unlimited", "name", "replaces", "algorithm"]
+        &[
+            "requests_per_unit",
+            "unit",
+            "unlimited",
+            "name",
+            "replaces",
+            "algorithm",
+        ]
     } else if last.starts_with("replaces[") {
         &["name"]
     } else if last.starts_with("descriptors[") {

@@ -68,9 +68,8 @@ fn refuses_what_envoyproxy_ratelimit_refuses_with_file_and_line() {
         p[0].starts_with("ratelimit.yaml:5: descriptors[0].rate_limit.unit: invalid rate limit unit \"fortnight\""),
         "{p:?}"
     );
-    let p = problems(
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unlimited: true\n",
-    );
+    let p =
+        problems("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unlimited: true\n");
     assert!(
         p[0].contains("should not specify rate limit unit when unlimited"),
         "{p:?}"
@@ -100,7 +99,10 @@ fn refuses_what_envoyproxy_ratelimit_refuses_with_file_and_line() {
         p[0].starts_with("ratelimit.yaml:6: descriptors[0].rate_limit.requests_per_unit"),
         "{p:?}"
     );
-    assert!(parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n").is_ok());
+    assert!(parse(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: 1000000\n"
+    )
+    .is_ok());
     let p = problems("domain: [\n");
     assert!(p[0].starts_with("ratelimit.yaml:"), "{p:?}");
 }
@@ -130,8 +132,14 @@ fn every_problem_has_its_own_line_and_a_typo_its_nearest_name() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n  - key: b\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n  - key: c\n    rate_limit:\n      unit: hour\n      requests_per_unit: 3\n      algorithm: leaky\n",
     );
     assert_eq!(p.len(), 2, "{p:?}");
-    assert!(p[0].starts_with("ratelimit.yaml:9: descriptors[1].rate_limit.unit"), "{p:?}");
-    assert!(p[1].starts_with("ratelimit.yaml:15: descriptors[2].rate_limit.algorithm"), "{p:?}");
+    assert!(
+        p[0].starts_with("ratelimit.yaml:9: descriptors[1].rate_limit.unit"),
+        "{p:?}"
+    );
+    assert!(
+        p[1].starts_with("ratelimit.yaml:15: descriptors[2].rate_limit.algorithm"),
+        "{p:?}"
+    );
     // Unknown keys: every one, each at its line, compared with the names
     // that mean something where it is.
     let p = problems(
@@ -139,13 +147,18 @@ fn every_problem_has_its_own_line_and_a_typo_its_nearest_name() {
     );
     assert_eq!(p.len(), 3, "{p:?}");
     assert!(
-        p[0].starts_with("ratelimit.yaml:4: descriptors[0].rate_limt: unknown field `rate_limt`, did you mean `rate_limit`?"),
+        p[0].starts_with(
+            "ratelimit.yaml:4: descriptors[0].rate_limt: unknown field `rate_limt`, did you mean `rate_limit`?"
+        ),
         "{p:?}"
     );
     assert!(
         p[1].starts_with("ratelimit.yaml:9: descriptors[1].rate_limit.requests_per_unti: unknown field `requests_per_unti`, did you mean `requests_per_unit`? (known here: requests_per_unit, unit, unlimited, name, replaces, algorithm)"),
         "{p:?}"
     );
-    assert!(p[2].starts_with("ratelimit.yaml:10: descriptors[1].rate_limit.colour"), "{p:?}");
+    assert!(
+        p[2].starts_with("ratelimit.yaml:10: descriptors[1].rate_limit.colour"),
+        "{p:?}"
+    );
     assert!(!p[2].contains("did you mean"), "{p:?}");
 }

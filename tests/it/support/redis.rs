@@ -121,7 +121,6 @@ impl Redis {
         r
     }
 
-
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
