@@ -312,17 +312,21 @@ async fn replaces_hits_addend_and_overrides() {
         requests_per_unit: 7,
         unit: Unit::Year as i32,
     });
-    let r = c
-        .should_rate_limit(request("edge", vec![d]))
+    let r = ask_with(&mut c, d).await;
+    assert_eq!(current_limit(&r), (7, Unit::Hour as i32), "{r:?}");
+}
+
+async fn ask_with(c: &mut RateLimitServiceClient<Channel>, d: RateLimitDescriptor) -> RateLimitResponse {
+    c.should_rate_limit(request("edge", vec![d]))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+/// The first status's `current_limit`: (requests per unit, unit).
+fn current_limit(r: &RateLimitResponse) -> (u32, i32) {
     let current = r.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!(
-        (current.requests_per_unit, current.unit),
-        (7, Unit::Hour as i32),
-        "{r:?}"
-    );
+    (current.requests_per_unit, current.unit)
 }
 
 #[tokio::test]
@@ -340,17 +344,8 @@ async fn with_allow_overrides_off_a_descriptor_s_own_limit_is_ignored() {
     });
     let mut outs = Vec::new();
     for _ in 0..6 {
-        let r = c
-            .should_rate_limit(request("edge", vec![d.clone()]))
-            .await
-            .unwrap()
-            .into_inner();
-        let current = r.statuses[0].current_limit.as_ref().unwrap();
-        assert_eq!(
-            (current.requests_per_unit, current.unit),
-            (5, Unit::Minute as i32),
-            "{r:?}"
-        );
+        let r = ask_with(&mut c, d.clone()).await;
+        assert_eq!(current_limit(&r), (5, Unit::Minute as i32), "{r:?}");
         outs.push(code(&r));
     }
     // The YAML's 5 per minute, not the caller's 1000 per second.

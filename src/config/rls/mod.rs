@@ -241,9 +241,10 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// Every key envoyproxy/ratelimit accepts, in any map of the file.
-const KNOWN: &[&str] = &[
-    "domain",
+/// The keys of the file's top map.
+const TOP: &[&str] = &["domain", "descriptors"];
+/// The keys of a descriptor.
+const DESCRIPTOR: &[&str] = &[
     "key",
     "value",
     "rate_limit",
@@ -251,59 +252,50 @@ const KNOWN: &[&str] = &[
     "shadow_mode",
     "quota_mode",
     "share_threshold",
+    "detailed_metric",
+    "value_to_metric",
+];
+/// The keys of a `rate_limit`.
+const RATE_LIMIT: &[&str] = &[
     "requests_per_unit",
     "unit",
     "unlimited",
     "name",
     "replaces",
     "algorithm",
-    "detailed_metric",
-    "value_to_metric",
-    "metadata",
 ];
+
+/// Whether envoyproxy/ratelimit accepts `name` in a map: it checks every
+/// map's keys against one flat list (the three above and `metadata`).
+fn known(name: &str) -> bool {
+    name == "metadata" || [TOP, DESCRIPTOR, RATE_LIMIT].iter().any(|k| k.contains(&name))
+}
 
 /// The keys that mean something in the map at `path` (a key's path less
 /// its last name): what an unknown key there is compared with.
 fn known_at(parent: &str) -> &'static [&'static str] {
     let last = parent.rsplit('.').next().unwrap_or(parent);
     if parent.is_empty() {
-        &["domain", "descriptors"]
+        TOP
     } else if last == "rate_limit" {
-        &[
-            "requests_per_unit",
-            "unit",
-            "unlimited",
-            "name",
-            "replaces",
-            "algorithm",
-        ]
+        RATE_LIMIT
     } else if last.starts_with("replaces[") {
         &["name"]
-    } else if last.starts_with("descriptors[") {
-        &[
-            "key",
-            "value",
-            "rate_limit",
-            "descriptors",
-            "shadow_mode",
-            "quota_mode",
-            "share_threshold",
-            "detailed_metric",
-            "value_to_metric",
-        ]
     } else {
-        KNOWN
+        DESCRIPTOR
     }
 }
 
-/// Every key of the file outside [`KNOWN`], each at its own line, with
+/// Every key of the file that is not [`known`], each at its own line, with
 /// the names that mean something where it is and the nearest of them.
 fn unknown_keys(file: &str, lines: &lines::Lines) -> Vec<Problem> {
     lines
         .keys()
         .filter_map(|(path, line)| {
             let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
-            if KNOWN.contains(&name) {
+            // What `metadata` holds is anyone's: read as nothing.
+            let in_metadata = parent.split('.').any(|seg| seg == "metadata");
+            if known(name) || in_metadata {
                 return None;
             }
             let here = known_at(parent);
