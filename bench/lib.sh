@@ -89,3 +89,11 @@ rate = "$4"
 by = ["route"]
 CONF
 }
+
+# med: "median (min-max)" of the numbers on stdin, one per line.
+med() {
+  sort -g | awk '{v[NR] = $1} END {
+    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "%g (%g-%g)", m, v[1], v[NR]
+  }'
+}

@@ -120,12 +120,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 # col FILE N -> "median (min-max)" of column N
-col() {
-  sort -g -k"$2","$2" "$1" | awk -v c="$2" '{v[NR] = $c} END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%s (%s-%s)", m, v[1], v[NR]
-  }'
-}
+col() { awk -v c="$2" '{print $c}' "$1" | med; }
 
 echo
 echo "ShouldRateLimit, $CONC concurrent callers, $KEYS keys, ${DURATION}s x $ROUNDS rounds (median (min-max)):"

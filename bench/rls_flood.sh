@@ -310,14 +310,6 @@ for r in $(seq "$ROUNDS"); do
   tail -n "${#builds[@]}" "$work/calls" | sort -k1,1 | awk '{printf "RLS calls/s during the flood, %s: %s\n", $1, $2}'
 done
 
-# med: "median (min-max)" of the numbers on stdin.
-med() {
-  sort -g | awk '{v[NR] = $1} END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%g (%g-%g)", m, v[1], v[NR]
-  }'
-}
-
 echo
 echo "Over $ROUNDS rounds, median (min-max):"
 echo
