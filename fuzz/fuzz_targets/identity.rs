@@ -5,7 +5,9 @@
 //! `\n` (lines that are not a valid header are skipped).
 //! - byte 0: bit 0 the connection has a JA4; bits 1-2 the peer (0 a trusted
 //!   proxy 10.x, 1 an IPv4 client, 2 an IPv6 client, 3 an IPv4-mapped
-//!   trusted proxy); bit 3 `reject_invalid`; bit 4 `max_token_bytes` 64.
+//!   trusted proxy); bit 3 `reject_invalid`; bit 4 `max_token_bytes` 64;
+//!   bit 5 the order puts `cert` after `key`; bit 6 the client presented a
+//!   certificate.
 //! - bytes 1-4: the peer's address bytes; bytes 5-7: `now` (seconds).
 //!
 //! Properties: nothing panics; an identity's value is `<tier>:<something>`,
@@ -28,8 +30,14 @@ pub const SECRET: &[u8] = b"fuzz-secret";
 /// The one API key (tenant `acme`).
 pub const API_KEY: &[u8] = b"fuzz-key-1";
 
-fn resolver(reject_invalid: bool, max_token_bytes: usize) -> Resolver {
+fn resolver(reject_invalid: bool, max_token_bytes: usize, cert_tier: bool) -> Resolver {
+    let order = if cert_tier {
+        vec![Tier::User, Tier::Key, Tier::Cert, Tier::Fingerprint, Tier::Subnet]
+    } else {
+        Vec::new()
+    };
     Resolver {
+        order,
         trusted_proxies: vec!["10.0.0.0/8".parse().expect("a network")],
         ipv4_prefix: 24,
         ipv6_prefix: 64,
@@ -91,8 +99,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    let r = resolver(reject_invalid, max_token_bytes);
-    let conn = Connection { peer, ja4 };
+    let cert_tier = flags & 32 != 0;
+    let client_cert = (flags & 64 != 0).then_some("client.example");
+    let r = resolver(reject_invalid, max_token_bytes, cert_tier);
+    let conn = Connection { peer, ja4, client_cert };
     let first = r.resolve(&headers, conn, now);
     match &first {
         Ok(id) => {
@@ -104,6 +114,12 @@ fuzz_target!(|data: &[u8]| {
             }
             if id.tier == Tier::Key {
                 assert_eq!(id.tenant.as_deref(), Some("acme"));
+            }
+            if id.tier == Tier::Cert {
+                assert!(cert_tier && client_cert.is_some(), "a cert identity without the tier or a certificate");
+            }
+            if cert_tier && client_cert.is_some() {
+                assert!(matches!(id.tier, Tier::User | Tier::Key | Tier::Cert), "{:?} under a cert", id.tier);
             }
             if !trusted(peer) {
                 assert_eq!(id.client_ip, peer.to_canonical(), "an untrusted peer chose its address");

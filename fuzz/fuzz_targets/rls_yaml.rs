@@ -1,7 +1,8 @@
 //! The RLS rules YAML (`config::rls::parse_into`) on arbitrary text, and
 //! the descriptor lookup over the rules it yields (`rls::matcher`).
 //!
-//! Properties: nothing panics; rules that parse hold exactly one domain,
+//! Properties: nothing panics (the line index that locates each problem
+//! reads every input, parsed or not); rules that parse hold exactly one domain,
 //! and the same file read again is refused as a duplicate domain; walking
 //! the rules with descriptors made from their own keys, values and
 //! wildcards (`*` dropped, which the wildcard must match) never panics, and
@@ -42,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
     }
     assert_eq!(rules.domains.len(), 1);
     let _ = rules.limit_count();
+    let _ = rules.longest_unit();
     assert!(
         parse_into(&mut rules, "again.yaml", text).is_err(),
         "the same domain accepted twice"
