@@ -48,6 +48,9 @@ pub struct Config {
     /// `[region]`; `None`: this gateway enforces whole quotas and has no
     /// inter-region link.
     pub region: Option<Region>,
+    /// [`tls_files_digest`] of [`Config::tls_files`] as read at load;
+    /// `None` without any.
+    pub tls_files_sha256: Option<[u8; 32]>,
 }
 
 /// `[rls]`: Envoy's rate limit services over gRPC.
@@ -156,8 +159,6 @@ pub struct Tls {
     /// `client_ca`: clients are asked for a certificate signed by it (not
     /// required); a verified one's subject is the `client_cert` identity.
     pub client_ca: Option<PathBuf>,
-    /// [`tls_files_digest`] of the files as read.
-    pub files_sha256: [u8; 32],
     pub server_config: Arc<rustls::ServerConfig>,
     /// A client must deliver its whole ClientHello within this time.
     pub client_hello_timeout: Duration,
@@ -372,11 +373,10 @@ impl Config {
     /// file ([`Config::tls_files`]). A reload compares it with the files on
     /// disk, so a certificate replaced on disk is reloaded like an edit.
     pub fn inputs_sha256(&self) -> [u8; 32] {
-        let files = self.tls_files();
         inputs_digest_with_tls(
             &self.source.sha256,
             self.rls.as_ref().map(|r| &r.rules.digest),
-            (!files.is_empty()).then(|| tls_files_digest(&files)).as_ref(),
+            self.tls_files_sha256.as_ref(),
         )
     }
 

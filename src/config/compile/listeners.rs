@@ -246,14 +246,8 @@ pub(super) fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<T
     match built {
         Ok(mut sc) => {
             sc.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-            let client_ca = client_ca.map(|(p, _)| p);
-            let files: Vec<&Path> = [Some(id.cert.as_path()), Some(id.key.as_path()), client_ca.as_deref()]
-                .into_iter()
-                .flatten()
-                .collect();
             Some(Tls {
-                files_sha256: crate::config::tls_files_digest(&files),
-                client_ca,
+                client_ca: client_ca.map(|(p, _)| p),
                 cert: id.cert,
                 key: id.key,
                 server_config: Arc::new(sc),

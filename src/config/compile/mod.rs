@@ -124,7 +124,7 @@ pub(super) fn compile(
         return Err(ConfigError::Invalid(c.problems));
     }
     let limits = made;
-    Ok(Config {
+    let mut config = Config {
         source,
         gateway,
         listeners,
@@ -138,7 +138,13 @@ pub(super) fn compile(
         events,
         rls,
         region,
-    })
+        tls_files_sha256: None,
+    };
+    // The TLS files as read now: a reload compares the files on disk with
+    // this, so a file replaced after this load is a change.
+    let files = config.tls_files();
+    config.tls_files_sha256 = (!files.is_empty()).then(|| super::tls_files_digest(&files));
+    Ok(config)
 }
 
 fn host_name() -> String {
