@@ -169,6 +169,33 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
         rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await,
         Ok(Code::Ok)
     );
+
+    // A new CA and certificate for the plane, written over the files in
+    // place: the next handshake uses them, without a restart.
+    let ca2 = TestCa::new("leasegate test CA, rotated");
+    let server2 = ca2.issue("rls.leasegate.test");
+    let envoy2 = ca2.issue("envoy-1");
+    for (name, body) in [
+        ("rls.key", &server2.key_pem),
+        ("rls.pem", &server2.cert_pem),
+        ("ca.pem", &ca2.cert_pem),
+    ] {
+        gw.dir.write(name, body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rls_answers(addr, client_config(&ca2, Some(&envoy2), b"h2"))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the rotated certificate was never served:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let old = rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await;
+    assert!(old.is_err(), "a peer of the old CA still answered: {old:?}");
 }
 
 /// A `[region]` with the link over mutual TLS.
