@@ -202,6 +202,8 @@ pub struct Limit {
     pub fallback_rate: Option<Spanned<String>>,
     pub shards: Option<Spanned<i64>>,
     pub shard_by: Option<Spanned<String>>,
+    pub queue_ms: Option<Spanned<i64>>,
+    pub queue_max: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,6 +15,7 @@ use crate::runtime::{facts, Runtime, Snapshot};
 use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
 use respond::{add_warnings, visible_statuses, RequestError};
 
+mod queue;
 pub mod respond;
 mod serve;
 
@@ -24,11 +25,16 @@ pub use serve::request_id;
 /// then answer or forward.
 pub struct Gateway {
     runtime: Arc<Runtime>,
+    /// The lines of requests waiting for a token (`queue_ms`).
+    queues: queue::Queues,
 }
 
 impl Gateway {
     pub fn new(runtime: Arc<Runtime>) -> Gateway {
-        Gateway { runtime }
+        Gateway {
+            runtime,
+            queues: queue::Queues::default(),
+        }
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {

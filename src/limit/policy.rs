@@ -124,7 +124,15 @@ pub struct Draft {
     /// the whole without `[region]`). Applied last, by
     /// [`crate::limit::key_spec`], after the plan and the sub-bucket.
     pub share: Share,
+    /// How long a request this limit refuses may wait, in arrival order,
+    /// for a token instead (0: refused at once).
+    pub queue_ms: u64,
+    /// Most requests waiting at once per key; one more is refused at once.
+    pub queue_max: u32,
 }
+
+/// `queue_max` by default.
+pub const DEFAULT_QUEUE_MAX: u32 = 100;
 
 impl Draft {
     /// A token-bucket limit at `rate` with every other field at its default:
@@ -146,6 +154,8 @@ impl Draft {
             shards: 1,
             shard_by: ShardBy::Ip,
             share: Share::WHOLE,
+            queue_ms: 0,
+            queue_max: DEFAULT_QUEUE_MAX,
         }
     }
 

@@ -51,6 +51,24 @@ pub struct DecisionLabels {
     pub outcome: &'static str,
 }
 
+/// `leasegate_queue_wait_seconds`: by limit.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: String,
+}
+
+/// Builds a queue-wait histogram: 1 ms to a minute.
+#[derive(Clone, Debug, Default)]
+pub struct QueueBounds;
+
+impl prometheus_client::metrics::family::MetricConstructor<Histogram> for QueueBounds {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new([
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ])
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreCallLabels {
     pub op: &'static str,
@@ -309,6 +327,9 @@ pub struct Metrics {
     /// By result: `granted`, `refused`, `error`; born at 0 with the
     /// coordinator.
     pub region_transfers: Family<ResultLabels, Counter>,
+    /// How long requests waited in a limit's queue (`queue_ms`), admitted
+    /// or refused in the end; a limit's series appears with its first wait.
+    pub queue_wait: Family<LimitLabels, Histogram, QueueBounds>,
 }
 
 impl Default for Metrics {
@@ -470,7 +491,14 @@ impl Metrics {
             "Quota transfers this region asked the primary for, by result (granted, refused, error)",
             region_transfers.clone(),
         );
+        let queue_wait = Family::new_with_constructor(QueueBounds);
+        registry.register(
+            "leasegate_queue_wait_seconds",
+            "Time requests waited in a limit's queue (queue_ms) before they were admitted or refused, by limit",
+            queue_wait.clone(),
+        );
         Metrics {
+            queue_wait,
             rls_requests,
             region_link_up,
             region_transfers,

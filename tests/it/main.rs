@@ -21,6 +21,7 @@ mod key_churn;
 mod limits;
 mod planes;
 mod proxy;
+mod queue;
 mod redis_store;
 mod regions;
 mod reload;

@@ -52,6 +52,15 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft
                 .and_then(|r| parsed_rate(c, r, &format!("{key}.fallback_rate"))),
             shards,
             shard_by: shard_by(c, &l, &key, shards),
+            queue_ms: in_range(c, &l.queue_ms, &format!("{key}.queue_ms"), 0, 600_000, 0),
+            queue_max: in_range(
+                c,
+                &l.queue_max,
+                &format!("{key}.queue_max"),
+                1,
+                100_000,
+                crate::limit::policy::DEFAULT_QUEUE_MAX,
+            ),
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };
