@@ -103,6 +103,19 @@ impl Limiter {
         self.store.acquire(key, spec, want, Unspent::default()).await
     }
 
+    /// `member`'s max-min fair share of `rate` beside the fleet's other
+    /// demands for `key` ([`crate::store::QuotaStore::fair_share`]).
+    pub async fn fair_share(
+        &self,
+        key: &str,
+        member: u64,
+        demand: u64,
+        rate: u64,
+        ttl_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.store.fair_share(key, member, demand, rate, ttl_ms).await
+    }
+
     /// Gives `unspent` tokens of `key` back to the store in the background,
     /// within the bound on releases in flight.
     pub fn give_back_later(self: &Arc<Self>, key: &str, spec: &Spec, unspent: Unspent) {

@@ -64,7 +64,6 @@ struct Totals {
     streams: AtomicUsize,
     buckets: AtomicUsize,
     demands: Demands,
-    next_stream: std::sync::atomic::AtomicU64,
 }
 
 /// What each stream of this instance wants of a bucket (by store key), in
@@ -130,7 +129,8 @@ impl StreamSlot {
         taken.is_ok().then(|| StreamSlot {
             totals: totals.clone(),
             buckets: 0,
-            id: totals.next_stream.fetch_add(1, Ordering::Relaxed),
+            // Random: the fleet's streams meet in the store's demands.
+            id: fastrand::u64(..),
         })
     }
 
@@ -370,10 +370,26 @@ impl StreamState {
         let held = bucket.held;
         let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
         // Up to this stream's fair share beside the others that want the
-        // bucket (heard within two of their reports).
+        // bucket (heard within two of their reports): the fleet's, through
+        // the store; this instance's alone on the embedded store or while
+        // the store fails.
         let wanted = demand * assign::HEADROOM;
+        let rate = assign::limit_rate(spec);
         let others = slot.totals.demands.note(key, slot.id, wanted, now, 2 * interval_ms);
-        let share = assign::fair_share(wanted, &others, assign::limit_rate(spec));
+        let local = assign::fair_share(wanted, &others, rate);
+        let milli = |x: f64| (x * 1_000.0).clamp(0.0, 1e15) as u64;
+        let share = match runtime
+            .limiter
+            .fair_share(key, slot.id, milli(wanted), milli(rate), 2 * interval_ms)
+            .await
+        {
+            Ok(Some(share)) => share as f64 / 1_000.0,
+            Ok(None) => local,
+            Err(e) => {
+                tracing::debug!(key, error = %e, "rlqs: the fleet's demands are out of reach; sharing among this instance's");
+                local
+            }
+        };
         let next = assign::strategy_within(demand, spec, live, share);
         let offer = assign::offer(next, held, now, interval_ms);
         let limiter = &runtime.limiter;

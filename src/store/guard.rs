@@ -352,6 +352,19 @@ impl QuotaStore for Guarded {
         Box::pin(within(self.core.deadline, self.core.inner.heartbeat(member, ttl_ms)))
     }
 
+    /// The inner store's fair share under the deadline, as a heartbeat is.
+    fn fair_share<'a>(
+        &'a self,
+        key: &'a str,
+        member: u64,
+        demand: u64,
+        rate: u64,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        let inner = self.core.inner.fair_share(key, member, demand, rate, ttl_ms);
+        Box::pin(within(self.core.deadline, inner))
+    }
+
     /// The inner store's ping under the deadline; the breaker is left alone.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let core = &self.core;

@@ -107,6 +107,23 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// store is away. The embedded store is this instance's alone: 1.
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>>;
 
+    /// Records `member`'s demand for `key` (an RLQS stream's, in
+    /// thousandths of a request per second) for `ttl_ms`, and answers its
+    /// max-min fair share of `rate` (the same unit) among the demands of
+    /// every member heard within their `ttl_ms`, across the fleet. `None`:
+    /// the store is this instance's alone (the embedded store), so the
+    /// caller shares among its own streams.
+    fn fair_share<'a>(
+        &'a self,
+        _key: &'a str,
+        _member: u64,
+        _demand: u64,
+        _rate: u64,
+        _ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.

@@ -285,6 +285,36 @@ async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
 }
 
 #[tokio::test]
+async fn two_gateways_share_a_bucket_fairly_through_the_store() {
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\n",
+        redis.url()
+    );
+    let a = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
+    let b = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
+    let (mut ea, mut eb) = (Envoy::connect(&a).await, Envoy::connect(&b).await);
+    let acme = bucket(&[("tenant", "fleet-fair")]);
+    let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
+    let mut last = (0.0, 0.0);
+    for round in 0..6 {
+        let ra = ea.report(&[(acme.clone(), 80, 0)], 1).await;
+        let rb = eb.report(&[(acme.clone(), 80, 0)], 1).await;
+        last = (rate(token_bucket(&ra[&k(&acme)])), rate(token_bucket(&rb[&k(&acme)])));
+        println!("round {round}: {last:?}");
+        assert!(last.0 + last.1 <= 100.0, "round {round}: {last:?} exceed 100/s");
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+    }
+    assert!(
+        (40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1),
+        "{last:?}"
+    );
+    // The demands live beside the bucket, and go with their streams' TTL.
+    let keys = redis.cli(&["--scan", "--pattern", "*:demand"]);
+    assert!(keys.contains("fleet-fair"), "{keys:?}");
+}
+
+#[tokio::test]
 async fn an_idle_bucket_is_abandoned() {
     let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
     let mut envoy = Envoy::connect(&gw).await;

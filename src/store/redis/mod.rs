@@ -60,6 +60,7 @@ static SLIDING_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
 static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
+static FAIR_SHARE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fair_share.lua")));
 static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
 
 /// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no
@@ -550,6 +551,24 @@ impl QuotaStore for RedisStore {
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let call = self.call_keys(&FLEET, vec![FLEET_KEY.to_string()], vec![member, ttl_ms]);
         Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    /// `lua/fair_share.lua` on a hash beside the bucket (outside its
+    /// braces: the same Cluster slot).
+    fn fair_share<'a>(
+        &'a self,
+        key: &'a str,
+        member: u64,
+        demand: u64,
+        rate: u64,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        let call = self.call_keys(
+            &FAIR_SHARE,
+            vec![format!("{key}:demand")],
+            vec![member, demand, rate, ttl_ms],
+        );
+        Box::pin(async move { call.await.map(|r| Some(r[0])) })
     }
 }
 
