@@ -70,7 +70,7 @@ impl Gateway {
         if let Some(logged) = logged {
             let (format, method, uri) = &*logged;
             let matched = route.and_then(|i| snapshot.config.routes.get(i));
-            let key = record.limit.map(|(_, hash)| format!("{hash:016x}"));
+            let key = record.limit.as_deref().map(|(_, hash)| format!("{hash:016x}"));
             let line = access_log::Line {
                 request_id: resp
                     .headers()
@@ -85,7 +85,8 @@ impl Gateway {
                 outcome: if record.outcome.is_empty() { "-" } else { record.outcome },
                 limit: record
                     .limit
-                    .and_then(|(i, _)| snapshot.config.limits.get(i))
+                    .as_deref()
+                    .and_then(|(i, _)| snapshot.config.limits.get(*i))
                     .map_or("-", |l| l.name.as_str()),
                 key: key.as_deref().unwrap_or("-"),
                 upstream: matched
@@ -318,7 +319,7 @@ impl Gateway {
     /// The rest of a request once its verdict is final: refused, or served.
     fn settled<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>) -> Served<'a> {
         r.record.outcome = verdict_outcome(&verdict);
-        if r.record.outcome != "admitted" {
+        if r.record.outcome != "admitted" && r.snapshot.config.gateway.access_log != AccessLog::Off {
             let facts = facts(r.route, &r.identity, r.req.headers());
             r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
         }
@@ -439,13 +440,15 @@ struct Ticket {
 }
 
 /// What the access log says about a request, filled in as it is served.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Record {
     identity: Option<&'static str>,
     outcome: &'static str,
     /// The limit that refused, or was over in shadow or soft mode (an
-    /// index into the config's limits), and its key's hash.
-    limit: Option<(usize, u64)>,
+    /// index into the config's limits), and its key's hash. Boxed: only a
+    /// logged line of such a request has one, and a record is moved with
+    /// every request.
+    limit: Option<Box<(usize, u64)>>,
 }
 
 /// The limit the access log names for `verdict` (the one that refused,
@@ -456,7 +459,7 @@ fn logged_limit(
     snapshot: &Snapshot,
     verdict: &Verdict<'_>,
     facts: &crate::limit::key::Facts<'_>,
-) -> Option<(usize, u64)> {
+) -> Option<Box<(usize, u64)>> {
     if snapshot.config.gateway.access_log == AccessLog::Off {
         return None;
     }
@@ -470,7 +473,7 @@ fn logged_limit(
     let limit = snapshot.config.limits.get(over.limit)?;
     let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, facts);
     let key = crate::limit::store_key(limit, facts, shard);
-    Some((over.limit, crate::limit::key_hash(&key)))
+    Some(Box::new((over.limit, crate::limit::key_hash(&key))))
 }
 
 /// A request matched to a route, its client identified: what the rest of

@@ -144,19 +144,68 @@ impl Resolver {
                 }
             }
         }
-        for &tier in self.order() {
-            if let Some(found) = self.try_tier(tier, headers, conn, now_secs, client_ip)? {
-                return Ok(found);
-            }
-        }
-        let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
-        Ok(Identity {
-            tier: Tier::Subnet,
-            value: subnet_value(&net),
+        // Each tier returns its identity at once: no identity is moved
+        // through an `Option` on the way (this runs for every request).
+        let plain = |tier: Tier, value: String| Identity {
+            tier,
+            value,
             tenant: None,
             plan: None,
             client_ip,
-        })
+        };
+        for &tier in self.order() {
+            match tier {
+                Tier::User => {
+                    if let (Some(verifier), Some(token)) = (&self.jwt, bearer_jwt(headers)) {
+                        match verifier.verify(token, now_secs) {
+                            Ok(claims) => {
+                                return Ok(Identity {
+                                    tier,
+                                    value: format!("user:{}", claims.sub),
+                                    tenant: claims.tenant,
+                                    plan: claims.plan,
+                                    client_ip,
+                                })
+                            }
+                            Err(e) if self.reject_invalid => return Err(e.into()),
+                            Err(_) => {} // falls through: an unverifiable token lends nothing
+                        }
+                    }
+                }
+                Tier::Key => {
+                    if let Some(presented) = api_key(headers) {
+                        match self.find_key(presented) {
+                            Some(k) => {
+                                let name = k.id.as_deref().or(k.tenant.as_deref()).unwrap_or("anonymous");
+                                return Ok(Identity {
+                                    tier,
+                                    value: format!("key:{name}"),
+                                    tenant: k.tenant.clone(),
+                                    plan: k.plan.clone(),
+                                    client_ip,
+                                });
+                            }
+                            None if self.reject_invalid => return Err(Rejection::UnknownApiKey),
+                            None => {}
+                        }
+                    }
+                }
+                Tier::Cert => {
+                    if let Some(subject) = conn.client_cert {
+                        return Ok(plain(tier, format!("cert:{subject}")));
+                    }
+                }
+                Tier::Fingerprint => {
+                    if let Some(ja4) = conn.ja4 {
+                        let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
+                        return Ok(plain(tier, format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net))));
+                    }
+                }
+                Tier::Subnet => break,
+            }
+        }
+        let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
+        Ok(plain(Tier::Subnet, subnet_value(&net)))
     }
 
     /// The tiers in the order they are tried.
@@ -165,71 +214,6 @@ impl Resolver {
             &DEFAULT_ORDER
         } else {
             &self.order
-        }
-    }
-
-    /// One tier of the waterfall: its identity, `None` to go on down, or a
-    /// rejection (invalid credentials under `reject_invalid`).
-    fn try_tier(
-        &self,
-        tier: Tier,
-        headers: &HeaderMap,
-        conn: Connection<'_>,
-        now_secs: u64,
-        client_ip: IpAddr,
-    ) -> Result<Option<Identity>, Rejection> {
-        let plain = |value: String| Identity {
-            tier,
-            value,
-            tenant: None,
-            plan: None,
-            client_ip,
-        };
-        match tier {
-            Tier::User => {
-                let (Some(verifier), Some(token)) = (&self.jwt, bearer_jwt(headers)) else {
-                    return Ok(None);
-                };
-                match verifier.verify(token, now_secs) {
-                    Ok(claims) => Ok(Some(Identity {
-                        tier,
-                        value: format!("user:{}", claims.sub),
-                        tenant: claims.tenant,
-                        plan: claims.plan,
-                        client_ip,
-                    })),
-                    Err(e) if self.reject_invalid => Err(e.into()),
-                    Err(_) => Ok(None), // falls through: an unverifiable token lends nothing
-                }
-            }
-            Tier::Key => {
-                let Some(presented) = api_key(headers) else {
-                    return Ok(None);
-                };
-                match self.find_key(presented) {
-                    Some(k) => {
-                        let name = k.id.as_deref().or(k.tenant.as_deref()).unwrap_or("anonymous");
-                        Ok(Some(Identity {
-                            tier,
-                            value: format!("key:{name}"),
-                            tenant: k.tenant.clone(),
-                            plan: k.plan.clone(),
-                            client_ip,
-                        }))
-                    }
-                    None if self.reject_invalid => Err(Rejection::UnknownApiKey),
-                    None => Ok(None),
-                }
-            }
-            Tier::Cert => Ok(conn.client_cert.map(|subject| plain(format!("cert:{subject}")))),
-            Tier::Fingerprint => Ok(conn.ja4.map(|ja4| {
-                let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
-                plain(format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net)))
-            })),
-            Tier::Subnet => {
-                let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
-                Ok(Some(plain(subnet_value(&net))))
-            }
         }
     }
 
