@@ -186,11 +186,11 @@ impl Gateway {
         }
         let mut verdict = Verdict::default();
         if self.decide_now(&routed, &mut verdict) {
-            self.decided(routed, verdict)
+            self.decided(routed, verdict, true)
         } else {
             Served::Later(Box::pin(async move {
                 let verdict = self.decide_later(&routed, verdict).await;
-                match self.decided(routed, verdict) {
+                match self.decided(routed, verdict, true) {
                     Served::Now(resp, record) => (resp, record),
                     Served::Later(wait) => wait.await,
                 }
@@ -233,16 +233,37 @@ impl Gateway {
     }
 
     /// The rest of a request once its verdict is in: in line for a token
-    /// (a limit with `queue_ms` refused it), or [`Gateway::settled`].
-    fn decided<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>) -> Served<'a> {
-        match self.ticket(&r, &verdict) {
-            Some(ticket) => {
-                // Its tokens go back now: it takes them again in line.
-                drop(verdict);
-                Served::Later(Box::pin(self.wait_in_line(r, ticket)))
+    /// (a limit with `queue_ms` refused it, and `may_queue`: not a request
+    /// that waited already), refused, or served.
+    fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>, may_queue: bool) -> Served<'a> {
+        if may_queue && verdict.decision == Decision::Refuse {
+            if let Some(ticket) = self.ticket(&r, &verdict) {
+                return self.queued(r, verdict, ticket);
             }
-            None => self.settled(r, verdict),
         }
+        r.record.outcome = verdict_outcome(&verdict);
+        if r.snapshot.config.gateway.access_log != AccessLog::Off && r.record.outcome != "admitted" {
+            let facts = facts(r.route, &r.identity, r.req.headers());
+            r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
+        }
+        self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
+        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
+            refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
+            return Served::Now(refusal, r.record);
+        }
+        // Served (answered here or forwarded, whatever the upstream does):
+        // the request's tokens are spent.
+        verdict.commit();
+        self.respond_or_forward(r, Some(verdict))
+    }
+
+    /// Into the line: out of the way of every request that does not queue.
+    #[cold]
+    #[inline(never)]
+    fn queued<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>, ticket: Ticket) -> Served<'a> {
+        // Its tokens go back now: it takes them again in line.
+        drop(verdict);
+        Served::Later(Box::pin(self.wait_in_line(r, ticket)))
     }
 
     /// The queue of the limit that refused `verdict`, when it has one and
@@ -270,8 +291,8 @@ impl Gateway {
     /// Waits in the line of the ticket's key, in arrival order: the head asks
     /// the limiter again when its refusal said a token would come, until it
     /// is admitted or the token would come after `queue_ms`; then the
-    /// request is settled with the last verdict (a refusal has its usual
-    /// headers).
+    /// request is decided on the last verdict (a refusal has its usual
+    /// headers), never queued again.
     async fn wait_in_line<'a>(&'a self, r: Routed<'a>, t: Ticket) -> (Response<Body>, Record) {
         let started = std::time::Instant::now();
         let deadline = started + std::time::Duration::from_millis(t.queue_ms);
@@ -310,28 +331,10 @@ impl Gateway {
         // The next in line goes as soon as this one is decided.
         drop(turn);
         drop(place);
-        match self.settled(r, verdict) {
+        match self.decided(r, verdict, false) {
             Served::Now(resp, record) => (resp, record),
             Served::Later(wait) => wait.await,
         }
-    }
-
-    /// The rest of a request once its verdict is final: refused, or served.
-    fn settled<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>) -> Served<'a> {
-        r.record.outcome = verdict_outcome(&verdict);
-        if r.record.outcome != "admitted" && r.snapshot.config.gateway.access_log != AccessLog::Off {
-            let facts = facts(r.route, &r.identity, r.req.headers());
-            r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
-        }
-        self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
-        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
-            refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
-            return Served::Now(refusal, r.record);
-        }
-        // Served (answered here or forwarded, whatever the upstream does):
-        // the request's tokens are spent.
-        verdict.commit();
-        self.respond_or_forward(r, Some(verdict))
     }
 
     /// A route's direct response, or the upstream's.

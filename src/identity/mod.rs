@@ -198,7 +198,10 @@ impl Resolver {
                 Tier::Fingerprint => {
                     if let Some(ja4) = conn.ja4 {
                         let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
-                        return Ok(plain(tier, format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net))));
+                        return Ok(plain(
+                            tier,
+                            format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net)),
+                        ));
                     }
                 }
                 Tier::Subnet => break,
