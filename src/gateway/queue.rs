@@ -14,6 +14,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use http::Response;
+
+use super::serve::{Record, Routed, Served};
+use super::Gateway;
+use crate::limit::{Decision, Verdict};
+use crate::proxy::body::Body;
+use crate::runtime::facts;
 use crate::sync::Recover as _;
 
 /// Every line with someone in it.
@@ -79,6 +86,97 @@ impl Drop for Place<'_> {
             lines.remove(&self.key);
         }
     }
+}
+
+/// The request path's side of the lines.
+impl Gateway {
+    /// Into the line: out of the way of every request that does not queue.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn queued<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>, ticket: Ticket) -> Served<'a> {
+        // Its tokens go back now: it takes them again in line.
+        drop(verdict);
+        Served::Later(Box::pin(self.wait_in_line(r, ticket)))
+    }
+
+    /// The queue of the limit that refused `verdict`, when it has one and
+    /// the token comes within its `queue_ms`.
+    pub(super) fn ticket(&self, r: &Routed<'_>, verdict: &Verdict<'_>) -> Option<Ticket> {
+        if verdict.decision != Decision::Refuse {
+            return None;
+        }
+        let refused = verdict.limits.get(verdict.refused?)?;
+        let limit = r.snapshot.config.limits.get(refused.limit)?;
+        if limit.queue_ms == 0 || refused.retry_after_ms > limit.queue_ms {
+            return None;
+        }
+        let facts = facts(r.route, &r.identity, r.req.headers());
+        let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, &facts);
+        let key = crate::limit::store_key(limit, &facts, shard);
+        Some(Ticket {
+            line: self.queues.line_of(refused.limit, &key),
+            limit: refused.limit,
+            queue_ms: limit.queue_ms,
+            queue_max: limit.queue_max as usize,
+        })
+    }
+
+    /// Waits in the line of the ticket's key, in arrival order: the head asks
+    /// the limiter again when its refusal said a token would come, until it
+    /// is admitted or the token would come after `queue_ms`; then the
+    /// request is decided on the last verdict (a refusal has its usual
+    /// headers), never queued again.
+    async fn wait_in_line<'a>(&'a self, r: Routed<'a>, t: Ticket) -> (Response<Body>, Record) {
+        let started = std::time::Instant::now();
+        let deadline = started + std::time::Duration::from_millis(t.queue_ms);
+        let place = self.queues.join(t.line, t.queue_max);
+        let turn = match &place {
+            Some(p) => Some(p.line.turn.lock().await),
+            None => None,
+        };
+        let verdict = loop {
+            let mut v = Verdict::default();
+            let v = if self.decide_now(&r, &mut v) {
+                v
+            } else {
+                self.decide_later(&r, v).await
+            };
+            let due = match (v.decision, v.refused.and_then(|i| v.limits.get(i))) {
+                (Decision::Refuse, Some(lv)) if lv.limit == t.limit && place.is_some() => lv.retry_after_ms,
+                _ => break v,
+            };
+            let at = std::time::Instant::now() + std::time::Duration::from_millis(due.max(1));
+            if at > deadline {
+                break v;
+            }
+            drop(v);
+            tokio::time::sleep_until(at.into()).await;
+        };
+        if let Some(limit) = r.snapshot.config.limits.get(t.limit) {
+            self.runtime
+                .metrics
+                .queue_wait
+                .get_or_create(&crate::telemetry::metrics::LimitLabels {
+                    limit: limit.name.clone(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        // The next in line goes as soon as this one is decided.
+        drop(turn);
+        drop(place);
+        match self.decided(r, verdict, false) {
+            Served::Now(resp, record) => (resp, record),
+            Served::Later(wait) => wait.await,
+        }
+    }
+}
+
+/// Where a refused request waits: its (limit, key)'s line.
+pub(super) struct Ticket {
+    line: u64,
+    limit: usize,
+    queue_ms: u64,
+    queue_max: usize,
 }
 
 #[cfg(test)]

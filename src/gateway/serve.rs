@@ -235,7 +235,7 @@ impl Gateway {
     /// The rest of a request once its verdict is in: in line for a token
     /// (a limit with `queue_ms` refused it, and `may_queue`: not a request
     /// that waited already), refused, or served.
-    fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>, may_queue: bool) -> Served<'a> {
+    pub(super) fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>, may_queue: bool) -> Served<'a> {
         if may_queue && verdict.decision == Decision::Refuse {
             if let Some(ticket) = self.ticket(&r, &verdict) {
                 return self.queued(r, verdict, ticket);
@@ -255,86 +255,6 @@ impl Gateway {
         // the request's tokens are spent.
         verdict.commit();
         self.respond_or_forward(r, Some(verdict))
-    }
-
-    /// Into the line: out of the way of every request that does not queue.
-    #[cold]
-    #[inline(never)]
-    fn queued<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>, ticket: Ticket) -> Served<'a> {
-        // Its tokens go back now: it takes them again in line.
-        drop(verdict);
-        Served::Later(Box::pin(self.wait_in_line(r, ticket)))
-    }
-
-    /// The queue of the limit that refused `verdict`, when it has one and
-    /// the token comes within its `queue_ms`.
-    fn ticket(&self, r: &Routed<'_>, verdict: &Verdict<'_>) -> Option<Ticket> {
-        if verdict.decision != Decision::Refuse {
-            return None;
-        }
-        let refused = verdict.limits.get(verdict.refused?)?;
-        let limit = r.snapshot.config.limits.get(refused.limit)?;
-        if limit.queue_ms == 0 || refused.retry_after_ms > limit.queue_ms {
-            return None;
-        }
-        let facts = facts(r.route, &r.identity, r.req.headers());
-        let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, &facts);
-        let key = crate::limit::store_key(limit, &facts, shard);
-        Some(Ticket {
-            line: self.queues.line_of(refused.limit, &key),
-            limit: refused.limit,
-            queue_ms: limit.queue_ms,
-            queue_max: limit.queue_max as usize,
-        })
-    }
-
-    /// Waits in the line of the ticket's key, in arrival order: the head asks
-    /// the limiter again when its refusal said a token would come, until it
-    /// is admitted or the token would come after `queue_ms`; then the
-    /// request is decided on the last verdict (a refusal has its usual
-    /// headers), never queued again.
-    async fn wait_in_line<'a>(&'a self, r: Routed<'a>, t: Ticket) -> (Response<Body>, Record) {
-        let started = std::time::Instant::now();
-        let deadline = started + std::time::Duration::from_millis(t.queue_ms);
-        let place = self.queues.join(t.line, t.queue_max);
-        let turn = match &place {
-            Some(p) => Some(p.line.turn.lock().await),
-            None => None,
-        };
-        let verdict = loop {
-            let mut v = Verdict::default();
-            let v = if self.decide_now(&r, &mut v) {
-                v
-            } else {
-                self.decide_later(&r, v).await
-            };
-            let due = match (v.decision, v.refused.and_then(|i| v.limits.get(i))) {
-                (Decision::Refuse, Some(lv)) if lv.limit == t.limit && place.is_some() => lv.retry_after_ms,
-                _ => break v,
-            };
-            let at = std::time::Instant::now() + std::time::Duration::from_millis(due.max(1));
-            if at > deadline {
-                break v;
-            }
-            drop(v);
-            tokio::time::sleep_until(at.into()).await;
-        };
-        if let Some(limit) = r.snapshot.config.limits.get(t.limit) {
-            self.runtime
-                .metrics
-                .queue_wait
-                .get_or_create(&crate::telemetry::metrics::LimitLabels {
-                    limit: limit.name.clone(),
-                })
-                .observe(started.elapsed().as_secs_f64());
-        }
-        // The next in line goes as soon as this one is decided.
-        drop(turn);
-        drop(place);
-        match self.decided(r, verdict, false) {
-            Served::Now(resp, record) => (resp, record),
-            Served::Later(wait) => wait.await,
-        }
     }
 
     /// A route's direct response, or the upstream's.
@@ -414,7 +334,7 @@ impl Gateway {
     /// to the identity's tier, in order) if the tokens at hand decide it;
     /// else false, with the part decided so far in `verdict` for
     /// [`Gateway::decide_later`]. In place: a verdict is a few hundred bytes.
-    fn decide_now<'a>(&'a self, r: &Routed<'_>, verdict: &mut Verdict<'a>) -> bool {
+    pub(super) fn decide_now<'a>(&'a self, r: &Routed<'_>, verdict: &mut Verdict<'a>) -> bool {
         let facts = facts(r.route, &r.identity, r.req.headers());
         let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
         self.runtime
@@ -424,7 +344,7 @@ impl Gateway {
 
     /// The verdict when it waits on the store, from the part decided
     /// without waiting.
-    async fn decide_later<'a>(&'a self, r: &Routed<'_>, partial: Verdict<'a>) -> Verdict<'a> {
+    pub(super) async fn decide_later<'a>(&'a self, r: &Routed<'_>, partial: Verdict<'a>) -> Verdict<'a> {
         let facts = facts(r.route, &r.identity, r.req.headers());
         let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
         self.runtime
@@ -434,17 +354,9 @@ impl Gateway {
     }
 }
 
-/// Where a refused request waits: its (limit, key)'s line.
-struct Ticket {
-    line: u64,
-    limit: usize,
-    queue_ms: u64,
-    queue_max: usize,
-}
-
 /// What the access log says about a request, filled in as it is served.
 #[derive(Debug, Default, Clone)]
-struct Record {
+pub(super) struct Record {
     identity: Option<&'static str>,
     outcome: &'static str,
     /// The limit that refused, or was over in shadow or soft mode (an
@@ -481,14 +393,14 @@ fn logged_limit(
 
 /// A request matched to a route, its client identified: what the rest of
 /// its serving needs.
-struct Routed<'a> {
-    snapshot: &'a Snapshot,
-    req: Request<Incoming>,
-    conn: &'a ConnInfo,
-    route: &'a Route,
-    identity: Identity,
-    request_id: HeaderValue,
-    record: Record,
+pub(super) struct Routed<'a> {
+    pub(super) snapshot: &'a Snapshot,
+    pub(super) req: Request<Incoming>,
+    pub(super) conn: &'a ConnInfo,
+    pub(super) route: &'a Route,
+    pub(super) identity: Identity,
+    pub(super) request_id: HeaderValue,
+    pub(super) record: Record,
 }
 
 /// A response now, or the wait for it; with what the access log records.
@@ -497,7 +409,7 @@ struct Routed<'a> {
 /// `Now` would cost every immediate answer (a 429) an allocation for
 /// nothing.
 #[allow(clippy::large_enum_variant)]
-enum Served<'a> {
+pub(super) enum Served<'a> {
     Now(Response<Body>, Record),
     Later(Pin<Box<dyn Future<Output = (Response<Body>, Record)> + Send + 'a>>),
 }
