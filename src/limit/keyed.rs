@@ -103,17 +103,10 @@ impl Limiter {
         self.store.acquire(key, spec, want, Unspent::default()).await
     }
 
-    /// `member`'s max-min fair share of `rate` beside the fleet's other
-    /// demands for `key` ([`crate::store::QuotaStore::fair_share`]).
-    pub async fn fair_share(
-        &self,
-        key: &str,
-        member: u64,
-        demand: u64,
-        rate: u64,
-        ttl_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        self.store.fair_share(key, member, demand, rate, ttl_ms).await
+    /// A stream's max-min fair share beside the fleet's other demands for
+    /// its bucket ([`crate::store::QuotaStore::fair_share`]).
+    pub async fn fair_share(&self, d: crate::store::Demand<'_>) -> Result<Option<u64>, StoreError> {
+        self.store.fair_share(d).await
     }
 
     /// Gives `unspent` tokens of `key` back to the store in the background,

@@ -128,15 +128,8 @@ impl QuotaStore for Rebalancing {
         self.inner.heartbeat(member, ttl_ms)
     }
 
-    fn fair_share<'a>(
-        &'a self,
-        key: &'a str,
-        member: u64,
-        demand: u64,
-        rate: u64,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
-        self.inner.fair_share(key, member, demand, rate, ttl_ms)
+    fn fair_share<'a>(&'a self, d: crate::store::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        self.inner.fair_share(d)
     }
 }
 

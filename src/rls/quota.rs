@@ -378,11 +378,14 @@ impl StreamState {
         let others = slot.totals.demands.note(key, slot.id, wanted, now, 2 * interval_ms);
         let local = assign::fair_share(wanted, &others, rate);
         let milli = |x: f64| (x * 1_000.0).clamp(0.0, 1e15) as u64;
-        let share = match runtime
-            .limiter
-            .fair_share(key, slot.id, milli(wanted), milli(rate), 2 * interval_ms)
-            .await
-        {
+        let demand_of_stream = crate::store::Demand {
+            key,
+            member: slot.id,
+            demand: milli(wanted),
+            rate: milli(rate),
+            ttl_ms: 2 * interval_ms,
+        };
+        let share = match runtime.limiter.fair_share(demand_of_stream).await {
             Ok(Some(share)) => share as f64 / 1_000.0,
             Ok(None) => local,
             Err(e) => {

@@ -353,16 +353,8 @@ impl QuotaStore for Guarded {
     }
 
     /// The inner store's fair share under the deadline, as a heartbeat is.
-    fn fair_share<'a>(
-        &'a self,
-        key: &'a str,
-        member: u64,
-        demand: u64,
-        rate: u64,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
-        let inner = self.core.inner.fair_share(key, member, demand, rate, ttl_ms);
-        Box::pin(within(self.core.deadline, inner))
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(within(self.core.deadline, self.core.inner.fair_share(d)))
     }
 
     /// The inner store's ping under the deadline; the breaker is left alone.

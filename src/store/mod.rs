@@ -107,20 +107,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// store is away. The embedded store is this instance's alone: 1.
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>>;
 
-    /// Records `member`'s demand for `key` (an RLQS stream's, in
-    /// thousandths of a request per second) for `ttl_ms`, and answers its
-    /// max-min fair share of `rate` (the same unit) among the demands of
-    /// every member heard within their `ttl_ms`, across the fleet. `None`:
+    /// Records a stream's [`Demand`] for its `ttl_ms`, and answers its
+    /// max-min fair share of the `rate` (the same unit) among the demands
+    /// of every stream heard within theirs, across the fleet. `None`:
     /// the store is this instance's alone (the embedded store), so the
     /// caller shares among its own streams.
-    fn fair_share<'a>(
-        &'a self,
-        _key: &'a str,
-        _member: u64,
-        _demand: u64,
-        _rate: u64,
-        _ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn fair_share<'a>(&'a self, _d: Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 
@@ -130,6 +122,22 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))
     }
+}
+
+/// One RLQS stream's demand for a bucket, as [`QuotaStore::fair_share`]
+/// records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Demand<'a> {
+    /// The bucket's store key.
+    pub key: &'a str,
+    /// The stream (random per stream, unique in the fleet).
+    pub member: u64,
+    /// What it wants and the bucket's rate, in thousandths of a request
+    /// per second.
+    pub demand: u64,
+    pub rate: u64,
+    /// How long the demand counts without a new report.
+    pub ttl_ms: u64,
 }
 
 /// The calls of transfers between regions (`src/region/`), apart from the

@@ -261,19 +261,17 @@ async fn a_fleet_on_one_redis_stays_within_the_quota_and_follows_demand() {
     assert!(sa > 0.0 && sb > 0.0, "both busy streams get a share: {both:?}");
 }
 
-#[tokio::test]
-async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
-    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
-    let (mut ea, mut eb) = (Envoy::connect(&gw).await, Envoy::connect(&gw).await);
-    let acme = bucket(&[("tenant", "fair")]);
+/// Two streams each asking for 80/s of the 100/s bucket `tenant=value`,
+/// over six reports a second apart: every round's assignments add up to
+/// at most 100/s, and in the end each stream has 40-60/s.
+async fn eighty_each_of_a_hundred(ea: &mut Envoy, eb: &mut Envoy, value: &str) {
+    let id = bucket(&[("tenant", value)]);
     let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
     let mut last = (0.0, 0.0);
-    // Each asks for 80/s of the 100/s bucket. Before, the first to report
-    // kept 100/s and the other got nothing.
     for round in 0..6 {
-        let ra = ea.report(&[(acme.clone(), 80, 0)], 1).await;
-        let rb = eb.report(&[(acme.clone(), 80, 0)], 1).await;
-        last = (rate(token_bucket(&ra[&k(&acme)])), rate(token_bucket(&rb[&k(&acme)])));
+        let ra = ea.report(&[(id.clone(), 80, 0)], 1).await;
+        let rb = eb.report(&[(id.clone(), 80, 0)], 1).await;
+        last = (rate(token_bucket(&ra[&k(&id)])), rate(token_bucket(&rb[&k(&id)])));
         println!("round {round}: {last:?}");
         assert!(last.0 + last.1 <= 100.0, "round {round}: {last:?} exceed 100/s");
         tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -282,6 +280,14 @@ async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
         (40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1),
         "{last:?}"
     );
+}
+
+#[tokio::test]
+async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
+    // Before, the first to report kept 100/s and the other got nothing.
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let (mut ea, mut eb) = (Envoy::connect(&gw).await, Envoy::connect(&gw).await);
+    eighty_each_of_a_hundred(&mut ea, &mut eb, "fair").await;
 }
 
 #[tokio::test]
@@ -294,21 +300,7 @@ async fn two_gateways_share_a_bucket_fairly_through_the_store() {
     let a = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
     let b = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
     let (mut ea, mut eb) = (Envoy::connect(&a).await, Envoy::connect(&b).await);
-    let acme = bucket(&[("tenant", "fleet-fair")]);
-    let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
-    let mut last = (0.0, 0.0);
-    for round in 0..6 {
-        let ra = ea.report(&[(acme.clone(), 80, 0)], 1).await;
-        let rb = eb.report(&[(acme.clone(), 80, 0)], 1).await;
-        last = (rate(token_bucket(&ra[&k(&acme)])), rate(token_bucket(&rb[&k(&acme)])));
-        println!("round {round}: {last:?}");
-        assert!(last.0 + last.1 <= 100.0, "round {round}: {last:?} exceed 100/s");
-        tokio::time::sleep(Duration::from_millis(1_000)).await;
-    }
-    assert!(
-        (40.0..=60.0).contains(&last.0) && (40.0..=60.0).contains(&last.1),
-        "{last:?}"
-    );
+    eighty_each_of_a_hundred(&mut ea, &mut eb, "fleet-fair").await;
     // The demands live beside the bucket, and go with their streams' TTL.
     let keys = redis.cli(&["--scan", "--pattern", "*:demand"]);
     assert!(keys.contains("fleet-fair"), "{keys:?}");

@@ -555,18 +555,11 @@ impl QuotaStore for RedisStore {
 
     /// `lua/fair_share.lua` on a hash beside the bucket (outside its
     /// braces: the same Cluster slot).
-    fn fair_share<'a>(
-        &'a self,
-        key: &'a str,
-        member: u64,
-        demand: u64,
-        rate: u64,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         let call = self.call_keys(
             &FAIR_SHARE,
-            vec![format!("{key}:demand")],
-            vec![member, demand, rate, ttl_ms],
+            vec![format!("{}:demand", d.key)],
+            vec![d.member, d.demand, d.rate, d.ttl_ms],
         );
         Box::pin(async move { call.await.map(|r| Some(r[0])) })
     }
