@@ -82,6 +82,11 @@ enum Command {
         /// (default 127.0.0.1).
         #[arg(long, value_name = "ADDR")]
         ip: Option<String>,
+        /// The subject (common name) of a client certificate the https
+        /// listener verified against [tls] client_ca: the `cert` tier, where
+        /// [identity] order names it.
+        #[arg(long, value_name = "SUBJECT")]
+        client_cert: Option<String>,
         /// One JSON object: route, identity, limits[] (name, mode, algorithm,
         /// rate, capacity, key) and details.
         #[arg(long)]
@@ -122,11 +127,19 @@ fn main() -> ExitCode {
             config,
             headers,
             ip,
+            client_cert,
             json,
             admin,
             method,
             path,
-        } => explain(&config, &headers, ip.as_deref(), json, admin.as_deref(), &method, &path),
+        } => explain(
+            &config,
+            (&headers, ip.as_deref(), client_cert),
+            json,
+            admin.as_deref(),
+            &method,
+            &path,
+        ),
         Command::Check { config } => match leasegate::config::load(&config) {
             Ok(c) => {
                 print!("{}", c.summary());
@@ -174,17 +187,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// `explain`'s request: its headers, `--ip` and `--client-cert`.
+type Seen<'a> = (&'a [String], Option<&'a str>, Option<String>);
+
 fn explain(
     config: &std::path::Path,
-    headers: &[String],
-    ip: Option<&str>,
+    (headers, ip, client_cert): Seen<'_>,
     json: bool,
     admin: Option<&str>,
     method: &str,
     path: &str,
 ) -> ExitCode {
     let probe = match leasegate::explain::Probe::parse(method, path, headers, ip) {
-        Ok(p) => p,
+        Ok(p) => leasegate::explain::Probe { client_cert, ..p },
         Err(e) => {
             eprintln!("leasegate explain: {e}");
             return ExitCode::FAILURE;

@@ -48,6 +48,9 @@ pub struct Probe {
     pub request: Request<()>,
     /// The TCP peer the request comes from.
     pub peer: IpAddr,
+    /// `--client-cert`: the subject (common name) of a client certificate
+    /// `[tls] client_ca` verified, for the `cert` tier.
+    pub client_cert: Option<String>,
 }
 
 /// The peer `explain` assumes without `--ip`.
@@ -86,7 +89,11 @@ impl Probe {
         *request.headers_mut() = map;
         // Explained as the gateway serves it: normalised first.
         crate::route::normalize::target(&mut request).map_err(|e| ArgError::Refused(path.to_string(), e))?;
-        Ok(Probe { request, peer })
+        Ok(Probe {
+            request,
+            peer,
+            client_cert: None,
+        })
     }
 }
 
@@ -189,7 +196,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     let conn = identity::Connection {
         peer: probe.peer,
         ja4: None,
-        client_cert: None,
+        client_cert: probe.client_cert.as_deref(),
     };
     let id = match config.identity.resolve(req.headers(), conn, now_secs) {
         Ok(id) => id,

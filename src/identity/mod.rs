@@ -269,7 +269,7 @@ impl Resolver {
                 }
                 Some(_) => "the API key is configured".to_string(),
             },
-            Tier::Cert => "no client certificate verified by [tls] client_ca".to_string(),
+            Tier::Cert => "no client certificate verified by [tls] client_ca (explain: --client-cert)".to_string(),
             Tier::Fingerprint => match conn.ja4 {
                 None => "not a TLS connection (no ClientHello, no JA4)".to_string(),
                 Some(_) => "the JA4 is known".to_string(),

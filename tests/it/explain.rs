@@ -597,3 +597,40 @@ async fn admin_presents_the_configs_admin_token() {
     assert_eq!(code, 1);
     assert!(err.contains("401") && err.contains("[admin] token_file"), "{err}");
 }
+
+#[test]
+fn a_client_certificate_is_explained_where_the_order_puts_it() {
+    let ca = crate::support::TestCa::new("explain CA");
+    let server = ca.issue("gateway.test");
+    let dir = TempDir::new();
+    dir.write("srv.pem", &server.cert_pem);
+    dir.write("srv.key", &server.key_pem);
+    dir.write("ca.pem", &ca.cert_pem);
+    let path = dir.write(
+        "gateway.toml",
+        "[listeners]\nhttps = \"127.0.0.1:0\"\n\n[tls]\ncert = \"srv.pem\"\nkey = \"srv.key\"\nclient_ca = \"ca.pem\"\n\n[identity]\norder = [\"key\", \"cert\", \"subnet\"]\n\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nresponse = { status = 200 }\nlimits = [\"per_client\"]\n\n[[limits]]\nname = \"per_client\"\nrate = \"10/s\"\n",
+    );
+    let run = |extra: &[&str]| {
+        let out = Command::new(binary())
+            .args(["explain", "--json", "--config"])
+            .arg(&path)
+            .args(extra)
+            .args(["GET", "/"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let with = run(&["--client-cert", "alice.clients"]);
+    assert_eq!(with["identity"], "cert:alice.clients", "{with}");
+    assert_eq!(with["limits"][0]["key"], "rl:{per_client:cert:alice.clients}", "{with}");
+    let without = run(&[]);
+    assert_eq!(without["identity"], "subnet:127.0.0.0/24", "{without}");
+    let passed: Vec<&str> = without["identity_detail"]["passed_over"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(passed, ["key", "cert"], "{without}");
+}
