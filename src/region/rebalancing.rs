@@ -76,12 +76,18 @@ fn spent_credit(grant: &mut Grant, credit: Credit) {
 }
 
 impl QuotaStore for Rebalancing {
-    fn acquire<'a>(
+    /// A region's slice never reserves (`reserve` is ignored): when it is
+    /// spent, tokens other regions transfer arrive as credit, which only an
+    /// ask finds, and a lease holding a reservation does not ask until it
+    /// is due. A drained key here costs a call per block, as before
+    /// reservations.
+    fn grant<'a>(
         &'a self,
         key: &'a str,
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+        _reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         Box::pin(async move {
             let mut grant = self.inner.acquire(key, spec, want, unspent).await?;
@@ -96,20 +102,6 @@ impl QuotaStore for Rebalancing {
             }
             Ok(grant)
         })
-    }
-
-    /// A region's slice never reserves: when it is spent, tokens other
-    /// regions transfer arrive as credit, which only an ask finds, and a
-    /// lease holding a reservation does not ask until it is due. A drained
-    /// key here costs a call per block, as before reservations.
-    fn acquire_or_reserve<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.acquire(key, spec, want, unspent)
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

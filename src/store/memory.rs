@@ -232,25 +232,20 @@ impl MemoryStore {
 }
 
 impl QuotaStore for MemoryStore {
-    fn acquire<'a>(
+    fn grant<'a>(
         &'a self,
         key: &'a str,
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+        reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let result = self.acquire_now(key, spec, want, unspent);
+        let result = if reserve {
+            self.reserve_now(key, spec, want, unspent)
+        } else {
+            self.acquire_now(key, spec, want, unspent)
+        };
         Box::pin(std::future::ready(result))
-    }
-
-    fn acquire_or_reserve<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        Box::pin(std::future::ready(self.reserve_now(key, spec, want, unspent)))
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

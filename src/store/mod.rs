@@ -77,7 +77,9 @@ pub trait QuotaStore: Send + Sync + 'static {
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.grant(key, spec, want, unspent, false)
+    }
 
     /// [`QuotaStore::acquire`], except that a token bucket with no whole
     /// token to grant reserves up to `want` tokens of its refill to come
@@ -91,6 +93,19 @@ pub trait QuotaStore: Send + Sync + 'static {
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
+        self.grant(key, spec, want, unspent, true)
+    }
+
+    /// What every store implements: [`QuotaStore::acquire`], or with
+    /// `reserve` [`QuotaStore::acquire_or_reserve`].
+    fn grant<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+        reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>>;
 
     /// Gives back `unspent` tokens (a lease's), clamped to capacity. A

@@ -240,32 +240,21 @@ impl Scripted {
 }
 
 impl QuotaStore for Scripted {
-    /// Counted when asked, answered (and granted) after the delay.
-    fn acquire<'a>(
+    /// Counted when asked, answered (and granted) after the delay;
+    /// reserving or not, the same `Call`, counted alike.
+    fn grant<'a>(
         &'a self,
         key: &'a str,
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+        reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         self.wants.lock().recover().push(want);
         self.respond(Call::Acquire, move || {
-            self.acquire_real(key, spec, want, unspent, false)
+            self.acquire_real(key, spec, want, unspent, reserve)
         })
-    }
-
-    /// As `acquire` (the same `Call`, counted alike), reserving.
-    fn acquire_or_reserve<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.wants.lock().recover().push(want);
-        self.respond(Call::Acquire, move || self.acquire_real(key, spec, want, unspent, true))
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -503,24 +503,15 @@ impl RedisStore {
 }
 
 impl QuotaStore for RedisStore {
-    fn acquire<'a>(
+    fn grant<'a>(
         &'a self,
         key: &'a str,
         spec: &'a Spec,
         want: u64,
         unspent: Unspent,
+        reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.acquire_with(key, spec, want, unspent, false)
-    }
-
-    fn acquire_or_reserve<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        self.acquire_with(key, spec, want, unspent, true)
+        self.acquire_with(key, spec, want, unspent, reserve)
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
