@@ -5,6 +5,7 @@
 //! [`Rate`]; the lease core and every store share [`Spec`], [`Grant`] and the
 //! algorithms, so an embedded store and Redis compute the same answers.
 
+pub mod fair;
 pub mod fixed_window;
 pub mod slice;
 pub mod sliding_window;

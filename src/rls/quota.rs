@@ -57,59 +57,11 @@ pub const MAX_STREAMS: usize = 1_000;
 /// `ALLOW_ALL` (as past [`MAX_BUCKETS_PER_STREAM`]) until some go.
 pub const MAX_BUCKETS: usize = 100_000;
 
-/// Streams and buckets open over the whole service, and what each
-/// stream wants of each bucket.
+/// Streams and buckets open over the whole service.
 #[derive(Default)]
 struct Totals {
     streams: AtomicUsize,
     buckets: AtomicUsize,
-    demands: Demands,
-}
-
-/// What each stream of this instance wants of a bucket (by store key), in
-/// requests per second with headroom, and when it said so: a stream's
-/// assignment follows its demand only up to its max-min fair share beside
-/// the others that want the same bucket ([`assign::fair_share`]). One
-/// inflated report cannot take the whole quota from the other streams.
-#[derive(Default)]
-struct Demands {
-    by_key: std::sync::Mutex<HashMap<String, Vec<Demand>>>,
-}
-
-/// One stream's demand: (stream, requests per second, when).
-type Demand = (u64, f64, u64);
-
-impl Demands {
-    /// Records `stream`'s `demand` for `key` at `now`, and returns the
-    /// demands of the other streams heard within `fresh_ms`.
-    fn note(&self, key: &str, stream: u64, demand: f64, now: u64, fresh_ms: u64) -> Vec<f64> {
-        use crate::sync::Recover as _;
-        let mut by_key = self.by_key.lock().recover();
-        let stale = |at: u64| now.saturating_sub(at) > fresh_ms;
-        if by_key.len() >= MAX_BUCKETS && !by_key.contains_key(key) {
-            by_key.retain(|_, v| {
-                v.retain(|(_, _, at)| !stale(*at));
-                !v.is_empty()
-            });
-            if by_key.len() >= MAX_BUCKETS {
-                return Vec::new();
-            }
-        }
-        let streams = by_key.entry(key.to_string()).or_default();
-        streams.retain(|(id, _, at)| *id != stream && !stale(*at));
-        let others = streams.iter().map(|(_, d, _)| *d).collect();
-        streams.push((stream, demand, now));
-        others
-    }
-
-    /// Forgets `stream` (it ended).
-    fn forget(&self, stream: u64) {
-        use crate::sync::Recover as _;
-        self.by_key.lock().recover().retain(|_, v| {
-            v.retain(|(id, _, _)| *id != stream);
-            !v.is_empty()
-        });
-    }
 }
 
 /// A stream's place in [`Totals`], given back when the stream ends.
@@ -117,7 +69,8 @@ struct StreamSlot {
     totals: Arc<Totals>,
     /// This stream's buckets, as counted in the totals.
     buckets: usize,
-    /// This stream, among the [`Demands`].
+    /// This stream among the fleet's demands for a bucket
+    /// ([`crate::store::QuotaStore::fair_share`]).
     id: u64,
 }
 
@@ -153,7 +106,6 @@ impl StreamSlot {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.count(0);
-        self.totals.demands.forget(self.id);
         self.totals.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -370,13 +322,11 @@ impl StreamState {
         let held = bucket.held;
         let live = held.filter(|h| h.expires_ms > now).map(|h| h.refill);
         // Up to this stream's fair share beside the others that want the
-        // bucket (heard within two of their reports): the fleet's, through
-        // the store; this instance's alone on the embedded store or while
-        // the store fails.
+        // bucket (heard within two of their reports), through the store.
+        // Without an answer the store will most likely not pay for an
+        // assignment either: the limit's rate bounds it then.
         let wanted = demand * assign::HEADROOM;
         let rate = assign::limit_rate(spec);
-        let others = slot.totals.demands.note(key, slot.id, wanted, now, 2 * interval_ms);
-        let local = assign::fair_share(wanted, &others, rate);
         let milli = |x: f64| (x * 1_000.0).clamp(0.0, 1e15) as u64;
         let demand_of_stream = crate::store::Demand {
             key,
@@ -387,10 +337,10 @@ impl StreamState {
         };
         let share = match runtime.limiter.fair_share(demand_of_stream).await {
             Ok(Some(share)) => share as f64 / 1_000.0,
-            Ok(None) => local,
+            Ok(None) => rate,
             Err(e) => {
-                tracing::debug!(key, error = %e, "rlqs: the fleet's demands are out of reach; sharing among this instance's");
-                local
+                tracing::debug!(key, error = %e, "rlqs: the fleet's demands are out of reach");
+                rate
             }
         };
         let next = assign::strategy_within(demand, spec, live, share);

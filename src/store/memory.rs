@@ -119,6 +119,10 @@ pub struct MemoryStore {
     hasher: foldhash::fast::RandomState,
     per_shard_cap: usize,
     clock: Clock,
+    /// RLQS streams' demands by bucket key: (member, demand, expires),
+    /// as `lua/fair_share.lua` keeps them; at most `max_keys` buckets.
+    demands: Mutex<HashMap<String, Vec<(u64, u64, u64)>>>,
+    max_keys: usize,
 }
 
 impl MemoryStore {
@@ -140,6 +144,8 @@ impl MemoryStore {
             hasher: foldhash::fast::RandomState::default(),
             per_shard_cap: max_keys.div_ceil(SHARDS).max(1),
             clock,
+            demands: Mutex::default(),
+            max_keys,
         }
     }
 
@@ -147,6 +153,27 @@ impl MemoryStore {
         use std::hash::BuildHasher;
         let h = self.hasher.hash_one(key) as usize;
         &self.shards[h % SHARDS]
+    }
+
+    /// Records a stream's demand and answers its max-min fair share, as
+    /// `lua/fair_share.lua` does on Redis.
+    fn fair_share_now(&self, d: super::Demand<'_>) -> u64 {
+        let now = (self.clock)();
+        let mut all = self.demands.lock().recover();
+        if all.len() >= self.max_keys && !all.contains_key(d.key) {
+            all.retain(|_, v| {
+                v.retain(|(_, _, expires)| *expires > now);
+                !v.is_empty()
+            });
+            if all.len() >= self.max_keys {
+                return d.rate; // no room to share: the rate bounds it
+            }
+        }
+        let streams = all.entry(d.key.to_string()).or_default();
+        streams.retain(|(member, _, expires)| *member != d.member && *expires > now);
+        let others: Vec<f64> = streams.iter().map(|(_, demand, _)| *demand as f64).collect();
+        streams.push((d.member, d.demand, now.saturating_add(d.ttl_ms)));
+        crate::quota::fair::max_min_share(d.demand as f64, &others, d.rate as f64) as u64
     }
 
     /// Keys held now, across shards.
@@ -248,6 +275,11 @@ impl QuotaStore for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
+    /// The fleet is this instance: its streams' demands, in memory.
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(std::future::ready(Ok(Some(self.fair_share_now(d)))))
+    }
+
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let result = self.release_now(key, spec, unspent);
         Box::pin(std::future::ready(result))
@@ -274,6 +306,40 @@ mod tests {
         tokens: 0,
         window_ms: 0,
     };
+
+    #[test]
+    fn streams_share_a_bucket_max_min_fairly_until_their_demands_expire() {
+        let (now, c) = clock();
+        let store = MemoryStore::with_clock(1000, c);
+        let d = |member, demand| super::super::Demand {
+            key: "rl:{rls:edge:tenant=acme}",
+            member,
+            demand,
+            rate: 100_000,
+            ttl_ms: 2_000,
+        };
+        assert_eq!(store.fair_share_now(d(1, 80_000)), 100_000, "alone: the whole rate");
+        assert_eq!(store.fair_share_now(d(2, 80_000)), 50_000);
+        assert_eq!(
+            store.fair_share_now(d(1, 80_000)),
+            50_000,
+            "a new report replaces the old"
+        );
+        assert_eq!(
+            store.fair_share_now(d(3, 10_000)),
+            10_000,
+            "less than a split: what it wants"
+        );
+        // Stream 2 stops reporting: its demand goes with its TTL.
+        now.fetch_add(1_500, Ordering::SeqCst);
+        store.fair_share_now(d(1, 80_000));
+        now.fetch_add(1_000, Ordering::SeqCst);
+        assert_eq!(
+            store.fair_share_now(d(1, 80_000)),
+            100_000,
+            "2 and 3 expired: alone again"
+        );
+    }
 
     fn clock() -> (Arc<AtomicU64>, Clock) {
         let now = Arc::new(AtomicU64::new(1_000_000));

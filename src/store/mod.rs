@@ -124,9 +124,10 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// Records a stream's [`Demand`] for its `ttl_ms`, and answers its
     /// max-min fair share of the `rate` (the same unit) among the demands
-    /// of every stream heard within theirs, across the fleet. `None`:
-    /// the store is this instance's alone (the embedded store), so the
-    /// caller shares among its own streams.
+    /// of every stream heard within theirs: the fleet's on Redis, this
+    /// instance's on the memory store (the fleet is this instance). `None`:
+    /// a store that keeps no demands (a test double); the rate bounds the
+    /// stream then.
     fn fair_share<'a>(&'a self, _d: Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(std::future::ready(Ok(None)))
     }
