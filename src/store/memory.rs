@@ -114,14 +114,17 @@ impl Shard {
     }
 }
 
+/// One stream's demand for a bucket: (member, demand, expires at).
+type StreamDemand = (u64, u64, u64);
+
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::RandomState,
     per_shard_cap: usize,
     clock: Clock,
-    /// RLQS streams' demands by bucket key: (member, demand, expires),
-    /// as `lua/fair_share.lua` keeps them; at most `max_keys` buckets.
-    demands: Mutex<HashMap<String, Vec<(u64, u64, u64)>>>,
+    /// RLQS streams' demands by bucket key, as `lua/fair_share.lua` keeps
+    /// them; at most `max_keys` buckets.
+    demands: Mutex<HashMap<String, Vec<StreamDemand>>>,
     max_keys: usize,
 }
 
