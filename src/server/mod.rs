@@ -383,13 +383,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
                 move |stream, peer| {
                     let (link, tls) = (link.clone(), tls.clone());
                     async move {
-                        match tls {
-                            None => link.serve_connection(stream, peer).await,
-                            Some(tls) => {
-                                if let Some(stream) = tls.accept(stream, peer).await {
-                                    link.serve_connection(stream, peer).await
-                                }
-                            }
+                        if let Some(stream) = PlaneTls::open(tls.as_ref(), stream, peer).await {
+                            link.serve_connection(stream, peer).await
                         }
                     }
                 },
@@ -415,13 +410,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
                 move |stream, peer| {
                     let (rls, tls) = (service.clone(), tls.clone());
                     async move {
-                        match tls {
-                            None => rls.serve_connection(stream).await,
-                            Some(tls) => {
-                                if let Some(stream) = tls.accept(stream, peer).await {
-                                    rls.serve_connection(stream).await
-                                }
-                            }
+                        if let Some(stream) = PlaneTls::open(tls.as_ref(), stream, peer).await {
+                            rls.serve_connection(stream).await
                         }
                     }
                 },
@@ -484,6 +474,11 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     served
 }
 
+/// A connection of `[rls]` or the region link: TCP, or TLS over it.
+trait PlaneIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> PlaneIo for T {}
+type PlaneStream = Box<dyn PlaneIo>;
+
 /// The TLS of a plane that talks to machines (`[rls]`, the region link):
 /// on or off for the life of the process (a reload cannot turn it off),
 /// with the certificates of the config in force at each handshake.
@@ -509,6 +504,16 @@ impl PlaneTls {
             at_start,
             current,
         })
+    }
+
+    /// A plane's connection as its service reads it: the TCP stream
+    /// itself without TLS, else after the handshake; `None` when the peer
+    /// failed that.
+    async fn open(tls: Option<&PlaneTls>, stream: tokio::net::TcpStream, peer: SocketAddr) -> Option<PlaneStream> {
+        match tls {
+            None => Some(Box::new(stream)),
+            Some(tls) => Some(Box::new(tls.accept(stream, peer).await?)),
+        }
     }
 
     /// The handshake; `None` (counted, logged at DEBUG) when the peer
