@@ -682,3 +682,62 @@ fn keys_of_the_wrong_type_or_name_are_all_listed_at_once() {
     let err = error("[gateway]\nworkers = \n[listeners]\nhtps = 1\n");
     assert_eq!(err.lines().filter(|l| l.contains("gateway.toml:")).count(), 1, "{err}");
 }
+
+/// The planes' TLS and secrets, each refused with its key and a reason:
+/// half a pair, a CA without a certificate, the link's TLS without the CA
+/// it verifies both ways by, a primary whose scheme does not match, a
+/// short secret, and an `[identity] order` that does not end in subnet.
+#[test]
+fn the_planes_tls_and_secrets_are_checked() {
+    let ca = support::TestCa::new("check CA");
+    let cert = ca.issue("gw.test");
+    let dir = TempDir::new();
+    dir.write("gw.pem", &cert.cert_pem);
+    dir.write("gw.key", &cert.key_pem);
+    dir.write("ca.pem", &ca.cert_pem);
+    dir.write("short.secret", "tooshort");
+    dir.write(
+        "ratelimit.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    );
+    let check = |extra: &str| {
+        let text = format!("{BASE}{extra}");
+        let path = dir.write("gateway.toml", &text);
+        leasegate::config::parse(&path, &text)
+            .map(|c| c.summary())
+            .map_err(|e| e.to_string())
+    };
+    let rls = "\n[rls]\nlisten = \"127.0.0.1:0\"\nconfig = \"ratelimit.yaml\"\n";
+    let err = check(&format!("{rls}tls_cert = \"gw.pem\"\n")).unwrap_err();
+    assert!(err.contains("rls: set tls_cert and tls_key together"), "{err}");
+    let err = check(&format!("{rls}client_ca = \"ca.pem\"\n")).unwrap_err();
+    assert!(err.contains("rls.client_ca: needs tls_cert and tls_key"), "{err}");
+    check(&format!(
+        "{rls}tls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\nworkers = 2\n"
+    ))
+    .unwrap();
+    let region = "\n[region]\nname = \"eu\"\nshare = 0.5\nlink = \"127.0.0.1:0\"\n";
+    let err = check(&format!("{region}tls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\n")).unwrap_err();
+    assert!(err.contains("region.client_ca: missing"), "{err}");
+    let tls = "tls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\n";
+    let err = check(&format!("{region}{tls}primary = \"http://127.0.0.1:9\"\n")).unwrap_err();
+    assert!(
+        err.contains("with tls_cert and tls_key the link speaks https://"),
+        "{err}"
+    );
+    let err = check(&format!("{region}primary = \"https://127.0.0.1:9\"\n")).unwrap_err();
+    assert!(
+        err.contains("without tls_cert and tls_key the link speaks plain http://"),
+        "{err}"
+    );
+    check(&format!("{region}{tls}primary = \"https://127.0.0.1:9\"\n")).unwrap();
+    let err = check(&format!("{region}id_secret_file = \"short.secret\"\n")).unwrap_err();
+    assert!(
+        err.contains("region.id_secret_file") && err.contains("at least 16 characters"),
+        "{err}"
+    );
+    let err = check("\n[identity]\norder = [\"key\", \"subnet\", \"user\"]\n").unwrap_err();
+    assert!(err.contains("end the list with \"subnet\""), "{err}");
+    let err = check("\n[identity]\norder = [\"key\", \"key\", \"subnet\"]\n").unwrap_err();
+    assert!(err.contains("\"key\" is listed twice"), "{err}");
+}
