@@ -43,7 +43,6 @@ fuzz_target!(|data: &[u8]| {
     }
     assert_eq!(rules.domains.len(), 1);
     let _ = rules.limit_count();
-    let _ = rules.longest_unit();
     assert!(
         parse_into(&mut rules, "again.yaml", text).is_err(),
         "the same domain accepted twice"

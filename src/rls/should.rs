@@ -213,7 +213,7 @@ impl RateLimitService for ShouldRateLimit {
 type Overrides = Option<Option<crate::config::rls::Unit>>;
 
 fn overrides(rls: &crate::config::Rls) -> Overrides {
-    rls.allow_overrides.then(|| rls.rules.longest_unit())
+    rls.allow_overrides.then_some(rls.rules.longest_unit)
 }
 
 /// The rule a descriptor is checked against in a known domain. A limit

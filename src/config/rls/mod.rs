@@ -143,6 +143,11 @@ pub struct RlsRules {
     /// `sha256sum` prints): `/config` and the reload log show them, so a
     /// fleet's rollout of a YAML edit can be confirmed per domain.
     pub domain_sha256: std::collections::BTreeMap<String, String>,
+    /// The longest unit of any rule, over all domains, found as each
+    /// domain is read: a descriptor's own `limit` (RateLimitOverride) is
+    /// capped at it, so a caller cannot make store keys outlive every
+    /// rule's window.
+    pub longest_unit: Option<Unit>,
 }
 
 impl RlsRules {
@@ -156,23 +161,18 @@ impl RlsRules {
         }
         self.domains.values().map(count).sum()
     }
+}
 
-    /// The longest unit of any rule, over all domains: a descriptor's own
-    /// `limit` (RateLimitOverride) is capped at it, so a caller cannot make
-    /// store keys outlive every rule's window.
-    pub fn longest_unit(&self) -> Option<Unit> {
-        fn longest(level: &Level) -> Option<Unit> {
-            let node = |n: &Node| {
-                let own = n.limit.as_ref().filter(|l| !l.unlimited).map(|l| l.unit);
-                own.max(longest(&n.children))
-            };
-            let exact = level.exact.values().flat_map(HashMap::values).filter_map(node).max();
-            let wild = level.wildcards.iter().filter_map(|(_, _, n)| node(n)).max();
-            let any = level.any.values().filter_map(node).max();
-            exact.max(wild).max(any)
-        }
-        self.domains.values().filter_map(longest).max()
-    }
+/// The longest unit of any rule of `level` and below.
+fn longest_unit(level: &Level) -> Option<Unit> {
+    let node = |n: &Node| {
+        let own = n.limit.as_ref().filter(|l| !l.unlimited).map(|l| l.unit);
+        own.max(longest_unit(&n.children))
+    };
+    let exact = level.exact.values().flat_map(HashMap::values).filter_map(node).max();
+    let wild = level.wildcards.iter().filter_map(|(_, _, n)| node(n)).max();
+    let any = level.any.values().filter_map(node).max();
+    exact.max(wild).max(any)
 }
 
 mod files;
@@ -350,6 +350,7 @@ pub fn parse_into(rules: &mut RlsRules, file: &str, text: &str) -> Result<(), Ve
     }
     let level = c.level(&format!("{}.", raw.domain), raw.descriptors, "descriptors");
     if c.problems.is_empty() {
+        rules.longest_unit = rules.longest_unit.max(longest_unit(&level));
         rules.domains.insert(raw.domain, level);
         Ok(())
     } else {

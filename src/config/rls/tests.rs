@@ -162,3 +162,12 @@ fn every_problem_has_its_own_line_and_a_typo_its_nearest_name() {
     );
     assert!(!p[2].contains("did you mean"), "{p:?}");
 }
+
+#[test]
+fn the_longest_unit_is_found_over_every_domain_read() {
+    let mut rules = RlsRules::default();
+    parse_into(&mut rules, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: u\n    rate_limit: {unlimited: true}\n").unwrap();
+    assert_eq!(rules.longest_unit, Some(Unit::Minute));
+    parse_into(&mut rules, "b.yaml", "domain: b\ndescriptors:\n  - key: k\n    descriptors:\n      - key: n\n        rate_limit: {unit: day, requests_per_unit: 1}\n").unwrap();
+    assert_eq!(rules.longest_unit, Some(Unit::Day), "a nested rule of another domain");
+}
