@@ -308,19 +308,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     // lower CPU priority: on a core they share, the workers and the control
     // thread preempt them, so a flood takes the CPU those leave over.
     let rls_runtime = rls_threads
-        .map(|n| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(n)
-                .thread_name("leasegate-rls")
-                .on_thread_start(|| {
-                    let me = rustix::thread::gettid();
-                    if let Err(e) = rustix::process::setpriority_process(Some(me), RLS_NICE) {
-                        tracing::debug!(error = %e, "rls: cannot lower this thread's priority");
-                    }
-                })
-                .enable_all()
-                .build()
-        })
+        .map(RlsRuntime::start)
         .transpose()
         .map_err(ServeError::Runtime)?;
     let shared = Arc::new(Shared {
@@ -395,7 +383,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             announce("admin", &listener);
             tokio::spawn(admin::serve(listener, shared.runtime.clone()));
         }
-        if let (Some(rls), Some(rls_runtime)) = (rls, rls_rt) {
+        if let (Some(rls), Some(rls_runtime)) = (rls, rls_rt.map(RlsRuntime::handle)) {
             let _entered = rls_runtime.enter();
             let listener = TcpListener::from_std(rls).map_err(ServeError::Runtime)?;
             announce("rls", &listener);
@@ -469,9 +457,73 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         Ok(())
     });
     if let Some(rls_runtime) = rls_runtime {
-        rls_runtime.shutdown_background();
+        rls_runtime.stop();
     }
     served
+}
+
+/// RLS's own runtime, its threads named `leasegate-rls` at [`RLS_NICE`].
+/// One worker: a current-thread runtime on a thread of its own (a
+/// multi-thread runtime's scheduling cost a fifth of the calls a second
+/// then); more: a multi-thread runtime.
+enum RlsRuntime {
+    One {
+        handle: tokio::runtime::Handle,
+        stop: tokio::sync::oneshot::Sender<()>,
+    },
+    Many(tokio::runtime::Runtime),
+}
+
+/// Lowers the calling thread's CPU priority to [`RLS_NICE`].
+fn lower_priority() {
+    let me = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(me), RLS_NICE) {
+        tracing::debug!(error = %e, "rls: cannot lower this thread's priority");
+    }
+}
+
+impl RlsRuntime {
+    fn start(workers: usize) -> io::Result<RlsRuntime> {
+        if workers > 1 {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .thread_name("leasegate-rls")
+                .on_thread_start(lower_priority)
+                .enable_all()
+                .build()?;
+            return Ok(RlsRuntime::Many(runtime));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("leasegate-rls".into())
+            .spawn(move || {
+                lower_priority();
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(RlsRuntime::One { handle, stop })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match self {
+            RlsRuntime::One { handle, .. } => handle,
+            RlsRuntime::Many(runtime) => runtime.handle(),
+        }
+    }
+
+    /// Stops it without waiting for its connections (the process is
+    /// ending).
+    fn stop(self) {
+        match self {
+            RlsRuntime::One { stop, .. } => {
+                let _ = stop.send(());
+            }
+            RlsRuntime::Many(runtime) => runtime.shutdown_background(),
+        }
+    }
 }
 
 /// A connection of `[rls]` or the region link: TCP, or TLS over it.
