@@ -190,7 +190,9 @@ pub struct DirectResponse {
 pub struct Limit {
     pub name: Spanned<String>,
     pub algorithm: Option<Spanned<String>>,
-    pub rate: Spanned<String>,
+    /// Required, except for a concurrency limit, which takes `max`.
+    pub rate: Option<Spanned<String>>,
+    pub max: Option<Spanned<i64>>,
     pub burst: Option<Spanned<i64>>,
     pub by: Option<Spanned<Vec<String>>>,
     pub mode: Option<Spanned<String>>,

@@ -150,7 +150,20 @@ impl Gateway {
                 break v;
             }
             drop(v);
-            tokio::time::sleep_until(at.into()).await;
+            let sleep = tokio::time::sleep_until(at.into());
+            match r.snapshot.limits.get(t.limit) {
+                // A concurrency limit's slot may come back here before the
+                // retry: the head takes it at once.
+                Some(limit) if limit.spec.algorithm == crate::quota::Algorithm::Concurrency => {
+                    let facts = facts(r.route, &r.identity, r.req.headers());
+                    let freed = self.runtime.limiter.slot_freed(limit, &facts);
+                    tokio::select! {
+                        _ = sleep => {}
+                        _ = freed => {}
+                    }
+                }
+                _ => sleep.await,
+            }
         };
         if let Some(limit) = r.snapshot.config.limits.get(t.limit) {
             self.runtime

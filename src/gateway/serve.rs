@@ -258,7 +258,9 @@ impl Gateway {
     }
 
     /// A route's direct response, or the upstream's.
-    fn respond_or_forward<'a>(&'a self, r: Routed<'a>, verdict: Option<Verdict<'a>>) -> Served<'a> {
+    fn respond_or_forward<'a>(&'a self, r: Routed<'a>, mut verdict: Option<Verdict<'a>>) -> Served<'a> {
+        // In-flight slots are held until the response ends, not the verdict.
+        let held = verdict.as_mut().map(Verdict::take_held).unwrap_or_default();
         let Routed {
             snapshot,
             req,
@@ -271,7 +273,7 @@ impl Gateway {
         match &route.action {
             Action::Respond(direct) => {
                 let resp = self.finish(snapshot, Some(route), Ok(respond(direct)), request_id, verdict.as_ref());
-                Served::Now(resp, record)
+                Served::Now(hold_until_sent(resp, held), record)
             }
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
                 let result = proxy::forward(
@@ -290,7 +292,7 @@ impl Gateway {
                     request_id,
                     verdict.as_ref(),
                 );
-                (resp, record)
+                (hold_until_sent(resp, held), record)
             })),
         }
     }
@@ -452,6 +454,14 @@ fn verdict_outcome(v: &Verdict<'_>) -> &'static str {
         }
     }
     out
+}
+
+/// `resp`, its body holding a concurrency limit's slots until it ends.
+fn hold_until_sent(resp: Response<Body>, held: Vec<crate::limit::slots::Held>) -> Response<Body> {
+    if held.is_empty() {
+        return resp;
+    }
+    resp.map(|body| Body::holding(body, Box::new(held)))
 }
 
 fn respond(direct: &DirectResponse) -> Response<Body> {

@@ -31,6 +31,7 @@ pub mod lease;
 mod near;
 pub mod policy;
 pub mod report;
+pub mod slots;
 mod slow_path;
 pub mod stage;
 mod sweep;
@@ -41,7 +42,7 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::quota::Spec;
+use crate::quota::{Algorithm, Spec};
 use crate::store::{QuotaStore, StoreError};
 use crate::telemetry::metrics::{DecisionLabels, Metrics, StripedCounter};
 use key::Facts;
@@ -214,6 +215,8 @@ pub struct Limiter {
     fleet: fleet::Fleet,
     /// Refused keys the sweeper forgot in their window (the status page).
     forgotten: forgotten::Forgotten,
+    /// Concurrency limits' slots held on this instance.
+    slots: Arc<slots::SlotTable>,
 }
 
 impl Limiter {
@@ -227,6 +230,7 @@ impl Limiter {
             clock,
             fleet: fleet::Fleet::default(),
             forgotten: forgotten::Forgotten::default(),
+            slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
         })
     }
 
@@ -298,6 +302,29 @@ impl Limiter {
             let Some(limit) = all.get(i) else { continue };
             let (spec, shard) = limit.spec_for(facts);
             let h = self.key_hash(limit, facts, shard);
+            if spec.algorithm == Algorithm::Concurrency {
+                let lv = match self.slot_now(h) {
+                    Some(slots::Taken::Slot(held, left)) => {
+                        verdict.held.push(held);
+                        slot_admitted(i, &spec, left)
+                    }
+                    Some(slots::Taken::Full(ms)) => slot_refused(i, limit, &spec, ms),
+                    None => {
+                        verdict.next = position;
+                        return false;
+                    }
+                };
+                let refused = lv.outcome == Outcome::Limited;
+                verdict.limits.push(lv);
+                if refused {
+                    verdict.refused = Some(verdict.limits.len() - 1);
+                    verdict.decision = Decision::Refuse;
+                    verdict.taken.give_back();
+                    verdict.held.clear();
+                    break;
+                }
+                continue;
+            }
             if let Some((remaining, reset_ms)) = self.take_local(h, spec, now) {
                 verdict.taken.push(self, h);
                 verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
@@ -444,38 +471,64 @@ impl Limiter {
             let (spec, shard) = limit.spec_for(facts);
             let now = self.now_ms();
             let h = self.key_hash(limit, facts, shard);
-            let lv = match self.take_local(h, spec, now) {
-                Some((remaining, reset_ms)) => {
-                    verdict.taken.push(self, h);
-                    admitted(i, &spec, remaining, reset_ms)
-                }
-                None => {
-                    let key = Self::key_string(limit, facts, shard);
-                    match self.slow_path(h, &key, &spec, &settings).await {
-                        Ok(Some((remaining, reset_ms))) => {
-                            verdict.taken.push(self, h);
-                            admitted(i, &spec, remaining, reset_ms)
+            let lv = if spec.algorithm == Algorithm::Concurrency {
+                let key = Self::key_string(limit, facts, shard);
+                let taken = match self.slot(h, &key, spec.capacity).await {
+                    Ok(taken) => taken,
+                    Err(_) if !limit.can_refuse() => self.slot_fallback(h, &key, spec.capacity),
+                    Err(e) => {
+                        let failed = store_failure_decision(&e, on_failure);
+                        verdict.store_error = Some(e);
+                        verdict.decision = failed;
+                        if on_failure == StoreFailure::Deny {
+                            verdict.taken.give_back();
+                            verdict.held.clear();
+                            break;
                         }
-                        Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
-                        // A limit that cannot refuse here cannot fail the
-                        // request either: its fallback bucket only keeps its
-                        // counts honest, and the bypass metric leaves it out.
-                        Err(_) if !limit.can_refuse() => self.fallback(i, limit, h, &key, &spec, shard, &settings),
-                        Err(e) => {
-                            // The route's on_store_failure decides: a
-                            // fail-closed route answers 503 whatever later
-                            // limits say; a fail-open one asks the fallback.
-                            let failed = store_failure_decision(&e, on_failure);
-                            verdict.store_error = Some(e);
-                            verdict.decision = failed;
-                            if on_failure == StoreFailure::Deny {
-                                // The request gets a 503 whatever later
-                                // limits would say: no need to ask them, and
-                                // no token is kept.
-                                verdict.taken.give_back();
-                                break;
+                        self.slot_fallback(h, &key, spec.capacity)
+                    }
+                };
+                match taken {
+                    slots::Taken::Slot(held, left) => {
+                        verdict.held.push(held);
+                        slot_admitted(i, &spec, left)
+                    }
+                    slots::Taken::Full(ms) => slot_refused(i, limit, &spec, ms),
+                }
+            } else {
+                match self.take_local(h, spec, now) {
+                    Some((remaining, reset_ms)) => {
+                        verdict.taken.push(self, h);
+                        admitted(i, &spec, remaining, reset_ms)
+                    }
+                    None => {
+                        let key = Self::key_string(limit, facts, shard);
+                        match self.slow_path(h, &key, &spec, &settings).await {
+                            Ok(Some((remaining, reset_ms))) => {
+                                verdict.taken.push(self, h);
+                                admitted(i, &spec, remaining, reset_ms)
                             }
-                            self.fallback(i, limit, h, &key, &spec, shard, &settings)
+                            Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
+                            // A limit that cannot refuse here cannot fail the
+                            // request either: its fallback bucket only keeps its
+                            // counts honest, and the bypass metric leaves it out.
+                            Err(_) if !limit.can_refuse() => self.fallback(i, limit, h, &key, &spec, shard, &settings),
+                            Err(e) => {
+                                // The route's on_store_failure decides: a
+                                // fail-closed route answers 503 whatever later
+                                // limits say; a fail-open one asks the fallback.
+                                let failed = store_failure_decision(&e, on_failure);
+                                verdict.store_error = Some(e);
+                                verdict.decision = failed;
+                                if on_failure == StoreFailure::Deny {
+                                    // The request gets a 503 whatever later
+                                    // limits would say: no need to ask them, and
+                                    // no token is kept.
+                                    verdict.taken.give_back();
+                                    break;
+                                }
+                                self.fallback(i, limit, h, &key, &spec, shard, &settings)
+                            }
                         }
                     }
                 }
@@ -490,6 +543,7 @@ impl Limiter {
                 verdict.decision = Decision::Refuse;
                 // Nothing was admitted: earlier limits get their token back.
                 verdict.taken.give_back();
+                verdict.held.clear();
                 break;
             }
         }
@@ -536,6 +590,36 @@ impl Limiter {
             retry_after_ms,
             over_percent: stage::over_percent(over, spec.count),
         }
+    }
+}
+
+/// A concurrency limit's part of an admitted verdict: `left` slots free as
+/// far as this instance knows; nothing resets in time.
+fn slot_admitted(i: usize, spec: &Spec, left: u64) -> LimitVerdict {
+    LimitVerdict {
+        limit: i,
+        outcome: Outcome::Admitted,
+        quota: spec.capacity,
+        window_secs: 1,
+        remaining: left.min(spec.capacity),
+        reset_ms: 0,
+        retry_after_ms: 0,
+        over_percent: 0,
+    }
+}
+
+/// A concurrency limit with no slot free: what its stage makes of it, and
+/// a retry when this instance will ask the store again.
+fn slot_refused(i: usize, limit: &LimitRuntime, spec: &Spec, retry_after_ms: u64) -> LimitVerdict {
+    LimitVerdict {
+        limit: i,
+        outcome: stage::on_refusal(limit.config.mode, limit.enforcing),
+        quota: spec.capacity,
+        window_secs: 1,
+        remaining: 0,
+        reset_ms: retry_after_ms,
+        retry_after_ms,
+        over_percent: 0,
     }
 }
 

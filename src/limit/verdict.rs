@@ -54,6 +54,10 @@ pub struct Verdict<'l> {
     pub store_error: Option<StoreError>,
     /// The tokens this request holds: given back unless committed.
     pub(super) taken: Taken<'l>,
+    /// Slots of concurrency limits this request holds: given back when
+    /// dropped, so the request path moves them into the response body
+    /// ([`Verdict::take_held`]) to hold them until it ends.
+    pub(super) held: Vec<super::slots::Held>,
     /// Where in the request's limits [`Limiter::check`] goes on from when
     /// [`Limiter::try_check`] stopped at a limit that needs the store.
     pub(super) next: usize,
@@ -72,6 +76,12 @@ impl Verdict<'_> {
     pub fn committed(mut self) -> Self {
         self.commit();
         self
+    }
+
+    /// The in-flight slots this request holds, to keep until its response
+    /// ends (empty for a request on no concurrency limit).
+    pub fn take_held(&mut self) -> Vec<super::slots::Held> {
+        std::mem::take(&mut self.held)
     }
 
     /// Tokens held and not committed yet.

@@ -27,6 +27,11 @@ pub enum Algorithm {
     /// At most N per epoch-aligned window: envoyproxy/ratelimit's counting,
     /// for the Envoy rate limit service.
     FixedWindow,
+    /// At most N requests in flight at once: slots held from admission to
+    /// the end of the response, never tokens. The count is the limit's
+    /// `max` (per one second, for the headers' sake); a store holds them by
+    /// [`crate::store::QuotaStore::hold_slots`], and grants no token of it.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -36,6 +41,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -213,6 +219,15 @@ pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: 
             let (s, g) = fixed_window::acquire(prior, spec, now_ms, want);
             (State::Fixed(s), g)
         }
+        // Slots are never acquired as tokens: a store asked anyway grants
+        // nothing, and the key stays as it was.
+        Algorithm::Concurrency => (
+            state.unwrap_or(State::Fixed(fixed_window::State { window_ms: 0, count: 0 })),
+            Grant {
+                retry_after_ms: 1_000,
+                ..Grant::default()
+            },
+        ),
     }
 }
 
@@ -220,6 +235,10 @@ pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: 
 /// `release`).
 pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unspent: Unspent) -> State {
     match (spec.algorithm, state) {
+        // Nothing of a concurrency limit is held as tokens.
+        (Algorithm::Concurrency, state) => {
+            state.unwrap_or(State::Fixed(fixed_window::State { window_ms: 0, count: 0 }))
+        }
         (Algorithm::TokenBucket, Some(State::Bucket(b))) => {
             State::Bucket(token_bucket::release(Some(b), spec, now_ms, unspent.tokens))
         }

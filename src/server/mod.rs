@@ -412,6 +412,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         drop((http, https));
         tokio::spawn(sweep_leases(shared.runtime.clone()));
+        tokio::spawn(shared.runtime.limiter.clone().keep_slots());
         let member = fleet_member(&config_instance_id);
         let heartbeats = tokio::spawn(heartbeat(shared.runtime.clone(), member));
         let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));
@@ -451,6 +452,9 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             Ok(released) => tracing::info!(released_tokens = released, "stopped"),
             Err(_) => tracing::warn!("stopped before every leased token went back to the store"),
         }
+        // Idle in-flight slots go back too (in flight ones ended with the
+        // connections).
+        let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.renew_slots(true)).await;
         // No heartbeat after leaving: it would count this instance again.
         heartbeats.abort();
         let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.leave_fleet(member)).await;

@@ -343,6 +343,15 @@ impl QuotaStore for Guarded {
         Box::pin(within(self.core.deadline, self.core.inner.heartbeat(member, ttl_ms)))
     }
 
+    /// The inner store's slots under the guard (deadline and breaker): a
+    /// call that takes slots counts as an acquire, one that only renews or
+    /// gives them back as a release.
+    fn hold_slots<'a>(&'a self, h: super::Hold<'a>) -> BoxFuture<'a, Result<super::Slots, StoreError>> {
+        let core = &self.core;
+        let op = if h.want > 0 { Op::Acquire } else { Op::Release };
+        Box::pin(core.guard(op, move || core.inner.hold_slots(h)))
+    }
+
     /// The inner store's fair share under the deadline, as a heartbeat is.
     fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(within(self.core.deadline, self.core.inner.fair_share(d)))

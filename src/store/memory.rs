@@ -125,6 +125,9 @@ pub struct MemoryStore {
     /// RLQS streams' demands by bucket key, as `lua/fair_share.lua` keeps
     /// them; at most `max_keys` buckets.
     demands: Mutex<HashMap<String, Vec<StreamDemand>>>,
+    /// Concurrency limits' slots by key, per member, as `lua/slots.lua`
+    /// keeps them: (member, slots, expires at); at most `max_keys` keys.
+    slots: Mutex<HashMap<String, Vec<StreamDemand>>>,
     max_keys: usize,
 }
 
@@ -148,6 +151,7 @@ impl MemoryStore {
             per_shard_cap: max_keys.div_ceil(SHARDS).max(1),
             clock,
             demands: Mutex::default(),
+            slots: Mutex::default(),
             max_keys,
         }
     }
@@ -177,6 +181,38 @@ impl MemoryStore {
         let others: Vec<f64> = streams.iter().map(|(_, demand, _)| *demand as f64).collect();
         streams.push((d.member, d.demand, now.saturating_add(d.ttl_ms)));
         crate::quota::fair::max_min_share(d.demand as f64, &others, d.rate as f64) as u64
+    }
+
+    /// Sets a member's slots and grants what fits, as `lua/slots.lua` does
+    /// on Redis. A new key finds no room when `max_keys` keys hold slots
+    /// (none is forgotten while held: that would let more in than the
+    /// limit): it is granted nothing.
+    pub fn hold_slots_now(&self, h: super::Hold<'_>) -> super::Slots {
+        let now = (self.clock)();
+        let mut all = self.slots.lock().recover();
+        if all.len() >= self.max_keys && !all.contains_key(h.key) {
+            all.retain(|_, v| {
+                v.retain(|(_, _, expires)| *expires > now);
+                !v.is_empty()
+            });
+            if all.len() >= self.max_keys {
+                return super::Slots::default();
+            }
+        }
+        let members = all.entry(h.key.to_string()).or_default();
+        members.retain(|(member, _, expires)| *member != h.member && *expires > now);
+        let others: u64 = members.iter().map(|(_, n, _)| n).sum();
+        let granted = h.want.min(h.max.saturating_sub(others).saturating_sub(h.hold));
+        let held = h.hold + granted;
+        if held > 0 {
+            members.push((h.member, held, now.saturating_add(h.ttl_ms)));
+        } else if members.is_empty() {
+            all.remove(h.key);
+        }
+        super::Slots {
+            granted,
+            held: others + held,
+        }
     }
 
     /// Keys held now, across shards.
@@ -283,6 +319,11 @@ impl QuotaStore for MemoryStore {
         Box::pin(std::future::ready(Ok(Some(self.fair_share_now(d)))))
     }
 
+    /// The fleet is this instance: its slots, in memory.
+    fn hold_slots<'a>(&'a self, h: super::Hold<'a>) -> BoxFuture<'a, Result<super::Slots, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.hold_slots_now(h))))
+    }
+
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
         let result = self.release_now(key, spec, unspent);
         Box::pin(std::future::ready(result))
@@ -342,6 +383,41 @@ mod tests {
             100_000,
             "2 and 3 expired: alone again"
         );
+    }
+
+    #[test]
+    fn slots_are_counted_per_member_and_leave_with_its_lease() {
+        let (now, c) = clock();
+        let store = MemoryStore::with_clock(2, c);
+        let h = |member, hold, want| super::super::Hold {
+            key: "rl:{gpu:acme}",
+            member,
+            hold,
+            want,
+            max: 3,
+            ttl_ms: 1_000,
+        };
+        let s = |granted, held| super::super::Slots { granted, held };
+        assert_eq!(store.hold_slots_now(h(1, 0, 2)), s(2, 2));
+        assert_eq!(store.hold_slots_now(h(2, 0, 2)), s(1, 3), "only what fits beside 1's");
+        assert_eq!(store.hold_slots_now(h(2, 1, 1)), s(0, 3), "full");
+        // A call whose answer was lost: the next one says what is held.
+        assert_eq!(store.hold_slots_now(h(1, 1, 0)), s(0, 2), "hold is absolute, not added");
+        assert_eq!(store.hold_slots_now(h(2, 1, 1)), s(1, 3));
+        // Member 1 dies: its slot is free once its lease expires.
+        now.fetch_add(600, Ordering::SeqCst);
+        assert_eq!(store.hold_slots_now(h(2, 2, 0)), s(0, 3), "2 renews");
+        now.fetch_add(600, Ordering::SeqCst);
+        assert_eq!(store.hold_slots_now(h(2, 2, 1)), s(1, 3), "1's slot expired");
+        // Leaving (hold 0) frees everything; an empty key is forgotten.
+        assert_eq!(store.hold_slots_now(h(2, 0, 0)), s(0, 0));
+        // The key cap: no room for a third key while two hold slots.
+        let other = |key| super::super::Hold { key, ..h(1, 0, 1) };
+        assert_eq!(store.hold_slots_now(other("a")).granted, 1);
+        assert_eq!(store.hold_slots_now(other("b")).granted, 1);
+        assert_eq!(store.hold_slots_now(other("c")).granted, 0, "capped");
+        now.fetch_add(2_000, Ordering::SeqCst);
+        assert_eq!(store.hold_slots_now(other("c")).granted, 1, "room once a and b expired");
     }
 
     fn clock() -> (Arc<AtomicU64>, Clock) {

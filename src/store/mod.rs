@@ -132,12 +132,51 @@ pub trait QuotaStore: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// Sets `h.member`'s in-flight slots of a concurrency limit's key to
+    /// `h.hold` and grants up to `h.want` more, as many as fit under
+    /// `h.max` beside every other member's unexpired slots; the member's
+    /// slots then live `h.ttl_ms` (`lua/slots.lua`). `hold` is absolute, so
+    /// a call whose answer was lost is corrected by the next.
+    fn hold_slots<'a>(&'a self, _h: Hold<'a>) -> BoxFuture<'a, Result<Slots, StoreError>> {
+        Box::pin(std::future::ready(Err(StoreError::Failed(format!(
+            "the {} store holds no in-flight slots",
+            self.name()
+        )))))
+    }
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))
     }
+}
+
+/// One instance's slots of a concurrency limit's key, as
+/// [`QuotaStore::hold_slots`] sets them.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold<'a> {
+    /// The limit's store key (`rl:{<limit>:<parts>}`).
+    pub key: &'a str,
+    /// This instance (random per process, unique in the fleet).
+    pub member: u64,
+    /// The slots it holds now, by its own count.
+    pub hold: u64,
+    /// How many more it asks for.
+    pub want: u64,
+    /// The limit: most slots held by all members together.
+    pub max: u64,
+    /// How long its slots count without a renewal.
+    pub ttl_ms: u64,
+}
+
+/// What [`QuotaStore::hold_slots`] answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slots {
+    /// Slots granted beyond `hold`.
+    pub granted: u64,
+    /// Slots held by every member after the call (this one's included).
+    pub held: u64,
 }
 
 /// One RLQS stream's demand for a bucket, as [`QuotaStore::fair_share`]

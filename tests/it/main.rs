@@ -10,6 +10,7 @@ mod admin;
 mod alerts;
 mod check;
 mod cli;
+mod concurrency;
 mod dashboard;
 mod edge;
 mod events;

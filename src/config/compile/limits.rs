@@ -30,7 +30,7 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft
             );
         }
         let algorithm = algorithm(c, &l, &key);
-        let rate = parsed_rate(c, &l.rate, &format!("{key}.rate")).unwrap_or(Rate {
+        let rate = rate_or_max(c, &l, &key, algorithm, n).unwrap_or(Rate {
             count: 1,
             period: Duration::from_secs(1),
         });
@@ -64,6 +64,9 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };
+        if algorithm == Algorithm::Concurrency {
+            concurrency_only(c, &l, &key);
+        }
         report(c, &l, &key, &draft, bad_part);
         out.push(draft);
     }
@@ -78,20 +81,102 @@ fn algorithm(c: &mut Check, l: &raw::Limit, key: &str) -> Algorithm {
         &[
             ("token_bucket", Algorithm::TokenBucket),
             ("sliding_window", Algorithm::SlidingWindow),
+            ("concurrency", Algorithm::Concurrency),
         ],
         Algorithm::TokenBucket,
     )
+}
+
+/// The rate, or for a concurrency limit its `max` in flight (as `max`
+/// per second: what its headers' `q` and `w` say). Each takes its own key
+/// and refuses the other's.
+fn rate_or_max(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm, n: usize) -> Option<Rate> {
+    let name_span = l.name.span();
+    if algorithm != Algorithm::Concurrency {
+        if let Some(m) = &l.max {
+            c.at(
+                m.span(),
+                format!("{key}.max"),
+                "max applies to algorithm = \"concurrency\" only; other limits take a rate",
+            );
+        }
+        let Some(r) = &l.rate else {
+            c.at(
+                name_span,
+                format!("limits[{n}].rate"),
+                "missing rate, such as \"100/min\" (or algorithm = \"concurrency\" with max)",
+            );
+            return None;
+        };
+        return parsed_rate(c, r, &format!("{key}.rate"));
+    }
+    if let Some(r) = &l.rate {
+        c.at(
+            r.span(),
+            format!("{key}.rate"),
+            "a concurrency limit counts requests in flight: give max = N, not a rate",
+        );
+    }
+    let Some(m) = &l.max else {
+        c.at(
+            name_span,
+            format!("{key}.max"),
+            "missing max: the most requests in flight at once, such as max = 8",
+        );
+        return None;
+    };
+    match u64::try_from(*m.get_ref()) {
+        Ok(count @ 1..=1_000_000) => Some(Rate {
+            count,
+            period: Duration::from_secs(1),
+        }),
+        _ => {
+            c.at(
+                m.span(),
+                format!("{key}.max"),
+                format!("{} is out of range: use 1 to 1000000", m.get_ref()),
+            );
+            None
+        }
+    }
+}
+
+/// What a concurrency limit cannot take: rates of any kind, and sub-buckets
+/// (a slot is one request in flight, not a share of a rate).
+fn concurrency_only(c: &mut Check, l: &raw::Limit, key: &str) {
+    let why = "does not apply to a concurrency limit";
+    if let Some((plan, r)) = l.plans.iter().next() {
+        c.at(r.span(), format!("{key}.plans.{plan}"), format!("plans {why}"));
+    }
+    if let Some(r) = &l.fallback_rate {
+        c.at(
+            r.span(),
+            format!("{key}.fallback_rate"),
+            format!("fallback_rate {why}: while the store is away each instance allows max divided by the live fleet"),
+        );
+    }
+    if let Some(r) = &l.shards {
+        c.at(r.span(), format!("{key}.shards"), format!("shards {why}"));
+    }
 }
 
 /// The bucket's capacity: the rate's count unless a token bucket says.
 fn burst(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm, rate: Rate) -> u64 {
     match &l.burst {
         None => rate.count,
-        Some(b) if algorithm == Algorithm::SlidingWindow => {
+        Some(b) if algorithm != Algorithm::TokenBucket => {
             c.at(
                 b.span(),
                 format!("{key}.burst"),
-                "burst applies to token_bucket only; a sliding window allows the rate's count",
+                format!(
+                    "burst applies to token_bucket only; a {} allows {}",
+                    algorithm.as_str().replace('_', " "),
+                    if algorithm == Algorithm::Concurrency {
+                        "max in flight"
+                    } else {
+                        "the rate's count"
+                    }
+                ),
             );
             rate.count
         }
@@ -196,7 +281,11 @@ fn report(c: &mut Check, l: &raw::Limit, key: &str, draft: &Draft, bad_part: boo
     for problem in draft.problems() {
         let (span, at) = match problem.field() {
             Field::Name => (l.name.span(), format!("{key}.name")),
-            Field::Rate => (l.rate.span(), format!("{key}.rate")),
+            Field::Rate => match (&l.rate, &l.max) {
+                (Some(r), _) => (r.span(), format!("{key}.rate")),
+                (None, Some(m)) => (m.span(), format!("{key}.max")),
+                (None, None) => continue, // named as missing
+            },
             Field::Burst => (l.burst.as_ref().map_or(0..0, Spanned::span), format!("{key}.burst")),
             // An unparsable part is already named.
             Field::By if bad_part => continue,

@@ -61,6 +61,7 @@ static SLIDING_WINDOW: LazyLock<Script> =
 static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 static FAIR_SHARE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fair_share.lua")));
+static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/slots.lua")));
 static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
 
 /// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no
@@ -424,6 +425,8 @@ fn algorithm_code(spec: &Spec) -> u64 {
         Algorithm::TokenBucket => 0,
         Algorithm::SlidingWindow => 1,
         Algorithm::FixedWindow => 2,
+        // Never released as tokens (`hold_slots` gives slots back).
+        Algorithm::Concurrency => 3,
     }
 }
 
@@ -498,6 +501,9 @@ impl RedisStore {
                 vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
                 give_back,
             ),
+            Algorithm::Concurrency => Box::pin(std::future::ready(Err(StoreError::Failed(
+                "a concurrency limit holds slots, not tokens".into(),
+            )))),
         }
     }
 }
@@ -515,6 +521,9 @@ impl QuotaStore for RedisStore {
     }
 
     fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        if spec.algorithm == Algorithm::Concurrency {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         let call = self.call(
             &RELEASE,
             key,
@@ -542,6 +551,22 @@ impl QuotaStore for RedisStore {
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let call = self.call_keys(&FLEET, vec![FLEET_KEY.to_string()], vec![member, ttl_ms]);
         Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    /// `lua/slots.lua` on a hash named after the key (outside its braces:
+    /// the same Cluster slot).
+    fn hold_slots<'a>(&'a self, h: super::Hold<'a>) -> BoxFuture<'a, Result<super::Slots, StoreError>> {
+        let call = self.call_keys(
+            &SLOTS,
+            vec![format!("{}:slots", h.key)],
+            vec![h.member, h.hold, h.want, h.max, h.ttl_ms],
+        );
+        Box::pin(async move {
+            call.await.map(|r| super::Slots {
+                granted: r[0],
+                held: r[1],
+            })
+        })
     }
 
     /// `lua/fair_share.lua` on a hash beside the bucket (outside its

@@ -72,6 +72,7 @@ impl RegionStore for RedisStore {
                 keys,
                 vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms],
             ),
+            Algorithm::Concurrency => return Box::pin(std::future::ready(Ok(0))),
         };
         Box::pin(async move { call.await.map(|r| r[0]) })
     }

@@ -1,0 +1,377 @@
+//! In-flight limits (`algorithm = "concurrency"`): a request holds a slot
+//! from admission until its response ends, or its client goes away.
+//!
+//! Slots are leased as tokens are: this instance holds some of a key's
+//! slots in the store (`lua/slots.lua`, counted per instance, each
+//! instance's count with a TTL) and hands them to its own requests without
+//! a store call. A slot that comes back stays held, idle, for the next
+//! request, and goes back to the store when the key is contended (the
+//! store last said every slot was taken) or after a lease TTL unused. The
+//! renewer ([`Limiter::renew_slots`]) keeps the held ones alive every third
+//! of a TTL, so an instance that dies takes its slots with it within
+//! `[leasing] ttl_ms`.
+//!
+//! Per key, store calls are one at a time (`calling`), and each says how
+//! many slots this instance holds, not how many to add: a call whose
+//! answer was lost is corrected by the next. The only lock taken per
+//! request is the key's state mutex, never across an await.
+//!
+//! Bound: the slots held by all instances never exceed `max` in the
+//! store; a request runs only on a slot its instance holds. While the
+//! store is away a fail-open route admits up to `max` divided by the live
+//! fleet per instance, and an instance that cannot renew keeps using what
+//! it held: after a TTL the store forgets those, so for an outage longer
+//! than a TTL the fleet may run up to `max` more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::store::{Hold, StoreError};
+use crate::sync::Recover as _;
+
+const SHARDS: usize = 16;
+
+/// How long a refused key is refused from memory (no store call) unless
+/// one of this instance's own slots comes back first.
+pub const FULL_MS: u64 = 250;
+
+/// One shard of the table: keys by hash.
+type Shard = Mutex<HashMap<u64, Arc<KeySlots>>>;
+
+/// The slots this instance holds, per key.
+pub(super) struct SlotTable {
+    shards: Box<[Shard]>,
+    /// This instance, in the store's count.
+    member: u64,
+    max_keys: usize,
+    /// Wakes the renewer early: a contended key has an idle slot to give back.
+    pub(super) wake: tokio::sync::Notify,
+}
+
+/// One key's slots on this instance.
+pub struct KeySlots {
+    key: Box<str>,
+    max: u64,
+    state: Mutex<State>,
+    /// One store call per key at a time.
+    calling: tokio::sync::Mutex<()>,
+    /// A slot of this key came back on this instance: the head of its
+    /// queue may take it.
+    pub freed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct State {
+    /// Held in the store for this instance.
+    owned: u64,
+    /// Held by requests now (may exceed `owned` only on the fallback).
+    in_use: u64,
+    /// Slots held by every instance, as the store last said.
+    held_total: u64,
+    /// When a slot was last taken or given back.
+    used_at: u64,
+    /// Refused from memory until then.
+    full_until: u64,
+}
+
+/// A slot a request holds: given back when dropped (the response ended,
+/// or was abandoned).
+pub struct Held {
+    slots: Arc<KeySlots>,
+    now: crate::clock::Clock,
+    table: Arc<SlotTable>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("key", &self.slots.key).finish()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let now = (self.now)();
+        let contended = {
+            let mut s = self.slots.state.lock().recover();
+            s.in_use = s.in_use.saturating_sub(1);
+            s.used_at = now;
+            s.full_until = 0;
+            s.held_total >= self.slots.max && s.owned > s.in_use
+        };
+        self.slots.freed.notify_one();
+        if contended {
+            // Another instance may be waiting for it: back to the store
+            // now rather than at the next renewal.
+            self.table.wake.notify_one();
+        }
+    }
+}
+
+/// What a decision on a slot says.
+#[derive(Debug)]
+pub(super) enum Taken {
+    /// A slot, and what the headers say: slots left as far as this
+    /// instance knows.
+    Slot(Held, u64),
+    /// None free: retry after this many ms.
+    Full(u64),
+}
+
+impl SlotTable {
+    pub(super) fn new(max_keys: usize) -> SlotTable {
+        SlotTable {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            member: fastrand::u64(..),
+            max_keys: max_keys.max(1),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn shard(&self, h: u64) -> &Shard {
+        &self.shards[(h as usize) % SHARDS]
+    }
+
+    pub(super) fn get(&self, h: u64) -> Option<Arc<KeySlots>> {
+        self.shard(h).lock().recover().get(&h).cloned()
+    }
+
+    /// The key's slots, made on first use; `None` when `max_keys` keys
+    /// hold slots already (a key in use is never forgotten).
+    fn get_or_insert(&self, h: u64, key: &str, max: u64, now: u64) -> Option<Arc<KeySlots>> {
+        let mut shard = self.shard(h).lock().recover();
+        if let Some(k) = shard.get(&h) {
+            return Some(k.clone());
+        }
+        if shard.len() >= self.max_keys.div_ceil(SHARDS) {
+            shard.retain(|_, k| !k.forgettable(now));
+            if shard.len() >= self.max_keys.div_ceil(SHARDS) {
+                return None;
+            }
+        }
+        let k = Arc::new(KeySlots {
+            key: key.into(),
+            max,
+            state: Mutex::default(),
+            calling: tokio::sync::Mutex::new(()),
+            freed: tokio::sync::Notify::new(),
+        });
+        shard.insert(h, k.clone());
+        Some(k)
+    }
+
+    /// Keys tracked now.
+    pub(super) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().recover().len()).sum()
+    }
+
+    fn all(&self) -> Vec<Arc<KeySlots>> {
+        self.shards
+            .iter()
+            .flat_map(|s| s.lock().recover().values().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+impl KeySlots {
+    /// A slot at hand, from memory: `Ok(Some)` taken, `Ok(None)` needs the
+    /// store, `Err(ms)` refused from memory (full) for that long.
+    fn take_local(&self, now: u64) -> Result<Option<u64>, u64> {
+        let mut s = self.state.lock().recover();
+        if s.in_use < s.owned {
+            s.in_use += 1;
+            s.used_at = now;
+            return Ok(Some(self.left(&s)));
+        }
+        if s.full_until > now {
+            return Err(s.full_until - now);
+        }
+        Ok(None)
+    }
+
+    /// Slots left for the headers: the store's last count, or this
+    /// instance's own if it knows of more in use.
+    fn left(&self, s: &State) -> u64 {
+        let idle = s.owned.saturating_sub(s.in_use);
+        self.max.saturating_sub(s.held_total.max(s.in_use)).max(idle)
+    }
+
+    /// Nothing held and nobody using it for a TTL: no reason to remember.
+    /// A key in a store call is kept: its answer lands here.
+    fn forgettable(&self, now: u64) -> bool {
+        let s = self.state.lock().recover();
+        s.owned == 0 && s.in_use == 0 && now.saturating_sub(s.used_at) > FULL_MS && self.calling.try_lock().is_ok()
+    }
+}
+
+/// The limiter's side: taking, renewing and giving back slots.
+impl super::Limiter {
+    /// A slot for key `h` at hand, without waiting: `None` when the store
+    /// must be asked.
+    pub(super) fn slot_now(&self, h: u64) -> Option<Taken> {
+        let k = self.slots.get(h)?;
+        let now = self.now_ms();
+        match k.take_local(now) {
+            Ok(Some(left)) => Some(Taken::Slot(self.held(k), left)),
+            Ok(None) => None,
+            Err(ms) => Some(Taken::Full(ms)),
+        }
+    }
+
+    fn held(&self, slots: Arc<KeySlots>) -> Held {
+        Held {
+            slots,
+            now: self.clock.clone(),
+            table: self.slots.clone(),
+        }
+    }
+
+    /// A slot for `key` (hash `h`, limit `max`), asking the store for one
+    /// more when none is at hand. An error is the store's: the caller's
+    /// route decides what it means.
+    pub(super) async fn slot(&self, h: u64, key: &str, max: u64) -> Result<Taken, StoreError> {
+        let now = self.now_ms();
+        let Some(k) = self.slots.get_or_insert(h, key, max, now) else {
+            return Ok(Taken::Full(FULL_MS));
+        };
+        let deadline = std::time::Duration::from_millis(self.settings().deadline_ms.max(1) * 2);
+        let Ok(_calling) = tokio::time::timeout(deadline, k.calling.lock()).await else {
+            return Err(StoreError::Timeout(deadline.as_millis() as u64));
+        };
+        match k.take_local(self.now_ms()) {
+            Ok(Some(left)) => return Ok(Taken::Slot(self.held(k.clone()), left)),
+            Err(ms) => return Ok(Taken::Full(ms)),
+            Ok(None) => {}
+        }
+        let hold = k.state.lock().recover().owned;
+        let answer = self
+            .store
+            .hold_slots(Hold {
+                key,
+                member: self.slots.member,
+                hold,
+                want: 1,
+                max,
+                ttl_ms: self.settings().sizing.ttl_ms,
+            })
+            .await?;
+        let now = self.now_ms();
+        let mut s = k.state.lock().recover();
+        s.owned = hold + answer.granted;
+        s.held_total = answer.held;
+        if answer.granted == 0 {
+            s.full_until = now + FULL_MS;
+            return Ok(Taken::Full(FULL_MS));
+        }
+        s.in_use += 1;
+        s.used_at = now;
+        let left = k.left(&s);
+        drop(s);
+        Ok(Taken::Slot(self.held(k.clone()), left))
+    }
+
+    /// A slot while the store is away, on a route that fails open: this
+    /// instance's part of `max` (divided by the live fleet), counted here
+    /// alone. Given back like any slot.
+    pub(super) fn slot_fallback(&self, h: u64, key: &str, max: u64) -> Taken {
+        let now = self.now_ms();
+        let Some(k) = self.slots.get_or_insert(h, key, max, now) else {
+            return Taken::Full(FULL_MS);
+        };
+        let part = max.div_ceil(self.fleet_divisor(&self.settings())).max(1);
+        let mut s = k.state.lock().recover();
+        if s.in_use >= part.max(s.owned) {
+            return Taken::Full(FULL_MS);
+        }
+        s.in_use += 1;
+        s.used_at = now;
+        let left = part.saturating_sub(s.in_use);
+        drop(s);
+        Taken::Slot(self.held(k), left)
+    }
+
+    /// The future that is ready when a slot of `limit`'s key for `facts`
+    /// comes back on this instance (never, for a key it does not track).
+    pub fn slot_freed(
+        &self,
+        limit: &super::LimitRuntime,
+        facts: &super::key::Facts<'_>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (_, shard) = limit.spec_for(facts);
+        let k = self.slots.get(self.key_hash(limit, facts, shard));
+        async move {
+            match k {
+                Some(k) => k.freed.notified().await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Keys with slots tracked on this instance.
+    pub fn slot_keys(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Renews every key's slots in the store, giving back the idle ones of
+    /// a contended key and those unused for a TTL, and forgets keys with
+    /// nothing held. `leaving`: gives every idle slot back (shutdown).
+    pub async fn renew_slots(&self, leaving: bool) {
+        let ttl_ms = self.settings().sizing.ttl_ms;
+        for k in self.slots.all() {
+            let _calling = k.calling.lock().await;
+            let now = self.now_ms();
+            let hold = {
+                let mut s = k.state.lock().recover();
+                let idle_long = now.saturating_sub(s.used_at) >= ttl_ms;
+                let contended = s.held_total >= k.max;
+                if leaving || idle_long || contended {
+                    // The request path takes no slot above `owned`: set it
+                    // first, so the store never hears of fewer than run.
+                    s.owned = s.in_use;
+                }
+                s.owned.max(s.in_use)
+            };
+            if hold == 0 && k.state.lock().recover().held_total == 0 && !leaving {
+                continue;
+            }
+            let answer = self
+                .store
+                .hold_slots(Hold {
+                    key: &k.key,
+                    member: self.slots.member,
+                    hold,
+                    want: 0,
+                    max: k.max,
+                    ttl_ms,
+                })
+                .await;
+            if let Ok(a) = answer {
+                let mut s = k.state.lock().recover();
+                s.held_total = a.held;
+                if hold == 0 {
+                    // Given back: nothing left to renew until it is used.
+                    s.held_total = 0;
+                }
+            }
+        }
+        let now = self.now_ms();
+        for shard in self.slots.shards.iter() {
+            shard.lock().recover().retain(|_, k| !k.forgettable(now));
+        }
+    }
+
+    /// The renewer: every third of a lease TTL, or at once when a
+    /// contended key has a slot to give back.
+    pub async fn keep_slots(self: Arc<Self>) {
+        loop {
+            let every = std::time::Duration::from_millis((self.settings().sizing.ttl_ms / 3).clamp(20, 2_000));
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = self.slots.wake.notified() => {}
+            }
+            self.renew_slots(false).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

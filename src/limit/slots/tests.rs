@@ -1,0 +1,197 @@
+//! Slots on one store shared by two limiters: a fleet of two instances.
+
+use super::*;
+use crate::clock::Clock;
+use crate::limit::key::Facts;
+use crate::limit::policy::{Draft, Limit, Mode, StoreFailure};
+use crate::limit::{Decision, LimitRuntime, Limiter, Settings};
+use crate::quota::{Algorithm, Rate};
+use crate::store::memory::MemoryStore;
+use crate::store::QuotaStore;
+use crate::telemetry::metrics::Metrics;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+fn concurrency(max: u64, mode: Mode) -> Arc<LimitRuntime> {
+    let config = Arc::new(
+        Limit::try_new(Draft {
+            algorithm: Algorithm::Concurrency,
+            burst: max,
+            mode,
+            ..Draft::new(
+                "gpu",
+                Rate {
+                    count: max,
+                    period: Duration::from_secs(1),
+                },
+            )
+        })
+        .unwrap(),
+    );
+    Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
+}
+
+fn settings() -> Settings {
+    Settings {
+        sizing: crate::limit::lease::Sizing::default(),
+        max_block_ms: 5_000,
+        reserve: true,
+        max_keys: 1_000,
+        fleet_size: None,
+        deadline_ms: 1_000,
+    }
+}
+
+fn fleet(n: usize) -> (Arc<AtomicU64>, Arc<MemoryStore>, Vec<Arc<Limiter>>) {
+    let now = Arc::new(AtomicU64::new(1_000_000));
+    let read = now.clone();
+    let clock: Clock = Arc::new(move || read.load(Ordering::SeqCst));
+    let store = Arc::new(MemoryStore::with_clock(1_000, clock.clone()));
+    let limiters = (0..n)
+        .map(|_| Limiter::new(store.clone() as Arc<dyn QuotaStore>, settings(), clock.clone()))
+        .collect();
+    (now, store, limiters)
+}
+
+fn facts(headers: &http::HeaderMap) -> Facts<'_> {
+    Facts {
+        identity: "acme",
+        tenant: None,
+        plan: None,
+        route: "r",
+        ip: "127.0.0.1".parse().unwrap(),
+        headers,
+    }
+}
+
+/// Checks one request: its decision, and the slots it holds.
+async fn ask(l: &Arc<Limiter>, limits: &[Arc<LimitRuntime>]) -> (Decision, Vec<Held>, u64) {
+    let h = http::HeaderMap::new();
+    let mut v = l.check(limits, &[0], &facts(&h), StoreFailure::Allow).await;
+    let retry = v
+        .refused
+        .and_then(|i| v.limits.get(i))
+        .map_or(0, |lv| lv.retry_after_ms);
+    v.commit();
+    (v.decision, v.take_held(), retry)
+}
+
+#[tokio::test]
+async fn a_fleet_of_two_runs_at_most_max_and_a_slot_back_is_taken_again() {
+    let (_now, _store, fleet) = fleet(2);
+    let limits = [concurrency(3, Mode::Enforce)];
+    let mut running = Vec::new();
+    let mut admitted = 0;
+    for i in 0..6 {
+        let (d, held, retry) = ask(&fleet[i % 2], &limits).await;
+        if d == Decision::Admit {
+            admitted += 1;
+            running.extend(held);
+        } else {
+            assert_eq!(d, Decision::Refuse);
+            assert_eq!(retry, FULL_MS, "refused with a retry");
+        }
+    }
+    assert_eq!(admitted, 3, "exactly max in flight across the fleet");
+    // One ends on instance 0: instance 0 takes its slot again from memory.
+    let ended = running
+        .iter()
+        .position(|h| Arc::ptr_eq(&h.table, &fleet[0].slots))
+        .unwrap();
+    running.remove(ended);
+    assert!(matches!(
+        fleet[0].slot_now(first_hash(&fleet[0])),
+        Some(Taken::Slot(..))
+    ));
+}
+
+fn first_hash(l: &Limiter) -> u64 {
+    *l.slots
+        .shards
+        .iter()
+        .find_map(|s| s.lock().unwrap().keys().next().copied())
+        .as_ref()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_slot_of_a_contended_key_goes_back_for_another_instance() {
+    let (_now, _store, fleet) = fleet(2);
+    let limits = [concurrency(2, Mode::Enforce)];
+    let (_, a1, _) = ask(&fleet[0], &limits).await;
+    let (_, a2, _) = ask(&fleet[0], &limits).await;
+    let (d, _, _) = ask(&fleet[1], &limits).await;
+    assert_eq!(d, Decision::Refuse, "both slots are instance 0's");
+    drop(a1);
+    // Instance 0 keeps it idle until its renewer gives it back: contended.
+    fleet[0].renew_slots(false).await;
+    // Instance 1's refusal is remembered for FULL_MS: move past it.
+    _now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
+    let (d, b1, _) = ask(&fleet[1], &limits).await;
+    assert_eq!(d, Decision::Admit, "the slot went back to the store");
+    let (d, _, _) = ask(&fleet[0], &limits).await;
+    assert_eq!(d, Decision::Refuse, "and is no longer instance 0's");
+    drop((a2, b1));
+}
+
+#[tokio::test]
+async fn a_dead_instances_slots_come_back_after_its_lease_ttl() {
+    let (now, _store, fleet) = fleet(2);
+    let limits = [concurrency(1, Mode::Enforce)];
+    let (_, held, _) = ask(&fleet[0], &limits).await;
+    // Instance 0 dies holding it: nothing is given back, nothing renewed.
+    std::mem::forget(held);
+    let ttl = settings().sizing.ttl_ms;
+    now.fetch_add(ttl - 1, Ordering::SeqCst);
+    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Refuse, "within the TTL");
+    now.fetch_add(FULL_MS + 2, Ordering::SeqCst);
+    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Admit, "after it");
+}
+
+#[tokio::test]
+async fn renewals_keep_a_long_requests_slot_past_the_ttl() {
+    let (now, _store, fleet) = fleet(2);
+    let limits = [concurrency(1, Mode::Enforce)];
+    let (_, held, _) = ask(&fleet[0], &limits).await;
+    for _ in 0..10 {
+        now.fetch_add(300, Ordering::SeqCst);
+        fleet[0].renew_slots(false).await;
+    }
+    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Refuse, "still held");
+    drop(held);
+    fleet[0].renew_slots(false).await;
+    now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
+    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Admit);
+    fleet[1].renew_slots(true).await;
+    assert_eq!(fleet[1].slot_keys(), 1, "a key in use is kept");
+}
+
+#[tokio::test]
+async fn shadow_admits_without_a_slot_and_leaving_gives_every_idle_slot_back() {
+    let (now, _store, fleet) = fleet(1);
+    let shadow = [concurrency(1, Mode::Shadow)];
+    let (_, held, _) = ask(&fleet[0], &shadow).await;
+    assert_eq!(held.len(), 1);
+    let (d, none, _) = ask(&fleet[0], &shadow).await;
+    assert_eq!((d, none.len()), (Decision::Admit, 0), "counted, not refused");
+    drop(held);
+    fleet[0].renew_slots(true).await;
+    now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
+    fleet[0].renew_slots(false).await;
+    assert_eq!(fleet[0].slot_keys(), 0, "nothing held: forgotten");
+}
+
+/// A store that holds no slots fails every call: a fail-open route runs
+/// on this instance's part of max.
+#[tokio::test]
+async fn while_the_store_is_away_an_instance_runs_its_part_of_max() {
+    let store = Arc::new(crate::store::testing::Scripted::new());
+    let l = Limiter::new(store, settings(), crate::clock::monotonic_clock());
+    let limits = [concurrency(2, Mode::Enforce)];
+    let (d, a, _) = ask(&l, &limits).await;
+    assert!(matches!(d, Decision::Bypass { .. }), "{d:?}");
+    let (_, b, _) = ask(&l, &limits).await;
+    let (d, _, _) = ask(&l, &limits).await;
+    assert_eq!(d, Decision::Refuse, "max 2 over a fleet of one");
+    drop((a, b));
+}
