@@ -65,15 +65,25 @@ impl Config {
             let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
         }
         for lim in &self.limits {
-            let _ = write!(
-                s,
-                "limit     {} {} {} burst {} ({})",
-                lim.name,
-                lim.algorithm.as_str(),
-                lim.rate,
-                lim.burst,
-                lim.mode.as_str()
-            );
+            if lim.algorithm == crate::quota::Algorithm::Concurrency {
+                let _ = write!(
+                    s,
+                    "limit     {} concurrency max {} in flight ({})",
+                    lim.name,
+                    lim.burst,
+                    lim.mode.as_str()
+                );
+            } else {
+                let _ = write!(
+                    s,
+                    "limit     {} {} {} burst {} ({})",
+                    lim.name,
+                    lim.algorithm.as_str(),
+                    lim.rate,
+                    lim.burst,
+                    lim.mode.as_str()
+                );
+            }
             if lim.shards > 1 {
                 let _ = write!(s, ", {} shards by {}", lim.shards, lim.shard_by.as_str());
             }

@@ -71,10 +71,15 @@ impl Explanation {
             } else {
                 format!(" ({})", notes.join(", "))
             };
+            let quota = if l.algorithm == "concurrency" {
+                format!("max {} in flight", l.capacity)
+            } else {
+                format!("{} capacity {}", l.rate, l.capacity)
+            };
             let _ = writeln!(
                 s,
-                "limit     {} {mode} {} {} capacity {}{notes}\n          key {}",
-                l.name, l.algorithm, l.rate, l.capacity, l.key
+                "limit     {} {mode} {} {quota}{notes}\n          key {}",
+                l.name, l.algorithm, l.key
             );
             if self.live_from.is_some() {
                 let _ = writeln!(s, "          live {}", live_text(l.live.as_ref()));
