@@ -235,7 +235,22 @@ fn explain(
                 .as_ref()
                 .and_then(|t| std::fs::read_to_string(&t.file).ok())
                 .map(|t| t.trim().to_string());
-            leasegate::explain::admin::fetch_state(admin, &keys, token.as_deref(), std::time::Duration::from_secs(5))
+            // The caller, as overrides name it: its identity, its tenant.
+            let whos: Vec<String> = explained
+                .identity
+                .iter()
+                .flat_map(|id| {
+                    std::iter::once(id.value.clone()).chain(id.tenant.as_ref().map(|t| format!("tenant:{t}")))
+                })
+                .collect();
+            let whos: Vec<&str> = whos.iter().map(String::as_str).collect();
+            leasegate::explain::admin::fetch_state(
+                admin,
+                &keys,
+                &whos,
+                token.as_deref(),
+                std::time::Duration::from_secs(5),
+            )
         };
         match states {
             Ok(states) => explained.attach_live(&admin.state_url(), states),

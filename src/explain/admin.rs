@@ -132,8 +132,12 @@ pub fn encode_query_value(v: &str) -> String {
 }
 
 /// The bytes of `GET /limits/state?key=K...` for `keys`.
-pub fn state_request(url: &AdminUrl, keys: &[&str], bearer: Option<&str>) -> String {
-    let query: Vec<String> = keys.iter().map(|k| format!("key={}", encode_query_value(k))).collect();
+pub fn state_request(url: &AdminUrl, keys: &[&str], whos: &[&str], bearer: Option<&str>) -> String {
+    let query: Vec<String> = keys
+        .iter()
+        .map(|k| format!("key={}", encode_query_value(k)))
+        .chain(whos.iter().map(|w| format!("who={}", encode_query_value(w))))
+        .collect();
     let authorization = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     format!(
         "GET {}{STATE_PATH}?{} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: leasegate-explain/{}\r\n{authorization}Connection: close\r\n\r\n",
@@ -226,6 +230,7 @@ pub fn parse_state(body: &[u8]) -> Result<Vec<KeyState>, String> {
 pub fn fetch_state(
     url: &AdminUrl,
     keys: &[&str],
+    whos: &[&str],
     bearer: Option<&str>,
     timeout: Duration,
 ) -> Result<Vec<KeyState>, AdminError> {
@@ -255,7 +260,7 @@ pub fn fetch_state(
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     stream
-        .write_all(state_request(url, keys, bearer).as_bytes())
+        .write_all(state_request(url, keys, whos, bearer).as_bytes())
         .map_err(io)?;
     let mut raw = Vec::new();
     stream.take(MAX_ANSWER as u64 + 1).read_to_end(&mut raw).map_err(io)?;
@@ -349,26 +354,27 @@ mod tests {
         let req = state_request(
             &url,
             &["rl:{per_client:key:acme}", "rl:{per_subnet:198.51.100.0/24:s02}"],
+            &["key:acme"],
             None,
         );
         let mut lines = req.split("\r\n");
         assert_eq!(
             lines.next(),
             Some(
-                "GET /limits/state?key=rl%3A%7Bper_client%3Akey%3Aacme%7D&key=rl%3A%7Bper_subnet%3A198.51.100.0%2F24%3As02%7D HTTP/1.1"
+                "GET /limits/state?key=rl%3A%7Bper_client%3Akey%3Aacme%7D&key=rl%3A%7Bper_subnet%3A198.51.100.0%2F24%3As02%7D&who=key%3Aacme HTTP/1.1"
             )
         );
         assert!(req.contains("\r\nHost: 127.0.0.1:9901\r\n"), "{req}");
         assert!(req.contains("\r\nConnection: close\r\n"), "{req}");
         assert!(req.ends_with("\r\n\r\n"), "{req}");
         assert!(!req.contains("Authorization"), "{req}");
-        let with_token = state_request(&url, &["k"], Some("0123456789abcdef"));
+        let with_token = state_request(&url, &["k"], &[], Some("0123456789abcdef"));
         assert!(
             with_token.contains("\r\nAuthorization: Bearer 0123456789abcdef\r\n"),
             "{with_token}"
         );
         let behind = AdminUrl::parse("http://gw:80/admin/").unwrap();
-        assert!(state_request(&behind, &["k"], None).starts_with("GET /admin/limits/state?key=k HTTP/1.1\r\n"));
+        assert!(state_request(&behind, &["k"], &[], None).starts_with("GET /admin/limits/state?key=k HTTP/1.1\r\n"));
         // Spaces, percent signs and non-ASCII bytes are encoded too.
         assert_eq!(encode_query_value("a b%c/é"), "a%20b%25c%2F%C3%A9");
         assert_eq!(encode_query_value("Az09-._~"), "Az09-._~");
@@ -425,6 +431,7 @@ mod tests {
                 store_remaining: 95,
                 reset_ms: 1200,
                 last_store_failure: None,
+                overridden: None,
             }]
         );
         // Fields a gateway does not send read as zero; extra ones are ignored.

@@ -386,6 +386,7 @@ tiers = ["user"]
             store_remaining: 95,
             reset_ms: 1200,
             last_store_failure: None,
+            overridden: None,
         };
         // The gateway answered for the first key only.
         e.attach_live("http://127.0.0.1:9901/limits/state", vec![state.clone()]);
@@ -420,6 +421,7 @@ tiers = ["user"]
             store_remaining: 0,
             reset_ms: 0,
             last_store_failure: Some("store_timeout".into()),
+            overridden: None,
         };
         assert_eq!(
             live_text(Some(&blocked)),

@@ -187,5 +187,14 @@ pub(super) fn live_text(state: Option<&admin::KeyState>) -> String {
     if let Some(f) = &st.last_store_failure {
         parts.push(format!("last store failure: {f}"));
     }
+    if let Some(o) = &st.overridden {
+        parts.push(format!(
+            "override for {} in force: {} burst {}{}, not the file's rate",
+            o.who,
+            o.rate,
+            o.burst,
+            o.expires.as_ref().map_or(String::new(), |e| format!(" until {e}"))
+        ));
+    }
     parts.join("; ")
 }

@@ -29,6 +29,7 @@ pub mod key;
 pub mod keyed;
 pub mod lease;
 mod near;
+pub mod overrides;
 pub mod policy;
 pub mod report;
 pub mod slots;
@@ -217,6 +218,8 @@ pub struct Limiter {
     forgotten: forgotten::Forgotten,
     /// Concurrency limits' slots held on this instance.
     slots: Arc<slots::SlotTable>,
+    /// The fleet's per-caller overrides, as last loaded from the store.
+    overrides: overrides::Overrides,
 }
 
 impl Limiter {
@@ -231,6 +234,7 @@ impl Limiter {
             fleet: fleet::Fleet::default(),
             forgotten: forgotten::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
+            overrides: overrides::Overrides::default(),
         })
     }
 
@@ -300,7 +304,7 @@ impl Limiter {
         let now = self.now_ms();
         for (position, &i) in which.iter().enumerate() {
             let Some(limit) = all.get(i) else { continue };
-            let (spec, shard) = limit.spec_for(facts);
+            let (spec, shard) = self.spec_of(limit, facts);
             let h = self.key_hash(limit, facts, shard);
             if spec.algorithm == Algorithm::Concurrency {
                 let lv = match self.slot_now(h) {
@@ -468,7 +472,7 @@ impl Limiter {
         let settings = self.settings();
         let from = verdict.next.min(which.len());
         for (i, limit) in which[from..].iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
-            let (spec, shard) = limit.spec_for(facts);
+            let (spec, shard) = self.spec_of(limit, facts);
             let now = self.now_ms();
             let h = self.key_hash(limit, facts, shard);
             let lv = if spec.algorithm == Algorithm::Concurrency {

@@ -48,6 +48,21 @@ pub struct KeyState {
     pub reset_ms: u64,
     /// How the key's last store call failed, or `None` when it answered.
     pub last_store_failure: Option<String>,
+    /// The override in force for the caller under the key's limit, when
+    /// the request named the caller (`who=`): `who`, `rate`, `burst` and
+    /// `expires`, as `GET /overrides` lists it.
+    #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
+    pub overridden: Option<ShownOverride>,
+}
+
+/// An override as `/limits/state` and `explain --admin` show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ShownOverride {
+    pub who: String,
+    pub rate: String,
+    pub burst: u64,
+    pub expires: Option<String>,
 }
 
 /// One key of the status page's hot lists.
@@ -102,6 +117,7 @@ impl Limiter {
                 store_remaining: 0,
                 reset_ms: 0,
                 last_store_failure: None,
+                overridden: None,
             };
         };
         let now = self.now_ms();
@@ -116,6 +132,7 @@ impl Limiter {
             store_remaining: lease.store_remaining(),
             reset_ms: lease.reset_ms(now),
             last_store_failure: lease.last_failure().map(|e| e.to_string()),
+            overridden: None,
         }
     }
 

@@ -123,6 +123,18 @@ impl QuotaStore for Rebalancing {
     fn fair_share<'a>(&'a self, d: crate::store::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         self.inner.fair_share(d)
     }
+
+    /// Slots are the region's own: its store holds its slice of `max`.
+    fn hold_slots<'a>(&'a self, h: crate::store::Hold<'a>) -> BoxFuture<'a, Result<crate::store::Slots, StoreError>> {
+        self.inner.hold_slots(h)
+    }
+
+    fn overrides<'a>(
+        &'a self,
+        op: crate::store::OverrideOp<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::Overridden, StoreError>> {
+        self.inner.overrides(op)
+    }
 }
 
 #[cfg(test)]

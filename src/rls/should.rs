@@ -132,7 +132,12 @@ impl RateLimitService for ShouldRateLimit {
                         Some(h) => h.value,
                         None => u64::from(req.hits_addend.max(1)),
                     };
-                    let spec = limit.spec().slice(share);
+                    let rule = limit.spec();
+                    let overridden = limiter
+                        .has_overrides()
+                        .then(|| limiter.rls_override(&req.domain, &entries_of(d), &rule, share))
+                        .flatten();
+                    let spec = overridden.unwrap_or_else(|| rule.slice(share));
                     let decision = if limit.requests_per_unit == 0 || hits > spec.capacity {
                         // Nothing is ever allowed (no limit, or more hits
                         // than the whole quota): no store call to make, and
@@ -254,6 +259,11 @@ fn check_for(domain: &str, level: &crate::config::rls::Level, d: &RateLimitDescr
             limit: Arc::clone(m.limit),
         },
     }
+}
+
+/// A descriptor's entries, as the matcher and the overrides read them.
+fn entries_of(d: &RateLimitDescriptor) -> smallvec::SmallVec<[(&str, &str); 4]> {
+    d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect()
 }
 
 /// `replaces`: a matched limit named by another matched limit's

@@ -28,9 +28,17 @@ pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
     super::accept::serve_each(listener, "admin", MAX_CONNECTIONS, move |stream, _peer| {
         let runtime = runtime.clone();
         async move {
-            let service = service_fn(move |req| {
-                let resp = handle(&req, &runtime);
-                async move { Ok::<_, Infallible>(resp) }
+            let service = service_fn(move |req: Request<Incoming>| {
+                let runtime = runtime.clone();
+                async move {
+                    if req.uri().path().starts_with("/overrides") {
+                        if let Some(refused) = unauthorized(&req, &runtime) {
+                            return Ok::<_, Infallible>(refused);
+                        }
+                        return Ok(super::overrides::serve(req, &runtime).await);
+                    }
+                    Ok(handle(&req, &runtime))
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -42,7 +50,7 @@ pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
     .await;
 }
 
-fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+pub(super) fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut resp = Response::new(Body::full(body));
     *resp.status_mut() = status;
     resp.headers_mut()
@@ -50,8 +58,31 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     resp
 }
 
-fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+pub(super) fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     text(status, "application/json", format!("{body}\n"))
+}
+
+/// The 401 for a request without the admin token, when one is set.
+fn unauthorized(req: &Request<Incoming>, runtime: &Runtime) -> Option<Response<Body>> {
+    let config = runtime.config();
+    let token = config.listeners.admin_token.as_ref()?;
+    let presented = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    if token.admits(presented) {
+        return None;
+    }
+    let mut resp = text(
+        StatusCode::UNAUTHORIZED,
+        "text/plain",
+        "this admin path needs Authorization: Bearer <the token of [admin] token_file>\n".into(),
+    );
+    resp.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"leasegate admin\""),
+    );
+    Some(resp)
 }
 
 fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
@@ -62,23 +93,8 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     // Health checks stay open (load balancers and orchestrators probe
     // them); everything else shows the metrics, the config or the keys.
     if !matches!(path, "/healthz" | "/readyz") {
-        if let Some(token) = &runtime.config().listeners.admin_token {
-            let presented = req
-                .headers()
-                .get(http::header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes);
-            if !token.admits(presented) {
-                let mut resp = text(
-                    StatusCode::UNAUTHORIZED,
-                    "text/plain",
-                    "this admin path needs Authorization: Bearer <the token of [admin] token_file>\n".into(),
-                );
-                resp.headers_mut().insert(
-                    http::header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"leasegate admin\""),
-                );
-                return resp;
-            }
+        if let Some(refused) = unauthorized(req, runtime) {
+            return refused;
         }
     }
     match path {
@@ -106,6 +122,7 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
         ),
         "/config" => {
             let mut body = config_json(&runtime.config(), runtime.limiter.fleet());
+            body["overrides"] = super::overrides::list(runtime);
             body["last_reload_failure"] = match runtime.reload_failure() {
                 Some(f) => serde_json::json!({
                     "at": humantime::format_rfc3339_seconds(f.at).to_string(),
@@ -126,7 +143,7 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try / /healthz /readyz /metrics /config /limits/state?key=\n".into(),
+            "not found: try / /healthz /readyz /metrics /config /limits/state?key= /overrides\n".into(),
         ),
     }
 }
@@ -139,7 +156,13 @@ const MAX_STATE_KEYS: usize = 64;
 /// each key (`leasegate explain --admin` reads it).
 fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
     let mut keys = Vec::new();
+    let mut whos = Vec::new();
     for (name, value) in super::query::query_pairs(query.unwrap_or("")) {
+        if name == "who" {
+            // The caller: the override in force for it is shown per key.
+            whos.extend(value.filter(|w| !w.is_empty()).into_iter().take(4 - whos.len().min(4)));
+            continue;
+        }
         if name != "key" {
             continue;
         }
@@ -168,7 +191,29 @@ fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
         );
     }
     let keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
-    let states = runtime.limiter.key_states(&keys);
+    let mut states = runtime.limiter.key_states(&keys);
+    if !whos.is_empty() {
+        let overrides = runtime.limiter.overrides();
+        for st in &mut states {
+            // `rl:{<limit>:...}`: limit names hold no colon.
+            let limit = st
+                .key
+                .strip_prefix("rl:{")
+                .and_then(|k| k.split(':').next())
+                .unwrap_or("");
+            st.overridden = whos.iter().find_map(|who| {
+                overrides
+                    .iter()
+                    .find(|(l, w, _)| l == limit && w == who)
+                    .map(|(_, w, o)| crate::limit::report::ShownOverride {
+                        who: w.clone(),
+                        rate: o.rate.to_string(),
+                        burst: o.burst,
+                        expires: o.json("", "")["expires"].as_str().map(str::to_string),
+                    })
+            });
+        }
+    }
     json(StatusCode::OK, &serde_json::json!({ "keys": states }))
 }
 

@@ -56,6 +56,7 @@ pub mod accept;
 pub mod admin;
 pub mod door;
 pub mod opening;
+mod overrides;
 pub mod prefixed;
 pub mod query;
 pub mod reload;
@@ -413,6 +414,14 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         drop((http, https));
         tokio::spawn(sweep_leases(shared.runtime.clone()));
         tokio::spawn(shared.runtime.limiter.clone().keep_slots());
+        let in_force = shared.runtime.clone();
+        tokio::spawn(
+            shared
+                .runtime
+                .limiter
+                .clone()
+                .keep_overrides(move || overrides::overridable(&in_force.config())),
+        );
         let member = fleet_member(&config_instance_id);
         let heartbeats = tokio::spawn(heartbeat(shared.runtime.clone(), member));
         let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));

@@ -12,12 +12,22 @@ pub fn query_pairs(query: &str) -> impl Iterator<Item = (&str, Option<String>)> 
 }
 
 fn percent_decode(s: &str) -> Option<String> {
+    decode(s, true)
+}
+
+/// A path segment, percent-decoded (`+` stays a `+`); `None` when not
+/// UTF-8 once decoded.
+pub fn path_decode(s: &str) -> Option<String> {
+    decode(s, false)
+}
+
+fn decode(s: &str, plus_is_space: bool) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' => {
                 let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
                 match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
@@ -54,5 +64,6 @@ mod tests {
         );
         assert_eq!(percent_decode("100%"), Some("100%".into()));
         assert_eq!(percent_decode("%4"), Some("%4".into()));
+        assert_eq!(path_decode("key:a+b%2Fc"), Some("key:a+b/c".into()));
     }
 }

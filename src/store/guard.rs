@@ -352,6 +352,13 @@ impl QuotaStore for Guarded {
         Box::pin(core.guard(op, move || core.inner.hold_slots(h)))
     }
 
+    /// The inner store's overrides call, under a second's deadline (an
+    /// operator's change, or the poll in the background: never a request's
+    /// wait); the breaker is left alone.
+    fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
+        Box::pin(within(Duration::from_secs(1), self.core.inner.overrides(op)))
+    }
+
     /// The inner store's fair share under the deadline, as a heartbeat is.
     fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(within(self.core.deadline, self.core.inner.fair_share(d)))

@@ -114,6 +114,9 @@ impl Shard {
     }
 }
 
+/// The overrides as `lua/overrides.lua` keeps them: (limit, who) → value.
+type OverrideTable = std::collections::BTreeMap<(String, String), String>;
+
 /// One stream's demand for a bucket: (member, demand, expires at).
 type StreamDemand = (u64, u64, u64);
 
@@ -128,6 +131,8 @@ pub struct MemoryStore {
     /// Concurrency limits' slots by key, per member, as `lua/slots.lua`
     /// keeps them: (member, slots, expires at); at most `max_keys` keys.
     slots: Mutex<HashMap<String, Vec<StreamDemand>>>,
+    /// The overrides, by (limit, who), and their version.
+    overrides: Mutex<(u64, OverrideTable)>,
     max_keys: usize,
 }
 
@@ -152,6 +157,7 @@ impl MemoryStore {
             clock,
             demands: Mutex::default(),
             slots: Mutex::default(),
+            overrides: Mutex::default(),
             max_keys,
         }
     }
@@ -212,6 +218,38 @@ impl MemoryStore {
         super::Slots {
             granted,
             held: others + held,
+        }
+    }
+
+    /// The overrides call, as `lua/overrides.lua` answers it.
+    pub fn overrides_now(&self, op: super::OverrideOp<'_>) -> super::Overridden {
+        use super::OverrideOp;
+        let mut o = self.overrides.lock().recover();
+        let (version, table) = &mut *o;
+        match op {
+            OverrideOp::Set { limit, who, value } => {
+                table.insert((limit.to_string(), who.to_string()), value.to_string());
+                *version += 1;
+            }
+            OverrideOp::Delete { limit, who } => {
+                table.remove(&(limit.to_string(), who.to_string()));
+                *version += 1;
+            }
+            OverrideOp::Version => {}
+            OverrideOp::Load(limits) => {
+                return super::Overridden {
+                    version: *version,
+                    entries: table
+                        .iter()
+                        .filter(|((l, _), _)| limits.contains(l))
+                        .map(|((l, w), v)| (l.clone(), w.clone(), v.clone()))
+                        .collect(),
+                }
+            }
+        }
+        super::Overridden {
+            version: *version,
+            entries: vec![],
         }
     }
 
@@ -317,6 +355,11 @@ impl QuotaStore for MemoryStore {
     /// The fleet is this instance: its streams' demands, in memory.
     fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(std::future::ready(Ok(Some(self.fair_share_now(d)))))
+    }
+
+    /// The fleet is this instance: its overrides, in memory (gone with it).
+    fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.overrides_now(op))))
     }
 
     /// The fleet is this instance: its slots, in memory.

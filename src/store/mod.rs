@@ -144,6 +144,17 @@ pub trait QuotaStore: Send + Sync + 'static {
         )))))
     }
 
+    /// Per-tenant overrides of limits, shared by the fleet
+    /// (`lua/overrides.lua` on Redis; in memory on the memory store): read
+    /// the version, load every override of some limits, or change one,
+    /// which bumps the version.
+    fn overrides<'a>(&'a self, _op: OverrideOp<'a>) -> BoxFuture<'a, Result<Overridden, StoreError>> {
+        Box::pin(std::future::ready(Err(StoreError::Failed(format!(
+            "the {} store keeps no overrides",
+            self.name()
+        )))))
+    }
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.
@@ -177,6 +188,31 @@ pub struct Slots {
     pub granted: u64,
     /// Slots held by every member after the call (this one's included).
     pub held: u64,
+}
+
+/// A call on the fleet's overrides ([`QuotaStore::overrides`]).
+#[derive(Debug, Clone, Copy)]
+pub enum OverrideOp<'a> {
+    /// The version only: what an instance polls.
+    Version,
+    /// Every override of these limits, with the version.
+    Load(&'a [String]),
+    /// Sets `limit`'s override for `who` to `value`.
+    Set {
+        limit: &'a str,
+        who: &'a str,
+        value: &'a str,
+    },
+    /// Drops `limit`'s override for `who`.
+    Delete { limit: &'a str, who: &'a str },
+}
+
+/// What [`QuotaStore::overrides`] answered: the version after the call,
+/// and for a load each override as (limit, who, value).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overridden {
+    pub version: u64,
+    pub entries: Vec<(String, String, String)>,
 }
 
 /// One RLQS stream's demand for a bucket, as [`QuotaStore::fair_share`]

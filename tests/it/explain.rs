@@ -422,7 +422,7 @@ impl FakeAdmin {
 #[test]
 fn admin_shows_the_live_state_of_the_printed_keys() {
     let admin = FakeAdmin::ok_json(
-        r#"{"keys":[{"key":"rl:{per_client:key:acme}","tracked":true,"tokens_at_hand":4,"blocked_for_ms":0,"retry_after_ms":0,"store_remaining":95,"reset_ms":1200,"last_store_failure":null}]}"#,
+        r#"{"keys":[{"key":"rl:{per_client:key:acme}","tracked":true,"tokens_at_hand":4,"blocked_for_ms":0,"retry_after_ms":0,"store_remaining":95,"reset_ms":1200,"last_store_failure":null,"override":{"who":"tenant:acme","rate":"50/min","burst":50,"expires":null}}]}"#,
     );
     let args = [
         "--admin",
@@ -434,7 +434,7 @@ fn admin_shows_the_live_state_of_the_printed_keys() {
     ];
     let out = text(&args);
     assert!(
-        out.contains("key rl:{per_client:key:acme}\n          live 4 token(s) at hand; not blocked; store: 95 left, whole in 1200 ms\n"),
+        out.contains("key rl:{per_client:key:acme}\n          live 4 token(s) at hand; not blocked; store: 95 left, whole in 1200 ms; override for tenant:acme in force: 50/min burst 50, not the file's rate\n"),
         "{out}"
     );
     // The sub-bucket key the fake did not answer for says so.
@@ -474,8 +474,9 @@ fn admin_shows_the_live_state_of_the_printed_keys() {
             })
             .collect()
     };
+    // And the caller, for the override in force: its identity and tenant.
     let want = format!(
-        "GET /limits/state?key={}&key={} HTTP/1.1\r\n",
+        "GET /limits/state?key={}&key={}&who=key%3Aacme&who=tenant%3Aacme HTTP/1.1\r\n",
         encoded(&keys[0]),
         encoded(&keys[1])
     );

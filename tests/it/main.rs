@@ -20,6 +20,7 @@ mod fleet;
 mod identity;
 mod key_churn;
 mod limits;
+mod overrides;
 mod planes;
 mod proxy;
 mod queue;

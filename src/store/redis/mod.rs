@@ -62,6 +62,7 @@ static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 static FAIR_SHARE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fair_share.lua")));
 static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/slots.lua")));
+static OVERRIDES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/overrides.lua")));
 static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
 
 /// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no
@@ -551,6 +552,56 @@ impl QuotaStore for RedisStore {
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let call = self.call_keys(&FLEET, vec![FLEET_KEY.to_string()], vec![member, ttl_ms]);
         Box::pin(async move { call.await.map(|r| r[0]) })
+    }
+
+    /// `lua/overrides.lua`: the version key and one hash per limit, all
+    /// under the `{overrides}` hash tag.
+    fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
+        use super::OverrideOp;
+        let Some(mut connection) = self.connection.get().cloned() else {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
+                "not connected to Redis yet".into(),
+            ))));
+        };
+        let hash = |limit: &str| format!("lg:{{overrides}}:{limit}");
+        let mut keys = vec!["lg:{overrides}:version".to_string()];
+        let (limits, args): (Vec<String>, Vec<String>) = match op {
+            OverrideOp::Version => (vec![], vec!["version".into()]),
+            OverrideOp::Load(limits) => {
+                keys.extend(limits.iter().map(|l| hash(l)));
+                (limits.to_vec(), vec!["load".into()])
+            }
+            OverrideOp::Set { limit, who, value } => {
+                keys.push(hash(limit));
+                (vec![], vec!["set".into(), who.into(), value.into()])
+            }
+            OverrideOp::Delete { limit, who } => {
+                keys.push(hash(limit));
+                (vec![], vec!["del".into(), who.into()])
+            }
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.io.spawn(async move {
+            let _ = answer.send(connection.run_values(&OVERRIDES, &keys, &args).await);
+        });
+        Box::pin(async move {
+            let reply = match answered.await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(e)) => return Err(e.classify()),
+                Err(_) => return Err(StoreError::Failed("the Redis I/O thread stopped".into())),
+            };
+            let version = reply.first().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let entries = reply
+                .get(1..)
+                .unwrap_or_default()
+                .chunks_exact(3)
+                .filter_map(|e| {
+                    let limit = limits.get(e[0].parse::<usize>().ok()?.checked_sub(1)?)?;
+                    Some((limit.clone(), e[1].clone(), e[2].clone()))
+                })
+                .collect();
+            Ok(super::Overridden { version, entries })
+        })
     }
 
     /// `lua/slots.lua` on a hash named after the key (outside its braces:

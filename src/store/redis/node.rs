@@ -33,6 +33,34 @@ impl CallError {
 }
 
 impl Connection {
+    /// `script` over `keys` with string arguments, its reply as Redis sent
+    /// it (the overrides script answers strings).
+    pub(super) async fn run_values(
+        &mut self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Vec<String>, CallError> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(k);
+        }
+        for a in args {
+            call.arg(a);
+        }
+        Ok(match self {
+            Connection::Node(node) => {
+                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
+                let reply = call.invoke_async(&mut c).await;
+                if let Err(e) = &reply {
+                    node.failed(generation, e);
+                }
+                reply?
+            }
+            Connection::Cluster(c) => call.invoke_async(c).await?,
+        })
+    }
+
     pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 6], CallError> {
         self.run_keys(script, &[key], args).await
     }

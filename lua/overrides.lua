@@ -1,0 +1,34 @@
+-- Per-tenant overrides of limits, changed at run time through the admin
+-- API and read by every instance of the fleet.
+--
+-- KEYS[1]: the version, a counter bumped by every change.
+-- KEYS[2..]: one hash per limit, `who` ("tier:value") -> the override as
+-- JSON ({"rate", "burst", "expires_ms"}).
+-- ARGV[1]: "version" (reply {version}), "load" (reply {version, then for
+-- each hash of KEYS[2..] its position, field and value}), "set" (ARGV[2]
+-- the field, ARGV[3] the value, into KEYS[2]) or "del" (ARGV[2] the field,
+-- from KEYS[2]); a change replies {version} after the bump.
+-- Every key shares the `{overrides}` hash tag: one Cluster slot.
+
+local op = ARGV[1]
+if op == 'set' then
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+  return {tostring(redis.call('INCR', KEYS[1]))}
+elseif op == 'del' then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  return {tostring(redis.call('INCR', KEYS[1]))}
+end
+local version = redis.call('GET', KEYS[1]) or '0'
+if op == 'version' then
+  return {version}
+end
+local out = {version}
+for i = 2, #KEYS do
+  local all = redis.call('HGETALL', KEYS[i])
+  for j = 1, #all, 2 do
+    out[#out + 1] = tostring(i - 1)
+    out[#out + 1] = all[j]
+    out[#out + 1] = all[j + 1]
+  end
+end
+return out
