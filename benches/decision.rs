@@ -98,6 +98,7 @@ impl Setup {
             identity,
             tenant: None,
             plan: None,
+            rates: &[],
             route: "r",
             ip: self.ip,
             headers: &self.headers,

@@ -96,6 +96,7 @@ fn bench(c: &mut Criterion) {
         identity: "subnet:198.51.100.0/24",
         tenant: None,
         plan: None,
+        rates: &[],
         route: "r",
         ip: "198.51.100.7".parse().unwrap(),
         headers: &headers,

@@ -30,6 +30,7 @@ fn verifier(alg: Algorithm, keys: Vec<Keys>) -> Verifier {
         audience: None,
         tenant_claim: Some("tenant".into()),
         plan_claim: None,
+        rate_claims: vec![],
         leeway_secs: 5,
     })
 }

@@ -229,6 +229,7 @@ pub fn facts<'a>(route: &'a Route, identity: &'a Identity, headers: &'a HeaderMa
         identity: &identity.value,
         tenant: identity.tenant.as_deref(),
         plan: identity.plan.as_deref(),
+        rates: identity.rates.as_deref().unwrap_or(&[]),
         route: &route.name,
         ip: identity.client_ip,
         headers,

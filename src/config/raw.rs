@@ -193,6 +193,9 @@ pub struct Limit {
     /// Required, except for a concurrency limit, which takes `max`.
     pub rate: Option<Spanned<String>>,
     pub max: Option<Spanned<i64>>,
+    /// `"claim:NAME"`: the rate from a verified JWT's claim.
+    pub rate_from: Option<Spanned<String>>,
+    pub max_rate: Option<Spanned<String>>,
     pub burst: Option<Spanned<i64>>,
     pub by: Option<Spanned<Vec<String>>>,
     pub mode: Option<Spanned<String>>,

@@ -243,6 +243,7 @@ mod tests {
             identity,
             tenant: None,
             plan: None,
+            rates: &[],
             route: "api",
             ip: "127.0.0.1".parse().unwrap(),
             headers,

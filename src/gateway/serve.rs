@@ -212,6 +212,7 @@ impl Gateway {
             identity: "",
             tenant: None,
             plan: None,
+            rates: &[],
             route: &route.name,
             ip,
             headers: req.headers(),

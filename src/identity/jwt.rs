@@ -33,6 +33,10 @@ pub struct Claims {
     pub sub: Arc<str>,
     pub tenant: Option<Arc<str>>,
     pub plan: Option<Arc<str>>,
+    /// The claims limits take their rate from (`rate_from`), in the
+    /// verifier's `rate_claims` order: each a rate such as `"100/min"`, or
+    /// `None` when absent or not a rate. Empty when no limit asks.
+    pub rates: Arc<[Option<crate::quota::Rate>]>,
     /// Seconds since the epoch.
     pub exp: u64,
 }
@@ -65,6 +69,7 @@ pub struct Verifier {
     validation: Validation,
     tenant_claim: Option<String>,
     plan_claim: Option<String>,
+    rate_claims: Vec<String>,
     cache: Mutex<HashMap<[u8; 32], Claims>>,
     /// Tokens that failed, by a keyed 64-bit hash of the token (seeded per
     /// process, so no one can aim a collision at another's token): why,
@@ -90,6 +95,9 @@ pub struct Settings {
     pub audience: Option<String>,
     pub tenant_claim: Option<String>,
     pub plan_claim: Option<String>,
+    /// Claims read as rates for limits' `rate_from`, in the order limits
+    /// index them.
+    pub rate_claims: Vec<String>,
     pub leeway_secs: u64,
 }
 
@@ -148,6 +156,7 @@ impl Verifier {
             validation,
             tenant_claim: s.tenant_claim,
             plan_claim: s.plan_claim,
+            rate_claims: s.rate_claims,
             cache: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
             refused_seed: foldhash::fast::RandomState::default(),
@@ -241,10 +250,19 @@ impl Verifier {
             _ => return Err(JwtError::Invalid("sub must be a non-empty string".into())),
         };
         let exp = claims.get("exp").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let rates = self
+            .rate_claims
+            .iter()
+            .map(|name| match claims.get(name) {
+                Some(serde_json::Value::String(s)) => s.parse().ok(),
+                _ => None,
+            })
+            .collect();
         Ok(Claims {
             sub,
             tenant: text(&self.tenant_claim),
             plan: text(&self.plan_claim),
+            rates,
             exp,
         })
     }
@@ -271,6 +289,7 @@ mod tests {
             audience: Some("api".into()),
             tenant_claim: Some("tenant".into()),
             plan_claim: Some("plan".into()),
+            rate_claims: vec![],
             leeway_secs: 5,
         })
     }
@@ -367,6 +386,7 @@ mod tests {
             audience: None,
             tenant_claim: None,
             plan_claim: None,
+            rate_claims: vec![],
             leeway_secs: 0,
         });
         let signing = EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).unwrap();
@@ -444,6 +464,7 @@ mod tests {
                 audience: None,
                 tenant_claim: None,
                 plan_claim: None,
+                rate_claims: vec![],
                 leeway_secs: 0,
             };
             let t = encode(&Header::new(alg), &json!({"sub": "s", "exp": now() + 60}), &signing).unwrap();
@@ -485,6 +506,7 @@ mod tests {
             audience: None,
             tenant_claim: None,
             plan_claim: None,
+            rate_claims: vec![],
             leeway_secs: 0,
         });
         let claims = json!({"sub": "s", "exp": now() + 60});
@@ -539,6 +561,7 @@ mod tests {
             audience: None,
             tenant_claim: None,
             plan_claim: None,
+            rate_claims: vec![],
             leeway_secs: 0,
         });
         let signed = |k: &rcgen::KeyPair, kid: &str| {

@@ -80,6 +80,9 @@ pub struct Identity {
     pub value: String,
     pub tenant: Option<Arc<str>>,
     pub plan: Option<Arc<str>>,
+    /// A verified JWT's rate claims ([`jwt::Claims::rates`]); `None` for
+    /// every other tier.
+    pub rates: Option<Arc<[Option<crate::quota::Rate>]>>,
     /// The client's address after trusted-proxy handling.
     pub client_ip: IpAddr,
 }
@@ -151,6 +154,7 @@ impl Resolver {
             value,
             tenant: None,
             plan: None,
+            rates: None,
             client_ip,
         };
         for &tier in self.order() {
@@ -164,6 +168,7 @@ impl Resolver {
                                     value: format!("user:{}", claims.sub),
                                     tenant: claims.tenant,
                                     plan: claims.plan,
+                                    rates: (!claims.rates.is_empty()).then_some(claims.rates),
                                     client_ip,
                                 })
                             }
@@ -182,6 +187,7 @@ impl Resolver {
                                     value: format!("key:{name}"),
                                     tenant: k.tenant.clone(),
                                     plan: k.plan.clone(),
+                                    rates: None,
                                     client_ip,
                                 });
                             }

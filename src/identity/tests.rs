@@ -35,6 +35,7 @@ fn resolver() -> Resolver {
             audience: None,
             tenant_claim: Some("tenant".into()),
             plan_claim: None,
+            rate_claims: vec![],
             leeway_secs: 0,
         }))),
     }

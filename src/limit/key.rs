@@ -20,6 +20,9 @@ pub struct Facts<'a> {
     pub identity: &'a str,
     pub tenant: Option<&'a str>,
     pub plan: Option<&'a str>,
+    /// A verified JWT's rate claims, for limits with `rate_from` (empty
+    /// otherwise).
+    pub rates: &'a [Option<crate::quota::Rate>],
     pub route: &'a str,
     pub ip: IpAddr,
     pub headers: &'a HeaderMap,
@@ -238,6 +241,7 @@ mod tests {
             identity: "subnet:198.51.100.0/24",
             tenant: None,
             plan: None,
+            rates: &[],
             route: "api",
             ip: "::ffff:198.51.100.7".parse().unwrap(),
             headers,

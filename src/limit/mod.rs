@@ -124,7 +124,10 @@ impl LimitRuntime {
     /// The quota of a request's key, and its sub-bucket when the limit is
     /// sharded.
     fn spec_for(&self, facts: &Facts<'_>) -> (Spec, Option<u32>) {
-        if self.shards <= 1 && (facts.plan.is_none() || self.config.plans.is_empty()) {
+        if self.shards <= 1
+            && (facts.plan.is_none() || self.config.plans.is_empty())
+            && (facts.rates.is_empty() || self.config.rate_from.is_none())
+        {
             return (self.sliced, None);
         }
         key_spec(&self.config, self.spec, self.shards, facts)
@@ -132,14 +135,23 @@ impl LimitRuntime {
 }
 
 /// The quota of a request's key under `limit` (whose plain quota is
-/// `spec`, split in `shards`): the plan's rate when the request's plan is
-/// one of the limit's, then its sub-bucket's share when sharded, then this
+/// `spec`, split in `shards`): the rate of the caller's verified JWT claim
+/// when the limit has `rate_from` (at most `max_rate`), else the plan's
+/// rate when the request's plan is one of the limit's, then its sub-bucket's share when sharded, then this
 /// region's slice (`[region] share`; the whole without `[region]`). The
 /// slice comes last so that another region, given the key's whole quota
 /// ([`Spec::whole`]), computes its own slice of it exactly. The limiter and
 /// `leasegate explain` both ask this.
 pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (Spec, Option<u32>) {
-    let spec = if facts.plan.is_none() || limit.plans.is_empty() {
+    // A verified token's own rate (`rate_from`, clamped by `max_rate`)
+    // comes first, then the plan's.
+    let claimed = limit
+        .rate_from
+        .as_ref()
+        .and_then(|rf| Some(rf.clamp(facts.rates.get(rf.index).copied().flatten()?)));
+    let spec = if let Some(rate) = claimed {
+        Spec::new(limit.algorithm, rate, rate.count)
+    } else if facts.plan.is_none() || limit.plans.is_empty() {
         spec
     } else {
         limit.spec_for(facts.plan)

@@ -129,6 +129,35 @@ pub struct Draft {
     pub queue_ms: u64,
     /// Most requests waiting at once per key; one more is refused at once.
     pub queue_max: u32,
+    /// `rate_from = "claim:NAME"`: a caller with a verified JWT carrying
+    /// a rate in that claim gets it, clamped by `max_rate`.
+    pub rate_from: Option<RateFrom>,
+}
+
+/// Where a limit takes a caller's rate from: a verified JWT claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateFrom {
+    /// The claim's name.
+    pub claim: String,
+    /// Its place in the identity's rate claims
+    /// ([`crate::identity::Identity::rates`]).
+    pub index: usize,
+    /// The most a claim may give (`max_rate`): a larger rate is cut to it.
+    pub max: Rate,
+}
+
+impl RateFrom {
+    /// The rate a caller gets from `claimed`: its own, or `max` when
+    /// `claimed` allows more per second.
+    pub fn clamp(&self, claimed: Rate) -> Rate {
+        let per = |r: &Rate| (u128::from(r.count), r.period.as_nanos().max(1));
+        let ((c, cp), (m, mp)) = (per(&claimed), per(&self.max));
+        if c * mp > m * cp {
+            self.max
+        } else {
+            claimed
+        }
+    }
 }
 
 /// `queue_max` by default.
@@ -156,6 +185,7 @@ impl Draft {
             share: Share::WHOLE,
             queue_ms: 0,
             queue_max: DEFAULT_QUEUE_MAX,
+            rate_from: None,
         }
     }
 
@@ -363,6 +393,21 @@ impl Limit {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_claimed_rate_is_cut_to_max_rate_per_second() {
+        let rf = super::RateFrom {
+            claim: "r".into(),
+            index: 0,
+            max: "600/min".parse().unwrap(),
+        };
+        let r = |s: &str| s.parse::<crate::quota::Rate>().unwrap();
+        assert_eq!(rf.clamp(r("5/s")), r("5/s"));
+        assert_eq!(rf.clamp(r("10/s")), r("10/s"), "equal per second: its own");
+        assert_eq!(rf.clamp(r("11/s")), r("600/min"));
+        assert_eq!(rf.clamp(r("1000000/day")), r("600/min"), "11.6/s over a day: cut");
+        assert_eq!(rf.clamp(r("800000/day")), r("800000/day"), "9.3/s: its own");
+    }
+
     use super::*;
 
     fn rate(s: &str) -> Rate {

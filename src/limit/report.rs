@@ -229,6 +229,7 @@ mod tests {
             identity,
             tenant: None,
             plan: None,
+            rates: &[],
             route: "r",
             ip: "127.0.0.1".parse().unwrap(),
             headers,

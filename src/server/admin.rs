@@ -275,6 +275,11 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                 "plans": l.plans.iter().map(|(p, r)| (p.clone(), serde_json::Value::from(r.to_string()))).collect::<serde_json::Map<_, _>>(),
                 "tiers": l.tiers.as_ref().map(|t| t.iter().map(|t| t.name()).collect::<Vec<_>>()),
                 "enforce_after": l.enforce_after,
+                "max": (l.algorithm == crate::quota::Algorithm::Concurrency).then_some(l.burst),
+                "queue_ms": l.queue_ms,
+                "queue_max": l.queue_max,
+                "rate_from": l.rate_from.as_ref().map(|r| format!("claim:{}", r.claim)),
+                "max_rate": l.rate_from.as_ref().map(|r| r.max.to_string()),
             })
         })
         .collect();

@@ -360,3 +360,69 @@ async fn a_client_certificate_is_the_identity_where_identity_order_puts_it() {
         "{err}"
     );
 }
+
+/// `rate_from = "claim:NAME"`: a verified token's own rate, clamped by
+/// `max_rate`; the limit's rate for a token without it, or a forged one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_takes_its_rate_from_a_verified_claim_clamped_by_max_rate() {
+    let up = upstream::start("a").await;
+    let jwt_section = "[identity.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"dev-only-secret\"\n\n";
+    let text = config(&up.target(), "", "rate_from = \"claim:rl_rate\"\nmax_rate = \"10/min\"")
+        .replace("[[identity.api_keys]]", &format!("{jwt_section}[[identity.api_keys]]"));
+    let gw = Gateway::start(&text);
+    let admitted = |claims: serde_json::Value| {
+        let addr = gw.http();
+        async move {
+            let bearer = format!("Bearer {}", jwt(claims));
+            let mut c = client::http1(addr).await;
+            let mut n = 0;
+            let mut policy = String::new();
+            for _ in 0..15 {
+                let req = Request::get("/headers")
+                    .header("host", "x")
+                    .header("authorization", &bearer);
+                let resp = client::send(&mut c, req.body(Full::new(Bytes::new())).unwrap()).await;
+                if let Some(p) = resp.headers().get("ratelimit-policy") {
+                    policy = p.to_str().unwrap().to_string();
+                }
+                if resp.status() != 200 {
+                    break;
+                }
+                n += 1;
+            }
+            (n, policy)
+        }
+    };
+    let exp = epoch() + 600;
+    let own = admitted(serde_json::json!({"sub": "a", "exp": exp, "rl_rate": "5/min"})).await;
+    assert_eq!(own, (5, r#""per_identity";q=5;w=60"#.to_string()));
+    let greedy = admitted(serde_json::json!({"sub": "b", "exp": exp, "rl_rate": "1000/s"})).await;
+    assert_eq!(
+        greedy,
+        (10, r#""per_identity";q=10;w=60"#.to_string()),
+        "clamped by max_rate"
+    );
+    let none = admitted(serde_json::json!({"sub": "c", "exp": exp})).await;
+    assert_eq!(none.0, 2, "no claim: the limit's own rate");
+    let junk = admitted(serde_json::json!({"sub": "d", "exp": exp, "rl_rate": "lots"})).await;
+    assert_eq!(junk.0, 2, "a claim that is not a rate: the limit's own");
+    // check names what rate_from needs.
+    let (code, _, err, _dir) = support::check(
+        "[listeners]\nhttp = \"127.0.0.1:0\"\n[[limits]]\nname = \"l\"\nrate = \"1/s\"\nrate_from = \"claim:r\"\n",
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("limits[0].rate_from") && err.contains("[identity.jwt]"),
+        "{err}"
+    );
+    let (code, _, err, _dir) = support::check(&format!(
+        "[listeners]\nhttp = \"127.0.0.1:0\"\n{jwt_section}[[limits]]\nname = \"l\"\nrate = \"1/s\"\nrate_from = \"claim:r\"\n"
+    ));
+    assert_ne!(code, 0);
+    assert!(err.contains("limits[0].max_rate"), "{err}");
+    let (code, _, err, _dir) = support::check(&format!(
+        "[listeners]\nhttp = \"127.0.0.1:0\"\n{jwt_section}[[limits]]\nname = \"l\"\nrate = \"1/s\"\nrate_from = \"header:r\"\nmax_rate = \"5/s\"\n"
+    ));
+    assert_ne!(code, 0);
+    assert!(err.contains("claim:NAME"), "{err}");
+}

@@ -28,7 +28,12 @@ const JWT_ALGORITHMS: &[&str] = &[
     "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
 ];
 
-pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::identity::Resolver {
+pub(super) fn identity(
+    c: &mut Check,
+    i: raw::Identity,
+    base: &Path,
+    rate_claims: &[String],
+) -> crate::identity::Resolver {
     let mut trusted = Vec::new();
     for (n, p) in i.trusted_proxies.iter().enumerate() {
         let s = p.get_ref().trim();
@@ -45,7 +50,7 @@ pub(super) fn identity(c: &mut Check, i: raw::Identity, base: &Path) -> crate::i
     let ipv4_prefix = in_range(c, &i.ipv4_prefix, "identity.ipv4_prefix", 0, 32, 24);
     let ipv6_prefix = in_range(c, &i.ipv6_prefix, "identity.ipv6_prefix", 0, 128, 64);
 
-    let verifier = i.jwt.and_then(|j| jwt(c, j, base));
+    let verifier = i.jwt.and_then(|j| jwt(c, j, base, rate_claims));
 
     let mut keys = api_keys(c, i.api_keys, "identity.api_keys");
     if let Some(file) = &i.api_keys_file {
@@ -115,7 +120,12 @@ fn order(c: &mut Check, o: &Spanned<Vec<String>>) -> Vec<crate::identity::Tier> 
 
 /// `[identity.jwt]`: the algorithms allowed and the keys to verify with,
 /// loaded now so a bad key is a config error, not a request-time surprise.
-fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> Option<crate::identity::jwt::Verifier> {
+fn jwt(
+    c: &mut Check,
+    j: Spanned<raw::Jwt>,
+    base: &Path,
+    rate_claims: &[String],
+) -> Option<crate::identity::jwt::Verifier> {
     use crate::identity::jwt::{self, Keys};
     use jsonwebtoken::{Algorithm, DecodingKey};
     let span = j.span();
@@ -245,6 +255,7 @@ fn jwt(c: &mut Check, j: Spanned<raw::Jwt>, base: &Path) -> Option<crate::identi
             audience: j.audience,
             tenant_claim: j.tenant_claim,
             plan_claim: j.plan_claim,
+            rate_claims: rate_claims.to_vec(),
             leeway_secs: leeway,
         })
     })

@@ -16,7 +16,12 @@ use crate::quota::Rate;
 /// duplicate name) here, one helper per field, and the rules every limit
 /// obeys by [`Draft::problems`], located at the key they are about
 /// ([`report`]). The drafts become limits once the whole file is valid.
-pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft> {
+pub(super) fn limits(
+    c: &mut Check,
+    list: Vec<Spanned<raw::Limit>>,
+    rate_claims: &[String],
+    jwt_configured: bool,
+) -> Vec<Draft> {
     let mut out: Vec<Draft> = Vec::new();
     for (n, l) in list.into_iter().enumerate() {
         let l = l.into_inner();
@@ -61,6 +66,7 @@ pub(super) fn limits(c: &mut Check, list: Vec<Spanned<raw::Limit>>) -> Vec<Draft
                 100_000,
                 crate::limit::policy::DEFAULT_QUEUE_MAX,
             ),
+            rate_from: rate_from(c, &l, &key, algorithm, rate_claims, jwt_configured),
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };
@@ -139,6 +145,95 @@ fn rate_or_max(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm, n
             None
         }
     }
+}
+
+/// The claim names of every `rate_from = "claim:NAME"`, sorted and
+/// deduplicated: the JWT verifier reads these, and each limit's
+/// `rate_from` is an index into them.
+pub(super) fn rate_claims(list: &[Spanned<raw::Limit>]) -> Vec<String> {
+    let mut names: Vec<String> = list
+        .iter()
+        .filter_map(|l| l.get_ref().rate_from.as_ref())
+        .filter_map(|r| r.get_ref().strip_prefix("claim:"))
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// `rate_from = "claim:NAME"` with its `max_rate`, each needing the other,
+/// and a verified JWT to read the claim from.
+fn rate_from(
+    c: &mut Check,
+    l: &raw::Limit,
+    key: &str,
+    algorithm: Algorithm,
+    rate_claims: &[String],
+    jwt_configured: bool,
+) -> Option<crate::limit::policy::RateFrom> {
+    let Some(from) = &l.rate_from else {
+        if let Some(m) = &l.max_rate {
+            c.at(
+                m.span(),
+                format!("{key}.max_rate"),
+                "max_rate applies with rate_from only",
+            );
+        }
+        return None;
+    };
+    let at = format!("{key}.rate_from");
+    let Some(claim) = from
+        .get_ref()
+        .strip_prefix("claim:")
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    else {
+        c.at(
+            from.span(),
+            at,
+            format!(
+                "{:?}: want \"claim:NAME\", the name of a verified JWT claim holding a rate such as \"100/min\"",
+                from.get_ref()
+            ),
+        );
+        return None;
+    };
+    if algorithm == Algorithm::Concurrency {
+        c.at(from.span(), at, "a concurrency limit has no rate to take from a claim");
+        return None;
+    }
+    if !jwt_configured {
+        c.at(
+            from.span(),
+            at,
+            "rate_from reads a verified JWT's claim: configure [identity.jwt]",
+        );
+        return None;
+    }
+    let Some(max) = &l.max_rate else {
+        c.at(
+            from.span(),
+            format!("{key}.max_rate"),
+            "rate_from needs max_rate, the most a token's claim may give, such as \"1000/min\"",
+        );
+        return None;
+    };
+    let max = parsed_rate(c, max, &format!("{key}.max_rate"))?;
+    if !crate::limit::policy::fits(max.count, &max) {
+        c.at(
+            l.max_rate.as_ref().map_or(0..0, Spanned::span),
+            format!("{key}.max_rate"),
+            "count × period must stay below 2^53 token-milliseconds",
+        );
+        return None;
+    }
+    Some(crate::limit::policy::RateFrom {
+        claim: claim.to_string(),
+        index: rate_claims.iter().position(|n| n == claim)?,
+        max,
+    })
 }
 
 /// What a concurrency limit cannot take: rates of any kind, and sub-buckets

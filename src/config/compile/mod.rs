@@ -94,10 +94,13 @@ pub(super) fn compile(
     }
     let store = store(&mut c, raw.store, base);
     let leasing = leasing(&mut c, raw.leasing);
-    let identity = identity(&mut c, raw.identity, base);
+    // The JWT claims limits take their rates from, each read once per token.
+    let rate_claims = limits::rate_claims(&raw.limits);
+    let jwt_configured = raw.identity.jwt.is_some();
+    let identity = identity(&mut c, raw.identity, base, &rate_claims);
     let upstreams = upstreams(&mut c, raw.upstreams);
     let region = raw.region.as_ref().and_then(|r| region::region(&mut c, r, base));
-    let mut limits = limits(&mut c, raw.limits);
+    let mut limits = limits(&mut c, raw.limits, &rate_claims, jwt_configured);
     if let Some(r) = &region {
         for l in &mut limits {
             l.share = r.share;

@@ -58,6 +58,7 @@ fn facts(headers: &http::HeaderMap) -> Facts<'_> {
         identity: "acme",
         tenant: None,
         plan: None,
+        rates: &[],
         route: "r",
         ip: "127.0.0.1".parse().unwrap(),
         headers,

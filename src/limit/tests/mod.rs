@@ -84,6 +84,7 @@ fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
         identity,
         tenant: None,
         plan: None,
+        rates: &[],
         route: "r",
         ip: "127.0.0.1".parse().unwrap(),
         headers,
