@@ -8,15 +8,20 @@
 -- each hash of KEYS[2..] its position, field and value}), "set" (ARGV[2]
 -- the field, ARGV[3] the value, into KEYS[2]) or "del" (ARGV[2] the field,
 -- from KEYS[2]); a change replies {version} after the bump.
--- Every key shares the `{overrides}` hash tag: one Cluster slot.
+-- Every key shares the `{overrides}` hash tag: one Cluster slot. A change
+-- is announced on the channel `lg:{overrides}:changed` (the new version),
+-- which wakes every instance's poll.
 
 local op = ARGV[1]
-if op == 'set' then
-  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-  return {tostring(redis.call('INCR', KEYS[1]))}
-elseif op == 'del' then
-  redis.call('HDEL', KEYS[2], ARGV[2])
-  return {tostring(redis.call('INCR', KEYS[1]))}
+if op == 'set' or op == 'del' then
+  if op == 'set' then
+    redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+  else
+    redis.call('HDEL', KEYS[2], ARGV[2])
+  end
+  local version = redis.call('INCR', KEYS[1])
+  redis.call('PUBLISH', 'lg:{overrides}:changed', version)
+  return {tostring(version)}
 end
 local version = redis.call('GET', KEYS[1]) or '0'
 if op == 'version' then

@@ -34,9 +34,10 @@ pub struct Claims {
     pub tenant: Option<Arc<str>>,
     pub plan: Option<Arc<str>>,
     /// The claims limits take their rate from (`rate_from`), in the
-    /// verifier's `rate_claims` order: each a rate such as `"100/min"`, or
-    /// `None` when absent or not a rate. Empty when no limit asks.
-    pub rates: Arc<[Option<crate::quota::Rate>]>,
+    /// verifier's `rate_claims` order: each a string claim (a rate such as
+    /// `"100/min"`, which the limit reads), `None` when absent or not a
+    /// string. Empty when no limit asks.
+    pub rates: Arc<[Option<Arc<str>>]>,
     /// Seconds since the epoch.
     pub exp: u64,
 }
@@ -254,7 +255,7 @@ impl Verifier {
             .rate_claims
             .iter()
             .map(|name| match claims.get(name) {
-                Some(serde_json::Value::String(s)) => s.parse().ok(),
+                Some(serde_json::Value::String(s)) if s.len() <= 64 => Some(Arc::from(s.as_str())),
                 _ => None,
             })
             .collect();

@@ -82,7 +82,7 @@ pub struct Identity {
     pub plan: Option<Arc<str>>,
     /// A verified JWT's rate claims ([`jwt::Claims::rates`]); `None` for
     /// every other tier.
-    pub rates: Option<Arc<[Option<crate::quota::Rate>]>>,
+    pub rates: Option<Arc<[Option<Arc<str>>]>>,
     /// The client's address after trusted-proxy handling.
     pub client_ip: IpAddr,
 }

@@ -22,7 +22,7 @@ pub struct Facts<'a> {
     pub plan: Option<&'a str>,
     /// A verified JWT's rate claims, for limits with `rate_from` (empty
     /// otherwise).
-    pub rates: &'a [Option<crate::quota::Rate>],
+    pub rates: &'a [Option<std::sync::Arc<str>>],
     pub route: &'a str,
     pub ip: IpAddr,
     pub headers: &'a HeaderMap,

@@ -148,7 +148,7 @@ pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (S
     let claimed = limit
         .rate_from
         .as_ref()
-        .and_then(|rf| Some(rf.clamp(facts.rates.get(rf.index).copied().flatten()?)));
+        .and_then(|rf| Some(rf.clamp(facts.rates.get(rf.index)?.as_deref()?.parse().ok()?)));
     let spec = if let Some(rate) = claimed {
         Spec::new(limit.algorithm, rate, rate.count)
     } else if facts.plan.is_none() || limit.plans.is_empty() {
@@ -319,16 +319,9 @@ impl Limiter {
             let (spec, shard) = self.spec_of(limit, facts);
             let h = self.key_hash(limit, facts, shard);
             if spec.algorithm == Algorithm::Concurrency {
-                let lv = match self.slot_now(h) {
-                    Some(slots::Taken::Slot(held, left)) => {
-                        verdict.held.push(held);
-                        slot_admitted(i, &spec, left)
-                    }
-                    Some(slots::Taken::Full(ms)) => slot_refused(i, limit, &spec, ms),
-                    None => {
-                        verdict.next = position;
-                        return false;
-                    }
+                let Some(lv) = self.slot_verdict_now(i, limit, h, &spec, verdict) else {
+                    verdict.next = position;
+                    return false;
                 };
                 let refused = lv.outcome == Outcome::Limited;
                 verdict.limits.push(lv);
@@ -489,27 +482,13 @@ impl Limiter {
             let h = self.key_hash(limit, facts, shard);
             let lv = if spec.algorithm == Algorithm::Concurrency {
                 let key = Self::key_string(limit, facts, shard);
-                let taken = match self.slot(h, &key, spec.capacity).await {
-                    Ok(taken) => taken,
-                    Err(_) if !limit.can_refuse() => self.slot_fallback(h, &key, spec.capacity),
-                    Err(e) => {
-                        let failed = store_failure_decision(&e, on_failure);
-                        verdict.store_error = Some(e);
-                        verdict.decision = failed;
-                        if on_failure == StoreFailure::Deny {
-                            verdict.taken.give_back();
-                            verdict.held.clear();
-                            break;
-                        }
-                        self.slot_fallback(h, &key, spec.capacity)
-                    }
-                };
-                match taken {
-                    slots::Taken::Slot(held, left) => {
-                        verdict.held.push(held);
-                        slot_admitted(i, &spec, left)
-                    }
-                    slots::Taken::Full(ms) => slot_refused(i, limit, &spec, ms),
+                match self
+                    .slot_verdict(i, limit, h, &key, &spec, on_failure, &mut verdict)
+                    .await
+                {
+                    Some(lv) => lv,
+                    // The store failed and the route fails closed.
+                    None => break,
                 }
             } else {
                 match self.take_local(h, spec, now) {
@@ -609,39 +588,9 @@ impl Limiter {
     }
 }
 
-/// A concurrency limit's part of an admitted verdict: `left` slots free as
-/// far as this instance knows; nothing resets in time.
-fn slot_admitted(i: usize, spec: &Spec, left: u64) -> LimitVerdict {
-    LimitVerdict {
-        limit: i,
-        outcome: Outcome::Admitted,
-        quota: spec.capacity,
-        window_secs: 1,
-        remaining: left.min(spec.capacity),
-        reset_ms: 0,
-        retry_after_ms: 0,
-        over_percent: 0,
-    }
-}
-
-/// A concurrency limit with no slot free: what its stage makes of it, and
-/// a retry when this instance will ask the store again.
-fn slot_refused(i: usize, limit: &LimitRuntime, spec: &Spec, retry_after_ms: u64) -> LimitVerdict {
-    LimitVerdict {
-        limit: i,
-        outcome: stage::on_refusal(limit.config.mode, limit.enforcing),
-        quota: spec.capacity,
-        window_secs: 1,
-        remaining: 0,
-        reset_ms: retry_after_ms,
-        retry_after_ms,
-        over_percent: 0,
-    }
-}
-
 /// What a store failure means for a request on a route that fails open
 /// (`Allow`) or closed (`Deny`).
-fn store_failure_decision(e: &StoreError, on_failure: StoreFailure) -> Decision {
+pub(super) fn store_failure_decision(e: &StoreError, on_failure: StoreFailure) -> Decision {
     match on_failure {
         StoreFailure::Allow => Decision::Bypass { reason: e.reason() },
         StoreFailure::Deny => Decision::Unavailable {

@@ -5,10 +5,11 @@
 //!
 //! Overrides live in the store ([`QuotaStore::overrides`]: one hash per
 //! limit and a version on Redis, so they outlive restarts and reach the
-//! whole fleet; in memory on the memory store). Each instance polls the
-//! version every second ([`Limiter::keep_overrides`]) and loads them all
-//! when it changed, so a change is in force everywhere within about a
-//! second, and a missed poll is caught up by the next. The request path
+//! whole fleet; in memory on the memory store). Each instance loads them
+//! all when the version moved: at once when the store announces a change
+//! (Redis pub/sub), and at the latest at its poll each second
+//! ([`Limiter::keep_overrides`]), so a notice lost to a reconnect costs a
+//! second, not the change. The request path
 //! reads a table swapped in whole: with no override at all, one relaxed
 //! load per limit.
 
@@ -196,6 +197,8 @@ pub(super) struct Overrides {
     /// The limits it was loaded for (a reload may name others).
     loaded_for: Mutex<Vec<String>>,
     table: ArcSwap<Table>,
+    /// Rung by the store's change notices: poll now.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 fn now_unix_ms() -> u64 {
@@ -357,6 +360,7 @@ impl Limiter {
     /// The poller, for as long as the process runs: `limits` names the
     /// limits of the config in force at each poll.
     pub async fn keep_overrides(self: Arc<Self>, limits: impl Fn() -> Vec<String> + Send + Sync) {
+        self.store.watch_overrides(self.overrides.changed.clone());
         let mut failing = false;
         loop {
             match self.poll_overrides(&limits()).await {
@@ -377,7 +381,10 @@ impl Limiter {
                     failing = true;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(POLL_MS)) => {}
+                _ = self.overrides.changed.notified() => {}
+            }
         }
     }
 }

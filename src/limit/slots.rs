@@ -26,6 +26,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::policy::StoreFailure;
+use super::stage::Outcome;
+use super::LimitVerdict;
+use crate::quota::Spec;
 use crate::store::{Hold, StoreError};
 use crate::sync::Recover as _;
 
@@ -289,6 +293,65 @@ impl super::Limiter {
         Taken::Slot(self.held(k), left)
     }
 
+    /// A concurrency limit's verdict from memory, its slot (if any) in
+    /// `verdict`; `None` when the store must be asked.
+    pub(super) fn slot_verdict_now(
+        &self,
+        i: usize,
+        limit: &super::LimitRuntime,
+        h: u64,
+        spec: &Spec,
+        verdict: &mut super::Verdict<'_>,
+    ) -> Option<LimitVerdict> {
+        Some(match self.slot_now(h)? {
+            Taken::Slot(held, left) => {
+                verdict.held.push(held);
+                slot_admitted(i, spec, left)
+            }
+            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
+        })
+    }
+
+    /// A concurrency limit's verdict, asking the store when no slot is at
+    /// hand; its slot (if any) in `verdict`. A store failure is the
+    /// route's to decide, as for tokens: fail open, and the fallback's
+    /// share of `max` decides; fail closed, and `None` (the verdict says
+    /// 503 and holds nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn slot_verdict(
+        &self,
+        i: usize,
+        limit: &super::LimitRuntime,
+        h: u64,
+        key: &str,
+        spec: &Spec,
+        on_failure: StoreFailure,
+        verdict: &mut super::Verdict<'_>,
+    ) -> Option<LimitVerdict> {
+        let taken = match self.slot(h, key, spec.capacity).await {
+            Ok(taken) => taken,
+            // A limit that cannot refuse here cannot fail the request either.
+            Err(_) if !limit.can_refuse() => self.slot_fallback(h, key, spec.capacity),
+            Err(e) => {
+                verdict.decision = super::store_failure_decision(&e, on_failure);
+                verdict.store_error = Some(e);
+                if on_failure == StoreFailure::Deny {
+                    verdict.taken.give_back();
+                    verdict.held.clear();
+                    return None;
+                }
+                self.slot_fallback(h, key, spec.capacity)
+            }
+        };
+        Some(match taken {
+            Taken::Slot(held, left) => {
+                verdict.held.push(held);
+                slot_admitted(i, spec, left)
+            }
+            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
+        })
+    }
+
     /// The future that is ready when a slot of `limit`'s key for `facts`
     /// comes back on this instance (never, for a key it does not track).
     pub fn slot_freed(
@@ -370,6 +433,36 @@ impl super::Limiter {
             }
             self.renew_slots(false).await;
         }
+    }
+}
+
+/// A concurrency limit's part of an admitted verdict: `left` slots free as
+/// far as this instance knows; nothing resets in time.
+fn slot_admitted(i: usize, spec: &Spec, left: u64) -> LimitVerdict {
+    LimitVerdict {
+        limit: i,
+        outcome: Outcome::Admitted,
+        quota: spec.capacity,
+        window_secs: 1,
+        remaining: left.min(spec.capacity),
+        reset_ms: 0,
+        retry_after_ms: 0,
+        over_percent: 0,
+    }
+}
+
+/// A concurrency limit with no slot free: what its stage makes of it, and
+/// a retry when this instance will ask the store again.
+fn slot_refused(i: usize, limit: &super::LimitRuntime, spec: &Spec, retry_after_ms: u64) -> LimitVerdict {
+    LimitVerdict {
+        limit: i,
+        outcome: super::stage::on_refusal(limit.config.mode, limit.enforcing),
+        quota: spec.capacity,
+        window_secs: 1,
+        remaining: 0,
+        reset_ms: retry_after_ms,
+        retry_after_ms,
+        over_percent: 0,
     }
 }
 

@@ -129,6 +129,10 @@ impl QuotaStore for Rebalancing {
         self.inner.hold_slots(h)
     }
 
+    fn watch_overrides(&self, wake: std::sync::Arc<tokio::sync::Notify>) {
+        self.inner.watch_overrides(wake)
+    }
+
     fn overrides<'a>(
         &'a self,
         op: crate::store::OverrideOp<'a>,

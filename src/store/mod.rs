@@ -155,6 +155,11 @@ pub trait QuotaStore: Send + Sync + 'static {
         )))))
     }
 
+    /// Wakes `wake` whenever another instance changes an override (Redis
+    /// pub/sub), for as long as the store lives; the poll is the fallback.
+    /// A store whose fleet is this instance has nothing to hear.
+    fn watch_overrides(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
+
     /// Whether the store answers, at the cost of one round trip and no
     /// quota: the guard's background probe while its circuit is open. The
     /// embedded store always answers.

@@ -333,3 +333,43 @@ async fn an_override_applies_to_an_envoy_descriptor() {
     assert_eq!(allowed("acme", 8).await, 6, "the override's quota");
     assert_eq!(allowed("zed", 4).await, 2, "the YAML's");
 }
+
+/// A change is announced (Redis pub/sub): the other instance applies it
+/// well within its one-second poll. With the notices cut (the pub/sub
+/// connections killed), the poll still brings it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_bring_a_change_at_once_and_the_poll_covers_a_lost_one() {
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\n",
+        redis.url()
+    );
+    let (a, b) = (start(&store), start(&store));
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // both subscribed
+    let mut took = Vec::new();
+    for n in 0..3u64 {
+        let body = format!(r#"{{"rate": "{}/min"}}"#, 50 + n);
+        let (status, text) = admin(&a, "PUT", "/overrides/per_key/key:acme", &body, Some(TOKEN)).await;
+        assert_eq!(status, 200, "{text}");
+        let start = Instant::now();
+        loop {
+            let (_, list) = admin(&b, "GET", "/overrides", "", Some(TOKEN)).await;
+            if list.contains(&format!("\"{}/min\"", 50 + n)) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "{list}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        took.push(start.elapsed());
+        tokio::time::sleep(Duration::from_millis(333)).await;
+    }
+    assert!(
+        took.iter().all(|t| *t < Duration::from_millis(300)),
+        "{took:?}: not by the notices"
+    );
+    // Cut the notices: the change still arrives, by the poll.
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let (status, _) = admin(&a, "DELETE", "/overrides/per_key/key:acme", "", Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    assert!(applied_within(&b, 0).await.is_some(), "{}", b.log());
+}

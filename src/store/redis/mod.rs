@@ -45,7 +45,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
+mod beside;
+mod calls;
 mod node;
+mod overrides;
 mod phases;
 mod region;
 mod sentinel;
@@ -60,9 +63,6 @@ static SLIDING_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
 static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
-static FAIR_SHARE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fair_share.lua")));
-static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/slots.lua")));
-static OVERRIDES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/overrides.lua")));
 static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
 
 /// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no
@@ -91,6 +91,8 @@ pub enum Target {
 /// The Redis quota store. Cheap to share; dropping it stops its I/O thread.
 pub struct RedisStore {
     connection: Arc<OnceLock<Connection>>,
+    /// Where the overrides' change notices are heard (`overrides.rs`).
+    notices: overrides::Notices,
     io: tokio::runtime::Handle,
     /// Where each quota call's time goes (`phases`), when set.
     metrics: Option<Arc<crate::telemetry::metrics::Metrics>>,
@@ -146,6 +148,7 @@ impl RedisStore {
             })
             .map_err(RedisSetupError::Thread)?;
         let connection = Arc::new(OnceLock::new());
+        let notices;
         match target {
             Target::Node(url) => {
                 let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
@@ -158,6 +161,7 @@ impl RedisStore {
                     epoch: 0,
                 };
                 let node = Arc::new(Node::new(address, io.clone(), None));
+                notices = overrides::Notices::Node(node.clone());
                 let _ = connection.set(Connection::Node(node.clone()));
                 // Warm-up: dial now, on the I/O thread, so the first
                 // request finds a connection.
@@ -204,12 +208,21 @@ impl RedisStore {
                 };
                 let notify = Arc::new(tokio::sync::Notify::new());
                 let node = Arc::new(Node::new(address, io.clone(), Some(notify)));
+                notices = overrides::Notices::Node(node.clone());
                 let _ = connection.set(Connection::Node(node.clone()));
                 let asks = Arc::new(asks);
                 io.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
                 io.spawn(follow_master(node, asks, master.clone(), template, ca));
             }
             Target::Cluster(seeds) => {
+                // Any node hears a PUBLISH in a cluster: the seeds, in turn.
+                let mut each = Vec::new();
+                for seed in seeds {
+                    let info = redis::IntoConnectionInfo::into_connection_info(seed.as_str())
+                        .map_err(|e| RedisSetupError::Address(redact(seed), e))?;
+                    each.push(client(info, ca.as_deref()).map_err(|e| RedisSetupError::Address(redact(seed), e))?);
+                }
+                notices = overrides::Notices::Seeds(each);
                 let builder = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str));
                 let builder = match ca {
                     Some(ca) => builder.certs(redis::TlsCertificates {
@@ -250,6 +263,7 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connection,
+            notices,
             io,
             metrics: None,
             _stop: stop,
@@ -262,95 +276,9 @@ impl RedisStore {
         self.metrics = Some(metrics);
         self
     }
-
-    /// Runs `script` on the I/O thread. `give_back`: for an acquire, the
-    /// release arguments (without the tokens and their window) that return
-    /// its grant if the caller stopped waiting (the deadline passed) before
-    /// the answer came, so tokens taken for nobody go back, to the window
-    /// they were taken in, instead of being lost.
-    fn call<'a>(
-        &'a self,
-        script: &'static Script,
-        key: &str,
-        args: Vec<u64>,
-        give_back: Option<[u64; 4]>,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>> {
-        let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
-        };
-        let key = key.to_owned();
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let stamps = phases::Stamps::new();
-        let mut watch = phases::PhaseWatch {
-            stamps: stamps.clone(),
-            metrics: self.metrics.clone(),
-            result: None,
-        };
-        self.io.spawn(async move {
-            stamps.sent();
-            let result = connection.run(script, &key, &args).await;
-            stamps.replied();
-            if let Err(Ok([granted, _, _, _, window_ms, reserved])) = answer.send(result) {
-                // Reserved tokens were taken as surely as granted ones.
-                let taken = granted + reserved;
-                if let (true, Some([algorithm, count, period, capacity])) = (taken > 0, give_back) {
-                    let args = [algorithm, count, period, capacity, taken, window_ms];
-                    if let Err(e) = connection.run(&RELEASE, &key, &args).await {
-                        tracing::debug!(%key, error = %e.classify(), "returning a late grant failed");
-                    }
-                }
-            }
-        });
-        Box::pin(async move {
-            let answer = answered.await;
-            watch.answered(matches!(answer, Ok(Ok(_))));
-            match answer {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms, reserved])) => Ok(Grant {
-                    granted,
-                    remaining,
-                    reset_ms,
-                    retry_after_ms,
-                    window_ms,
-                    reserved,
-                }),
-                Ok(Err(e)) => Err(e.classify()),
-                Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
-            }
-        })
-    }
 }
 
 impl RedisStore {
-    /// Runs `script` over several keys on the I/O thread, with no give-back
-    /// (the transfer scripts): the first integer of its reply and the
-    /// rest.
-    fn call_keys(
-        &self,
-        script: &'static Script,
-        keys: Vec<String>,
-        args: Vec<u64>,
-    ) -> BoxFuture<'_, Result<[u64; 6], StoreError>> {
-        let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
-        };
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        self.io.spawn(async move {
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let _ = answer.send(connection.run_keys(script, &keys, &args).await);
-        });
-        Box::pin(async move {
-            match answered.await {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(e)) => Err(e.classify()),
-                Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
-            }
-        })
-    }
-
     /// `PING` on the I/O thread, over the connection calls use (dialling
     /// it if there is none, as a call would); with Sentinel, `ROLE`, which
     /// must say `master`.
@@ -554,81 +482,20 @@ impl QuotaStore for RedisStore {
         Box::pin(async move { call.await.map(|r| r[0]) })
     }
 
-    /// `lua/overrides.lua`: the version key and one hash per limit, all
-    /// under the `{overrides}` hash tag.
     fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
-        use super::OverrideOp;
-        let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
-        };
-        let hash = |limit: &str| format!("lg:{{overrides}}:{limit}");
-        let mut keys = vec!["lg:{overrides}:version".to_string()];
-        let (limits, args): (Vec<String>, Vec<String>) = match op {
-            OverrideOp::Version => (vec![], vec!["version".into()]),
-            OverrideOp::Load(limits) => {
-                keys.extend(limits.iter().map(|l| hash(l)));
-                (limits.to_vec(), vec!["load".into()])
-            }
-            OverrideOp::Set { limit, who, value } => {
-                keys.push(hash(limit));
-                (vec![], vec!["set".into(), who.into(), value.into()])
-            }
-            OverrideOp::Delete { limit, who } => {
-                keys.push(hash(limit));
-                (vec![], vec!["del".into(), who.into()])
-            }
-        };
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        self.io.spawn(async move {
-            let _ = answer.send(connection.run_values(&OVERRIDES, &keys, &args).await);
-        });
-        Box::pin(async move {
-            let reply = match answered.await {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(e)) => return Err(e.classify()),
-                Err(_) => return Err(StoreError::Failed("the Redis I/O thread stopped".into())),
-            };
-            let version = reply.first().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let entries = reply
-                .get(1..)
-                .unwrap_or_default()
-                .chunks_exact(3)
-                .filter_map(|e| {
-                    let limit = limits.get(e[0].parse::<usize>().ok()?.checked_sub(1)?)?;
-                    Some((limit.clone(), e[1].clone(), e[2].clone()))
-                })
-                .collect();
-            Ok(super::Overridden { version, entries })
-        })
+        self.overrides_call(op)
     }
 
-    /// `lua/slots.lua` on a hash named after the key (outside its braces:
-    /// the same Cluster slot).
+    fn watch_overrides(&self, wake: Arc<tokio::sync::Notify>) {
+        self.subscribe_overrides(wake);
+    }
+
     fn hold_slots<'a>(&'a self, h: super::Hold<'a>) -> BoxFuture<'a, Result<super::Slots, StoreError>> {
-        let call = self.call_keys(
-            &SLOTS,
-            vec![format!("{}:slots", h.key)],
-            vec![h.member, h.hold, h.want, h.max, h.ttl_ms],
-        );
-        Box::pin(async move {
-            call.await.map(|r| super::Slots {
-                granted: r[0],
-                held: r[1],
-            })
-        })
+        self.slots_call(h)
     }
 
-    /// `lua/fair_share.lua` on a hash beside the bucket (outside its
-    /// braces: the same Cluster slot).
     fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
-        let call = self.call_keys(
-            &FAIR_SHARE,
-            vec![format!("{}:demand", d.key)],
-            vec![d.member, d.demand, d.rate, d.ttl_ms],
-        );
-        Box::pin(async move { call.await.map(|r| Some(r[0])) })
+        self.fair_share_call(d)
     }
 }
 

@@ -20,6 +20,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+mod beside;
+
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::clock::{system_clock, Clock};
 use crate::quota::{self, Grant, Spec, State};
@@ -166,91 +168,6 @@ impl MemoryStore {
         use std::hash::BuildHasher;
         let h = self.hasher.hash_one(key) as usize;
         &self.shards[h % SHARDS]
-    }
-
-    /// Records a stream's demand and answers its max-min fair share, as
-    /// `lua/fair_share.lua` does on Redis.
-    fn fair_share_now(&self, d: super::Demand<'_>) -> u64 {
-        let now = (self.clock)();
-        let mut all = self.demands.lock().recover();
-        if all.len() >= self.max_keys && !all.contains_key(d.key) {
-            all.retain(|_, v| {
-                v.retain(|(_, _, expires)| *expires > now);
-                !v.is_empty()
-            });
-            if all.len() >= self.max_keys {
-                return d.rate; // no room to share: the rate bounds it
-            }
-        }
-        let streams = all.entry(d.key.to_string()).or_default();
-        streams.retain(|(member, _, expires)| *member != d.member && *expires > now);
-        let others: Vec<f64> = streams.iter().map(|(_, demand, _)| *demand as f64).collect();
-        streams.push((d.member, d.demand, now.saturating_add(d.ttl_ms)));
-        crate::quota::fair::max_min_share(d.demand as f64, &others, d.rate as f64) as u64
-    }
-
-    /// Sets a member's slots and grants what fits, as `lua/slots.lua` does
-    /// on Redis. A new key finds no room when `max_keys` keys hold slots
-    /// (none is forgotten while held: that would let more in than the
-    /// limit): it is granted nothing.
-    pub fn hold_slots_now(&self, h: super::Hold<'_>) -> super::Slots {
-        let now = (self.clock)();
-        let mut all = self.slots.lock().recover();
-        if all.len() >= self.max_keys && !all.contains_key(h.key) {
-            all.retain(|_, v| {
-                v.retain(|(_, _, expires)| *expires > now);
-                !v.is_empty()
-            });
-            if all.len() >= self.max_keys {
-                return super::Slots::default();
-            }
-        }
-        let members = all.entry(h.key.to_string()).or_default();
-        members.retain(|(member, _, expires)| *member != h.member && *expires > now);
-        let others: u64 = members.iter().map(|(_, n, _)| n).sum();
-        let granted = h.want.min(h.max.saturating_sub(others).saturating_sub(h.hold));
-        let held = h.hold + granted;
-        if held > 0 {
-            members.push((h.member, held, now.saturating_add(h.ttl_ms)));
-        } else if members.is_empty() {
-            all.remove(h.key);
-        }
-        super::Slots {
-            granted,
-            held: others + held,
-        }
-    }
-
-    /// The overrides call, as `lua/overrides.lua` answers it.
-    pub fn overrides_now(&self, op: super::OverrideOp<'_>) -> super::Overridden {
-        use super::OverrideOp;
-        let mut o = self.overrides.lock().recover();
-        let (version, table) = &mut *o;
-        match op {
-            OverrideOp::Set { limit, who, value } => {
-                table.insert((limit.to_string(), who.to_string()), value.to_string());
-                *version += 1;
-            }
-            OverrideOp::Delete { limit, who } => {
-                table.remove(&(limit.to_string(), who.to_string()));
-                *version += 1;
-            }
-            OverrideOp::Version => {}
-            OverrideOp::Load(limits) => {
-                return super::Overridden {
-                    version: *version,
-                    entries: table
-                        .iter()
-                        .filter(|((l, _), _)| limits.contains(l))
-                        .map(|((l, w), v)| (l.clone(), w.clone(), v.clone()))
-                        .collect(),
-                }
-            }
-        }
-        super::Overridden {
-            version: *version,
-            entries: vec![],
-        }
     }
 
     /// Keys held now, across shards.
