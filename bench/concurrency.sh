@@ -44,7 +44,7 @@ store_calls() {
   echo $total
 }
 
-run() { # NAME LIMIT-LINES
+run() { # NAME LABEL LIMIT-LINES
   local gw=() i
   for i in 0 1; do
     cat > "$work/$1-$i.toml" <<CONF
@@ -68,7 +68,7 @@ limits = ["inflight"]
 [[limits]]
 name = "inflight"
 by = ["route"]
-$2
+$3
 CONF
     LEASEGATE_LOG=warn target/release/leasegate run --config "$work/$1-$i.toml" >/dev/null 2>"$work/$1-$i.log" & gw+=($!)
   done
@@ -82,12 +82,12 @@ CONF
   local s1 c1
   s1=$(script_calls); c1=$(store_calls)
   kill "${gw[@]}"; wait "${gw[@]}" 2>/dev/null || true
-  echo "$out" | awk -v name="$1" -v s=$((s1 - s0)) -v c=$((c1 - c0)) '
+  echo "$out" | awk -v name="$2" -v s=$((s1 - s0)) -v c=$((c1 - c0)) '
     { req = $1; refused = $2; peak = $3 }
     END { printf "%-22s %9d %7d %6d %10d %8.4f %10d %8.4f\n", name, req, refused, peak, s, s / req, c, c / req }'
 }
 
 printf "%-22s %9s %7s %6s %10s %8s %10s %8s\n" limit requests 429s peak redis_calls per_req store_calls per_req
-run "concurrency max=$MAX" "algorithm = \"concurrency\"
+run concurrency "concurrency max=$MAX" "algorithm = \"concurrency\"
 max = $MAX"
-run "token_bucket 100000/s" "rate = \"100000/s\""
+run bucket "token_bucket 100000/s" "rate = \"100000/s\""

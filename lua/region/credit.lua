@@ -3,8 +3,12 @@
 -- for, once per transfer.
 --
 -- KEYS[1]: the key's credit, a hash {expiry ms on Redis's clock = tokens};
--- KEYS[2]: the marker of this transfer. ARGV: tokens, ttl_ms.
+-- KEYS[2]: the marker of this transfer; KEYS[3]: the key's pending mark
+-- (claim.lua), cleared: the transfer is settled, credited or not (a
+-- refusal credits 0 tokens). ARGV: tokens, ttl_ms.
 -- Reply: {credited (0 when this transfer was credited before), 0, 0, 0, 0}.
+
+redis.call('DEL', KEYS[3])
 
 local tokens = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])

@@ -1,7 +1,11 @@
 -- Spend credit: takes up to `want` tokens from a key's unexpired credit
 -- (see credit.lua), the batch that expires first first, and drops expired
--- batches. KEYS[1]: the credit hash. ARGV: want.
--- Reply: {spent, credit left, 0, 0, 0}.
+-- batches. KEYS[1]: the credit hash; KEYS[2]: the key's pending mark
+-- (claim.lua); KEYS[3]: the region's shortfall of the key, tokens asked
+-- for and found neither in the bucket nor in credit, counted for one
+-- period (ARGV[2], ms) from its last increase. ARGV: want, period_ms.
+-- Reply: {spent, credit left, 1 when a transfer is pending else 0,
+-- shortfall, 0}.
 
 local want = tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -34,4 +38,9 @@ for _, b in ipairs(batches) do
     left = left + b[2]
   end
 end
-return {spent, left, 0, 0, 0}
+local short = tonumber(redis.call('GET', KEYS[3]) or '0')
+if spent < want then
+  short = redis.call('INCRBY', KEYS[3], want - spent)
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]))
+end
+return {spent, left, redis.call('EXISTS', KEYS[2]), short, 0}

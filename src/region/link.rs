@@ -47,6 +47,9 @@ pub struct Grantor {
     /// The rebalance window: a request's `window_ms` is clamped to it, so
     /// a transfer's record never outlives two of the primary's windows.
     pub window_ms: u64,
+    /// `[region] rebalance_at`: the primary spares only what its own
+    /// traffic would not ask more for, keeping the rest of its slice.
+    pub rebalance_at: f64,
 }
 
 /// Transfers one peer address may ask for in a second (a region asks at
@@ -213,12 +216,15 @@ async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration
         }
     };
     // Never more than a whole slice in one transfer; the script grants no
-    // more than the bucket holds.
+    // more than the bucket holds above what the primary keeps: the part of
+    // its slice below its own threshold (at 0.8, a fifth of it), so a
+    // transfer never leaves its own traffic asking.
     let want = t.want.min(spec.capacity);
+    let keep = spec.capacity - super::threshold::trigger_level(&spec, g.rebalance_at).min(spec.capacity);
     let remember = t.window_ms.min(g.window_ms).saturating_mul(2);
-    match g.store.transfer_out(&t.key, &spec, t.id, want, remember).await {
+    match g.store.transfer_out(&t.key, &spec, t.id, want, keep, remember).await {
         Ok(granted) => {
-            tracing::info!(region = %t.region, key = %t.key, id = t.id, want, granted, "region transfer answered");
+            tracing::info!(region = %t.region, key = %t.key, id = t.id, want, keep, granted, "region transfer answered");
             let answer = TransferAnswer { id: t.id, granted };
             match serde_json::to_vec(&answer) {
                 Ok(b) => reply(StatusCode::OK, b),
@@ -439,6 +445,7 @@ mod tests {
             share: Share::WHOLE,
             quotas: Arc::new(|_: &str| None),
             window_ms: 20_000,
+            rebalance_at: 0.8,
         });
         let link = LinkService {
             grantor: Some(grantor),

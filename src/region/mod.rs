@@ -103,6 +103,7 @@ impl Region {
                 share: s.share,
                 quotas,
                 window_ms: s.window_ms,
+                rebalance_at: s.rebalance_at,
             })
         });
         let service = link::LinkService {

@@ -20,6 +20,9 @@ use crate::store::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError};
 pub struct Ask {
     pub key: String,
     pub spec: Spec,
+    /// The region's shortfall of the key over the last period, as the
+    /// credit spend measured it (0: none yet, or not asked).
+    pub short: u64,
 }
 
 /// How many asks may wait for the coordinator; more are dropped.
@@ -54,11 +57,12 @@ impl Rebalancing {
     /// Envoy RLS keys are never asked for: the primary has no `[[limits]]`
     /// to check them against and refuses them, so an ask would only cost a
     /// claim, a link call and a warning per hot key and window.
-    fn signal(&self, key: &str, spec: &Spec, remaining: u64) {
+    fn signal(&self, key: &str, spec: &Spec, remaining: u64, short: u64) {
         if threshold::crossed(spec, remaining, self.rebalance_at) && super::wire::key_limit(key) != Some("rls") {
             let _ = self.asks.try_send(Ask {
                 key: key.to_owned(),
                 spec: *spec,
+                short,
             });
         }
     }
@@ -67,13 +71,25 @@ impl Rebalancing {
 /// The grant once credit was spent: what credit is left counts as what
 /// the key has left, so a key living on credit is not taken for drained
 /// (blocked locally, refused with a retry time) while credit remains.
+///
+/// With no credit left but a transfer on its way, the retry is cut to
+/// [`PENDING_RETRY_MS`]: the key is blocked that long at most, on every
+/// gateway of the region, so the credit is spent as soon as it lands
+/// rather than after a whole block.
 fn spent_credit(grant: &mut Grant, credit: Credit) {
     grant.granted += credit.spent;
     if credit.left > 0 {
         grant.remaining = grant.remaining.max(credit.left);
         grant.retry_after_ms = 0;
+    } else if credit.pending && grant.retry_after_ms > PENDING_RETRY_MS {
+        grant.retry_after_ms = PENDING_RETRY_MS;
     }
 }
+
+/// The longest a key refused while its transfer is pending is blocked
+/// locally: the gateway asks its store again this soon (one call per key
+/// at a time), at most until the transfer is settled.
+pub const PENDING_RETRY_MS: u64 = 50;
 
 impl QuotaStore for Rebalancing {
     /// A region's slice never reserves (`reserve` is ignored): when it is
@@ -91,15 +107,26 @@ impl QuotaStore for Rebalancing {
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         Box::pin(async move {
             let mut grant = self.inner.acquire(key, spec, want, unspent).await?;
-            self.signal(key, spec, grant.remaining);
+            let remaining = grant.remaining;
+            let mut short = 0;
             if grant.granted < want {
                 // The slice is spent: tokens another region transferred
                 // come next. Their failure is not the acquire's.
-                match self.credit.spend_credit(key, want - grant.granted).await {
-                    Ok(credit) => spent_credit(&mut grant, credit),
+                match self
+                    .credit
+                    .spend_credit(key, want - grant.granted, spec.period_ms())
+                    .await
+                {
+                    Ok(credit) => {
+                        short = credit.short;
+                        spent_credit(&mut grant, credit);
+                    }
                     Err(e) => tracing::debug!(%key, error = %e, "spending region credit failed"),
                 }
             }
+            // The bucket's own answer says whether the key crossed its
+            // threshold; the shortfall sizes the ask.
+            self.signal(key, spec, remaining, short);
             Ok(grant)
         })
     }
@@ -190,6 +217,28 @@ mod tests {
             .await
             .unwrap();
         assert!(rx.try_recv().is_err());
+    }
+
+    /// A drained key whose transfer is on its way is blocked for
+    /// [`PENDING_RETRY_MS`] at most, not the bucket's retry time: the credit
+    /// is spent as soon as it lands.
+    #[tokio::test]
+    async fn a_pending_transfer_cuts_the_retry_of_a_drained_key() {
+        let (tx, _rx) = mpsc::channel(8);
+        let inner = with_credit(0);
+        let store = Rebalancing::new(inner.clone(), inner.clone(), 0.8, tx);
+        let s = spec();
+        let g = store.acquire("rl:{a:1}", &s, 11, Unspent::default()).await.unwrap();
+        assert_eq!(g.granted, 10);
+        assert!(g.retry_after_ms > 60_000, "10/h: a token in 6 minutes: {g:?}");
+        inner.pending.store(true, Ordering::SeqCst);
+        let g = store.acquire("rl:{a:1}", &s, 1, Unspent::default()).await.unwrap();
+        assert_eq!((g.granted, g.retry_after_ms), (0, PENDING_RETRY_MS));
+        // Landed: spent at once.
+        inner.credit.store(3, Ordering::SeqCst);
+        inner.pending.store(false, Ordering::SeqCst);
+        let g = store.acquire("rl:{a:1}", &s, 1, Unspent::default()).await.unwrap();
+        assert_eq!((g.granted, g.remaining, g.retry_after_ms), (1, 2, 0));
     }
 
     #[tokio::test]

@@ -29,10 +29,12 @@ pub fn crossed(spec: &Spec, remaining: u64, rebalance_at: f64) -> bool {
     used(spec, remaining) >= trigger_level(spec, rebalance_at)
 }
 
-/// What a region asks the primary for: one more slice of the key's quota.
-/// The primary grants less when it has less.
-pub fn ask(spec: &Spec) -> u64 {
-    spec.capacity
+/// What a region asks the primary for: one more slice of the key's quota,
+/// or the region's measured shortfall over the last period when that is
+/// more (the excess demand its store saw), never more than the whole
+/// quota. The primary grants less when it has less to spare.
+pub fn ask(spec: &Spec, short: u64) -> u64 {
+    spec.capacity.max(short).min(spec.whole().capacity.max(spec.capacity))
 }
 
 /// The rebalance window `now_ms` falls in.
@@ -142,8 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn an_ask_is_one_more_slice() {
-        assert_eq!(ask(&spec(3_000)), 3_000);
+    fn an_ask_is_one_more_slice_or_the_measured_shortfall_up_to_the_whole() {
+        assert_eq!(ask(&spec(3_000), 0), 3_000, "nothing measured yet: a slice");
+        assert_eq!(ask(&spec(3_000), 1_000), 3_000, "a small shortfall: still a slice");
+        let slice = spec(1_000).slice(crate::quota::Share::from_fraction(0.3).unwrap());
+        assert_eq!(ask(&slice, 0), 300);
+        assert_eq!(ask(&slice, 700), 700, "the shortfall, when more than a slice");
+        assert_eq!(ask(&slice, 5_000), 1_000, "never more than the whole quota");
     }
 
     #[test]

@@ -262,11 +262,12 @@ impl RegionStore for Deadlined {
         spec: &'a Spec,
         id: u64,
         want: u64,
+        keep: u64,
         remember_ms: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(within(
             self.deadline,
-            self.inner.transfer_out(key, spec, id, want, remember_ms),
+            self.inner.transfer_out(key, spec, id, want, keep, remember_ms),
         ))
     }
 
@@ -274,8 +275,13 @@ impl RegionStore for Deadlined {
         Box::pin(within(self.deadline, self.inner.credit(key, id, tokens, ttl_ms)))
     }
 
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        Box::pin(within(self.deadline, self.inner.spend_credit(key, want)))
+    fn spend_credit<'a>(
+        &'a self,
+        key: &'a str,
+        want: u64,
+        period_ms: u64,
+    ) -> BoxFuture<'a, Result<Credit, StoreError>> {
+        Box::pin(within(self.deadline, self.inner.spend_credit(key, want, period_ms)))
     }
 
     fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {

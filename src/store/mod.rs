@@ -24,6 +24,14 @@ use crate::quota::{Grant, Spec};
 pub struct Credit {
     pub spent: u64,
     pub left: u64,
+    /// A transfer for the key is on its way (claimed, not yet credited or
+    /// refused): the credit may be there in a moment.
+    pub pending: bool,
+    /// The region's shortfall of the key: tokens its gateways asked for
+    /// over the last period and found neither in the bucket nor in credit
+    /// (a floor of the excess demand: requests refused from memory never
+    /// ask).
+    pub short: u64,
 }
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -244,7 +252,8 @@ pub struct Demand<'a> {
 pub trait RegionStore: Send + Sync + 'static {
     /// The primary's side of a transfer between regions: takes up to
     /// `want` tokens of `key` (quota `spec`) out of this store's bucket,
-    /// never more than it holds, once per transfer `id`: a repeated call
+    /// never leaving it fewer than `keep` (the primary's own), once per
+    /// transfer `id`: a repeated call
     /// with the same id answers what the first one granted and takes
     /// nothing. The id is remembered for `remember_ms`.
     fn transfer_out<'a>(
@@ -253,6 +262,7 @@ pub trait RegionStore: Send + Sync + 'static {
         spec: &'a Spec,
         id: u64,
         want: u64,
+        keep: u64,
         remember_ms: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
@@ -261,8 +271,10 @@ pub trait RegionStore: Send + Sync + 'static {
     /// credited (0 when the transfer was credited before).
     fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>>;
 
-    /// Spends up to `want` tokens of `key`'s unexpired credit.
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>>;
+    /// Spends up to `want` tokens of `key`'s unexpired credit, and counts
+    /// what it could not give in the key's shortfall (kept `period_ms`).
+    fn spend_credit<'a>(&'a self, key: &'a str, want: u64, period_ms: u64)
+        -> BoxFuture<'a, Result<Credit, StoreError>>;
 
     /// Sets `key`'s rebalance claim for `window` (kept `ttl_ms`) unless it
     /// is set: true for the one caller, of all the region's gateways, that
@@ -292,6 +304,7 @@ impl RegionStore for NoRegions {
         _: u64,
         _: u64,
         _: u64,
+        _: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         unsupported()
     }
@@ -300,7 +313,7 @@ impl RegionStore for NoRegions {
         unsupported()
     }
 
-    fn spend_credit<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
+    fn spend_credit<'a>(&'a self, _: &'a str, _: u64, _: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
         unsupported()
     }
 

@@ -85,6 +85,8 @@ pub struct Scripted {
     pub credits: Mutex<Vec<(u64, u64, u64)>>,
     /// Unexpired credit left to spend (credited tokens add to it).
     pub credit: AtomicU64,
+    /// What `spend_credit` says of a pending transfer.
+    pub pending: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Scripted {
@@ -128,6 +130,7 @@ impl Scripted {
             unclaimed: Mutex::default(),
             credits: Mutex::default(),
             credit: AtomicU64::new(0),
+            pending: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -293,6 +296,7 @@ impl RegionStore for Scripted {
         _spec: &'a Spec,
         id: u64,
         want: u64,
+        keep: u64,
         _remember_ms: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let granted = {
@@ -300,7 +304,7 @@ impl RegionStore for Scripted {
             *transfers.entry(id).or_insert_with(|| {
                 self.takes.fetch_add(1, Ordering::SeqCst);
                 let have = self.transferable.load(Ordering::SeqCst);
-                let g = have.min(want);
+                let g = have.saturating_sub(keep).min(want);
                 self.transferable.fetch_sub(g, Ordering::SeqCst);
                 g
             })
@@ -322,7 +326,12 @@ impl RegionStore for Scripted {
         })
     }
 
-    fn spend_credit<'a>(&'a self, _key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
+    fn spend_credit<'a>(
+        &'a self,
+        _key: &'a str,
+        want: u64,
+        _period_ms: u64,
+    ) -> BoxFuture<'a, Result<Credit, StoreError>> {
         self.respond(Call::SpendCredit, move || {
             let mut spent = 0;
             let _ = self.credit.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |have| {
@@ -332,6 +341,8 @@ impl RegionStore for Scripted {
             Ok(Credit {
                 spent,
                 left: self.credit.load(Ordering::SeqCst),
+                pending: self.pending.load(Ordering::SeqCst),
+                short: want - spent,
             })
         })
     }
@@ -388,20 +399,36 @@ mod tests {
     async fn its_region_calls_keep_claims_credit_and_transfers() {
         let s = Scripted::new();
         s.transferable.store(10, Ordering::SeqCst);
-        assert_eq!(s.transfer_out("k", &spec(), 1, 6, 0).await, Ok(6));
+        assert_eq!(s.transfer_out("k", &spec(), 1, 6, 0, 0).await, Ok(6));
         assert_eq!(
-            s.transfer_out("k", &spec(), 1, 6, 0).await,
+            s.transfer_out("k", &spec(), 1, 6, 0, 0).await,
             Ok(6),
             "same id, same answer"
         );
-        assert_eq!(s.transfer_out("k", &spec(), 2, 6, 0).await, Ok(4));
+        assert_eq!(s.transfer_out("k", &spec(), 2, 6, 0, 0).await, Ok(4));
         assert_eq!(s.takes.load(Ordering::SeqCst), 2);
         assert_eq!(s.claim("k", 7, 100).await, Ok(true));
         assert_eq!(s.claim("k", 7, 100).await, Ok(false));
         s.unclaim("k", 7).await.unwrap();
         assert_eq!(s.claim("k", 7, 100).await, Ok(true));
         assert_eq!(s.credit("k", 1, 5, 1_000).await, Ok(5));
-        assert_eq!(s.spend_credit("k", 3).await, Ok(Credit { spent: 3, left: 2 }));
-        assert_eq!(s.spend_credit("k", 3).await, Ok(Credit { spent: 2, left: 0 }));
+        assert_eq!(
+            s.spend_credit("k", 3, 1).await,
+            Ok(Credit {
+                spent: 3,
+                left: 2,
+                pending: false,
+                short: 0
+            })
+        );
+        assert_eq!(
+            s.spend_credit("k", 3, 1).await,
+            Ok(Credit {
+                spent: 2,
+                left: 0,
+                pending: false,
+                short: 1
+            })
+        );
     }
 }

@@ -507,9 +507,14 @@ async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_wha
     let (s, again) = post_transfer(link, &ask(41, 100)).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(again, a);
-    // The primary's slice is 300: 200 are left, whatever is asked.
+    // The primary's slice is 300: 200 are left, of which it keeps 60 (the
+    // fifth of its slice below its own threshold, rebalance_at = 0.8) for
+    // its own clients, whatever is asked.
     let (_, b) = post_transfer(link, &ask(42, 300)).await;
-    assert_eq!(b["granted"], 200, "only what is left of the slice");
+    assert_eq!(
+        b["granted"], 140,
+        "only what is left of the slice above what the primary keeps"
+    );
     // The primary grants by its own limits: a request whose quota is not
     // the primary's is refused and touches nothing (run with other
     // parameters, the bucket script would have reset the empty bucket).
@@ -532,10 +537,10 @@ async fn a_retried_transfer_moves_nothing_twice_and_the_primary_never_grants_wha
     beside["key"] = "rl:{global:api}:credit".into();
     assert_eq!(post_transfer(link, &beside).await.0, StatusCode::BAD_REQUEST);
     let (_, c) = post_transfer(link, &ask(43, 300)).await;
-    assert_eq!(c["granted"], 0, "nothing left: nothing granted");
-    // And the primary's own clients find the bucket empty.
-    let t = send(primary.http(), 3, None).await;
-    assert_eq!(t.ok, 0, "{t:?}");
+    assert_eq!(c["granted"], 0, "nothing to spare: nothing granted");
+    // And the primary's own clients find what it kept: 60, and no more.
+    let t = send(primary.http(), 70, None).await;
+    assert!((60..=60 + MAX_LEASE).contains(&t.ok), "{t:?}");
 
     // What is not a bucket transfer is refused before any store call.
     let mut bad = ask(44, 1);
@@ -571,18 +576,31 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     assert_eq!(store.credit(key, 2, 5, ttl.as_millis() as u64).await.unwrap(), 5);
     let credited = Instant::now();
     // 3 of transfer 2's 5; what is left (2 + 10) is said too.
-    let spent = store.spend_credit(key, 3).await.unwrap();
-    assert_eq!((spent.spent, spent.left), (3, 12));
+    let spent = store.spend_credit(key, 3, 60_000).await.unwrap();
+    assert_eq!((spent.spent, spent.left, spent.short), (3, 12, 0));
     assert!(before.elapsed() < ttl, "too slow to tell: {:?}", before.elapsed());
     // Redis set the expiry before `credited`: wait past it by the clock,
     // not by a guess of how long the calls take.
     tokio::time::sleep_until((credited + ttl + Duration::from_millis(100)).into()).await;
     // Its last 2 tokens went with its window; transfer 1's 10 remain.
-    let spent = store.spend_credit(key, 100).await.unwrap();
+    let spent = store.spend_credit(key, 100, 60_000).await.unwrap();
     assert_eq!((spent.spent, spent.left), (10, 0));
-    assert_eq!(store.spend_credit(key, 1).await.unwrap().spent, 0);
+    // What credit could not give is the region's shortfall, counted for a
+    // period.
+    assert_eq!(spent.short, 90);
+    let spent = store.spend_credit(key, 1, 60_000).await.unwrap();
+    assert_eq!((spent.spent, spent.short), (0, 91));
+    // A claim marks the key's transfer pending; a credit (even of no
+    // tokens: a refusal) settles it.
+    assert!(!store.spend_credit(key, 0, 60_000).await.unwrap().pending);
 
     assert!(store.claim(key, 5, 60_000).await.unwrap(), "the first claim wins");
+    assert!(
+        store.spend_credit(key, 0, 60_000).await.unwrap().pending,
+        "claimed: pending"
+    );
+    store.credit(key, 99, 0, 1_000).await.unwrap();
+    assert!(!store.spend_credit(key, 0, 60_000).await.unwrap().pending, "settled");
     assert!(!store.claim(key, 5, 60_000).await.unwrap(), "the second loses");
     assert!(
         store.claim(key, 6, 60_000).await.unwrap(),
@@ -601,10 +619,18 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
         100,
     );
     let k = "rl:{sw:api}";
-    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
-    assert_eq!(store.transfer_out(k, &window, 7, 30, 60_000).await.unwrap(), 30);
-    assert_eq!(store.transfer_out(k, &window, 8, 100, 60_000).await.unwrap(), 70);
-    assert_eq!(store.transfer_out(k, &window, 9, 1, 60_000).await.unwrap(), 0);
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 0, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 7, 30, 0, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &window, 8, 100, 0, 60_000).await.unwrap(), 70);
+    assert_eq!(store.transfer_out(k, &window, 9, 1, 0, 60_000).await.unwrap(), 0);
+    // The primary keeps `keep` of its own: a transfer takes only what is
+    // above it (the script reads what the bucket holds first).
+    let kept = "rl:{sw:kept}";
+    assert_eq!(
+        store.transfer_out(kept, &window, 10, 100, 20, 60_000).await.unwrap(),
+        80
+    );
+    assert_eq!(store.transfer_out(kept, &window, 11, 100, 20, 60_000).await.unwrap(), 0);
 
     // The fixed window (the RLS rules' algorithm) transfers alike.
     let fixed = Spec::new(
@@ -616,10 +642,12 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
         50,
     );
     let k = "rl:{fw:api}";
-    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
-    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 60_000).await.unwrap(), 20);
-    assert_eq!(store.transfer_out(k, &fixed, 8, 100, 60_000).await.unwrap(), 30);
-    assert_eq!(store.transfer_out(k, &fixed, 9, 1, 60_000).await.unwrap(), 0);
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 0, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 7, 20, 0, 60_000).await.unwrap(), 20);
+    assert_eq!(store.transfer_out(k, &fixed, 8, 100, 0, 60_000).await.unwrap(), 30);
+    assert_eq!(store.transfer_out(k, &fixed, 9, 1, 0, 60_000).await.unwrap(), 0);
+    let kept = "rl:{fw:kept}";
+    assert_eq!(store.transfer_out(kept, &fixed, 10, 40, 20, 60_000).await.unwrap(), 30);
 }
 
 /// In process: what a region enforces for a key is the sub-bucket's share,
@@ -683,4 +711,95 @@ rate = "10/s"
     );
     let e = explain(&applied, &probe, 0);
     assert_eq!(e.limits[1].capacity, 3);
+}
+
+/// Sends `rps` requests a second, paced, for `secs`, on one keep-alive
+/// connection (a request that takes long delays the next; none is
+/// skipped).
+async fn paced(gw: SocketAddr, rps: f64, secs: f64) -> Tally {
+    let mut c = client::http1(gw).await;
+    let mut t = Tally::default();
+    let start = tokio::time::Instant::now();
+    let n = (rps * secs) as u64;
+    for i in 0..n {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rps)).await;
+        match client::text(client::send(&mut c, client::get("/")).await).await.0 {
+            StatusCode::OK => t.ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => t.limited += 1,
+            _ => t.other += 1,
+        }
+    }
+    t
+}
+
+/// The tokens eu's log says were credited (`granted=N` of each
+/// "region: transfer credited" line).
+fn credited(gw: &Gateway) -> u64 {
+    gw.log()
+        .lines()
+        .filter(|l| l.contains("region: transfer credited"))
+        .filter_map(|l| {
+            l.split("granted=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The measurement: `600/10s`, eu-central (0.3: 180 per 10 s) at
+/// three times its slice's rate, the primary at half of its own, default
+/// blocks after a refusal. Every token granted to eu is admitted there:
+/// over 10 s eu admits its slice (the burst and 10 s of refill) plus what
+/// was credited, within a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surging_region_spends_every_token_it_was_granted() {
+    let cfg = |redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>| {
+        let region = format!(
+            "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_at = 0.8\nrebalance_window_ms = 10000"
+        );
+        let t = Toml::new()
+            .gateway("workers = 1\naccess_log = \"off\"")
+            .redis(&redis.url(), "timeout_ms = 1000")
+            .table("leasing", &format!("min = 1\nmax = {MAX_LEASE}"))
+            .table("region", &region);
+        let t = match primary {
+            None => t,
+            Some(p) => t.with(&format!("primary = \"http://{p}\"")),
+        };
+        t.respond("api", "/", &["global"])
+            .limit("global", "600/10s")
+            .with("by = [\"route\"]")
+    };
+    let redis = [Redis::start(), Redis::start()];
+    let primary = Gateway::start_connected(&cfg(&redis[0], "us-east", 0.5, None));
+    let eu = Gateway::start_connected(&cfg(&redis[1], "eu-central", 0.3, Some(primary.addr("link"))));
+    let started = Instant::now();
+    let (eu_t, p_t) = tokio::join!(paced(eu.http(), 54.0, 10.0), paced(primary.http(), 15.0, 10.0));
+    let elapsed = started.elapsed();
+    let granted = credited(&eu);
+    // A token bucket of 180 refilled at 18/s.
+    let slice = 180 + (18.0 * elapsed.as_secs_f64()) as u64;
+    println!(
+        "eu admitted {} of {} (slice {slice}, credited {granted}); primary {} of {}",
+        eu_t.ok,
+        eu_t.ok + eu_t.limited,
+        p_t.ok,
+        p_t.ok + p_t.limited
+    );
+    assert!(granted > 0, "no transfer:\n{}", eu.log());
+    assert!(
+        eu_t.ok + MAX_LEASE >= (slice + granted).min(540),
+        "eu admitted {} with {granted} credited on a slice of {slice}:\n{}",
+        eu_t.ok,
+        eu.log()
+    );
+    assert!(
+        eu_t.ok <= slice + granted + MAX_LEASE,
+        "eu admitted {} > {slice} + {granted}",
+        eu_t.ok
+    );
+    assert_eq!(p_t.limited, 0, "the primary, below its slice, refused its own: {p_t:?}");
 }

@@ -180,16 +180,16 @@ impl Coordinator {
             &self.region,
             &ask.key,
             &ask.spec,
-            threshold::ask(&ask.spec),
+            threshold::ask(&ask.spec, ask.short),
             self.window_ms,
         );
         // Retries carry the same id, so a grant that landed on the primary
         // while its answer was lost is answered again, never taken twice.
         // Worth it while the grant could still be credited (`credit_ttl`:
-        // until the end of the window, and one period of the limit), which
-        // is always before the primary forgets the id (two windows after it
-        // took the tokens).
-        let creditable = credit_ttl(window, self.window_ms, ask.spec.period_ms(), started, started).unwrap_or(0);
+        // one period of the limit, at most two windows), which is always
+        // before the primary forgets the id (two windows after it took
+        // the tokens).
+        let creditable = credit_ttl(ask.spec.period_ms(), started, started).unwrap_or(0);
         let budget = Duration::from_millis(creditable.min(self.window_ms.saturating_mul(2)));
         let answer = match self.ask_primary(&request, &ask.key, budget).await {
             Ok(a) => a,
@@ -198,6 +198,7 @@ impl Coordinator {
                 // this window gets the same answer, so the claim stays.
                 tracing::warn!(key = %ask.key, id, error = %why, "region: the primary refused the transfer");
                 self.metrics.refused.inc();
+                self.settled(&ask.key, id).await;
                 return Outcome::Refused;
             }
             Err(e) if !e.is_retryable() => {
@@ -205,15 +206,17 @@ impl Coordinator {
                 // ask, so the claim stays for the window.
                 tracing::warn!(key = %ask.key, id, error = %e, "region: transfer given up");
                 self.metrics.error.inc();
+                self.settled(&ask.key, id).await;
                 return Outcome::Error;
             }
             Err(_) => return self.give_up(ask, window).await,
         };
         if answer.granted == 0 {
             self.metrics.refused.inc();
+            self.settled(&ask.key, id).await;
             return Outcome::Refused;
         }
-        let Some(ttl) = credit_ttl(window, self.window_ms, ask.spec.period_ms(), started, (self.clock)()) else {
+        let Some(ttl) = credit_ttl(ask.spec.period_ms(), started, (self.clock)()) else {
             // Granted too late to be spent: lost here, under-admission.
             tracing::warn!(key = %ask.key, id, granted = answer.granted, "region: transfer landed after its window");
             self.metrics.error.inc();
@@ -271,6 +274,15 @@ impl Coordinator {
         }
     }
 
+    /// A transfer that will credit nothing: its pending mark goes (a credit
+    /// of no tokens), so the region's gateways block the key for the
+    /// bucket's whole retry time again.
+    async fn settled(&self, key: &str, id: u64) {
+        if let Err(e) = self.store.credit(key, id, 0, 1).await {
+            tracing::debug!(%key, error = %e, "region: clearing a pending transfer failed");
+        }
+    }
+
     /// After an ask failed: counted, and the key's claim is released (here
     /// and in the region), so its next ask is elected again.
     async fn give_up(&self, ask: &Ask, window: u64) -> Outcome {
@@ -312,15 +324,14 @@ fn reachable(r: &Result<(), LinkError>) -> bool {
 }
 
 /// How long a grant may be spent, credited at `now_ms` (`None`: no
-/// longer). Never past the end of the aligned `window` it was granted for,
-/// and never past one period of the limit after the ask (`asked_ms`, before
-/// the primary took the tokens): by then the primary's own bucket has
-/// refilled what it gave, so credit still alive would be spent twice, once
-/// here and once there.
-pub fn credit_ttl(window: u64, window_ms: u64, period_ms: u64, asked_ms: u64, now_ms: u64) -> Option<u64> {
-    let window_end = window.saturating_add(1).saturating_mul(window_ms);
-    let period_end = asked_ms.saturating_add(period_ms);
-    let ttl = window_end.min(period_end).saturating_sub(now_ms);
+/// longer): one period of the limit after the ask (`asked_ms`, before the
+/// primary took the tokens). By then the primary's own bucket has refilled
+/// what it gave, so credit still alive would be spent twice, once here and
+/// once there. Not cut at the end of the window it was asked in: a surge
+/// that straddles a window's end would lose what was granted just before
+/// it (the next window's transfer is another, with its own period).
+pub fn credit_ttl(period_ms: u64, asked_ms: u64, now_ms: u64) -> Option<u64> {
+    let ttl = asked_ms.saturating_add(period_ms).saturating_sub(now_ms);
     (ttl > 0).then_some(ttl)
 }
 

@@ -55,6 +55,9 @@ async fn primary_link(primary: Arc<Scripted>) -> String {
             })
         }),
         window_ms: 20_000,
+        // The primary keeps nothing back here: what a transfer takes is
+        // what the tests count (the keep is tested on the real script).
+        rebalance_at: 1.0,
     });
     let link = LinkService {
         grantor: Some(grantor),
@@ -97,11 +100,16 @@ fn ask() -> Ask {
     Ask {
         key: "rl:{l:k}".into(),
         spec: spec(),
+        short: 0,
     }
 }
 
 fn ask_of(key: &str, spec: Spec) -> Ask {
-    Ask { key: key.into(), spec }
+    Ask {
+        key: key.into(),
+        spec,
+        short: 0,
+    }
 }
 
 /// A 100/s limit, sliced 0.3.
@@ -118,17 +126,17 @@ fn fast() -> Spec {
 }
 
 #[test]
-fn credit_lasts_to_the_end_of_its_window_and_at_most_one_period() {
-    // Asked and credited at the start of window 50 of 20 s, a 60 s limit:
-    // the whole window.
-    assert_eq!(credit_ttl(50, 20_000, 60_000, 1_000_000, 1_000_000), Some(20_000));
-    // Credited 15 s into the window: its last 5 s, not 20 s from now.
-    assert_eq!(credit_ttl(50, 20_000, 60_000, 1_014_000, 1_015_000), Some(5_000));
-    // A 1 s limit: one period after the ask, whatever the window.
-    assert_eq!(credit_ttl(50, 20_000, 1_000, 1_000_000, 1_000_300), Some(700));
-    // Past either end: nothing to credit.
-    assert_eq!(credit_ttl(50, 20_000, 1_000, 1_000_000, 1_001_000), None);
-    assert_eq!(credit_ttl(50, 20_000, 60_000, 1_000_000, 1_020_000), None);
+fn credit_lasts_one_period_from_the_ask_whatever_the_window() {
+    // Asked and credited at once, a 60 s limit: the whole period.
+    assert_eq!(credit_ttl(60_000, 1_000_000, 1_000_000), Some(60_000));
+    // Credited 1 s after the ask: the rest of the period, not 60 s from now
+    // (and not cut where an aligned window would end).
+    assert_eq!(credit_ttl(60_000, 1_014_000, 1_015_000), Some(59_000));
+    // A 1 s limit: one period after the ask.
+    assert_eq!(credit_ttl(1_000, 1_000_000, 1_000_300), Some(700));
+    // Past it: nothing to credit.
+    assert_eq!(credit_ttl(1_000, 1_000_000, 1_001_000), None);
+    assert_eq!(credit_ttl(60_000, 1_000_000, 1_060_000), None);
 }
 
 #[tokio::test]
@@ -149,14 +157,15 @@ async fn a_limit_shorter_than_the_window_gets_credit_for_one_period_only() {
 }
 
 #[tokio::test]
-async fn credit_ends_with_the_aligned_window_it_was_granted_for() {
+async fn credit_asked_late_in_its_window_still_lasts_a_period() {
     let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
     let region = Arc::new(Scripted::new());
-    // 15 s into window 50.
+    // 15 s into window 50 (of 20 s), a 60 s limit: 60 s, not the 5 s left
+    // of the window.
     let c = coordinator_at(region.clone(), link, Duration::from_secs(2), NOW + 15_000);
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Granted(300));
-    assert_eq!(region.credits.lock().unwrap()[0].2, 5_000);
+    assert_eq!(region.credits.lock().unwrap()[0].2, 60_000);
 }
 
 #[tokio::test]
@@ -172,7 +181,7 @@ async fn one_elected_gateway_gets_a_transfer_credited_for_the_window() {
     assert_eq!(b.rebalance(&ask(), W).await, Outcome::NotElected);
     let credits = region.credits.lock().unwrap().clone();
     let id = threshold::transfer_id(None, "eu", "rl:{l:k}", W);
-    assert_eq!(credits, vec![(id, 300, 20_000)]);
+    assert_eq!(credits, vec![(id, 300, 60_000)]);
     assert_eq!((a.metrics.granted.get(), a.metrics.link_up.get()), (1, 1));
     assert_eq!(primary.transferable.load(Ordering::SeqCst), 200);
 }
@@ -185,7 +194,9 @@ async fn an_empty_primary_refuses_and_a_claim_failure_asks_nobody() {
     let c = coordinator(region.clone(), link, Duration::from_secs(2));
     assert_eq!(c.rebalance(&ask(), W).await, Outcome::Refused);
     assert_eq!(c.metrics.refused.get(), 1);
-    assert!(region.credits.lock().unwrap().is_empty());
+    // Nothing credited: the one call settles the pending transfer.
+    let credits = region.credits.lock().unwrap().clone();
+    assert!(credits.iter().all(|c| c.1 == 0), "{credits:?}");
 
     region.answer(Call::Claim, Answer::Fail(StoreError::Unavailable("down".into())));
     assert_eq!(c.rebalance(&ask(), W + 1).await, Outcome::Error);

@@ -53,6 +53,7 @@ impl RegionStore for RedisStore {
         spec: &'a Spec,
         id: u64,
         want: u64,
+        keep: u64,
         remember_ms: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let keys = vec![key.to_owned(), beside(key, &format!("xfer:{id:016x}"))];
@@ -60,17 +61,27 @@ impl RegionStore for RedisStore {
             Algorithm::TokenBucket => self.call_keys(
                 &TRANSFER_OUT_BUCKET,
                 keys,
-                vec![spec.count, spec.period_ms(), spec.capacity, want, 0, 0, remember_ms],
+                vec![
+                    spec.count,
+                    spec.period_ms(),
+                    spec.capacity,
+                    want,
+                    0,
+                    0,
+                    remember_ms,
+                    keep,
+                    4,
+                ],
             ),
             Algorithm::SlidingWindow => self.call_keys(
                 &TRANSFER_OUT_WINDOW,
                 keys,
-                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms],
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms, keep, 3],
             ),
             Algorithm::FixedWindow => self.call_keys(
                 &TRANSFER_OUT_FIXED,
                 keys,
-                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms],
+                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms, keep, 3],
             ),
             Algorithm::Concurrency => return Box::pin(std::future::ready(Ok(0))),
         };
@@ -78,32 +89,53 @@ impl RegionStore for RedisStore {
     }
 
     fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let keys = vec![beside(key, "credit"), beside(key, &format!("credited:{id:016x}"))];
+        let keys = vec![
+            beside(key, "credit"),
+            beside(key, &format!("credited:{id:016x}")),
+            beside(key, "pending"),
+        ];
         let call = self.call_keys(&CREDIT, keys, vec![tokens, ttl_ms.max(1)]);
         Box::pin(async move { call.await.map(|r| r[0]) })
     }
 
-    fn spend_credit<'a>(&'a self, key: &'a str, want: u64) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        let call = self.call_keys(&SPEND_CREDIT, vec![beside(key, "credit")], vec![want]);
+    fn spend_credit<'a>(
+        &'a self,
+        key: &'a str,
+        want: u64,
+        period_ms: u64,
+    ) -> BoxFuture<'a, Result<Credit, StoreError>> {
+        let call = self.call_keys(
+            &SPEND_CREDIT,
+            vec![beside(key, "credit"), beside(key, "pending"), beside(key, "short")],
+            vec![want, period_ms.max(1)],
+        );
         Box::pin(async move {
             call.await.map(|r| Credit {
                 spent: r[0],
                 left: r[1],
+                pending: r[2] == 1,
+                short: r[3],
             })
         })
     }
 
     fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        // Pending for as long as the asker may keep asking (half the
+        // claim's life: the window it is for).
         let call = self.call_keys(
             &CLAIM,
-            vec![beside(key, &format!("claim:{window}"))],
-            vec![ttl_ms.max(1)],
+            vec![beside(key, &format!("claim:{window}")), beside(key, "pending")],
+            vec![ttl_ms.max(1), (ttl_ms / 2).max(1)],
         );
         Box::pin(async move { call.await.map(|r| r[0] == 1) })
     }
 
     fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let call = self.call_keys(&UNCLAIM, vec![beside(key, &format!("claim:{window}"))], vec![]);
+        let call = self.call_keys(
+            &UNCLAIM,
+            vec![beside(key, &format!("claim:{window}")), beside(key, "pending")],
+            vec![],
+        );
         Box::pin(async move { call.await.map(|_| ()) })
     }
 }
