@@ -240,6 +240,14 @@ async fn on_the_memory_store_overrides_apply_and_say_they_are_this_instances_alo
     assert_eq!(admitted(&gw, "k-acme", 10).await.0, 5);
     let (_, list) = admin(&gw, "GET", "/overrides", "", Some(TOKEN)).await;
     assert!(list.contains("\"shared\":false"), "{list}");
+    // A reload keeps them.
+    gw.signal("HUP");
+    assert!(
+        gw.wait_for_log("config reloaded", Duration::from_secs(5)),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(applied_within(&gw, 1).await.map(|_| ()), Some(()), "{}", gw.log());
     // No token configured: reads work on loopback, changes are refused.
     let open = Gateway::start(&Toml::new().respond("api", "/", &["per_key"]).limit("per_key", "2/min"));
     assert_eq!(admin(&open, "GET", "/overrides", "", None).await.0, 200);
