@@ -57,6 +57,7 @@ fn resolver(reject_invalid: bool, max_token_bytes: usize, cert_tier: bool) -> Re
             audience: None,
             tenant_claim: Some("tenant".into()),
             plan_claim: Some("plan".into()),
+            rate_claims: vec!["rl_rate".into()],
             leeway_secs: 0,
         }))),
     }

@@ -323,13 +323,7 @@ impl Limiter {
                     verdict.next = position;
                     return false;
                 };
-                let refused = lv.outcome == Outcome::Limited;
-                verdict.limits.push(lv);
-                if refused {
-                    verdict.refused = Some(verdict.limits.len() - 1);
-                    verdict.decision = Decision::Refuse;
-                    verdict.taken.give_back();
-                    verdict.held.clear();
+                if verdict.decide(lv) {
                     break;
                 }
                 continue;
@@ -357,13 +351,7 @@ impl Limiter {
                 return false;
             }
             let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
-            let refused = lv.outcome == Outcome::Limited;
-            verdict.limits.push(lv);
-            if refused {
-                verdict.refused = Some(verdict.limits.len() - 1);
-                verdict.decision = Decision::Refuse;
-                // Nothing was admitted: earlier limits get their token back.
-                verdict.taken.give_back();
+            if verdict.decide(lv) {
                 break;
             }
         }
@@ -529,16 +517,9 @@ impl Limiter {
                 }
             };
             limit.count(lv.outcome);
-            let refused = lv.outcome == Outcome::Limited;
-            verdict.limits.push(lv);
-            if refused {
-                verdict.refused = Some(verdict.limits.len() - 1);
-                // A limit that refused decides, whatever another limit's
-                // store did.
-                verdict.decision = Decision::Refuse;
-                // Nothing was admitted: earlier limits get their token back.
-                verdict.taken.give_back();
-                verdict.held.clear();
+            // A limit that refused decides, whatever another limit's store
+            // did.
+            if verdict.decide(lv) {
                 break;
             }
         }

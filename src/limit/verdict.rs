@@ -78,6 +78,21 @@ impl Verdict<'_> {
         self
     }
 
+    /// Adds one limit's part. When it refuses (enforced), the verdict
+    /// refuses: nothing was admitted, so what earlier limits took (tokens,
+    /// slots) goes back. True when it refused: no later limit is asked.
+    pub(super) fn decide(&mut self, lv: LimitVerdict) -> bool {
+        let refused = lv.outcome == Outcome::Limited;
+        self.limits.push(lv);
+        if refused {
+            self.refused = Some(self.limits.len() - 1);
+            self.decision = Decision::Refuse;
+            self.taken.give_back();
+            self.held.clear();
+        }
+        refused
+    }
+
     /// The in-flight slots this request holds, to keep until its response
     /// ends (empty for a request on no concurrency limit).
     pub fn take_held(&mut self) -> Vec<super::slots::Held> {
