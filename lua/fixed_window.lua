@@ -1,10 +1,11 @@
 -- Fixed-window acquire: give back unspent requests' worth, then take up to
 -- `want` at KEYS[1], in one atomic step.
 --
--- ARGV: limit, period_ms, want, give_back, give_back_window. At most
--- `limit` requests per window, windows aligned to multiples of the period
--- since the epoch (envoyproxy/ratelimit's counting: a day resets at 00:00
--- UTC). `give_back` (unspent leased requests, 0 for none) comes off the
+-- ARGV: limit, period_ms, want, give_back, give_back_window, calendar. At
+-- most `limit` requests per window, windows aligned to multiples of the
+-- period since the epoch (envoyproxy/ratelimit's counting: a day resets at
+-- 00:00 UTC), or with `calendar` 1 or 2 to the UTC calendar's weeks
+-- (Monday 00:00) or months (the 1st 00:00). `give_back` (unspent leased requests, 0 for none) comes off the
 -- count only while `give_back_window` (the start of the window they were
 -- taken in) is still the window counted. Refused requests are not counted.
 -- This is src/quota/fixed_window.rs on Redis; time is Redis's own clock.
@@ -19,6 +20,7 @@ local p = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local give_back = tonumber(ARGV[4]) or 0
 local give_back_window = tonumber(ARGV[5]) or 0
+local calendar = tonumber(ARGV[6]) or 0
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -26,9 +28,47 @@ local function idiv(a, b)
   return q
 end
 
+-- The window `now` falls in, {start, end}: multiples of `p` since the
+-- epoch, or with `cal` = 1 the week from Monday 00:00 UTC, with `cal` = 2
+-- the month from the 1st 00:00 UTC (src/quota/calendar.rs, Howard
+-- Hinnant's civil-date arithmetic).
+local DAY = 86400000
+local function window_of(now, p, cal)
+  if cal == 1 then
+    local day = idiv(now, DAY)
+    local monday = day - (day + 3) % 7
+    return monday * DAY, (monday + 7) * DAY
+  elseif cal == 2 then
+    local function days_from_civil(y, m, d)
+      if m <= 2 then y = y - 1 end
+      local era = idiv(y, 400)
+      local yoe = y - era * 400
+      local mp = m + 9
+      if m > 2 then mp = m - 3 end
+      local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + idiv(153 * mp + 2, 5) + d - 1
+      return era * 146097 + doe - 719468
+    end
+    local z = idiv(now, DAY) + 719468
+    local era = idiv(z, 146097)
+    local doe = z - era * 146097
+    local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+    local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+    local mp = idiv(5 * doy + 2, 153)
+    local m = mp - 9
+    if mp < 10 then m = mp + 3 end
+    local y = yoe + era * 400
+    if m <= 2 then y = y + 1 end
+    local ny, nm = y, m + 1
+    if nm > 12 then ny, nm = y + 1, 1 end
+    return days_from_civil(y, m, 1) * DAY, days_from_civil(ny, nm, 1) * DAY
+  end
+  local start = now - now % p
+  return start, start + p
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-local start = now - now % p
+local start, finish = window_of(now, p, calendar)
 
 local state = redis.call('HMGET', KEYS[1], 'win', 'n')
 local win, n = tonumber(state[1]), tonumber(state[2])
@@ -50,7 +90,8 @@ end
 local granted = math.min(want, math.max(limit - n, 0))
 n = n + granted
 local remaining = math.max(limit - n, 0)
-local reset = math.max(win + p - now, 1)
+local _, ends = window_of(win, p, calendar)
+local reset = math.max(ends - now, 1)
 
 redis.call('HSET', KEYS[1], 'win', win, 'n', n)
 redis.call('PEXPIRE', KEYS[1], reset)

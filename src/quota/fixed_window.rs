@@ -2,7 +2,9 @@
 //! multiples of the period since the Unix epoch. This is the counting
 //! envoyproxy/ratelimit does (`floor(now / unit) × unit`), kept so a fleet
 //! switching from it sees the same resets: a day starts at 00:00 UTC, a
-//! week on a Thursday (the epoch's weekday).
+//! week on a Thursday (the epoch's weekday). In `gateway.toml` a week and
+//! a month follow the UTC calendar instead ([`super::Calendar`]): Monday
+//! 00:00, and the 1st 00:00, a window of the month's own length.
 //!
 //! Accuracy: exact within a window; across a boundary a client may send
 //! `limit` at the end of one window and `limit` at the start of the next
@@ -25,8 +27,7 @@ pub struct State {
 /// the clock to catch up (no stall beyond one period) nor is forgotten (no
 /// over-admission): the count leaves when `now_ms`'s window ends.
 pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
-    let p = spec.period_ms();
-    let start = now_ms - now_ms % p;
+    let (start, _) = spec.calendar().window(now_ms, spec.period_ms());
     match state {
         Some(s) if s.window_ms == start => s,
         Some(s) if s.window_ms > start => State {
@@ -47,7 +48,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
     let granted = want.min(limit.saturating_sub(s.count));
     s.count += granted;
     let remaining = limit.saturating_sub(s.count);
-    let reset_ms = (s.window_ms + spec.period_ms()).saturating_sub(now_ms).max(1);
+    let reset_ms = window_end(spec, s.window_ms).saturating_sub(now_ms).max(1);
     let grant = Grant {
         granted,
         remaining,
@@ -73,7 +74,12 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64, wind
 
 /// True when the state no longer affects any decision at `now_ms`.
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
-    state.count == 0 || now_ms >= state.window_ms.saturating_add(spec.period_ms())
+    state.count == 0 || now_ms >= window_end(spec, state.window_ms)
+}
+
+/// Where the window starting at `start_ms` ends.
+fn window_end(spec: &Spec, start_ms: u64) -> u64 {
+    spec.calendar().window(start_ms, spec.period_ms()).1
 }
 
 #[cfg(test)]
@@ -110,6 +116,35 @@ mod tests {
         assert_eq!(acquire(Some(n), &s, 179_999, 1).1.granted, 0);
         let (_, g) = acquire(Some(n), &s, 180_000, 5);
         assert_eq!((g.granted, g.remaining, g.window_ms), (5, 0, 180_000));
+    }
+
+    /// A week and a month follow the UTC calendar: the window starts on
+    /// Monday, or the 1st, and a refusal waits for the next one exactly.
+    #[test]
+    fn a_week_and_a_month_follow_the_calendar() {
+        use crate::quota::calendar::{days_from_civil, MONTH_MS, WEEK_MS};
+        let day = 86_400_000;
+        // 2026-12-02T04:30:00Z, a Wednesday.
+        let now = 1_796_185_800_000;
+        let month = spec(2, MONTH_MS);
+        let (st, _) = acquire(None, &month, now, 2);
+        let (_, g) = acquire(Some(st), &month, now, 1);
+        assert_eq!(st.window_ms, days_from_civil(2026, 12, 1) * day);
+        assert_eq!(g.retry_after_ms, days_from_civil(2027, 1, 1) * day - now);
+        assert_eq!(month.window_secs_at(now), 31 * 86_400);
+        // The next month starts afresh.
+        let (_, g) = acquire(Some(st), &month, days_from_civil(2027, 1, 1) * day, 2);
+        assert_eq!(g.granted, 2);
+        let week = spec(1, WEEK_MS);
+        let (st, g) = acquire(None, &week, now, 1);
+        assert_eq!(st.window_ms, days_from_civil(2026, 11, 30) * day, "Monday");
+        assert_eq!(g.reset_ms, days_from_civil(2026, 12, 7) * day - now);
+        assert!(!is_idle(st, &week, days_from_civil(2026, 12, 6) * day));
+        assert!(is_idle(st, &week, days_from_civil(2026, 12, 7) * day));
+        // The Envoy rate limit service's week stays envoyproxy/ratelimit's.
+        let envoy = week.epoch_windows();
+        let (st, _) = acquire(None, &envoy, now, 1);
+        assert_eq!((st.window_ms / day + 3) % 7, 3, "a Thursday");
     }
 
     #[test]

@@ -5,12 +5,14 @@
 //! [`Rate`]; the lease core and every store share [`Spec`], [`Grant`] and the
 //! algorithms, so an embedded store and Redis compute the same answers.
 
+pub mod calendar;
 pub mod fair;
 pub mod fixed_window;
 pub mod slice;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use calendar::Calendar;
 pub use slice::Share;
 
 use std::fmt;
@@ -61,6 +63,10 @@ pub struct Spec {
     /// region needs to compute its own slice of the same key exactly.
     whole_count: u64,
     whole_capacity: u64,
+    /// A fixed window's layout: a week or a month (30 days) follows the
+    /// UTC calendar ([`Calendar::of_period`]), any other period the
+    /// epoch. Always the epoch for the other algorithms.
+    calendar: Calendar,
 }
 
 /// Largest `capacity × period_ms`: values stay exact in a double, as they
@@ -71,6 +77,10 @@ impl Spec {
     pub fn new(algorithm: Algorithm, rate: Rate, capacity: u64) -> Spec {
         let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX).max(1);
         let (count, capacity) = (rate.count.max(1), capacity.max(1));
+        let calendar = match algorithm {
+            Algorithm::FixedWindow => Calendar::of_period(period_ms),
+            _ => Calendar::Epoch,
+        };
         Spec {
             algorithm,
             count,
@@ -78,7 +88,23 @@ impl Spec {
             capacity,
             whole_count: count,
             whole_capacity: capacity,
+            calendar,
         }
+    }
+
+    /// This spec with windows aligned to the epoch whatever its period:
+    /// the Envoy rate limit service's fixed windows, which count a week
+    /// from a Thursday and a month as 30 days, as envoyproxy/ratelimit does.
+    pub fn epoch_windows(self) -> Spec {
+        Spec {
+            calendar: Calendar::Epoch,
+            ..self
+        }
+    }
+
+    /// How its windows are laid out (a fixed window's).
+    pub fn calendar(&self) -> Calendar {
+        self.calendar
     }
 
     /// This region's slice of the quota: `share` of the count and of the
@@ -135,8 +161,22 @@ impl Spec {
     }
 
     /// The window advertised in `RateLimit-Policy`, in whole seconds (≥ 1).
+    /// A calendar window's is the length of the current one (28 to 31
+    /// days for a month), read from the wall clock.
     pub fn window_secs(&self) -> u64 {
-        self.period_ms.div_ceil(1000).max(1)
+        if self.calendar == Calendar::Epoch {
+            return self.period_ms.div_ceil(1000).max(1);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.window_secs_at(now)
+    }
+
+    /// [`Spec::window_secs`] at `now_ms` (Unix milliseconds).
+    pub fn window_secs_at(&self, now_ms: u64) -> u64 {
+        let (start, end) = self.calendar.window(now_ms, self.period_ms);
+        (end - start).div_ceil(1000).max(1)
     }
 }
 
@@ -343,7 +383,7 @@ pub enum RateError {
     Count(String),
     #[error("the count must be at least 1")]
     ZeroCount,
-    #[error("unknown period {0:?}: use s, min, h, day, or a duration such as 30s, 5m, 500ms")]
+    #[error("unknown period {0:?}: use s, min, h, day, week, month, or a duration such as 30s, 5m, 500ms")]
     Period(String),
     #[error("the period must be longer than zero")]
     ZeroPeriod,
@@ -393,6 +433,8 @@ fn parse_period(s: &str) -> Result<Duration, RateError> {
         "m" | "min" | "minute" | "minutes" => 60_000,
         "h" | "hr" | "hour" | "hours" => 3_600_000,
         "d" | "day" | "days" => 86_400_000,
+        "w" | "wk" | "week" | "weeks" => calendar::WEEK_MS,
+        "mo" | "month" | "months" => calendar::MONTH_MS,
         _ => return Err(bad()),
     };
     multiplier
@@ -404,7 +446,11 @@ fn parse_period(s: &str) -> Result<Duration, RateError> {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.period.as_millis();
-        let (n, unit) = if ms.is_multiple_of(86_400_000) {
+        let (n, unit) = if ms == u128::from(calendar::MONTH_MS) {
+            (1, "month")
+        } else if ms == u128::from(calendar::WEEK_MS) {
+            (1, "week")
+        } else if ms.is_multiple_of(86_400_000) {
             (ms / 86_400_000, "day")
         } else if ms.is_multiple_of(3_600_000) {
             (ms / 3_600_000, "h")

@@ -8,6 +8,7 @@ mod support;
 
 mod admin;
 mod alerts;
+mod calendar;
 mod check;
 mod cli;
 mod concurrency;

@@ -378,6 +378,9 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         spec(Algorithm::TokenBucket, "1000/day", 1000),
         spec(Algorithm::SlidingWindow, "30/day", 30),
         spec(Algorithm::FixedWindow, "40/day", 40),
+        // Calendar quotas: the scripts' civil dates against the Rust ones.
+        spec(Algorithm::FixedWindow, "40/month", 40),
+        spec(Algorithm::FixedWindow, "25/week", 25),
     ];
     // Tokens each key holds, by the window they were granted in.
     let mut held: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();

@@ -87,6 +87,7 @@ fn algorithm(c: &mut Check, l: &raw::Limit, key: &str) -> Algorithm {
         &[
             ("token_bucket", Algorithm::TokenBucket),
             ("sliding_window", Algorithm::SlidingWindow),
+            ("fixed_window", Algorithm::FixedWindow),
             ("concurrency", Algorithm::Concurrency),
         ],
         Algorithm::TokenBucket,

@@ -104,7 +104,9 @@ pub fn limit_spec(algorithm: Algorithm, requests: u32, unit: Unit) -> Spec {
         count: u64::from(requests).max(1),
         period: Duration::from_secs(unit.seconds()),
     };
-    Spec::new(algorithm, rate, rate.count)
+    // envoyproxy/ratelimit's windows: a week from a Thursday, a month of
+    // 30 days, never the calendar's.
+    Spec::new(algorithm, rate, rate.count).epoch_windows()
 }
 
 /// One level of a domain's tree.

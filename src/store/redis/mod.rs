@@ -353,7 +353,11 @@ fn algorithm_code(spec: &Spec) -> u64 {
     match spec.algorithm {
         Algorithm::TokenBucket => 0,
         Algorithm::SlidingWindow => 1,
-        Algorithm::FixedWindow => 2,
+        // A calendar's fixed window: 4 (week), 5 (month).
+        Algorithm::FixedWindow => match spec.calendar().code() {
+            0 => 2,
+            c => 3 + c,
+        },
         // Never released as tokens (`hold_slots` gives slots back).
         Algorithm::Concurrency => 3,
     }
@@ -427,7 +431,14 @@ impl RedisStore {
             Algorithm::FixedWindow => self.call(
                 &FIXED_WINDOW,
                 key,
-                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
+                vec![
+                    spec.capacity,
+                    spec.period_ms(),
+                    want,
+                    tokens,
+                    window_ms,
+                    spec.calendar().code(),
+                ],
                 give_back,
             ),
             Algorithm::Concurrency => Box::pin(std::future::ready(Err(StoreError::Failed(

@@ -81,7 +81,17 @@ impl RegionStore for RedisStore {
             Algorithm::FixedWindow => self.call_keys(
                 &TRANSFER_OUT_FIXED,
                 keys,
-                vec![spec.capacity, spec.period_ms(), want, 0, 0, 0, remember_ms, keep, 3],
+                vec![
+                    spec.capacity,
+                    spec.period_ms(),
+                    want,
+                    0,
+                    0,
+                    spec.calendar().code(),
+                    remember_ms,
+                    keep,
+                    3,
+                ],
             ),
             Algorithm::Concurrency => return Box::pin(std::future::ready(Ok(0))),
         };
