@@ -170,6 +170,8 @@ pub struct Route {
     pub methods: Option<Spanned<Vec<String>>>,
     pub upstream: Option<Spanned<String>>,
     pub response: Option<Spanned<DirectResponse>>,
+    /// Limits whose state the route answers the caller (a usage route).
+    pub usage: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub limits: Vec<Spanned<String>>,
     pub on_store_failure: Option<Spanned<String>>,

@@ -49,6 +49,7 @@ impl Config {
             let target = match &r.action {
                 crate::route::Action::Forward(u) => format!("upstream {}", u.name),
                 crate::route::Action::Respond(d) => format!("responds {}", d.status.as_u16()),
+                crate::route::Action::Usage(_) => "answers usage".to_string(),
             };
             let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
             let limits = if r.limits.is_empty() {

@@ -188,6 +188,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         action: match &route.action {
             Action::Forward(u) => format!("upstream {}", u.name),
             Action::Respond(d) => format!("responds {}", d.status.as_u16()),
+            Action::Usage(_) => "answers usage (JSON)".to_string(),
         },
         on_store_failure: route.on_store_failure.as_str(),
     });

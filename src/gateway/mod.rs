@@ -18,6 +18,7 @@ use respond::{add_warnings, visible_statuses, RequestError};
 mod queue;
 pub mod respond;
 mod serve;
+mod usage;
 
 pub use serve::request_id;
 

@@ -92,7 +92,7 @@ impl Gateway {
                 upstream: matched
                     .and_then(|r| match &r.action {
                         Action::Forward(u) => Some(u.name.as_str()),
-                        Action::Respond(_) => None,
+                        Action::Respond(_) | Action::Usage(_) => None,
                     })
                     .unwrap_or("-"),
                 micros: started.elapsed().as_micros() as u64,
@@ -276,6 +276,11 @@ impl Gateway {
                 let resp = self.finish(snapshot, Some(route), Ok(respond(direct)), request_id, verdict.as_ref());
                 Served::Now(hold_until_sent(resp, held), record)
             }
+            Action::Usage(which) => Served::Later(Box::pin(async move {
+                let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
+                let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
+                (hold_until_sent(resp, held), record)
+            })),
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
                 let result = proxy::forward(
                     req,

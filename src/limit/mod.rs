@@ -37,6 +37,7 @@ mod slow_path;
 pub mod stage;
 mod sweep;
 pub mod table;
+pub mod usage;
 mod verdict;
 
 use std::hash::Hasher;

@@ -199,6 +199,11 @@ impl KeySlots {
         self.max.saturating_sub(s.held_total.max(s.in_use)).max(idle)
     }
 
+    /// Slots left as far as this instance knows, now.
+    pub(super) fn left_now(&self) -> u64 {
+        self.left(&self.state.lock().recover())
+    }
+
     /// Nothing held and nobody using it for a TTL: no reason to remember.
     /// A key in a store call is kept: its answer lands here.
     fn forgettable(&self, now: u64) -> bool {

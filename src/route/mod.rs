@@ -31,6 +31,9 @@ pub struct Route {
 pub enum Action {
     Forward(Arc<Upstream>),
     Respond(DirectResponse),
+    /// `usage = [...]`: answers the caller's own state under these limits
+    /// (indices into the config's limits) as JSON, consuming nothing.
+    Usage(Vec<usize>),
 }
 
 #[derive(Debug)]

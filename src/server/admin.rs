@@ -230,6 +230,7 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
             let (upstream, respond) = match &r.action {
                 Action::Forward(u) => (Some(u.name.as_str()), None),
                 Action::Respond(d) => (None, Some(d.status.as_u16())),
+                Action::Usage(_) => (None, Some(200)),
             };
             serde_json::json!({
                 "name": r.name,

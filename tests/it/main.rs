@@ -32,3 +32,4 @@ mod resilience;
 mod rlqs;
 mod rls;
 mod sentinel;
+mod usage;

@@ -101,7 +101,18 @@ pub(super) fn routes(
             }
             out
         });
+        let usage = r.usage.as_ref().map(|u| usage_limits(c, u, limits, &key));
+        let conflict = usage.is_some() && (r.upstream.is_some() || r.response.is_some());
         let action = match (&r.upstream, r.response) {
+            _ if conflict => {
+                c.at(
+                    span.clone(),
+                    key.clone(),
+                    "a usage route answers by itself: set usage, upstream or response, one of them",
+                );
+                None
+            }
+            (None, None) if usage.is_some() => usage.map(Action::Usage),
             (Some(u), None) => match upstreams.iter().find(|up| up.name == *u.get_ref()) {
                 Some(up) => Some(Action::Forward(up.clone())),
                 None => {
@@ -206,6 +217,44 @@ fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {
         (None, None) => true,
         _ => false,
     }
+}
+
+/// A usage route's limits, by name, each once.
+fn usage_limits(c: &mut Check, u: &Spanned<Vec<String>>, limits: &[Draft], key: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for name in u.get_ref() {
+        match limits.iter().position(|l| l.name == *name) {
+            Some(i) if !out.contains(&i) => out.push(i),
+            Some(_) => c.at(
+                u.span(),
+                format!("{key}.usage"),
+                format!("limit {name:?} is listed twice"),
+            ),
+            None => {
+                let known: Vec<_> = limits.iter().map(|l| l.name.as_str()).collect();
+                c.at(
+                    u.span(),
+                    format!("{key}.usage"),
+                    format!(
+                        "unknown limit {name:?} (known: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
+            }
+        }
+    }
+    if u.get_ref().is_empty() {
+        c.at(
+            u.span(),
+            format!("{key}.usage"),
+            "name at least one limit whose state the route answers",
+        );
+    }
+    out
 }
 
 fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) -> Option<DirectResponse> {
