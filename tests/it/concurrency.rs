@@ -108,7 +108,9 @@ async fn admitted_within(addr: SocketAddr, within: Duration) -> Option<Duration>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_run_exactly_max_until_the_bodies_end() {
     let redis = Redis::start();
-    let up = dripping(1_500).await;
+    // Long enough that every head arrives while the first bodies are in
+    // flight, even on a loaded machine.
+    let up = dripping(3_000).await;
     let config = toml(&redis_store(&redis), up, "max = 3");
     let (a, b) = (Gateway::start_connected(&config), Gateway::start_connected(&config));
     let six = [a.http(), b.http(), a.http(), b.http(), a.http(), b.http()];
@@ -229,7 +231,9 @@ fn check_names_what_a_concurrency_limit_cannot_take() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_holds_the_slots_too() {
     let cluster = crate::support::redis::Cluster::start();
-    let up = dripping(1_000).await;
+    // Bodies far longer than the test: no slot comes back while the four
+    // heads arrive, however slow a loaded machine makes them.
+    let up = dripping(30_000).await;
     let store = format!(
         "[store]\nbackend = \"redis\"\ncluster = {}\ntimeout_ms = 1000\n",
         cluster.seeds_toml()
