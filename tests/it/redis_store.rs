@@ -19,7 +19,16 @@ fn spec(algorithm: Algorithm, rate: &str, capacity: u64) -> Spec {
 
 /// Runs a script file with `redis-cli --eval`; returns the reply's integers.
 fn eval(redis: &Redis, script: &str, key: &str, args: &[u64]) -> Vec<u64> {
-    let path = format!("{}/lua/{script}", env!("CARGO_MANIFEST_DIR"));
+    let lua = |name: &str| format!("{}/lua/{name}", env!("CARGO_MANIFEST_DIR"));
+    let mut path = lua(script);
+    // The fixed-window scripts run with the calendar in front, as the
+    // store loads them.
+    if matches!(script, "fixed_window.lua" | "release.lua") {
+        let joined = std::env::temp_dir().join(format!("leasegate-{}-{script}", std::process::id()));
+        let text = std::fs::read_to_string(lua("calendar.lua")).unwrap() + &std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&joined, text).unwrap();
+        path = joined.display().to_string();
+    }
     let mut cli_args: Vec<String> = vec!["--eval".into(), path, key.into(), ",".into()];
     cli_args.extend(args.iter().map(u64::to_string));
     let refs: Vec<&str> = cli_args.iter().map(String::as_str).collect();

@@ -61,8 +61,20 @@ use sentinel::{follow_master, is_master, watch_switches, Sentinel};
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/token_bucket.lua")));
 static SLIDING_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sliding_window.lua")));
-static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fixed_window.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
+// The fixed-window scripts start with the calendar's windows
+// (`lua/calendar.lua`), its one copy in Lua.
+static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/calendar.lua"),
+        include_str!("../../../lua/fixed_window.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/calendar.lua"),
+        include_str!("../../../lua/release.lua")
+    ))
+});
 static FLEET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fleet.lua")));
 
 /// The sorted set of the fleet's heartbeats (`lua/fleet.lua`): a name no

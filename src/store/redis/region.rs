@@ -30,6 +30,7 @@ static TRANSFER_OUT_WINDOW: LazyLock<Script> = LazyLock::new(|| {
 static TRANSFER_OUT_FIXED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../../../lua/region/transfer_out_head.lua"),
+        include_str!("../../../lua/calendar.lua"),
         include_str!("../../../lua/fixed_window.lua"),
         include_str!("../../../lua/region/transfer_out_tail.lua"),
     ))
