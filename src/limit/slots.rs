@@ -121,6 +121,26 @@ pub(super) enum Taken {
     Full(u64),
 }
 
+impl Taken {
+    /// Limit `i`'s part of a verdict; a slot goes into `verdict`, to be
+    /// held until the response ends.
+    fn into_verdict(
+        self,
+        i: usize,
+        limit: &super::LimitRuntime,
+        spec: &Spec,
+        verdict: &mut super::Verdict<'_>,
+    ) -> LimitVerdict {
+        match self {
+            Taken::Slot(held, left) => {
+                verdict.held.push(held);
+                slot_admitted(i, spec, left)
+            }
+            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
+        }
+    }
+}
+
 impl SlotTable {
     pub(super) fn new(max_keys: usize) -> SlotTable {
         SlotTable {
@@ -308,13 +328,8 @@ impl super::Limiter {
         spec: &Spec,
         verdict: &mut super::Verdict<'_>,
     ) -> Option<LimitVerdict> {
-        Some(match self.slot_now(h)? {
-            Taken::Slot(held, left) => {
-                verdict.held.push(held);
-                slot_admitted(i, spec, left)
-            }
-            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
-        })
+        let taken = self.slot_now(h)?;
+        Some(taken.into_verdict(i, limit, spec, verdict))
     }
 
     /// A concurrency limit's verdict, asking the store when no slot is at
@@ -348,13 +363,7 @@ impl super::Limiter {
                 self.slot_fallback(h, key, spec.capacity)
             }
         };
-        Some(match taken {
-            Taken::Slot(held, left) => {
-                verdict.held.push(held);
-                slot_admitted(i, spec, left)
-            }
-            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
-        })
+        Some(taken.into_verdict(i, limit, spec, verdict))
     }
 
     /// The future that is ready when a slot of `limit`'s key for `facts`

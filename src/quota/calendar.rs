@@ -11,6 +11,8 @@ pub const WEEK_MS: u64 = 7 * DAY_MS;
 pub const MONTH_MS: u64 = 30 * DAY_MS;
 const DAY_MS: u64 = 86_400_000;
 
+pub use crate::clock::{civil_from_days, days_from_civil};
+
 /// How a fixed window's windows are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Calendar {
@@ -64,32 +66,6 @@ impl Calendar {
             }
         }
     }
-}
-
-/// (year, month 1-12, day 1-31) of `days` since 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`, for days on or after the epoch).
-pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
-
-/// Days since 1970-01-01 of a date on or after it (`days_from_civil`).
-pub fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
-    let y = y - u64::from(m <= 2);
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

@@ -224,13 +224,16 @@ mod tests {
     /// is spent as soon as it lands.
     #[tokio::test]
     async fn a_pending_transfer_cuts_the_retry_of_a_drained_key() {
-        let (tx, _rx) = mpsc::channel(8);
+        let (tx, mut rx) = mpsc::channel(8);
         let inner = with_credit(0);
         let store = Rebalancing::new(inner.clone(), inner.clone(), 0.8, tx);
         let s = spec();
         let g = store.acquire("rl:{a:1}", &s, 11, Unspent::default()).await.unwrap();
         assert_eq!(g.granted, 10);
         assert!(g.retry_after_ms > 60_000, "10/h: a token in 6 minutes: {g:?}");
+        // The shortfall the spend measured sizes the ask (1 short here).
+        let ask = rx.try_recv().expect("the drained key asked");
+        assert_eq!(ask.short, 1, "{ask:?}");
         inner.pending.store(true, Ordering::SeqCst);
         let g = store.acquire("rl:{a:1}", &s, 1, Unspent::default()).await.unwrap();
         assert_eq!((g.granted, g.retry_after_ms), (0, PENDING_RETRY_MS));

@@ -30,43 +30,22 @@ fn civil(t: u64) -> (u64, u64, u64, u64) {
         days -= n;
         y += 1;
     }
-    let lengths = [
-        31,
-        if leap(y) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
     let mut m = 0;
-    while days >= lengths[m] {
-        days -= lengths[m];
+    while days >= days_in(y, m + 1) {
+        days -= days_in(y, m + 1);
         m += 1;
     }
     (y, m as u64 + 1, days + 1, t % DAY)
 }
 
+/// Days in month `m` (1-12) of year `y`.
 fn days_in(y: u64, m: u64) -> u64 {
-    [
-        31,
-        if leap(y) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ][m as usize - 1]
+    match m {
+        2 if leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 fn now_ms() -> u64 {

@@ -196,3 +196,23 @@ async fn while_the_store_is_away_an_instance_runs_its_part_of_max() {
     assert_eq!(d, Decision::Refuse, "max 2 over a fleet of one");
     drop((a, b));
 }
+
+/// A waiter in a concurrency limit's queue is woken by the release itself,
+/// not by its next retry.
+#[tokio::test]
+async fn a_slot_coming_back_wakes_whoever_waits_for_it() {
+    let (_now, _store, fleet) = fleet(1);
+    let limits = [concurrency(1, Mode::Enforce)];
+    let (_, held, _) = ask(&fleet[0], &limits).await;
+    let h = http::HeaderMap::new();
+    let freed = fleet[0].slot_freed(&limits[0], &facts(&h));
+    tokio::pin!(freed);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), &mut freed).await.is_err(),
+        "nothing freed yet"
+    );
+    drop(held);
+    tokio::time::timeout(Duration::from_millis(20), freed)
+        .await
+        .expect("the release wakes the waiter");
+}

@@ -3,8 +3,24 @@
 //! slots per member (`lua/slots.lua`) and the overrides
 //! (`lua/overrides.lua`). The fleet is this instance.
 
-use super::MemoryStore;
+use std::collections::HashMap;
+
+use super::{MemberEntry, MemoryStore};
 use crate::sync::Recover as _;
+
+/// Whether `key` has a place in a table of at most `max_keys` keys whose
+/// entries are (member, value, expires at): it has one, or there is room,
+/// or there is once the expired entries (and the keys left empty) go.
+fn room_for(all: &mut HashMap<String, Vec<MemberEntry>>, key: &str, max_keys: usize, now: u64) -> bool {
+    if all.len() < max_keys || all.contains_key(key) {
+        return true;
+    }
+    all.retain(|_, v| {
+        v.retain(|(_, _, expires)| *expires > now);
+        !v.is_empty()
+    });
+    all.len() < max_keys
+}
 
 impl MemoryStore {
     /// Records a stream's demand and answers its max-min fair share, as
@@ -12,14 +28,8 @@ impl MemoryStore {
     pub(super) fn fair_share_now(&self, d: crate::store::Demand<'_>) -> u64 {
         let now = (self.clock)();
         let mut all = self.demands.lock().recover();
-        if all.len() >= self.max_keys && !all.contains_key(d.key) {
-            all.retain(|_, v| {
-                v.retain(|(_, _, expires)| *expires > now);
-                !v.is_empty()
-            });
-            if all.len() >= self.max_keys {
-                return d.rate; // no room to share: the rate bounds it
-            }
+        if !room_for(&mut all, d.key, self.max_keys, now) {
+            return d.rate; // no room to share: the rate bounds it
         }
         let streams = all.entry(d.key.to_string()).or_default();
         streams.retain(|(member, _, expires)| *member != d.member && *expires > now);
@@ -35,14 +45,8 @@ impl MemoryStore {
     pub fn hold_slots_now(&self, h: crate::store::Hold<'_>) -> crate::store::Slots {
         let now = (self.clock)();
         let mut all = self.slots.lock().recover();
-        if all.len() >= self.max_keys && !all.contains_key(h.key) {
-            all.retain(|_, v| {
-                v.retain(|(_, _, expires)| *expires > now);
-                !v.is_empty()
-            });
-            if all.len() >= self.max_keys {
-                return crate::store::Slots::default();
-            }
+        if !room_for(&mut all, h.key, self.max_keys, now) {
+            return crate::store::Slots::default();
         }
         let members = all.entry(h.key.to_string()).or_default();
         members.retain(|(member, _, expires)| *member != h.member && *expires > now);

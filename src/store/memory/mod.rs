@@ -119,8 +119,9 @@ impl Shard {
 /// The overrides as `lua/overrides.lua` keeps them: (limit, who) → value.
 type OverrideTable = std::collections::BTreeMap<(String, String), String>;
 
-/// One stream's demand for a bucket: (member, demand, expires at).
-type StreamDemand = (u64, u64, u64);
+/// One member's entry in a table beside the buckets: (member, value,
+/// expires at), a stream's demand or an instance's slots.
+type MemberEntry = (u64, u64, u64);
 
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
@@ -129,10 +130,10 @@ pub struct MemoryStore {
     clock: Clock,
     /// RLQS streams' demands by bucket key, as `lua/fair_share.lua` keeps
     /// them; at most `max_keys` buckets.
-    demands: Mutex<HashMap<String, Vec<StreamDemand>>>,
+    demands: Mutex<HashMap<String, Vec<MemberEntry>>>,
     /// Concurrency limits' slots by key, per member, as `lua/slots.lua`
     /// keeps them: (member, slots, expires at); at most `max_keys` keys.
-    slots: Mutex<HashMap<String, Vec<StreamDemand>>>,
+    slots: Mutex<HashMap<String, Vec<MemberEntry>>>,
     /// The overrides, by (limit, who), and their version.
     overrides: Mutex<(u64, OverrideTable)>,
     max_keys: usize,

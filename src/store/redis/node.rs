@@ -48,6 +48,12 @@ impl Connection {
         for a in args {
             call.arg(a);
         }
+        self.invoke(&call).await
+    }
+
+    /// Runs a prepared script call on this connection; a node's connection
+    /// that fails is dropped for the next call to dial again.
+    async fn invoke<T: redis::FromRedisValue>(&mut self, call: &redis::ScriptInvocation<'_>) -> Result<T, CallError> {
         Ok(match self {
             Connection::Node(node) => {
                 let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
@@ -80,17 +86,7 @@ impl Connection {
         for a in args {
             call.arg(*a);
         }
-        let reply: Vec<i64> = match self {
-            Connection::Node(node) => {
-                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
-                let reply = call.invoke_async(&mut c).await;
-                if let Err(e) = &reply {
-                    node.failed(generation, e);
-                }
-                reply?
-            }
-            Connection::Cluster(c) => call.invoke_async(c).await?,
-        };
+        let reply: Vec<i64> = self.invoke(&call).await?;
         // Scripts answer five integers (the token bucket six: what it
         // reserved), never negative; anything else is a script from another
         // version, not a reason to wrap around.

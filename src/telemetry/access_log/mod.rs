@@ -302,7 +302,7 @@ pub fn write_timestamp(out: &mut Vec<u8>, now: SystemTime) {
 fn second_prefix(secs: u64) -> [u8; 20] {
     let days = secs / 86_400;
     let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = crate::clock::civil_from_days(days);
     let mut p = [0u8; 20];
     let mut put = |at: usize, v: u64, width: usize| {
         let mut v = v;
@@ -324,21 +324,6 @@ fn second_prefix(secs: u64) -> [u8; 20] {
     p[16] = b':';
     p[19] = b'.';
     p
-}
-
-/// (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`, for days ≥ 0).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock::civil_from_days;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
