@@ -8,6 +8,8 @@
 #
 #   bench/overrides.sh [instances] [changes]
 #
+# BIN=path/to/leasegate runs another build (to compare two, alternate them).
+#
 # Installs redis-server from the system packages if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,11 @@ REDIS_PORT=18590
 BASE_PORT=18600
 
 need_tools redis-server:redis-server redis-cli:redis-tools python3:python3
-cargo build --release --quiet
+BIN=${BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=${CARGO_TARGET_DIR:-target}/release/leasegate
+fi
 
 bench_work
 redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >/dev/null & pids+=($!)
@@ -48,7 +54,7 @@ limits = ["per_client"]
 name = "per_client"
 rate = "100/min"
 CONF
-  LEASEGATE_LOG=warn target/release/leasegate run --config "$work/gw-$i.toml" >/dev/null 2>"$work/gw-$i.log" & pids+=($!)
+  LEASEGATE_LOG=warn "$BIN" run --config "$work/gw-$i.toml" >/dev/null 2>"$work/gw-$i.log" & pids+=($!)
 done
 for i in $(seq 0 $((INSTANCES - 1))); do
   for _ in $(seq 100); do

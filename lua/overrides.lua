@@ -15,9 +15,16 @@
 local op = ARGV[1]
 if op == 'set' or op == 'del' then
   if op == 'set' then
+    -- ARGV[4]: the most overrides one limit may hold; a new one past it
+    -- is refused ({'full'}), changing nothing.
+    if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 and redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[4]) then
+      return {'full'}
+    end
     redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-  else
-    redis.call('HDEL', KEYS[2], ARGV[2])
+  elseif redis.call('HDEL', KEYS[2], ARGV[2]) == 0 then
+    -- Nothing to delete (another instance dropped it first): no change,
+    -- no new version for the fleet to load.
+    return {redis.call('GET', KEYS[1]) or '0'}
   end
   local version = redis.call('INCR', KEYS[1])
   redis.call('PUBLISH', 'lg:{overrides}:changed', version)

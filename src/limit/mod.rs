@@ -149,9 +149,9 @@ pub fn key_spec(limit: &Limit, spec: Spec, shards: u32, facts: &Facts<'_>) -> (S
     let claimed = limit
         .rate_from
         .as_ref()
-        .and_then(|rf| Some(rf.clamp(facts.rates.get(rf.index)?.as_deref()?.parse().ok()?)));
-    let spec = if let Some(rate) = claimed {
-        Spec::new(limit.algorithm, rate, rate.count)
+        .and_then(|rf| rf.quota(facts.rates.get(rf.index)?.as_deref()?));
+    let spec = if let Some((rate, capacity)) = claimed {
+        Spec::new(limit.algorithm, rate, capacity)
     } else if facts.plan.is_none() || limit.plans.is_empty() {
         spec
     } else {

@@ -27,10 +27,6 @@ use crate::quota::{Algorithm, Rate, Spec};
 use crate::store::{OverrideOp, StoreError};
 use crate::sync::Recover as _;
 
-/// Most overrides the fleet may hold: each one is in every instance's
-/// memory.
-pub const MAX_OVERRIDES: usize = 100_000;
-
 /// How often an instance asks the store for the overrides' version.
 pub const POLL_MS: u64 = 1_000;
 
@@ -61,7 +57,7 @@ pub enum OverrideError {
     Who(String),
     #[error("a concurrency limit has no rate to override")]
     Concurrency,
-    #[error("at most {MAX_OVERRIDES} overrides")]
+    #[error("at most {} overrides per limit", crate::store::MAX_OVERRIDES_PER_LIMIT)]
     Full,
 }
 
@@ -173,15 +169,32 @@ pub fn valid_who(who: &str) -> Result<(), OverrideError> {
 
 /// Whether `who` names an Envoy descriptor as an override of an `[rls]`
 /// domain (`rls:<domain>`) may: its entries, `key=value` joined by commas,
-/// in Envoy's order (`tenant=acme` or `tenant=acme,path=/v1`).
+/// in Envoy's order (`tenant=acme` or `tenant=acme,path=/v1`), with `%`,
+/// `,` and `=` inside a key or value written `%25`, `%2C` and `%3D`
+/// ([`descriptor_part`]), so no value can pass for several entries.
 pub fn valid_descriptor(who: &str) -> Result<(), OverrideError> {
     let ok = !who.is_empty()
         && who.len() <= 1_024
-        && who
-            .split(',')
-            .all(|e| e.split_once('=').is_some_and(|(k, _)| !k.is_empty()))
+        && who.split(',').all(|e| {
+            let mut kv = e.split('=');
+            matches!((kv.next(), kv.next(), kv.next()), (Some(k), Some(_), None) if !k.is_empty())
+        })
         && !who.chars().any(char::is_control);
     ok.then_some(()).ok_or_else(|| OverrideError::Who(who.to_string()))
+}
+
+/// A descriptor entry's key or value as an override names it: `%`, `,`
+/// and `=` percent-encoded, so a client's value (`bigcorp,path=/v1`)
+/// cannot read as another descriptor's entries.
+fn descriptor_part(out: &mut String, part: &str) {
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ',' => out.push_str("%2C"),
+            '=' => out.push_str("%3D"),
+            c => out.push(c),
+        }
+    }
 }
 
 /// limit → who → override.
@@ -262,9 +275,9 @@ impl Limiter {
             if i > 0 {
                 who.push(',');
             }
-            who.push_str(k);
+            descriptor_part(&mut who, k);
             who.push('=');
-            who.push_str(v);
+            descriptor_part(&mut who, v);
         }
         let o = of_domain.get(&who).filter(|o| o.in_force(now_unix_ms()))?;
         let burst = match rule.algorithm {
@@ -294,29 +307,29 @@ impl Limiter {
 
     /// Sets (`Some`) or drops `limit`'s override for `who` in the store,
     /// then loads the fleet's overrides at once, so this instance applies
-    /// it before answering. `limits`: every limit of the config in force.
+    /// it before answering (if that load fails, the poll brings it: the
+    /// change is made). `limits`: every limit of the config in force.
+    /// `Ok(None)`: refused, the limit holds its most overrides already.
     pub async fn change_override(
         &self,
         limits: &[String],
         limit: &str,
         who: &str,
         to: Option<Override>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Option<u64>, StoreError> {
         let value = to.map(|o| o.encode());
         let op = match &value {
             Some(value) => OverrideOp::Set { limit, who, value },
             None => OverrideOp::Delete { limit, who },
         };
-        let version = self.store.overrides(op).await?.version;
-        self.poll_overrides(limits).await?;
-        Ok(version)
-    }
-
-    /// Whether one more override for (`limit`, `who`) fits.
-    pub fn override_fits(&self, limit: &str, who: &str) -> bool {
-        let table = self.overrides.table.load();
-        let exists = table.get(limit).is_some_and(|m| m.contains_key(who));
-        exists || table.values().map(HashMap::len).sum::<usize>() < MAX_OVERRIDES
+        let answer = self.store.overrides(op).await?;
+        if answer.full {
+            return Ok(None);
+        }
+        if let Err(e) = self.poll_overrides(limits).await {
+            tracing::debug!(error = %e, "overrides: loading after a change failed; the poll brings it");
+        }
+        Ok(Some(answer.version))
     }
 
     /// Loads the overrides of `limits` when the store's version moved (or
@@ -332,7 +345,7 @@ impl Limiter {
         let now = now_unix_ms();
         let mut table = Table::new();
         let mut expired = Vec::new();
-        for (limit, who, value) in loaded.entries.into_iter().take(MAX_OVERRIDES) {
+        for (limit, who, value) in loaded.entries {
             match Override::decode(&value) {
                 Some(o) if o.in_force(now) => {
                     table.entry(limit).or_default().insert(who, o);
@@ -452,6 +465,14 @@ mod tests {
             OverrideError::Concurrency
         );
         assert!(valid_who("key:acme").is_ok() && valid_who("tenant:acme").is_ok());
+        assert!(valid_descriptor("tenant=acme,path=/v1").is_ok());
+        assert!(valid_descriptor("tenant=a%3Db%2Cc").is_ok());
+        for bad in ["", "tenant", "=x", "tenant=a=b", "a=b,", "a=\n"] {
+            assert!(valid_descriptor(bad).is_err(), "{bad:?}");
+        }
+        let mut s = String::new();
+        descriptor_part(&mut s, "bigcorp,path=/v1%");
+        assert_eq!(s, "bigcorp%2Cpath%3D/v1%25");
         for bad in ["acme", "team:acme", "key:", "key:a\nb"] {
             assert!(valid_who(bad).is_err(), "{bad}");
         }

@@ -147,6 +147,20 @@ pub struct RateFrom {
 }
 
 impl RateFrom {
+    /// The rate and capacity a caller gets from a claim's text: its rate,
+    /// cut to `max` per second, with a capacity of at most `max`'s count
+    /// (a `864000/day` claim under `600/min` gets 10/s, not a burst of
+    /// 864 000); `None` for a claim that is not a rate, or one past the
+    /// 2^53 rule every configured rate obeys (the limit's own rate then).
+    pub fn quota(&self, claim: &str) -> Option<(Rate, u64)> {
+        let rate: Rate = claim.parse().ok()?;
+        if !fits(rate.count, &rate) {
+            return None;
+        }
+        let rate = self.clamp(rate);
+        Some((rate, rate.count.min(self.max.count)))
+    }
+
     /// The rate a caller gets from `claimed`: its own, or `max` when
     /// `claimed` allows more per second.
     pub fn clamp(&self, claimed: Rate) -> Rate {
@@ -406,6 +420,15 @@ mod tests {
         assert_eq!(rf.clamp(r("11/s")), r("600/min"));
         assert_eq!(rf.clamp(r("1000000/day")), r("600/min"), "11.6/s over a day: cut");
         assert_eq!(rf.clamp(r("800000/day")), r("800000/day"), "9.3/s: its own");
+        // The capacity: never above max_rate's count.
+        assert_eq!(rf.quota("5/s"), Some((r("5/s"), 5)));
+        assert_eq!(rf.quota("800000/day"), Some((r("800000/day"), 600)));
+        assert_eq!(rf.quota("lots"), None);
+        assert_eq!(
+            rf.quota("100000000000/day"),
+            None,
+            "past 2^53 token-ms: not a rate to take"
+        );
     }
 
     use super::*;

@@ -24,6 +24,7 @@
 //! than a TTL the fleet may run up to `max` more.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::policy::StoreFailure;
@@ -55,7 +56,8 @@ pub(super) struct SlotTable {
 /// One key's slots on this instance.
 pub struct KeySlots {
     key: Box<str>,
-    max: u64,
+    /// The limit's `max` as last seen: a reload may change it.
+    max: AtomicU64,
     state: Mutex<State>,
     /// One store call per key at a time.
     calling: tokio::sync::Mutex<()>,
@@ -100,7 +102,7 @@ impl Drop for Held {
             s.in_use = s.in_use.saturating_sub(1);
             s.used_at = now;
             s.full_until = 0;
-            s.held_total >= self.slots.max && s.owned > s.in_use
+            s.held_total >= self.slots.max() && s.owned > s.in_use
         };
         self.slots.freed.notify_one();
         if contended {
@@ -164,6 +166,7 @@ impl SlotTable {
     fn get_or_insert(&self, h: u64, key: &str, max: u64, now: u64) -> Option<Arc<KeySlots>> {
         let mut shard = self.shard(h).lock().recover();
         if let Some(k) = shard.get(&h) {
+            k.retune(max);
             return Some(k.clone());
         }
         if shard.len() >= self.max_keys.div_ceil(SHARDS) {
@@ -174,7 +177,7 @@ impl SlotTable {
         }
         let k = Arc::new(KeySlots {
             key: key.into(),
-            max,
+            max: AtomicU64::new(max),
             state: Mutex::default(),
             calling: tokio::sync::Mutex::new(()),
             freed: tokio::sync::Notify::new(),
@@ -197,6 +200,21 @@ impl SlotTable {
 }
 
 impl KeySlots {
+    fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// A new `max` (a reload changed the limit): idle slots are no longer
+    /// this instance's to hand out, so the next request asks the store,
+    /// which grants by the new `max`, and the next renewal gives them back.
+    fn retune(&self, max: u64) {
+        if self.max.swap(max, Ordering::Relaxed) != max {
+            let mut s = self.state.lock().recover();
+            s.owned = s.owned.min(s.in_use);
+            s.full_until = 0;
+        }
+    }
+
     /// A slot at hand, from memory: `Ok(Some)` taken, `Ok(None)` needs the
     /// store, `Err(ms)` refused from memory (full) for that long.
     fn take_local(&self, now: u64) -> Result<Option<u64>, u64> {
@@ -216,7 +234,7 @@ impl KeySlots {
     /// instance's own if it knows of more in use.
     fn left(&self, s: &State) -> u64 {
         let idle = s.owned.saturating_sub(s.in_use);
-        self.max.saturating_sub(s.held_total.max(s.in_use)).max(idle)
+        self.max().saturating_sub(s.held_total.max(s.in_use)).max(idle)
     }
 
     /// Slots left as far as this instance knows, now.
@@ -236,8 +254,9 @@ impl KeySlots {
 impl super::Limiter {
     /// A slot for key `h` at hand, without waiting: `None` when the store
     /// must be asked.
-    pub(super) fn slot_now(&self, h: u64) -> Option<Taken> {
+    pub(super) fn slot_now(&self, h: u64, max: u64) -> Option<Taken> {
         let k = self.slots.get(h)?;
+        k.retune(max);
         let now = self.now_ms();
         match k.take_local(now) {
             Ok(Some(left)) => Some(Taken::Slot(self.held(k), left)),
@@ -263,8 +282,12 @@ impl super::Limiter {
             return Ok(Taken::Full(FULL_MS));
         };
         let deadline = std::time::Duration::from_millis(self.settings().deadline_ms.max(1) * 2);
+        // Another request's call for this key is that slow: the store is
+        // busy, not down (that call's own result says so), and what this
+        // instance holds is in use. Full, not a store failure: a failure
+        // would let the fallback admit beyond what the store granted.
         let Ok(_calling) = tokio::time::timeout(deadline, k.calling.lock()).await else {
-            return Err(StoreError::Timeout(deadline.as_millis() as u64));
+            return Ok(Taken::Full(FULL_MS));
         };
         match k.take_local(self.now_ms()) {
             Ok(Some(left)) => return Ok(Taken::Slot(self.held(k.clone()), left)),
@@ -328,7 +351,7 @@ impl super::Limiter {
         spec: &Spec,
         verdict: &mut super::Verdict<'_>,
     ) -> Option<LimitVerdict> {
-        let taken = self.slot_now(h)?;
+        let taken = self.slot_now(h, spec.capacity)?;
         Some(taken.into_verdict(i, limit, spec, verdict))
     }
 
@@ -392,14 +415,23 @@ impl super::Limiter {
     /// a contended key and those unused for a TTL, and forgets keys with
     /// nothing held. `leaving`: gives every idle slot back (shutdown).
     pub async fn renew_slots(&self, leaving: bool) {
+        self.renew(leaving, false).await;
+    }
+
+    /// [`Limiter::renew_slots`]; `only_contended`: just the keys the store
+    /// last said were full (a slot came back on one), not every key.
+    async fn renew(&self, leaving: bool, only_contended: bool) {
         let ttl_ms = self.settings().sizing.ttl_ms;
         for k in self.slots.all() {
+            if only_contended && k.state.lock().recover().held_total < k.max() {
+                continue;
+            }
             let _calling = k.calling.lock().await;
             let now = self.now_ms();
             let hold = {
                 let mut s = k.state.lock().recover();
                 let idle_long = now.saturating_sub(s.used_at) >= ttl_ms;
-                let contended = s.held_total >= k.max;
+                let contended = s.held_total >= k.max();
                 if leaving || idle_long || contended {
                     // The request path takes no slot above `owned`: set it
                     // first, so the store never hears of fewer than run.
@@ -417,7 +449,7 @@ impl super::Limiter {
                     member: self.slots.member,
                     hold,
                     want: 0,
-                    max: k.max,
+                    max: k.max(),
                     ttl_ms,
                 })
                 .await;
@@ -439,13 +471,18 @@ impl super::Limiter {
     /// The renewer: every third of a lease TTL, or at once when a
     /// contended key has a slot to give back.
     pub async fn keep_slots(self: Arc<Self>) {
+        let every = || std::time::Duration::from_millis((self.settings().sizing.ttl_ms / 3).clamp(20, 2_000));
+        let mut next = tokio::time::Instant::now() + every();
         loop {
-            let every = std::time::Duration::from_millis((self.settings().sizing.ttl_ms / 3).clamp(20, 2_000));
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = self.slots.wake.notified() => {}
+                _ = tokio::time::sleep_until(next) => {
+                    self.renew(false, false).await;
+                    next = tokio::time::Instant::now() + every();
+                }
+                // A slot came back on a full key: give that key's idle
+                // slots back now; the others wait for their renewal.
+                _ = self.slots.wake.notified() => self.renew(false, true).await,
             }
-            self.renew_slots(false).await;
         }
     }
 }

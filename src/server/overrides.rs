@@ -106,12 +106,10 @@ pub async fn serve(req: Request<Incoming>, runtime: &Runtime) -> Response<Body> 
     } else {
         None
     };
-    if to.is_some() && !runtime.limiter.override_fits(&limit, &who) {
-        return bad(&format!("at most {} overrides", crate::limit::overrides::MAX_OVERRIDES));
-    }
     let limits = overridable(&config);
     match runtime.limiter.change_override(&limits, &limit, &who, to).await {
-        Ok(version) => {
+        Ok(None) => bad(&crate::limit::overrides::OverrideError::Full.to_string()),
+        Ok(Some(version)) => {
             let mut body = match &to {
                 Some(o) => o.json(&limit, &who),
                 None => serde_json::json!({"limit": limit, "who": who, "deleted": true}),

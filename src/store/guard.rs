@@ -358,13 +358,13 @@ impl QuotaStore for Guarded {
         Box::pin(core.guard(op, move || core.inner.hold_slots(h)))
     }
 
-    /// The inner store's overrides call, under a second's deadline (an
-    /// operator's change, or the poll in the background: never a request's
-    /// wait); the breaker is left alone.
     fn watch_overrides(&self, wake: std::sync::Arc<tokio::sync::Notify>) {
         self.core.inner.watch_overrides(wake)
     }
 
+    /// The inner store's overrides call, under a second's deadline (an
+    /// operator's change, or the poll in the background: never a request's
+    /// wait); the breaker is left alone.
     fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
         Box::pin(within(Duration::from_secs(1), self.core.inner.overrides(op)))
     }

@@ -226,7 +226,13 @@ pub enum OverrideOp<'a> {
 pub struct Overridden {
     pub version: u64,
     pub entries: Vec<(String, String, String)>,
+    /// A set refused: the limit holds [`MAX_OVERRIDES_PER_LIMIT`] already.
+    pub full: bool,
 }
+
+/// Most overrides one limit may hold in the store, whoever asks (the
+/// store refuses one more): every instance loads them all.
+pub const MAX_OVERRIDES_PER_LIMIT: u64 = 10_000;
 
 /// One RLQS stream's demand for a bucket, as [`QuotaStore::fair_share`]
 /// records it.

@@ -35,7 +35,7 @@ fn civil(t: u64) -> (u64, u64, u64, u64) {
         days -= days_in(y, m + 1);
         m += 1;
     }
-    (y, m as u64 + 1, days + 1, t % DAY)
+    (y, m + 1, days + 1, t % DAY)
 }
 
 /// Days in month `m` (1-12) of year `y`.

@@ -226,7 +226,10 @@ fn check_names_what_a_concurrency_limit_cannot_take() {
     assert!(err.contains("limits[0].max"), "{err}");
     let (code, out, err, _dir) = check(&format!("{base}max = 4\n"));
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("limit     gpu concurrency max 4 in flight (enforce)"), "{out}");
+    assert!(
+        out.contains("limit     gpu concurrency max 4 in flight (enforce)"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -381,3 +381,23 @@ async fn notices_bring_a_change_at_once_and_the_poll_covers_a_lost_one() {
     assert_eq!(status, 200);
     assert!(applied_within(&b, 0).await.is_some(), "{}", b.log());
 }
+
+/// The store itself caps a limit's overrides (no instance's count can be
+/// raced past), and a delete that removes nothing makes no new version
+/// for the fleet to load.
+#[test]
+fn the_script_caps_a_limits_overrides_and_a_delete_of_nothing_is_no_change() {
+    let redis = Redis::start();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/overrides.lua");
+    let run = |args: &[&str]| {
+        let mut all = vec!["--eval", script, "lg:{overrides}:version", "lg:{overrides}:l", ","];
+        all.extend_from_slice(args);
+        redis.cli(&all).trim().to_string()
+    };
+    assert_eq!(run(&["set", "key:a", "{}", "2"]), "1");
+    assert_eq!(run(&["set", "key:b", "{}", "2"]), "2");
+    assert_eq!(run(&["set", "key:c", "{}", "2"]), "full");
+    assert_eq!(run(&["set", "key:a", "{}", "2"]), "3", "replacing one fits");
+    assert_eq!(run(&["del", "key:zz"]), "3", "nothing deleted: the same version");
+    assert_eq!(run(&["del", "key:a"]), "4");
+}

@@ -12,30 +12,24 @@ use crate::support::{check, client, Gateway, Toml};
 const MAX_LEASE: u64 = 10;
 
 fn toml(store: &str) -> Toml {
-    toml_with(store, true)
+    toml_with(store, "usage_calls", "3/min")
 }
 
-/// With `limited`, the usage route has a limit of its own (`usage_calls`,
-/// 3/min).
-fn toml_with(store: &str, limited: bool) -> Toml {
-    let own = if limited { "\nlimits = [\"usage_calls\"]" } else { "" };
-    let t = Toml::new()
+/// The usage route's own limit: `own`, at `rate`.
+fn toml_with(store: &str, own: &str, rate: &str) -> Toml {
+    Toml::new()
         .gateway("workers = 1\naccess_log = \"off\"")
         .raw(store)
         .table("leasing", &format!("max = {MAX_LEASE}"))
         .raw("[[identity.api_keys]]\nkey = \"k-acme\"\ntenant = \"acme\"")
         .respond("api", "/api", &["per_key", "monthly"])
         .raw(&format!(
-            "[[routes]]\nname = \"usage\"\npath_prefix = \"/v1/usage\"\nusage = [\"per_key\", \"monthly\"]{own}"
+            "[[routes]]\nname = \"usage\"\npath_prefix = \"/v1/usage\"\nusage = [\"per_key\", \"monthly\"]\nlimits = [\"{own}\"]"
         ))
         .limit("per_key", "5/min")
         .limit("monthly", "100/month")
-        .with("algorithm = \"fixed_window\"");
-    if limited {
-        t.limit("usage_calls", "3/min")
-    } else {
-        t
-    }
+        .with("algorithm = \"fixed_window\"")
+        .limit(own, rate)
 }
 
 async fn get(gw: &Gateway, path: &str) -> (u16, String) {
@@ -107,8 +101,8 @@ async fn a_usage_route_reads_the_store_on_redis() {
     let gw = Gateway::start_connected(&toml(&store));
     usage_reports_without_consuming(&gw).await;
     // Another instance, which holds nothing for acme, reads the store (its
-    // usage route unlimited: the first one's quota is spent).
-    let other = Gateway::start_connected(&toml_with(&store, false));
+    // usage route under a limit of its own: the first one's is spent).
+    let other = Gateway::start_connected(&toml_with(&store, "usage_other", "100/min"));
     let (_, body) = get(&other, "/v1/usage").await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["limits"][0]["remaining"], 0, "{v}");
@@ -130,6 +124,9 @@ fn check_names_a_usage_route_without_a_known_limit_or_with_an_upstream() {
     let (code, _, err, _dir) = check(&format!("{base}usage = [\"l\"]\nresponse = {{ status = 200 }}\n"));
     assert_ne!(code, 0);
     assert!(err.contains("set usage, upstream or response, one of them"), "{err}");
-    let (code, out, err, _dir) = check(&format!("{base}usage = [\"l\"]\n"));
+    let (code, _, err, _dir) = check(&format!("{base}usage = [\"l\"]\n"));
+    assert_ne!(code, 0);
+    assert!(err.contains("give it limits of its own"), "{err}");
+    let (code, out, err, _dir) = check(&format!("{base}usage = [\"l\"]\nlimits = [\"l\"]\n"));
     assert_eq!(code, 0, "{out}{err}");
 }

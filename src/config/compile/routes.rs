@@ -103,6 +103,13 @@ pub(super) fn routes(
         });
         let usage = r.usage.as_ref().map(|u| usage_limits(c, u, limits, &key));
         let conflict = usage.is_some() && (r.upstream.is_some() || r.response.is_some());
+        if let (Some(u), true) = (&r.usage, r.limits.is_empty()) {
+            c.at(
+                u.span(),
+                format!("{key}.usage"),
+                "a usage route asks the store for every limit it shows, on every call: give it limits of its own",
+            );
+        }
         let action = match (&r.upstream, r.response) {
             _ if conflict => {
                 c.at(

@@ -101,7 +101,7 @@ async fn a_fleet_of_two_runs_at_most_max_and_a_slot_back_is_taken_again() {
         .unwrap();
     running.remove(ended);
     assert!(matches!(
-        fleet[0].slot_now(first_hash(&fleet[0])),
+        fleet[0].slot_now(first_hash(&fleet[0]), 3),
         Some(Taken::Slot(..))
     ));
 }
@@ -208,11 +208,31 @@ async fn a_slot_coming_back_wakes_whoever_waits_for_it() {
     let freed = fleet[0].slot_freed(&limits[0], &facts(&h));
     tokio::pin!(freed);
     assert!(
-        tokio::time::timeout(Duration::from_millis(20), &mut freed).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(20), &mut freed)
+            .await
+            .is_err(),
         "nothing freed yet"
     );
     drop(held);
     tokio::time::timeout(Duration::from_millis(20), freed)
         .await
         .expect("the release wakes the waiter");
+}
+
+/// A reload that lowers `max` holds at once, even for a key with idle
+/// slots in hand.
+#[tokio::test]
+async fn a_lower_max_after_a_reload_holds_for_a_key_with_idle_slots() {
+    let (_now, _store, fleet) = fleet(1);
+    let (_, a, _) = ask(&fleet[0], &[concurrency(3, Mode::Enforce)]).await;
+    let (_, b, _) = ask(&fleet[0], &[concurrency(3, Mode::Enforce)]).await;
+    drop(b); // idle, kept for the next request
+    let lower = [concurrency(1, Mode::Enforce)];
+    assert_eq!(
+        ask(&fleet[0], &lower).await.0,
+        Decision::Refuse,
+        "one is in flight: max 1"
+    );
+    drop(a);
+    assert_eq!(ask(&fleet[0], &lower).await.0, Decision::Admit);
 }

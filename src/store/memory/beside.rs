@@ -71,12 +71,22 @@ impl MemoryStore {
         let (version, table) = &mut *o;
         match op {
             OverrideOp::Set { limit, who, value } => {
-                table.insert((limit.to_string(), who.to_string()), value.to_string());
+                let entry = (limit.to_string(), who.to_string());
+                let held = table.keys().filter(|(l, _)| l == limit).count() as u64;
+                if !table.contains_key(&entry) && held >= crate::store::MAX_OVERRIDES_PER_LIMIT {
+                    return crate::store::Overridden {
+                        full: true,
+                        ..Default::default()
+                    };
+                }
+                table.insert(entry, value.to_string());
                 *version += 1;
             }
             OverrideOp::Delete { limit, who } => {
-                table.remove(&(limit.to_string(), who.to_string()));
-                *version += 1;
+                // Nothing deleted: no new version.
+                if table.remove(&(limit.to_string(), who.to_string())).is_some() {
+                    *version += 1;
+                }
             }
             OverrideOp::Version => {}
             OverrideOp::Load(limits) => {
@@ -87,12 +97,13 @@ impl MemoryStore {
                         .filter(|((l, _), _)| limits.contains(l))
                         .map(|((l, w), v)| (l.clone(), w.clone(), v.clone()))
                         .collect(),
+                    full: false,
                 }
             }
         }
         crate::store::Overridden {
             version: *version,
-            entries: vec![],
+            ..Default::default()
         }
     }
 }

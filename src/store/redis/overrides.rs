@@ -46,7 +46,15 @@ impl RedisStore {
             }
             OverrideOp::Set { limit, who, value } => {
                 keys.push(hash(limit));
-                (vec![], vec!["set".into(), who.into(), value.into()])
+                (
+                    vec![],
+                    vec![
+                        "set".into(),
+                        who.into(),
+                        value.into(),
+                        crate::store::MAX_OVERRIDES_PER_LIMIT.to_string(),
+                    ],
+                )
             }
             OverrideOp::Delete { limit, who } => {
                 keys.push(hash(limit));
@@ -63,6 +71,12 @@ impl RedisStore {
                 Ok(Err(e)) => return Err(e.classify()),
                 Err(_) => return Err(StoreError::Failed("the Redis I/O thread stopped".into())),
             };
+            if reply.first().is_some_and(|v| v == "full") {
+                return Ok(Overridden {
+                    full: true,
+                    ..Overridden::default()
+                });
+            }
             let version = reply.first().and_then(|v| v.parse().ok()).unwrap_or(0);
             let entries = reply
                 .get(1..)
@@ -73,7 +87,11 @@ impl RedisStore {
                     Some((limit.clone(), e[1].clone(), e[2].clone()))
                 })
                 .collect();
-            Ok(Overridden { version, entries })
+            Ok(Overridden {
+                version,
+                entries,
+                full: false,
+            })
         })
     }
 
