@@ -1,7 +1,8 @@
 -- Fixed-window acquire: give back unspent requests' worth, then take up to
 -- `want` at KEYS[1], in one atomic step.
 --
--- ARGV: limit, period_ms, want, give_back, give_back_window, calendar. At
+-- ARGV: limit, period_ms, want, give_back, give_back_window, calendar,
+-- charge, need. At
 -- most `limit` requests per window, windows aligned to multiples of the
 -- period since the epoch (envoyproxy/ratelimit's counting: a day resets at
 -- 00:00 UTC), or with `calendar` 1 or 2 to the UTC calendar's weeks
@@ -10,10 +11,17 @@
 -- taken in) is still the window counted. Refused requests are not counted.
 -- This is src/quota/fixed_window.rs on Redis; time is Redis's own clock.
 --
+-- `charge` (costs settled above their reserve) is counted after the
+-- give-back whether it fits or not: the count may pass the limit until the
+-- window ends. Nothing is granted unless `need` fit (the asking request's
+-- reserve; 0 and 1: any); then retry_after_ms is the wait for the next
+-- window.
+--
 -- State: hash {win = start of the window counted, in ms, n = its count}.
--- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
--- retry_after_ms is the wait until the next window whenever nothing more
--- fits after this grant, else 0.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms, 0,
+-- owed}; retry_after_ms is the wait until the next window whenever nothing
+-- more fits after this grant, or `need` did not, else 0; owed is the count
+-- above the limit.
 
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
@@ -21,6 +29,8 @@ local want = tonumber(ARGV[3])
 local give_back = tonumber(ARGV[4]) or 0
 local give_back_window = tonumber(ARGV[5]) or 0
 local calendar = tonumber(ARGV[6]) or 0
+local charge = tonumber(ARGV[7]) or 0
+local need = tonumber(ARGV[8]) or 1
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -51,7 +61,10 @@ if give_back > 0 and give_back_window >= win then
   n = math.max(n - give_back, 0)
 end
 
-local granted = math.min(want, math.max(limit - n, 0))
+n = n + charge
+
+local granted = 0
+if math.max(limit - n, 0) >= need then granted = math.min(want, math.max(limit - n, 0)) end
 n = n + granted
 local remaining = math.max(limit - n, 0)
 local _, ends = window_of(win, p, calendar)
@@ -60,5 +73,5 @@ local reset = math.max(ends - now, 1)
 redis.call('HSET', KEYS[1], 'win', win, 'n', n)
 redis.call('PEXPIRE', KEYS[1], reset)
 local retry = 0
-if remaining == 0 then retry = reset end
-return {granted, remaining, reset, retry, win}
+if remaining == 0 or (granted == 0 and want > 0 and remaining < need) then retry = reset end
+return {granted, remaining, reset, retry, win, 0, math.max(n - limit, 0)}

@@ -1,7 +1,8 @@
 -- Sliding-window acquire: give back unspent requests' worth, then take up
 -- to `want` at KEYS[1], in one atomic step.
 --
--- ARGV: limit, period_ms, want, give_back, give_back_window. At most
+-- ARGV: limit, period_ms, want, give_back, give_back_window, charge,
+-- need. At most
 -- `limit` requests per period over a weighted sliding window: the previous
 -- aligned window counts in proportion to how much of it the sliding window
 -- still covers. `give_back` (unspent leased requests, 0 for none) goes back
@@ -12,17 +13,25 @@
 -- period since the epoch, estimates scaled by period_ms, integer math
 -- (exact in doubles below 2^53). Time is Redis's own clock.
 --
+-- `charge` (costs settled above their reserve) is counted in the current
+-- window after the give-back, whether it fits or not. Nothing is granted
+-- unless `need` fit (the asking request's reserve; 0 and 1: any); then
+-- retry_after_ms is the exact wait until they do.
+--
 -- State: hash {win = start of the current window in ms, cur, prev}.
--- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms};
--- retry_after_ms is the exact wait until one more request fits whenever
--- none does after this grant (granted or not), else 0; window_ms is the
--- start of the window the grant was counted in.
+-- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms, 0,
+-- owed}; retry_after_ms is the exact wait until one more request fits
+-- whenever none does after this grant (granted or not), or until `need`
+-- do when they did not, else 0; window_ms is the start of the window the
+-- grant was counted in; owed is the estimate above the limit.
 
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local give_back = tonumber(ARGV[4]) or 0
 local give_back_window = tonumber(ARGV[5]) or 0
+local charge = tonumber(ARGV[6]) or 0
+local need = tonumber(ARGV[7]) or 1
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -59,26 +68,31 @@ if give_back > 0 then
   end
 end
 
+cur = cur + charge
+
 -- Scaled estimate of the requests in the sliding window ending now.
 local into = math.min(math.max(now - win, 0), p)
 local function estimate() return prev * (p - into) + cur * p end
 
 local budget = limit * p
-local granted = math.min(want, idiv(math.max(budget - estimate(), 0), p))
+local fits = idiv(math.max(budget - estimate(), 0), p)
+local granted = 0
+if fits >= need then granted = math.min(want, fits) end
 cur = cur + granted
 local remaining = idiv(math.max(budget - estimate(), 0), p)
 
--- When nothing more fits: the milliseconds until one more request does.
-local function retry_after()
-  if cur < limit then
-    -- Later in this window: prev * (p - e) <= (limit - 1 - cur) * p.
+-- The milliseconds until k more requests' worth fit (1 <= k <= limit).
+local function retry_after(k)
+  k = math.max(1, math.min(k, limit))
+  if cur + k <= limit then
+    -- Later in this window: prev * (p - e) <= (limit - k - cur) * p.
     if prev == 0 then return 1 end
-    local e = math.max(p - idiv((limit - 1 - cur) * p, prev), 0)
+    local e = math.max(p - idiv((limit - k - cur) * p, prev), 0)
     if e < p then return math.max(e - into, 1) end
   end
-  -- In the next window, cur becomes prev: cur * (p - e) <= (limit - 1) * p.
+  -- In the next window, cur becomes prev: cur * (p - e) <= (limit - k) * p.
   local e = 0
-  if cur > 0 then e = math.max(p - idiv((limit - 1) * p, cur), 0) end
+  if cur > 0 then e = math.max(p - idiv((limit - k) * p, cur), 0) end
   return (p - into) + e
 end
 
@@ -89,5 +103,10 @@ local ends = win + p
 if cur > 0 then ends = win + 2 * p end
 redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 local retry = 0
-if remaining == 0 then retry = retry_after() end
-return {granted, remaining, math.max(win + p - now, 0), retry, win}
+if granted == 0 and want > 0 and need > 1 and remaining < need then
+  retry = retry_after(need)
+elseif remaining == 0 then
+  retry = retry_after(1)
+end
+local owed = math.max(estimate() - budget, 0)
+return {granted, remaining, math.max(win + p - now, 0), retry, win, 0, idiv(owed + p - 1, p)}

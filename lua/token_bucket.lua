@@ -1,7 +1,8 @@
 -- Token bucket acquire: give back unspent tokens, then take up to `want`
 -- tokens from the bucket at KEYS[1], in one atomic step.
 --
--- ARGV: count, period_ms, capacity, want, give_back, reserve. The bucket gains
+-- ARGV: count, period_ms, capacity, want, give_back, reserve, charge, need.
+-- The bucket gains
 -- `count` tokens per `period_ms`, up to `capacity`. `give_back` (unspent
 -- leased tokens, 0 for none) goes back first, clamped to the capacity. This
 -- is src/quota/token_bucket.rs on Redis: integer math, the level kept in
@@ -18,10 +19,16 @@
 -- stay exact): a reservation is cut to what fits, and when nothing fits
 -- none is made.
 --
+-- `charge` (costs settled above their reserve, 0 for none) is taken after
+-- the give-back whether the bucket has it or not: the level goes below
+-- zero by it, at most the debt bound below. Nothing is granted unless
+-- `need` whole tokens are there (the asking request's reserve; 0 and 1:
+-- any), and then retry_after_ms is the exact wait until they are.
+--
 -- State: hash {tokens = level in units (negative while reservations are
 -- owed), ts = when measured, in ms}. A missing key is a full bucket.
 -- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms,
--- reserved}; retry_after_ms is the exact wait for one whole token whenever
+-- reserved, owed}; owed is the whole tokens below zero; retry_after_ms is the exact wait for one whole token whenever
 -- none is left after this grant (granted or not), else 0; window_ms is
 -- always 0.
 
@@ -31,6 +38,8 @@ local capacity = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local give_back = tonumber(ARGV[5]) or 0
 local reserve = tonumber(ARGV[6]) or 0
+local charge = tonumber(ARGV[7]) or 0
+local need = tonumber(ARGV[8]) or 1
 
 -- floor(a / b) for integers below 2^53, corrected for rounding.
 local function idiv(a, b)
@@ -66,12 +75,17 @@ else
 end
 ts = now
 if give_back > 0 then units = math.min(cap, units + give_back * period) end
+if charge > 0 then units = math.max(-debt_max * period, units - charge * period) end
 
 local granted = 0
-if units > 0 then granted = math.min(want, idiv(units, period)) end
+if units > 0 and idiv(units, period) >= need then granted = math.min(want, idiv(units, period)) end
 units = units - granted * period
 local retry_after = 0
-if units < period then retry_after = ceil_div(period - units, count) end
+if granted == 0 and need > 1 and want > 0 then
+  if units < need * period then retry_after = ceil_div(need * period - units, count) end
+elseif units < period then
+  retry_after = ceil_div(period - units, count)
+end
 local reserved = 0
 if reserve == 1 and granted == 0 and want > 0 then
   local floor = -debt_max * period
@@ -81,9 +95,11 @@ end
 local reset = ceil_div(cap - units, count)
 local remaining = 0
 if units > 0 then remaining = idiv(units, period) end
+local owed = 0
+if units < 0 then owed = ceil_div(-units, period) end
 
 redis.call('HSET', KEYS[1], 'tokens', units, 'ts', ts)
 -- Full again after `reset` ms, and a missing key is a full bucket: keep the
 -- state that long, and a second more.
 redis.call('PEXPIRE', KEYS[1], reset + 1000)
-return {granted, remaining, reset, retry_after, 0, reserved}
+return {granted, remaining, reset, retry_after, 0, reserved, owed}

@@ -127,6 +127,10 @@ pub struct Gateway {
     /// connection with no open stream, or a tunnel that moves no byte, is
     /// closed after this long.
     pub idle_timeout: Duration,
+    /// Most bytes of a request body read for a `json:` cost reserve (a
+    /// larger body is refused, 413), and of a response body (or one
+    /// event) kept for a `json:` settle.
+    pub max_cost_body_bytes: usize,
     /// Which rate-limit headers responses carry.
     pub rate_limit_headers: HeaderStyle,
     /// One line per request on stdout.

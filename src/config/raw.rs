@@ -48,6 +48,9 @@ pub struct Gateway {
     pub grace_period_ms: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,
     pub max_header_bytes: Option<Spanned<i64>>,
+    /// Most bytes of a request body read for a `json:` reserve, and of a
+    /// response body (or one event) kept for a `json:` settle.
+    pub max_cost_body_bytes: Option<Spanned<i64>>,
     pub header_read_timeout_ms: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
@@ -211,6 +214,23 @@ pub struct Limit {
     pub shard_by: Option<Spanned<String>>,
     pub queue_ms: Option<Spanned<i64>>,
     pub queue_max: Option<Spanned<i64>>,
+    /// `{ reserve = N | "header:NAME" | "json:PATH", settle = "..." }`.
+    pub cost: Option<Spanned<Cost>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cost {
+    pub reserve: Option<Spanned<NumberOrText>>,
+    pub settle: Option<Spanned<String>>,
+}
+
+/// A value written as a number or as a string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum NumberOrText {
+    Number(i64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]

@@ -91,6 +91,9 @@ impl Config {
             if let Some(f) = lim.fallback_rate {
                 let _ = write!(s, ", fallback {f}");
             }
+            if let Some(c) = &lim.cost {
+                let _ = write!(s, ", cost {}", c.describe());
+            }
             s.push('\n');
         }
         if let Some(r) = &self.region {

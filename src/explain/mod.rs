@@ -162,6 +162,10 @@ pub struct LimitFacts {
     /// The key's state on a running gateway (`--admin`); `None` when not
     /// asked, or when the gateway's answer did not name the key.
     pub live: Option<admin::KeyState>,
+    /// The limit's cost rule (`reserve 1000, settle json:usage.total_tokens`),
+    /// with this request's reserve when its headers say (a `json:` reserve
+    /// reads a body, which explain does not have).
+    pub cost: Option<String>,
 }
 
 /// Explains `probe` under `config`.
@@ -259,6 +263,16 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             key_hash: format!("{:016x}", crate::limit::key_hash(&store_key)),
             key: store_key,
             live: None,
+            cost: limit.cost.as_ref().map(|c| {
+                let rule = c.describe();
+                if c.reserve.needs_body() {
+                    return rule;
+                }
+                match c.reserve.of_request(req.headers(), None, spec.capacity) {
+                    Ok(n) => format!("{rule} (this request reserves {n})"),
+                    Err(e) => format!("{rule} (this request: 400, {e})"),
+                }
+            }),
         });
     }
     out

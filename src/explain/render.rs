@@ -81,6 +81,9 @@ impl Explanation {
                 "limit     {} {mode} {} {quota}{notes}\n          key {}",
                 l.name, l.algorithm, l.key
             );
+            if let Some(cost) = &l.cost {
+                let _ = writeln!(s, "          cost {cost}");
+            }
             if self.live_from.is_some() {
                 let _ = writeln!(s, "          live {}", live_text(l.live.as_ref()));
             }
@@ -146,6 +149,7 @@ impl Explanation {
                 "shards": l.shard.map(|(_, n)| n),
                 "key": l.key,
                 "key_hash": l.key_hash,
+                "cost": l.cost,
             })).collect::<Vec<_>>(),
             "live_from": self.live_from,
             "skipped": self.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect::<Vec<_>>(),

@@ -15,6 +15,7 @@ use crate::runtime::{facts, Runtime, Snapshot};
 use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
 use respond::{add_warnings, visible_statuses, RequestError};
 
+mod cost;
 mod queue;
 pub mod respond;
 mod serve;

@@ -37,12 +37,26 @@ pub enum RequestError {
     BadTarget(#[from] crate::route::normalize::TargetError),
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    /// A cost reserve's header is not a number.
+    #[error("{0}")]
+    BadReserve(#[from] crate::limit::cost::ReserveError),
+    /// A body a `json:` cost reserve reads is larger than
+    /// `[gateway] max_cost_body_bytes`.
+    #[error("the request body is larger than {0} bytes, the most read to price it")]
+    BodyTooLarge(usize),
+    /// The body a `json:` cost reserve reads broke off, or stalled.
+    #[error("the request body could not be read: {0}")]
+    BodyUnread(String),
 }
 
 impl RequestError {
     pub fn source(&self) -> Source {
         match self {
-            RequestError::NoRoute | RequestError::BadTarget(_) => Source::Client,
+            RequestError::NoRoute
+            | RequestError::BadTarget(_)
+            | RequestError::BadReserve(_)
+            | RequestError::BodyTooLarge(_)
+            | RequestError::BodyUnread(_) => Source::Client,
             RequestError::Forward(f) if f.upstream_fault().is_none() => Source::Client,
             RequestError::Forward(_) => Source::Upstream,
         }
@@ -51,9 +65,11 @@ impl RequestError {
     pub fn status(&self) -> StatusCode {
         match self {
             RequestError::NoRoute => StatusCode::NOT_FOUND,
-            RequestError::BadTarget(_) | RequestError::Forward(ForwardError::BadRequestBody { .. }) => {
-                StatusCode::BAD_REQUEST
-            }
+            RequestError::BadTarget(_)
+            | RequestError::BadReserve(_)
+            | RequestError::BodyUnread(_)
+            | RequestError::Forward(ForwardError::BadRequestBody { .. }) => StatusCode::BAD_REQUEST,
+            RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. } | ForwardError::UpstreamFailed { .. }) => {
                 StatusCode::BAD_GATEWAY
@@ -65,7 +81,11 @@ impl RequestError {
     fn title(&self) -> &'static str {
         match self {
             RequestError::NoRoute => "No route",
-            RequestError::BadTarget(_) | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
+            RequestError::BadTarget(_)
+            | RequestError::BadReserve(_)
+            | RequestError::BodyUnread(_)
+            | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
+            RequestError::BodyTooLarge(_) => "Payload Too Large",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => "Upstream unreachable",
             RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => "Upstream timeout",
@@ -79,6 +99,9 @@ impl RequestError {
         match self {
             RequestError::NoRoute
             | RequestError::BadTarget(_)
+            | RequestError::BadReserve(_)
+            | RequestError::BodyTooLarge(_)
+            | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {
                 "the service behind this route is at capacity".into()

@@ -14,15 +14,18 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
+use super::cost::{self, Watcher};
 use super::respond::add_limit_headers;
 use super::respond::{self, RequestError, Source};
 use super::Gateway;
 use crate::config::AccessLog;
 use crate::connection::ConnInfo;
 use crate::identity::{self, Identity};
+use crate::limit::cost::meter::Unsettled;
+use crate::limit::cost::Settlement;
 use crate::limit::stage::Outcome;
 use crate::limit::{Decision, Verdict};
-use crate::proxy::body::Body;
+use crate::proxy::body::{Body, RequestBody};
 use crate::proxy::ForwardError;
 use crate::proxy::{self, X_REQUEST_ID};
 use crate::route::{Action, DirectResponse, Route};
@@ -172,17 +175,88 @@ impl Gateway {
             identity: Some(identity.tier.name()),
             ..Record::default()
         };
-        let routed = Routed {
+        let priced = if route.limits.is_empty() {
+            None
+        } else {
+            cost::priced(snapshot, route, identity.tier)
+        };
+        let mut routed = Routed {
             snapshot,
-            req,
+            req: Request::new(RequestBody::read(bytes::Bytes::new())),
             conn,
             route,
             identity,
             request_id,
             record,
+            costs: Vec::new(),
+            request_bytes: None,
         };
-        if route.limits.is_empty() {
-            return self.respond_or_forward(routed, None);
+        let Some(priced) = priced else {
+            routed.req = req.map(|b| RequestBody::streamed(b, None));
+            return self.limited(routed);
+        };
+        if priced.needs_body {
+            // A reserve read from the JSON body: the body first, then the
+            // decision; it is forwarded as it was read.
+            return Served::Later(Box::pin(async move {
+                match self.priced_by_body(routed, req, priced).await {
+                    Served::Now(resp, record) => (resp, record),
+                    Served::Later(wait) => wait.await,
+                }
+            }));
+        }
+        match cost::reserves(snapshot, &priced, req.headers(), None) {
+            Ok(costs) => routed.costs = costs,
+            Err(e) => {
+                let resp = self.finish(snapshot, Some(route), Err(e), routed.request_id, None);
+                return Served::Now(resp, routed.record);
+            }
+        }
+        routed.req = req.map(|b| RequestBody::streamed(b, priced.request_bytes.clone()));
+        routed.request_bytes = priced.request_bytes;
+        self.limited(routed)
+    }
+
+    /// A request priced by its JSON body: the body read (bounded), the
+    /// reserves taken from it, then decided and served.
+    async fn priced_by_body<'a>(
+        &'a self,
+        mut routed: Routed<'a>,
+        req: Request<Incoming>,
+        priced: cost::Priced,
+    ) -> Served<'a> {
+        let (parts, body) = req.into_parts();
+        let idle = match &routed.route.action {
+            Action::Forward(u) => u.idle_timeout,
+            Action::Respond(_) | Action::Usage(_) => routed.snapshot.config.gateway.idle_timeout,
+        };
+        let max = routed.snapshot.config.gateway.max_cost_body_bytes;
+        let read = cost::read_body(&parts.headers, body, max, idle).await;
+        let priced_read = read.and_then(|bytes| {
+            cost::reserves(routed.snapshot, &priced, &parts.headers, Some(&bytes)).map(|costs| (bytes, costs))
+        });
+        match priced_read {
+            Ok((bytes, costs)) => {
+                if let Some(n) = &priced.request_bytes {
+                    n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
+                }
+                routed.req = Request::from_parts(parts, RequestBody::read(bytes));
+                routed.costs = costs;
+                routed.request_bytes = priced.request_bytes;
+                self.limited(routed)
+            }
+            Err(e) => {
+                let resp = self.finish(routed.snapshot, Some(routed.route), Err(e), routed.request_id, None);
+                Served::Now(resp, routed.record)
+            }
+        }
+    }
+
+    /// A routed request, identified and priced: decided by its limits,
+    /// then refused or served.
+    fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
+        if routed.route.limits.is_empty() {
+            return self.respond_or_forward(routed, None, Vec::new());
         }
         let mut verdict = Verdict::default();
         if self.decide_now(&routed, &mut verdict) {
@@ -253,13 +327,20 @@ impl Gateway {
             return Served::Now(refusal, r.record);
         }
         // Served (answered here or forwarded, whatever the upstream does):
-        // the request's tokens are spent.
+        // the request's tokens are spent, and its reserves under limits
+        // that settle from the response wait for its end.
+        let settlements = verdict.settlements(&r.snapshot.limits);
         verdict.commit();
-        self.respond_or_forward(r, Some(verdict))
+        self.respond_or_forward(r, Some(verdict), settlements)
     }
 
     /// A route's direct response, or the upstream's.
-    fn respond_or_forward<'a>(&'a self, r: Routed<'a>, mut verdict: Option<Verdict<'a>>) -> Served<'a> {
+    fn respond_or_forward<'a>(
+        &'a self,
+        r: Routed<'a>,
+        mut verdict: Option<Verdict<'a>>,
+        settlements: Vec<Settlement>,
+    ) -> Served<'a> {
         // In-flight slots are held until the response ends, not the verdict.
         let held = verdict.as_mut().map(Verdict::take_held).unwrap_or_default();
         let Routed {
@@ -270,16 +351,29 @@ impl Gateway {
             identity,
             request_id,
             record,
+            costs: _,
+            request_bytes,
         } = r;
+        let watch = move |resp: Response<Body>, held, settlements| {
+            Watcher::watch(
+                resp,
+                held,
+                settlements,
+                snapshot,
+                &self.runtime.limiter,
+                &self.runtime.metrics,
+                request_bytes.as_ref(),
+            )
+        };
         match &route.action {
             Action::Respond(direct) => {
                 let resp = self.finish(snapshot, Some(route), Ok(respond(direct)), request_id, verdict.as_ref());
-                Served::Now(hold_until_sent(resp, held), record)
+                Served::Now(watch(resp, held, settlements), record)
             }
             Action::Usage(which) => Served::Later(Box::pin(async move {
                 let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
                 let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
-                (hold_until_sent(resp, held), record)
+                (watch(resp, held, settlements), record)
             })),
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
                 let result = proxy::forward(
@@ -291,6 +385,15 @@ impl Gateway {
                     &self.runtime.metrics,
                 )
                 .await;
+                let failed = result.is_err();
+                if failed {
+                    // No response, so no cost: the reserves stand.
+                    for s in &settlements {
+                        if let Some(limit) = snapshot.config.limits.get(s.limit) {
+                            cost::unsettled(&self.runtime.metrics, &limit.name, Unsettled::UpstreamError);
+                        }
+                    }
+                }
                 let resp = self.finish(
                     snapshot,
                     Some(route),
@@ -298,7 +401,8 @@ impl Gateway {
                     request_id,
                     verdict.as_ref(),
                 );
-                (hold_until_sent(resp, held), record)
+                let settlements = if failed { Vec::new() } else { settlements };
+                (watch(resp, held, settlements), record)
             })),
         }
     }
@@ -343,6 +447,9 @@ impl Gateway {
     /// else false, with the part decided so far in `verdict` for
     /// [`Gateway::decide_later`]. In place: a verdict is a few hundred bytes.
     pub(super) fn decide_now<'a>(&'a self, r: &Routed<'_>, verdict: &mut Verdict<'a>) -> bool {
+        if !r.costs.is_empty() {
+            verdict.costs.clone_from(&r.costs);
+        }
         let facts = facts(r.route, &r.identity, r.req.headers());
         let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
         self.runtime
@@ -403,12 +510,17 @@ fn logged_limit(
 /// its serving needs.
 pub(super) struct Routed<'a> {
     pub(super) snapshot: &'a Snapshot,
-    pub(super) req: Request<Incoming>,
+    pub(super) req: Request<RequestBody>,
     pub(super) conn: &'a ConnInfo,
     pub(super) route: &'a Route,
     pub(super) identity: Identity,
     pub(super) request_id: HeaderValue,
     pub(super) record: Record,
+    /// What the request reserves under limits with a `cost`.
+    pub(super) costs: Vec<(usize, u64)>,
+    /// The request body's bytes as they go upstream, for a limit that
+    /// settles by them.
+    pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// A response now, or the wait for it; with what the access log records.
@@ -460,14 +572,6 @@ fn verdict_outcome(v: &Verdict<'_>) -> &'static str {
         }
     }
     out
-}
-
-/// `resp`, its body holding a concurrency limit's slots until it ends.
-fn hold_until_sent(resp: Response<Body>, held: Vec<crate::limit::slots::Held>) -> Response<Body> {
-    if held.is_empty() {
-        return resp;
-    }
-    resp.map(|body| Body::holding(body, Box::new(held)))
 }
 
 fn respond(direct: &DirectResponse) -> Response<Body> {

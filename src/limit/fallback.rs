@@ -84,7 +84,9 @@ impl Limiter {
         }
     }
 
-    /// The verdict of the local fallback bucket of `key`.
+    /// The verdict of the local fallback bucket of `key`, for a request
+    /// taking `n` tokens (1, or its reserve under a limit with a cost; at
+    /// most the bucket's capacity).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fallback(
         &self,
@@ -94,6 +96,7 @@ impl Limiter {
         key: &str,
         spec: &Spec,
         shard: Option<u32>,
+        n: u64,
         settings: &Settings,
     ) -> LimitVerdict {
         let fallback = self.fallback_spec(limit, h, spec, shard, settings);
@@ -111,7 +114,7 @@ impl Limiter {
         };
         let grant = self
             .fallback
-            .acquire_starting(key, &fallback, 1, start)
+            .acquire_starting(key, &fallback, n.clamp(1, fallback.capacity), start)
             .unwrap_or_default();
         let (outcome, reset_ms) = if grant.granted > 0 {
             (Outcome::Admitted, grant.reset_ms)

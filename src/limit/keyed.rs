@@ -56,11 +56,11 @@ impl Limiter {
                 }
             },
             1 => {
-                if let Some((remaining, reset_ms)) = self.take_local(h, *spec, now) {
+                if let Some((remaining, reset_ms)) = self.take_local(h, *spec, 1, now) {
                     return Ok(admitted(remaining, reset_ms));
                 }
                 let settings = self.settings();
-                match self.slow_path(h, key, spec, &settings).await? {
+                match self.slow_path(h, key, spec, 1, &settings).await? {
                     Some((remaining, reset_ms)) => Ok(admitted(remaining, reset_ms)),
                     None => Ok(self.refusal(h, self.now_ms())),
                 }

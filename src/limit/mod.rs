@@ -21,6 +21,7 @@
 //! key and quota given by the caller: the Envoy rate limit services).
 
 pub mod blocked;
+pub mod cost;
 mod fallback;
 pub mod fleet;
 mod forgotten;
@@ -329,8 +330,9 @@ impl Limiter {
                 }
                 continue;
             }
-            if let Some((remaining, reset_ms)) = self.take_local(h, spec, now) {
-                verdict.taken.push(self, h);
+            let n = verdict.cost_of(i);
+            if let Some((remaining, reset_ms)) = self.take_local(h, spec, n, now) {
+                verdict.taken.push(self, h, n, i);
                 verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
                 continue;
             }
@@ -405,13 +407,14 @@ impl Limiter {
         false
     }
 
-    /// Spends a token at hand for `h`, if there is one, starting a refill
-    /// when the lease runs low. Returns what the headers need.
-    fn take_local(self: &Arc<Self>, h: u64, spec: Spec, now: u64) -> Option<(u64, u64)> {
+    /// Spends `n` tokens at hand for `h` (1, or a request's reserve), if
+    /// there are that many, starting a refill when the lease runs low.
+    /// Returns what the headers need.
+    fn take_local(self: &Arc<Self>, h: u64, spec: Spec, n: u64, now: u64) -> Option<(u64, u64)> {
         let (remaining, reset_ms, low) = self
             .leases
             .with(h, |lease| {
-                lease.try_take(now).then(|| {
+                lease.try_take_n(n, now).then(|| {
                     let size = lease.size_hint();
                     (
                         lease.remaining(),
@@ -480,23 +483,26 @@ impl Limiter {
                     None => break,
                 }
             } else {
-                match self.take_local(h, spec, now) {
+                let n = verdict.cost_of(i);
+                match self.take_local(h, spec, n, now) {
                     Some((remaining, reset_ms)) => {
-                        verdict.taken.push(self, h);
+                        verdict.taken.push(self, h, n, i);
                         admitted(i, &spec, remaining, reset_ms)
                     }
                     None => {
                         let key = Self::key_string(limit, facts, shard);
-                        match self.slow_path(h, &key, &spec, &settings).await {
+                        match self.slow_path(h, &key, &spec, n, &settings).await {
                             Ok(Some((remaining, reset_ms))) => {
-                                verdict.taken.push(self, h);
+                                verdict.taken.push(self, h, n, i);
                                 admitted(i, &spec, remaining, reset_ms)
                             }
                             Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
                             // A limit that cannot refuse here cannot fail the
                             // request either: its fallback bucket only keeps its
                             // counts honest, and the bypass metric leaves it out.
-                            Err(_) if !limit.can_refuse() => self.fallback(i, limit, h, &key, &spec, shard, &settings),
+                            Err(_) if !limit.can_refuse() => {
+                                self.fallback(i, limit, h, &key, &spec, shard, n, &settings)
+                            }
                             Err(e) => {
                                 // The route's on_store_failure decides: a
                                 // fail-closed route answers 503 whatever later
@@ -511,7 +517,7 @@ impl Limiter {
                                     verdict.taken.give_back();
                                     break;
                                 }
-                                self.fallback(i, limit, h, &key, &spec, shard, &settings)
+                                self.fallback(i, limit, h, &key, &spec, shard, n, &settings)
                             }
                         }
                     }

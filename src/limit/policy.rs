@@ -132,6 +132,9 @@ pub struct Draft {
     /// `rate_from = "claim:NAME"`: a caller with a verified JWT carrying
     /// a rate in that claim gets it, clamped by `max_rate`.
     pub rate_from: Option<RateFrom>,
+    /// `cost = { reserve, settle }`: what a request takes at admission,
+    /// and where its real cost is read once the response ends (`None`: 1).
+    pub cost: Option<super::cost::Cost>,
 }
 
 /// Where a limit takes a caller's rate from: a verified JWT claim.
@@ -200,6 +203,7 @@ impl Draft {
             queue_ms: 0,
             queue_max: DEFAULT_QUEUE_MAX,
             rate_from: None,
+            cost: None,
         }
     }
 

@@ -27,21 +27,24 @@ use crate::store::{StoreError, Unspent};
 /// Who a store call is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Caller {
-    /// A request with no token at hand: the grant's first token is its own.
-    Request,
+    /// A request without the tokens it needs at hand (1, or its reserve
+    /// under a limit with a cost): the grant's first that many are its own.
+    Request(u64),
     /// A background refill: every token granted goes to the lease.
     Refill,
 }
 
 impl Limiter {
-    /// No token at hand: blocked, or the key's one store call (its own, or
-    /// the one in flight). `Ok(Some((remaining, reset_ms)))` when admitted,
+    /// Not `need` tokens at hand (1, or a request's reserve under a limit
+    /// with a cost): blocked, or the key's one store call (its own, or the
+    /// one in flight). `Ok(Some((remaining, reset_ms)))` when admitted,
     /// `Ok(None)` when refused.
     pub(super) async fn slow_path(
         self: &Arc<Self>,
         h: u64,
         key: &str,
         spec: &Spec,
+        need: u64,
         settings: &Settings,
     ) -> Result<Option<(u64, u64)>, StoreError> {
         let (lease, evicted) = self.leases.get_or_insert(h, key);
@@ -63,7 +66,7 @@ impl Limiter {
         let mut claimed: Option<RefillSlot<'_>> = None;
         loop {
             let now = self.now_ms();
-            if lease.try_take(now) {
+            if lease.try_take_n(need, now) {
                 return Ok(Some((lease.remaining(), lease.reset_ms(now))));
             }
             if blocked::remaining(&lease, now).is_some() {
@@ -108,7 +111,7 @@ impl Limiter {
                     continue;
                 }
             };
-            let call = self.store_call(&lease, &slot, spec, settings, Caller::Request);
+            let call = self.store_call(&lease, &slot, spec, settings, Caller::Request(need));
             // A request that already waited has only the rest of its budget.
             let answer = if waited {
                 match tokio::time::timeout_at(deadline, call).await {
@@ -141,21 +144,35 @@ impl Limiter {
     ) -> Result<bool, StoreError> {
         let now = self.now_ms();
         lease.touch(now);
-        let expired = lease.take_expired(now);
+        let own = match caller {
+            Caller::Request(need) => need.max(1),
+            Caller::Refill => 0,
+        };
+        let mut expired = lease.take_expired(now);
+        if own > 1 {
+            // Fewer than the request's reserve at hand: they go back in
+            // this call, and the store grants all it needs or nothing.
+            expired += lease.take_up_to(u64::MAX);
+        }
         let unspent = Unspent {
             tokens: expired,
             window_ms: lease.window_ms(),
+            // Costs settled above their reserve: the store takes them
+            // first, and a key left owing is refused until it has paid.
+            charge: lease.take_debt(),
+            need: own,
         };
-        let own = u64::from(caller == Caller::Request);
         let size = lease.next_size(&settings.sizing, spec.capacity, now, own);
         lease.set_size_hint(size);
-        // Enough for the requests in line (up to `max`), else the sized lease.
-        let want = size.max(lease.waiting().min(settings.sizing.max.max(size)));
+        // Enough for the requests in line (up to `max`), else the sized
+        // lease; never less than the asking request needs.
+        let want = size.max(lease.waiting().min(settings.sizing.max.max(size))).max(own);
         lease.set_spec(*spec);
         // A drained token bucket reserves tokens of its refill to come
         // rather than answer nothing: one call per reservation, not one
-        // per token per instance.
-        let answer = if settings.reserve {
+        // per token per instance. Not for a request that needs several at
+        // once: reserved tokens come due one by one.
+        let answer = if settings.reserve && own <= 1 {
             self.store.acquire_or_reserve(lease.key(), spec, want, unspent).await
         } else {
             self.store.acquire(lease.key(), spec, want, unspent).await

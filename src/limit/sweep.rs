@@ -34,18 +34,49 @@ impl Release {
     /// `tokens` of `lease`, counted in `window_ms`, going back under
     /// `spec`; none when there are no tokens.
     pub fn new(lease: &Lease, spec: Spec, tokens: u64, window_ms: u64) -> Option<Release> {
-        Release::of_key(lease.shared_key(), spec, Unspent { tokens, window_ms })
+        Release::of_key(
+            lease.shared_key(),
+            spec,
+            Unspent {
+                tokens,
+                window_ms,
+                ..Unspent::default()
+            },
+        )
     }
 
-    /// `unspent` tokens of `key` (one that no lease holds here).
+    /// `unspent` tokens of `key` (one that no lease holds here), and what
+    /// it owes; none when there is neither.
     pub fn of_key(key: Arc<str>, spec: Spec, unspent: Unspent) -> Option<Release> {
-        (unspent.tokens > 0).then_some(Release { key, spec, unspent })
+        (unspent.tokens > 0 || unspent.charge > 0).then_some(Release { key, spec, unspent })
     }
 
-    /// Takes every token at hand of `lease`, if it has any and a spec.
+    /// What `lease` owes (costs settled above their reserve) going to the
+    /// store under `spec`; none when it owes nothing.
+    pub fn charged(lease: &Lease, spec: Spec, charge: u64) -> Option<Release> {
+        Release::of_key(
+            lease.shared_key(),
+            spec,
+            Unspent {
+                charge,
+                ..Unspent::default()
+            },
+        )
+    }
+
+    /// Takes every token at hand of `lease`, and what it owes, if it has
+    /// any and a spec.
     pub fn take_all(lease: &Arc<Lease>) -> Option<Release> {
         let spec = lease.spec()?;
-        Release::new(lease, spec, lease.take_all(), lease.window_ms())
+        let mut r = Release::new(lease, spec, lease.take_all(), lease.window_ms());
+        let owed = lease.take_debt();
+        if owed > 0 {
+            match &mut r {
+                Some(r) => r.unspent.charge = owed,
+                None => r = Release::charged(lease, spec, owed),
+            }
+        }
+        r
     }
 }
 
@@ -100,6 +131,9 @@ impl Limiter {
             let expired = lease.take_expired(now);
             if let Some(spec) = lease.spec() {
                 to_release.extend(Release::new(lease, spec, expired, lease.window_ms()));
+                // Costs owed and not sent with a store call since the last
+                // sweep go now: the fleet sees them within a sweep.
+                to_release.extend(Release::charged(lease, spec, lease.take_debt()));
             }
             let touched = lease.touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
@@ -196,9 +230,15 @@ impl Limiter {
     }
 }
 
-/// One release; returns the tokens that went back.
+/// One release; returns the tokens that went back. One that owes goes as
+/// an acquire of nothing, whose script takes the charge with the tokens.
 async fn release(store: &dyn QuotaStore, r: Release) -> u64 {
-    match store.release(&r.key, &r.spec, r.unspent).await {
+    let done = if r.unspent.charge > 0 {
+        store.acquire(&r.key, &r.spec, 0, r.unspent).await.map(|_| ())
+    } else {
+        store.release(&r.key, &r.spec, r.unspent).await
+    };
+    match done {
         Ok(()) => r.unspent.tokens,
         Err(e) => {
             tracing::debug!(key = &*r.key, error = %e, "releasing a lease failed");

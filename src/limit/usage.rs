@@ -19,8 +19,9 @@ pub struct Usage {
     pub reset: u64,
     /// The window, in seconds.
     pub window: u64,
-    /// What the caller owes beyond its quota (costs settled after the
-    /// response; 0 until they exist).
+    /// What the caller owes beyond its quota, in tokens: costs settled
+    /// above their reserve, in the store's count and not sent yet from
+    /// this instance (a token bucket's reservations count too).
     pub debt: u64,
     /// The store did not answer: this instance's own view.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -48,11 +49,13 @@ impl Limiter {
             return u;
         }
         let now = self.now_ms();
-        let at_hand = self.leases.with(h, |l| l.spendable(now)).unwrap_or(0);
+        let (at_hand, owed_here) = self.leases.with(h, |l| (l.spendable(now), l.debt())).unwrap_or((0, 0));
+        u.debt = owed_here;
         let key = Self::key_string(limit, facts, shard);
         match self.store.acquire(&key, &spec, 0, Unspent::default()).await {
             Ok(g) => {
-                u.remaining = (g.remaining + at_hand).min(spec.count);
+                u.debt = u.debt.saturating_add(g.owed);
+                u.remaining = (g.remaining + at_hand).saturating_sub(owed_here).min(spec.count);
                 u.reset = super::headers::secs(g.reset_ms);
             }
             Err(_) => {

@@ -61,6 +61,10 @@ pub struct Verdict<'l> {
     /// Where in the request's limits [`Limiter::check`] goes on from when
     /// [`Limiter::try_check`] stopped at a limit that needs the store.
     pub(super) next: usize,
+    /// What the request reserves under limits with a `cost` (a limit's
+    /// index and its tokens), set by the request path before the decision;
+    /// a limit not listed takes 1.
+    pub costs: Vec<(usize, u64)>,
 }
 
 impl Verdict<'_> {
@@ -103,28 +107,54 @@ impl Verdict<'_> {
     pub fn tokens_held(&self) -> usize {
         self.taken.hashes.len()
     }
+
+    /// The tokens the request takes under limit `i`: its reserve under a
+    /// limit with a `cost`, else 1.
+    #[inline]
+    pub(super) fn cost_of(&self, i: usize) -> u64 {
+        if self.costs.is_empty() {
+            return 1;
+        }
+        self.costs.iter().find(|(l, _)| *l == i).map_or(1, |(_, n)| *n)
+    }
 }
 
-/// Tokens a request took, one per key (by hash): a drop guard, as in
+/// Tokens a request took, per key (by hash): a drop guard, as in
 /// pingora-limits, so that every way out of a decision that does not serve
 /// the request gives them back, and none is written by hand.
 #[derive(Debug, Default)]
 pub(super) struct Taken<'l> {
     limiter: Option<&'l Limiter>,
-    pub(super) hashes: smallvec::SmallVec<[u64; 2]>,
+    pub(super) hashes: smallvec::SmallVec<[Took; 2]>,
+}
+
+/// The tokens one limit took for a request.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Took {
+    /// The key's hash.
+    pub(super) h: u64,
+    /// How many: 1, or the request's reserve under a limit with a cost.
+    pub(super) n: u64,
+    /// The limit (an index into the config's limits).
+    pub(super) limit: usize,
 }
 
 impl<'l> Taken<'l> {
-    pub(super) fn push(&mut self, limiter: &'l Limiter, h: u64) {
+    pub(super) fn push(&mut self, limiter: &'l Limiter, h: u64, n: u64, limit: usize) {
         self.limiter = Some(limiter);
-        self.hashes.push(h);
+        self.hashes.push(Took { h, n, limit });
+    }
+
+    /// The limiter the tokens came from (none taken: none).
+    pub(super) fn limiter(&self) -> Option<&'l Limiter> {
+        self.limiter
     }
 
     #[cold]
     pub(super) fn give_back(&mut self) {
         if let Some(limiter) = self.limiter {
-            for h in self.hashes.drain(..) {
-                limiter.leases.with(h, |l| l.give_back(1));
+            for t in self.hashes.drain(..) {
+                limiter.leases.with(t.h, |l| l.give_back(t.n));
             }
         }
     }

@@ -1,12 +1,17 @@
-//! The response body type: a streamed upstream body or bytes we made.
+//! The body types: a response's ([`Body`]: a streamed upstream body or
+//! bytes we made, perhaps watched to its end) and a request's on its way
+//! upstream ([`RequestBody`]: the client's, streamed, or read already).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::proxy::idle::BodyError;
 use crate::proxy::pool::UpstreamBody;
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
 
 /// One body type for every response, without boxing: upstream bodies stream
 /// through, gateway-made bodies are a single chunk.
@@ -14,23 +19,61 @@ use http_body::{Frame, SizeHint};
 pub enum Body {
     Full(Option<Bytes>),
     Streamed(UpstreamBody),
-    /// A body with something to hold until it ends: a concurrency limit's
-    /// slots, dropped at its last frame, its first error, or when the body
-    /// is (the client went away).
-    Holding(Box<Holding>),
+    /// A body watched to its end ([`Watch`]): what a concurrency limit's
+    /// slots are held by, and what a cost is read from.
+    Watched(Box<Watched>),
 }
 
-/// [`Body::Holding`]'s parts.
-pub struct Holding {
-    pub body: Body,
-    pub held: Option<Box<dyn std::any::Any + Send + Sync>>,
+/// What watches a response body go by: each frame, then how it ended, once.
+pub trait Watch: Send + Sync {
+    /// A frame on its way to the client.
+    fn frame(&mut self, _frame: &Frame<Bytes>) {}
+    /// The body ended: its last frame was handed on (`Ended::Complete`), it
+    /// failed, or it was dropped before its end (the client went away).
+    fn end(&mut self, how: Ended);
 }
 
-impl std::fmt::Debug for Holding {
+/// How a watched body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Complete,
+    Failed,
+    Dropped,
+}
+
+/// [`Body::Watched`]'s parts.
+pub struct Watched {
+    body: Body,
+    /// Taken at the end: told once.
+    watch: Option<Box<dyn Watch>>,
+}
+
+impl Watched {
+    fn end(&mut self, how: Ended) {
+        if let Some(mut w) = self.watch.take() {
+            w.end(how);
+        }
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // A body whose end was never polled (hyper stops at is_end_stream)
+        // ended whole; any other was cut short.
+        let how = if self.body.is_end_stream() {
+            Ended::Complete
+        } else {
+            Ended::Dropped
+        };
+        self.end(how);
+    }
+}
+
+impl std::fmt::Debug for Watched {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holding")
+        f.debug_struct("Watched")
             .field("body", &self.body)
-            .field("held", &self.held.is_some())
+            .field("watching", &self.watch.is_some())
             .finish()
     }
 }
@@ -51,9 +94,12 @@ impl Body {
 }
 
 impl Body {
-    /// `body`, holding `held` until it ends.
-    pub fn holding(body: Body, held: Box<dyn std::any::Any + Send + Sync>) -> Body {
-        Body::Holding(Box::new(Holding { body, held: Some(held) }))
+    /// `body`, watched by `watch` to its end.
+    pub fn watched(body: Body, watch: Box<dyn Watch>) -> Body {
+        Body::Watched(Box::new(Watched {
+            body,
+            watch: Some(watch),
+        }))
     }
 }
 
@@ -65,10 +111,20 @@ impl http_body::Body for Body {
         match self.get_mut() {
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Streamed(incoming) => Pin::new(incoming).poll_frame(cx),
-            Body::Holding(h) => {
-                let frame = Pin::new(&mut h.body).poll_frame(cx);
-                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-                    h.held = None;
+            Body::Watched(w) => {
+                let frame = Pin::new(&mut w.body).poll_frame(cx);
+                match &frame {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let Some(watch) = &mut w.watch {
+                            watch.frame(f);
+                        }
+                        if w.body.is_end_stream() {
+                            w.end(Ended::Complete);
+                        }
+                    }
+                    Poll::Ready(None) => w.end(Ended::Complete),
+                    Poll::Ready(Some(Err(_))) => w.end(Ended::Failed),
+                    Poll::Pending => {}
                 }
                 frame
             }
@@ -79,7 +135,7 @@ impl http_body::Body for Body {
         match self {
             Body::Full(bytes) => bytes.is_none(),
             Body::Streamed(incoming) => incoming.is_end_stream(),
-            Body::Holding(h) => h.body.is_end_stream(),
+            Body::Watched(w) => w.body.is_end_stream(),
         }
     }
 
@@ -87,7 +143,67 @@ impl http_body::Body for Body {
         match self {
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Streamed(incoming) => incoming.size_hint(),
-            Body::Holding(h) => h.body.size_hint(),
+            Body::Watched(w) => w.body.size_hint(),
+        }
+    }
+}
+
+/// A request body on its way upstream: the client's as it streams in
+/// (counted, for a limit that settles by `request_bytes`), or one read
+/// already (a `json:` cost reserve read it first), sent as it was.
+#[derive(Debug)]
+pub enum RequestBody {
+    Streamed(Incoming),
+    Counted(Incoming, Arc<AtomicU64>),
+    Read(Option<Bytes>),
+}
+
+impl RequestBody {
+    /// The client's body, counted into `bytes` as it goes when given.
+    pub fn streamed(body: Incoming, bytes: Option<Arc<AtomicU64>>) -> RequestBody {
+        match bytes {
+            Some(n) => RequestBody::Counted(body, n),
+            None => RequestBody::Streamed(body),
+        }
+    }
+
+    /// A body read already.
+    pub fn read(bytes: Bytes) -> RequestBody {
+        RequestBody::Read((!bytes.is_empty()).then_some(bytes))
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RequestBody::Streamed(b) => Pin::new(b).poll_frame(cx),
+            RequestBody::Counted(b, n) => {
+                let frame = Pin::new(b).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(f))) = &frame {
+                    if let Some(d) = f.data_ref() {
+                        n.fetch_add(d.len() as u64, Ordering::AcqRel);
+                    }
+                }
+                frame
+            }
+            RequestBody::Read(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.is_end_stream(),
+            RequestBody::Read(bytes) => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.size_hint(),
+            RequestBody::Read(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
 }

@@ -13,14 +13,13 @@ pub mod upstream;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
 use crate::connection::ConnInfo;
 use crate::telemetry::metrics::Metrics;
-use body::Body;
+use body::{Body, RequestBody};
 pub use error::ForwardError;
 use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
@@ -39,7 +38,7 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// `max_in_flight` until its response body ends; without one it is
 /// refused at once.
 pub async fn forward(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     conn: &ConnInfo,
     upstream: &Arc<Upstream>,
     request_id: &HeaderValue,

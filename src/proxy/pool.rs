@@ -21,6 +21,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::body::RequestBody;
 use super::idle::{BodyError, IdleTimer, Timed};
 use crate::clock;
 use crate::int_hash::IntMap;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 
 /// (upstream id, target index): one pool per target of each compiled upstream.
 type Key = (u64, usize);
-pub type Sender = SendRequest<Timed<Incoming>>;
+pub type Sender = SendRequest<Timed<RequestBody>>;
 
 struct Idle {
     sender: Sender,

@@ -43,20 +43,30 @@ pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
 
 /// Takes up to `want` requests' worth at `now_ms`.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
+    acquire_needing(state, spec, now_ms, want, 1)
+}
+
+/// [`acquire`], granting nothing unless `need` fit (0 and 1: any); a
+/// refusal then waits for the next window, where they do (`need` is at
+/// most the limit).
+pub fn acquire_needing(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, need: u64) -> (State, Grant) {
     let limit = spec.capacity;
     let mut s = roll(state, spec, now_ms);
-    let granted = want.min(limit.saturating_sub(s.count));
+    let room = limit.saturating_sub(s.count);
+    let granted = if room >= need { want.min(room) } else { 0 };
     s.count += granted;
     let remaining = limit.saturating_sub(s.count);
     let reset_ms = window_end(spec, s.window_ms).saturating_sub(now_ms).max(1);
+    let short = granted == 0 && want > 0 && remaining < need;
     let grant = Grant {
         granted,
         remaining,
         reset_ms,
         // Nothing fits before the next window, and everything does then.
-        retry_after_ms: if remaining == 0 { reset_ms } else { 0 },
+        retry_after_ms: if remaining == 0 || short { reset_ms } else { 0 },
         window_ms: s.window_ms,
         reserved: 0,
+        owed: s.count.saturating_sub(limit),
     };
     (s, grant)
 }
@@ -120,6 +130,26 @@ mod tests {
 
     /// A week and a month follow the UTC calendar: the window starts on
     /// Monday, or the 1st, and a refusal waits for the next one exactly.
+    #[test]
+    fn a_charge_counts_past_the_limit_and_a_need_waits_for_the_next_window() {
+        let s = spec(10, 60_000);
+        let st = quota::charge(None, &s, 1_000, 14);
+        let quota::State::Fixed(st) = st else { panic!() };
+        let (st, g) = acquire_needing(Some(st), &s, 2_000, 5, 5);
+        assert_eq!((g.granted, g.remaining, g.owed), (0, 0, 4));
+        assert_eq!(g.retry_after_ms, 58_000, "the next window");
+        let (_, g) = acquire_needing(Some(st), &s, 60_000, 5, 5);
+        assert_eq!((g.granted, g.owed), (5, 0), "a window's debt ends with it");
+        let (st, g) = acquire_needing(None, &s, 1_000, 8, 8);
+        assert_eq!(g.granted, 8);
+        let (_, g) = acquire_needing(Some(st), &s, 1_000, 3, 3);
+        assert_eq!(
+            (g.granted, g.remaining, g.retry_after_ms),
+            (0, 2, 59_000),
+            "2 left, 3 needed"
+        );
+    }
+
     #[test]
     fn a_week_and_a_month_follow_the_calendar() {
         use crate::quota::calendar::{days_from_civil, MONTH_MS, WEEK_MS};
@@ -267,7 +297,7 @@ mod tests {
                     Some((window_ms, n)) => {
                         let tokens = back.min(n);
                         if n > tokens { held.push((window_ms, n - tokens)); }
-                        quota::Unspent { tokens, window_ms }
+                        quota::Unspent { tokens, window_ms, ..quota::Unspent::default() }
                     }
                     None => quota::Unspent::default(),
                 };

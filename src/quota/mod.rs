@@ -204,14 +204,29 @@ pub struct Grant {
     /// none now. The first may be spent after `retry_after_ms`, the k-th
     /// (from 0) [`token_bucket::reserved_ready_ms`] after it. 0 otherwise.
     pub reserved: u64,
+    /// What the key owes beyond its quota after this call: a token
+    /// bucket's level below zero (charged costs, reservations), a window's
+    /// count above its limit (charged costs), in tokens.
+    pub owed: u64,
 }
 
-/// Unspent leased tokens going back to the store, and the window they were
-/// taken in (`Grant::window_ms`; 0 for a token bucket).
+/// What a lease brings to the store besides its ask: unspent leased tokens
+/// going back, and the window they were taken in (`Grant::window_ms`; 0
+/// for a token bucket); costs settled above their reserve since the last
+/// call (`charge`); and, on an acquire, the fewest tokens worth granting
+/// (`need`: the asking request's reserve).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Unspent {
     pub tokens: u64,
     pub window_ms: u64,
+    /// Tokens spent after the fact (a response that cost more than its
+    /// reserve): taken before the grant even when the quota has none left,
+    /// which leaves the key owing ([`charge`]). A release ignores it.
+    pub charge: u64,
+    /// An acquire grants nothing unless at least this many tokens fit (0
+    /// and 1: any), and a refusal's `retry_after_ms` is the wait until they
+    /// do. A release ignores it.
+    pub need: u64,
 }
 
 /// The stored state of one key, whichever the algorithm.
@@ -225,7 +240,7 @@ pub enum State {
 /// Acquire for any algorithm. A state of the other algorithm (a limit whose
 /// algorithm was changed) is treated as absent.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
-    acquire_or_reserve(state, spec, now_ms, want, false)
+    acquire_or_reserve(state, spec, now_ms, want, 1, false)
 }
 
 /// [`acquire`]; with `reserve`, a token bucket with no whole token left
@@ -233,14 +248,23 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
 /// ([`token_bucket::acquire_or_reserve`]). The windows never reserve: a
 /// window's quota comes back all at once (fixed) or a little at a time
 /// with nobody's name on it (sliding).
-pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, reserve: bool) -> (State, Grant) {
+/// Nothing is granted unless `need` tokens fit (0 and 1: any); a
+/// refusal's `retry_after_ms` is the wait until they do.
+pub fn acquire_or_reserve(
+    state: Option<State>,
+    spec: &Spec,
+    now_ms: u64,
+    want: u64,
+    need: u64,
+    reserve: bool,
+) -> (State, Grant) {
     match spec.algorithm {
         Algorithm::TokenBucket => {
             let prior = match state {
                 Some(State::Bucket(b)) => Some(b),
                 _ => None,
             };
-            let (s, g) = token_bucket::acquire_or_reserve(prior, spec, now_ms, want, reserve);
+            let (s, g) = token_bucket::acquire_or_reserve(prior, spec, now_ms, want, need, reserve);
             (State::Bucket(s), g)
         }
         Algorithm::SlidingWindow => {
@@ -248,7 +272,7 @@ pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: 
                 Some(State::Window(w)) => Some(w),
                 _ => None,
             };
-            let (s, g) = sliding_window::acquire(prior, spec, now_ms, want);
+            let (s, g) = sliding_window::acquire_needing(prior, spec, now_ms, want, need);
             (State::Window(s), g)
         }
         Algorithm::FixedWindow => {
@@ -256,7 +280,7 @@ pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: 
                 Some(State::Fixed(w)) => Some(w),
                 _ => None,
             };
-            let (s, g) = fixed_window::acquire(prior, spec, now_ms, want);
+            let (s, g) = fixed_window::acquire_needing(prior, spec, now_ms, want, need);
             (State::Fixed(s), g)
         }
         // Slots are never acquired as tokens: a store asked anyway grants
@@ -341,7 +365,48 @@ pub fn reserve_returning(
     } else {
         state
     };
-    acquire_or_reserve(state, spec, now_ms, want, reserve)
+    let state = if unspent.charge > 0 {
+        Some(charge(state, spec, now_ms, unspent.charge))
+    } else {
+        state
+    };
+    acquire_or_reserve(state, spec, now_ms, want, unspent.need, reserve)
+}
+
+/// Takes `tokens` spent after the fact (a cost settled above its
+/// reserve), whether or not the quota has them: a token bucket's level goes
+/// below zero by them (at most [`token_bucket::max_debt`] below), a
+/// window's count above its limit. The key owes them, and is refused until
+/// the refill or the window pays them off.
+pub fn charge(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {
+    match spec.algorithm {
+        Algorithm::TokenBucket => {
+            let prior = match state {
+                Some(State::Bucket(b)) => Some(b),
+                _ => None,
+            };
+            State::Bucket(token_bucket::charge(prior, spec, now_ms, tokens))
+        }
+        Algorithm::SlidingWindow => {
+            let prior = match state {
+                Some(State::Window(w)) => Some(w),
+                _ => None,
+            };
+            let mut s = sliding_window::roll(prior, spec, now_ms);
+            s.current = s.current.saturating_add(tokens);
+            State::Window(s)
+        }
+        Algorithm::FixedWindow => {
+            let prior = match state {
+                Some(State::Fixed(w)) => Some(w),
+                _ => None,
+            };
+            let mut s = fixed_window::roll(prior, spec, now_ms);
+            s.count = s.count.saturating_add(tokens);
+            State::Fixed(s)
+        }
+        Algorithm::Concurrency => state.unwrap_or(State::Fixed(fixed_window::State { window_ms: 0, count: 0 })),
+    }
 }
 
 /// True when forgetting the state changes no future decision.

@@ -66,26 +66,36 @@ fn estimate(s: &State, p: u64, now_ms: u64) -> u64 {
 
 /// Takes up to `want` requests' worth at `now_ms`.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
+    acquire_needing(state, spec, now_ms, want, 1)
+}
+
+/// [`acquire`], granting nothing unless `need` fit (0 and 1: any); a
+/// refusal's `retry_after_ms` is then the exact wait until they do.
+pub fn acquire_needing(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, need: u64) -> (State, Grant) {
     let p = spec.period_ms();
     let limit = spec.capacity;
     let mut s = roll(state, spec, now_ms);
     let budget = limit.saturating_mul(p);
     let available = budget.saturating_sub(estimate(&s, p, now_ms)) / p;
-    let granted = want.min(available);
+    let granted = if available >= need { want.min(available) } else { 0 };
     s.current += granted;
     let remaining = budget.saturating_sub(estimate(&s, p, now_ms)) / p;
     let window_end = s.window_ms + p;
+    let refused_short = granted == 0 && want > 0 && need > 1 && remaining < need;
     let grant = Grant {
         granted,
         remaining,
         reset_ms: window_end.saturating_sub(now_ms),
-        retry_after_ms: if remaining == 0 {
-            retry_after(&s, spec, now_ms)
+        retry_after_ms: if refused_short {
+            retry_after(&s, spec, now_ms, need.min(limit))
+        } else if remaining == 0 {
+            retry_after(&s, spec, now_ms, 1)
         } else {
             0
         },
         window_ms: s.window_ms,
         reserved: 0,
+        owed: estimate(&s, p, now_ms).saturating_sub(budget).div_ceil(p),
     };
     (s, grant)
 }
@@ -105,14 +115,15 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64, wind
     s
 }
 
-/// Milliseconds until one more request fits.
-fn retry_after(s: &State, spec: &Spec, now_ms: u64) -> u64 {
+/// Milliseconds until `n` more requests' worth fit (`1 ≤ n ≤ limit`).
+fn retry_after(s: &State, spec: &Spec, now_ms: u64, n: u64) -> u64 {
     let p = spec.period_ms();
     let limit = spec.capacity;
+    let n = n.clamp(1, limit.max(1));
     let into = now_ms.saturating_sub(s.window_ms).min(p);
-    // In this window: previous × (p − e) ≤ (limit − 1 − current) × p.
-    if s.current < limit {
-        let room = (limit - 1 - s.current) * p;
+    // In this window: previous × (p − e) ≤ (limit − n − current) × p.
+    if s.current.saturating_add(n) <= limit {
+        let room = (limit - n - s.current) * p;
         if s.previous == 0 {
             return 1; // only reachable if the estimate already fits
         }
@@ -121,9 +132,9 @@ fn retry_after(s: &State, spec: &Spec, now_ms: u64) -> u64 {
             return need_e.saturating_sub(into).max(1);
         }
     }
-    // Next window: current becomes previous; current × (p − e') ≤ (limit − 1) × p.
+    // Next window: current becomes previous; current × (p − e') ≤ (limit − n) × p.
     let to_next = p - into;
-    let room = (limit - 1) * p;
+    let room = (limit - n) * p;
     let need_e = room.checked_div(s.current).map_or(0, |fit| p.saturating_sub(fit));
     to_next + need_e
 }
@@ -321,6 +332,42 @@ mod tests {
     }
 
     proptest! {
+        /// A request needing `need` at once, refused, fits exactly
+        /// `retry_after_ms` later and not a millisecond earlier, whatever
+        /// was charged above the limit before.
+        #[test]
+        fn a_need_says_exactly_when_it_fits(
+            limit in 2u64..50, period_ms in 10u64..10_000,
+            steps in prop::collection::vec((0u64..3_000, 1u64..5, 0u64..30), 1..40),
+            need in 2u64..50,
+        ) {
+            let s = spec(limit, period_ms);
+            let need = need.min(limit);
+            let (mut st, mut now) = (None, 0u64);
+            for (dt, want, charged) in steps {
+                now += dt;
+                if charged > 25 {
+                    st = Some(match quota::charge(st.map(quota::State::Window), &s, now, charged - 25) {
+                        quota::State::Window(w) => w,
+                        other => panic!("{other:?}"),
+                    });
+                }
+                let (n, g) = acquire_needing(st, &s, now, want.max(need), need);
+                st = Some(n);
+                if g.granted == 0 {
+                    prop_assert!(g.retry_after_ms >= 1);
+                    let (_, later) = acquire_needing(st, &s, now + g.retry_after_ms, need, need);
+                    prop_assert_eq!(later.granted, need, "at +{}", g.retry_after_ms);
+                    if g.retry_after_ms > 1 {
+                        let (_, early) = acquire_needing(st, &s, now + g.retry_after_ms - 1, need, need);
+                        prop_assert_eq!(early.granted, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
         /// Whenever a grant leaves no room (refused or not), over any
         /// history of requests and clock steps: coming back exactly
         /// retry_after later is admitted, a millisecond earlier is not.
@@ -390,7 +437,7 @@ mod tests {
                     Some((window_ms, n)) => {
                         let tokens = back.min(n);
                         if n > tokens { held.push((window_ms, n - tokens)); }
-                        quota::Unspent { tokens, window_ms }
+                        quota::Unspent { tokens, window_ms, ..quota::Unspent::default() }
                     }
                     None => quota::Unspent::default(),
                 };

@@ -22,7 +22,7 @@ pub struct State {
 /// Grants `min(want, whole tokens available)`: a partial grant beats a
 /// refusal at the end of a window.
 pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (State, Grant) {
-    acquire_or_reserve(state, spec, now_ms, want, false)
+    acquire_or_reserve(state, spec, now_ms, want, 1, false)
 }
 
 /// [`acquire`]; and, with `reserve`, when no whole token is left to grant:
@@ -41,14 +41,29 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
 /// pass it is cut to what fits; when not even one fits, nothing is
 /// reserved and `retry_after_ms` is the exact wait for a token free of
 /// every reservation.
-pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: u64, reserve: bool) -> (State, Grant) {
+///
+/// Nothing is granted unless `need` whole tokens are there (a request
+/// that costs that many: 0 and 1 mean any); then `retry_after_ms` is the
+/// exact wait until they are.
+pub fn acquire_or_reserve(
+    state: Option<State>,
+    spec: &Spec,
+    now_ms: u64,
+    want: u64,
+    need: u64,
+    reserve: bool,
+) -> (State, Grant) {
     let per_token = per_token(spec);
     let cap = capacity_units(spec);
     let mut units = level(state, spec, now_ms);
     let whole = u64::try_from(units.max(0) / per_token).unwrap_or(0);
-    let granted = want.min(whole);
+    let granted = if whole >= need { want.min(whole) } else { 0 };
     units -= granted as i64 * per_token;
-    let retry_after_ms = retry_after(units, spec);
+    let retry_after_ms = if granted == 0 && need > 1 && want > 0 {
+        retry_after_for(units, spec, need)
+    } else {
+        retry_after(units, spec)
+    };
     let mut reserved = 0;
     if reserve && granted == 0 && want > 0 {
         // Room: how many tokens the debt may still grow by.
@@ -64,8 +79,27 @@ pub fn acquire_or_reserve(state: Option<State>, spec: &Spec, now_ms: u64, want: 
         retry_after_ms,
         window_ms: 0,
         reserved,
+        owed: owed(units, spec),
     };
     (State { units, at_ms: now_ms }, grant)
+}
+
+/// Takes `tokens` spent after the fact, whether the bucket has them or
+/// not: the level goes below zero by them, at most [`max_debt`] below (a
+/// deeper debt is forgiven: one burst's wait is the most a key is made to
+/// repay), and the refill pays the debt off before anyone gets a token.
+pub fn charge(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {
+    let floor = -(max_debt(spec) as i64).saturating_mul(per_token(spec));
+    let taken = i64::try_from(tokens)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(per_token(spec));
+    let units = level(state, spec, now_ms).saturating_sub(taken).max(floor);
+    State { units, at_ms: now_ms }
+}
+
+/// Whole tokens owed below zero at `units` (rounded up).
+fn owed(units: i64, spec: &Spec) -> u64 {
+    ceil_div(-units, spec.period_ms())
 }
 
 /// How many tokens reservations may owe a bucket at most: one burst or one
@@ -140,6 +174,17 @@ fn retry_after(units: i64, spec: &Spec) -> u64 {
     let per_token = per_token(spec);
     if units < per_token {
         ceil_div(per_token - units, spec.count)
+    } else {
+        0
+    }
+}
+
+/// With `units` left: the exact milliseconds until `n` whole tokens exist,
+/// or 0 while they do.
+fn retry_after_for(units: i64, spec: &Spec, n: u64) -> u64 {
+    let wanted = i64::try_from(n).unwrap_or(i64::MAX).saturating_mul(per_token(spec));
+    if units < wanted {
+        ceil_div(wanted - units, spec.count)
     } else {
         0
     }
@@ -259,7 +304,7 @@ mod tests {
             let (mut state, mut now, mut total) = (None, 0u64, 0u64);
             for (dt, want, reserve) in steps {
                 now += dt;
-                let (st, g) = acquire_or_reserve(state, &s, now, want, reserve);
+                let (st, g) = acquire_or_reserve(state, &s, now, want, 1, reserve);
                 prop_assert!(g.granted + g.reserved <= want);
                 prop_assert!(g.granted == 0 || g.reserved == 0);
                 prop_assert!(st.units >= -(max_debt(&s) as i64) * period_ms as i64);
@@ -305,6 +350,33 @@ mod tests {
             let (_, later) = acquire(Some(st), &s, drain_at + g.retry_after_ms, 1);
             prop_assert_eq!(later.granted, 1);
             let (_, early) = acquire(Some(st), &s, drain_at + g.retry_after_ms - 1, 1);
+            prop_assert_eq!(early.granted, 0);
+        }
+
+        /// A charge leaves the bucket owing (never more than the debt
+        /// bound), and a request needing `need` tokens at once is refused
+        /// until exactly the moment the refill has paid the debt and
+        /// brought them: a millisecond earlier it is refused still.
+        #[test]
+        fn a_debt_and_a_need_say_exactly_when_they_fit(
+            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
+            spent in 0u64..100, charged in 1u64..300, need in 1u64..100,
+        ) {
+            let s = spec(count, period_ms, capacity);
+            let need = need.min(capacity);
+            let (st, _) = acquire(None, &s, 1_000, spent.min(capacity));
+            let st = charge(Some(st), &s, 1_000, charged);
+            prop_assert!(level(Some(st), &s, 1_000) >= -(max_debt(&s) as i64) * period_ms as i64);
+            let (st, g) = acquire_or_reserve(Some(st), &s, 1_000, need + 3, need, false);
+            if g.granted > 0 {
+                prop_assert!(g.granted >= need);
+                return Ok(());
+            }
+            prop_assert!(g.retry_after_ms >= 1);
+            prop_assert!(g.owed > 0 || need > 1);
+            let (_, later) = acquire_or_reserve(Some(st), &s, 1_000 + g.retry_after_ms, need, need, false);
+            prop_assert_eq!(later.granted, need);
+            let (_, early) = acquire_or_reserve(Some(st), &s, 1_000 + g.retry_after_ms - 1, need, need, false);
             prop_assert_eq!(early.granted, 0);
         }
 
@@ -384,7 +456,7 @@ mod tests {
                     now = now.saturating_add_signed(dt);
                 }
                 let back = back.min(held);
-                let unspent = quota::Unspent { tokens: back, window_ms: 0 };
+                let unspent = quota::Unspent { tokens: back, window_ms: 0, ..quota::Unspent::default() };
                 let (st, g) = quota::acquire_returning(state.map(quota::State::Bucket), &s, now, want, unspent);
                 let quota::State::Bucket(st) = st else { panic!("not a bucket") };
                 state = Some(st);

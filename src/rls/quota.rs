@@ -363,6 +363,7 @@ impl StreamState {
                 Unspent {
                     tokens: back,
                     window_ms: grant.window_ms,
+                    ..Unspent::default()
                 },
             );
             sent

@@ -281,6 +281,10 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                 "queue_max": l.queue_max,
                 "rate_from": l.rate_from.as_ref().map(|r| format!("claim:{}", r.claim)),
                 "max_rate": l.rate_from.as_ref().map(|r| r.max.to_string()),
+                "cost": l.cost.as_ref().map(|c| serde_json::json!({
+                    "reserve": c.reserve.describe(),
+                    "settle": c.settle.as_ref().map(|s| s.describe()),
+                })),
             })
         })
         .collect();

@@ -593,6 +593,7 @@ mod tests {
         let two = Unspent {
             tokens: 2,
             window_ms: 0,
+            ..Unspent::default()
         };
         assert_eq!(guarded.acquire("k", &spec, 3, two).await.map(|g| g.granted), Ok(2));
         guarded
@@ -602,6 +603,7 @@ mod tests {
                 Unspent {
                     tokens: 1,
                     window_ms: 0,
+                    ..Unspent::default()
                 },
             )
             .await

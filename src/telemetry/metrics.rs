@@ -57,6 +57,14 @@ pub struct LimitLabels {
     pub limit: String,
 }
 
+/// `leasegate_cost_unsettled_total`: a configured limit, and why the
+/// response's cost never arrived.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnsettledLabels {
+    pub limit: String,
+    pub reason: &'static str,
+}
+
 /// Builds a queue-wait histogram: 1 ms to a minute.
 #[derive(Clone, Debug, Default)]
 pub struct QueueBounds;
@@ -330,6 +338,9 @@ pub struct Metrics {
     /// How long requests waited in a limit's queue (`queue_ms`), admitted
     /// or refused in the end; a limit's series appears with its first wait.
     pub queue_wait: Family<LimitLabels, Histogram, QueueBounds>,
+    /// Responses whose cost never arrived (their reserve stands), by limit
+    /// and reason: `missing`, `too_large`, `cut`, `upstream_error`.
+    pub cost_unsettled: Family<UnsettledLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -497,7 +508,14 @@ impl Metrics {
             "Time requests waited in a limit's queue (queue_ms) before they were admitted or refused, by limit",
             queue_wait.clone(),
         );
+        let cost_unsettled = Family::default();
+        registry.register(
+            "leasegate_cost_unsettled",
+            "Responses whose cost never arrived, so their reserve stands, by limit and reason",
+            cost_unsettled.clone(),
+        );
         Metrics {
+            cost_unsettled,
             queue_wait,
             rls_requests,
             region_link_up,

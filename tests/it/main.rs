@@ -12,6 +12,7 @@ mod calendar;
 mod check;
 mod cli;
 mod concurrency;
+mod costs;
 mod dashboard;
 mod edge;
 mod events;

@@ -413,7 +413,11 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
                     2 => window_ms + p,
                     _ => window_ms,
                 };
-                Unspent { tokens, window_ms }
+                Unspent {
+                    tokens,
+                    window_ms,
+                    ..Unspent::default()
+                }
             }
         };
         if rng.u8(..4) == 0 && unspent.tokens > 0 {
@@ -425,6 +429,15 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         // A third of the asks may reserve (a drained token bucket then
         // goes into debt, alike on both).
         let reserve = rng.u8(..3) == 0;
+        // Some carry a cost's charge (the key may go into debt), and some
+        // need several tokens at once or nothing.
+        let mut unspent = unspent;
+        if rng.u8(..4) == 0 {
+            unspent.charge = rng.u64(1..30);
+        }
+        if rng.u8(..3) == 0 {
+            unspent.need = rng.u64(0..=want.max(1));
+        }
         let r = reserve_retrying(&store, &key, spec, want, unspent, reserve).await;
         let m = if reserve {
             memory.acquire_or_reserve(&key, spec, want, unspent).await.unwrap()
@@ -432,8 +445,8 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
             memory.acquire(&key, spec, want, unspent).await.unwrap()
         };
         assert_eq!(
-            (r.granted, r.remaining, r.window_ms, r.reserved),
-            (m.granted, m.remaining, m.window_ms, m.reserved),
+            (r.granted, r.remaining, r.window_ms, r.reserved, r.owed),
+            (m.granted, m.remaining, m.window_ms, m.reserved, m.owed),
             "step {step}: {key} want {want} reserve {reserve} {unspent:?}: redis {r:?} memory {m:?}"
         );
         if m.granted + m.reserved > 0 {
@@ -443,7 +456,12 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
         let close = |a: u64, b: u64| a.abs_diff(b) <= 2_000;
         assert!(close(r.reset_ms, m.reset_ms), "step {step}: {r:?} {m:?}");
         assert!(close(r.retry_after_ms, m.retry_after_ms), "step {step}: {r:?} {m:?}");
-        assert_eq!(r.retry_after_ms == 0, r.remaining > 0, "step {step}: {r:?}");
+        if r.granted > 0 || unspent.need <= 1 || want == 0 {
+            assert_eq!(r.retry_after_ms == 0, r.remaining > 0, "step {step}: {r:?}");
+        } else {
+            // Refused for want of `need`: the wait until they fit.
+            assert!(r.granted == 0 && r.retry_after_ms > 0, "step {step}: {r:?} {unspent:?}");
+        }
     }
 }
 

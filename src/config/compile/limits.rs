@@ -67,6 +67,7 @@ pub(super) fn limits(
                 crate::limit::policy::DEFAULT_QUEUE_MAX,
             ),
             rate_from: rate_from(c, &l, &key, algorithm, rate_claims, jwt_configured),
+            cost: cost(c, &l, &key, algorithm),
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };
@@ -253,6 +254,45 @@ fn concurrency_only(c: &mut Check, l: &raw::Limit, key: &str) {
     }
     if let Some(r) = &l.shards {
         c.at(r.span(), format!("{key}.shards"), format!("shards {why}"));
+    }
+}
+
+/// `cost = { reserve, settle }`: each rule parsed, at its own key. A
+/// concurrency limit counts requests, not tokens, so it takes none.
+fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Option<crate::limit::cost::Cost> {
+    use crate::limit::cost::{Cost, Reserve, Settle};
+    let raw = l.cost.as_ref()?;
+    if algorithm == Algorithm::Concurrency {
+        c.at(
+            raw.span(),
+            format!("{key}.cost"),
+            "cost does not apply to a concurrency limit: it counts requests in flight, not tokens",
+        );
+        return None;
+    }
+    let r = raw.get_ref();
+    let reserve = match &r.reserve {
+        None => Ok(Reserve::Fixed(1)),
+        Some(v) => match v.get_ref() {
+            raw::NumberOrText::Number(n) => Reserve::fixed(*n),
+            raw::NumberOrText::Text(t) => Reserve::parse(t),
+        }
+        .map_err(|e| (v.span(), format!("{key}.cost.reserve"), e)),
+    };
+    let settle = match &r.settle {
+        None => Ok(None),
+        Some(s) => Settle::parse(s.get_ref())
+            .map(Some)
+            .map_err(|e| (s.span(), format!("{key}.cost.settle"), e)),
+    };
+    match (reserve, settle) {
+        (Ok(reserve), Ok(settle)) => Some(Cost { reserve, settle }),
+        (reserve, settle) => {
+            for (span, at, e) in [reserve.err(), settle.err()].into_iter().flatten() {
+                c.at(span, at, e.to_string());
+            }
+            None
+        }
     }
 }
 

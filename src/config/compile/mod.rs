@@ -284,5 +284,13 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             86_400_000,
             60_000,
         )),
+        max_cost_body_bytes: in_range(
+            c,
+            &g.max_cost_body_bytes,
+            "gateway.max_cost_body_bytes",
+            1_024,
+            64 << 20,
+            1 << 20,
+        ),
     }
 }

@@ -183,6 +183,7 @@ pub(super) fn routes(
                 );
             }
         }
+        cost_rules(c, &key, &r.limits, limits, action.as_ref(), methods.as_deref());
         let on_store_failure = super::choice(
             c,
             r.on_store_failure.as_ref(),
@@ -216,6 +217,60 @@ pub(super) fn routes(
         }
     }
     out
+}
+
+/// What a route's limits' cost rules need of it: a `settle` reads an
+/// upstream's response (a route that answers by itself has none), and a
+/// `json:` reserve reads a request body (a route only for methods without
+/// one never has it).
+fn cost_rules(
+    c: &mut Check,
+    key: &str,
+    written_limits: &[Spanned<String>],
+    limits: &[Draft],
+    action: Option<&Action>,
+    methods: Option<&[Method]>,
+) {
+    for written in written_limits {
+        let Some(cost) = limits
+            .iter()
+            .find(|l| l.name == *written.get_ref())
+            .and_then(|l| l.cost.as_ref())
+        else {
+            continue;
+        };
+        let name = written.get_ref();
+        if cost.settle.is_some() && matches!(action, Some(Action::Respond(_) | Action::Usage(_))) {
+            c.at(
+                written.span(),
+                format!("{key}.limits"),
+                format!(
+                    "limit {name:?} settles its cost from the upstream's response, and this route answers by itself"
+                ),
+            );
+        }
+        let bodiless = |m: &Method| {
+            [
+                Method::GET,
+                Method::HEAD,
+                Method::DELETE,
+                Method::OPTIONS,
+                Method::TRACE,
+                Method::CONNECT,
+            ]
+            .contains(m)
+        };
+        if cost.reserve.needs_body() && methods.is_some_and(|m| m.iter().all(bodiless)) {
+            c.at(
+                written.span(),
+                format!("{key}.limits"),
+                format!(
+                    "limit {name:?} reserves from the JSON request body ({}), and this route's methods send none",
+                    cost.reserve.describe()
+                ),
+            );
+        }
+    }
 }
 
 fn same_methods(a: &Option<Vec<Method>>, b: &Option<Vec<Method>>) -> bool {

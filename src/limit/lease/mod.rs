@@ -68,6 +68,9 @@ pub struct Lease {
     /// Tokens the store reserved for this lease, not moved to those at
     /// hand yet.
     reserved: Reserved,
+    /// Costs settled above their reserve that the tokens at hand did not
+    /// cover: owed to the store, sent with the next call for the key.
+    debt: AtomicU64,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
@@ -160,6 +163,31 @@ impl Lease {
     #[inline]
     pub fn reset_ms(&self, now_ms: u64) -> u64 {
         self.tokens.reset_ms(now_ms)
+    }
+
+    // -- costs settled after the response --
+
+    /// A response cost `tokens` more than its reserve: taken from the
+    /// tokens at hand (spent, as the reserve was), and what they do not
+    /// cover is owed to the store ([`Lease::take_debt`]). Returns what is
+    /// owed now.
+    pub fn charge(&self, tokens: u64) -> u64 {
+        let covered = self.tokens.take_up_to(tokens);
+        let rest = tokens - covered;
+        if rest == 0 {
+            return self.debt();
+        }
+        self.debt.fetch_add(rest, Ordering::AcqRel) + rest
+    }
+
+    /// Tokens owed to the store, not sent yet.
+    pub fn debt(&self) -> u64 {
+        self.debt.load(Ordering::Acquire)
+    }
+
+    /// Takes what is owed, to send to the store (an acquire's `charge`).
+    pub fn take_debt(&self) -> u64 {
+        self.debt.swap(0, Ordering::AcqRel)
     }
 
     // -- tokens taken back unspent: they leave the rate sample too --

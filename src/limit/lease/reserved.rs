@@ -255,7 +255,7 @@ mod tests {
         ] {
             let s = spec(count, period);
             let (drained, _) = acquire(None, &s, 0, count);
-            let (st, g) = acquire_or_reserve(Some(drained), &s, at, want, true);
+            let (st, g) = acquire_or_reserve(Some(drained), &s, at, want, 1, true);
             assert_eq!(g.granted, 0);
             assert_eq!(g.reserved, want.min(count));
             let r = Reserved::default();

@@ -353,7 +353,8 @@ async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
         back,
         vec![Unspent {
             tokens: 1,
-            window_ms: T0 - 10_000
+            window_ms: T0 - 10_000,
+            ..Unspent::default()
         }]
     );
 }

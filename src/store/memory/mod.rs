@@ -195,9 +195,13 @@ impl MemoryStore {
     /// [`acquire_now`](Self::acquire_now) for a key that, when this store
     /// does not hold it yet, starts with `start` tokens (at most its
     /// capacity) instead of a full bucket: the local fallback's first
-    /// grant of an outage.
+    /// grant of an outage. All `want` or nothing (a request's reserve).
     pub fn acquire_starting(&self, key: &str, spec: &Spec, want: u64, start: u64) -> Result<Grant, StoreError> {
-        self.acquire_from(key, spec, want, Unspent::default(), start, false)
+        let unspent = Unspent {
+            need: want,
+            ..Unspent::default()
+        };
+        self.acquire_from(key, spec, want, unspent, start, false)
     }
 
     fn acquire_from(
@@ -310,6 +314,8 @@ mod tests {
     const NONE: Unspent = Unspent {
         tokens: 0,
         window_ms: 0,
+        charge: 0,
+        need: 0,
     };
 
     #[test]
@@ -425,6 +431,7 @@ mod tests {
                 Unspent {
                     tokens: 2,
                     window_ms: 0,
+                    ..Unspent::default()
                 },
             )
             .unwrap();
@@ -436,6 +443,7 @@ mod tests {
                 Unspent {
                     tokens: 2,
                     window_ms: 0,
+                    ..Unspent::default()
                 },
             )
             .unwrap();
@@ -452,6 +460,7 @@ mod tests {
         let back = Unspent {
             tokens: 2,
             window_ms: 0,
+            ..Unspent::default()
         };
         let g = store.acquire_now("k", &s, 3, back).unwrap();
         assert_eq!((g.granted, g.remaining), (2, 0));
@@ -464,6 +473,7 @@ mod tests {
                 Unspent {
                     tokens: 50,
                     window_ms: 0,
+                    ..Unspent::default()
                 },
             )
             .unwrap();
@@ -487,6 +497,7 @@ mod tests {
         let back = Unspent {
             tokens: 4,
             window_ms: taken.window_ms,
+            ..Unspent::default()
         };
         // Previous 8 → 4, weighing 3: room for 8 − 3 − 2 = 3.
         assert_eq!(store.acquire_now("w", &w, 8, back).unwrap().granted, 3);

@@ -37,7 +37,7 @@ impl RedisStore {
             stamps.sent();
             let result = connection.run(script, &key, &args).await;
             stamps.replied();
-            if let Err(Ok([granted, _, _, _, window_ms, reserved])) = answer.send(result) {
+            if let Err(Ok([granted, _, _, _, window_ms, reserved, _])) = answer.send(result) {
                 // Reserved tokens were taken as surely as granted ones.
                 let taken = granted + reserved;
                 if let (true, Some([algorithm, count, period, capacity])) = (taken > 0, give_back) {
@@ -52,13 +52,14 @@ impl RedisStore {
             let answer = answered.await;
             watch.answered(matches!(answer, Ok(Ok(_))));
             match answer {
-                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms, reserved])) => Ok(Grant {
+                Ok(Ok([granted, remaining, reset_ms, retry_after_ms, window_ms, reserved, owed])) => Ok(Grant {
                     granted,
                     remaining,
                     reset_ms,
                     retry_after_ms,
                     window_ms,
                     reserved,
+                    owed,
                 }),
                 Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
@@ -86,7 +87,7 @@ impl RedisStore {
         });
         Box::pin(async move {
             match answered.await {
-                Ok(Ok(reply)) => Ok(reply),
+                Ok(Ok([a, b, c, d, e, f, _])) => Ok([a, b, c, d, e, f]),
                 Ok(Err(e)) => Err(e.classify()),
                 Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
             }

@@ -419,7 +419,12 @@ impl RedisStore {
         reserve: bool,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let give_back = Some([algorithm_code(spec), spec.count, spec.period_ms(), spec.capacity]);
-        let Unspent { tokens, window_ms } = unspent;
+        let Unspent {
+            tokens,
+            window_ms,
+            charge,
+            need,
+        } = unspent;
         match spec.algorithm {
             Algorithm::TokenBucket => self.call(
                 &TOKEN_BUCKET,
@@ -431,13 +436,15 @@ impl RedisStore {
                     want,
                     tokens,
                     u64::from(reserve),
+                    charge,
+                    need,
                 ],
                 give_back,
             ),
             Algorithm::SlidingWindow => self.call(
                 &SLIDING_WINDOW,
                 key,
-                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms],
+                vec![spec.capacity, spec.period_ms(), want, tokens, window_ms, charge, need],
                 give_back,
             ),
             Algorithm::FixedWindow => self.call(
@@ -450,6 +457,8 @@ impl RedisStore {
                     tokens,
                     window_ms,
                     spec.calendar().code(),
+                    charge,
+                    need,
                 ],
                 give_back,
             ),

@@ -67,7 +67,7 @@ impl Connection {
         })
     }
 
-    pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 6], CallError> {
+    pub(super) async fn run(&mut self, script: &Script, key: &str, args: &[u64]) -> Result<[u64; 7], CallError> {
         self.run_keys(script, &[key], args).await
     }
 
@@ -78,7 +78,7 @@ impl Connection {
         script: &Script,
         keys: &[&str],
         args: &[u64],
-    ) -> Result<[u64; 6], CallError> {
+    ) -> Result<[u64; 7], CallError> {
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(*k);
@@ -87,12 +87,14 @@ impl Connection {
             call.arg(*a);
         }
         let reply: Vec<i64> = self.invoke(&call).await?;
-        // Scripts answer five integers (the token bucket six: what it
-        // reserved), never negative; anything else is a script from another
-        // version, not a reason to wrap around.
+        // Scripts answer five to seven integers (the acquires: what the
+        // token bucket reserved, what the key owes), never negative;
+        // anything else is a script from another version, not a reason to
+        // wrap around.
         match reply[..] {
-            [a, b, c, d, e] => Ok([a, b, c, d, e, 0].map(|v| v.max(0) as u64)),
-            [a, b, c, d, e, f] => Ok([a, b, c, d, e, f].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e] => Ok([a, b, c, d, e, 0, 0].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e, f] => Ok([a, b, c, d, e, f, 0].map(|v| v.max(0) as u64)),
+            [a, b, c, d, e, f, g] => Ok([a, b, c, d, e, f, g].map(|v| v.max(0) as u64)),
             _ => Err(CallError::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected script reply",

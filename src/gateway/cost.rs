@@ -1,0 +1,200 @@
+//! Costs on the request path: what a request reserves under its limits
+//! with a `cost` (its JSON body read first when a reserve needs it), and
+//! the watch on its response that reads the real cost as the body streams
+//! to the client and settles the reserve once it has ended.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::respond::RequestError;
+use crate::identity::Tier;
+use crate::limit::cost::meter::{Meter, Unsettled};
+use crate::limit::cost::{Settle, Settlement};
+use crate::limit::slots::Held;
+use crate::limit::Limiter;
+use crate::proxy::body::{Body, Ended, Watch};
+use crate::route::Route;
+use crate::runtime::Snapshot;
+use crate::telemetry::metrics::{Metrics, UnsettledLabels};
+
+/// What a request's limits with a `cost` need before its decision.
+#[derive(Debug, Default)]
+pub(super) struct Priced {
+    /// The limits with a cost that apply to it (indices into the config's).
+    pub limits: Vec<usize>,
+    /// One of them reserves from the JSON request body.
+    pub needs_body: bool,
+    /// One of them settles by the request body's bytes: counted as it
+    /// goes upstream.
+    pub request_bytes: Option<Arc<AtomicU64>>,
+}
+
+/// The limits with a `cost` among `route`'s that apply to a caller of
+/// `tier`; `None` (no allocation) for a route with none.
+pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<Priced> {
+    let limits = &snapshot.config.limits;
+    let costed = |i: &usize| limits.get(*i).is_some_and(|l| l.cost.is_some() && l.applies_to(tier));
+    if !route.limits.iter().any(costed) {
+        return None;
+    }
+    let mut p = Priced::default();
+    for &i in route.limits.iter().filter(|i| costed(i)) {
+        let Some(cost) = limits[i].cost.as_ref() else { continue };
+        p.needs_body |= cost.reserve.needs_body();
+        if cost.settle == Some(Settle::RequestBytes) && p.request_bytes.is_none() {
+            p.request_bytes = Some(Arc::new(AtomicU64::new(0)));
+        }
+        p.limits.push(i);
+    }
+    Some(p)
+}
+
+/// Each priced limit's reserve for a request with `headers` and (when one
+/// needs it) `body`, at most the limit's capacity for the caller.
+pub(super) fn reserves(
+    snapshot: &Snapshot,
+    priced: &Priced,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+) -> Result<Vec<(usize, u64)>, RequestError> {
+    let mut out = Vec::with_capacity(priced.limits.len());
+    for &i in &priced.limits {
+        let (Some(limit), Some(runtime)) = (snapshot.config.limits.get(i), snapshot.limits.get(i)) else {
+            continue;
+        };
+        let Some(cost) = &limit.cost else { continue };
+        let n = cost.reserve.of_request(headers, body, runtime.spec.capacity)?;
+        out.push((i, n));
+    }
+    Ok(out)
+}
+
+/// Reads a request body a `json:` reserve prices, up to `max` bytes, each
+/// read within `idle`: larger is 413, and nothing is forwarded.
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    max: usize,
+    idle: Duration,
+) -> Result<Bytes, RequestError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(RequestError::BodyTooLarge(max));
+    }
+    let limited = http_body_util::Limited::new(crate::proxy::idle::Timed::new(body, idle), max);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(RequestError::BodyTooLarge(max)),
+        Err(e) => Err(RequestError::BodyUnread(e.to_string())),
+    }
+}
+
+/// What a response's body holds until it ends: in-flight slots, and the
+/// reserves to settle from what it says it cost.
+pub(super) struct Watcher {
+    held: Vec<Held>,
+    settling: Vec<(Meter, Settlement)>,
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    names: Vec<String>,
+    /// The response was an upstream's 5xx: a cost it did not send is the
+    /// upstream's failure, not a missing field.
+    failed: bool,
+}
+
+impl Watcher {
+    /// `resp`, its body watched when it holds slots or reserves to settle.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn watch(
+        resp: Response<Body>,
+        held: Vec<Held>,
+        settlements: Vec<Settlement>,
+        snapshot: &Snapshot,
+        limiter: &Arc<Limiter>,
+        metrics: &Arc<Metrics>,
+        request_bytes: Option<&Arc<AtomicU64>>,
+    ) -> Response<Body> {
+        if held.is_empty() && settlements.is_empty() {
+            return resp;
+        }
+        let max_body = snapshot.config.gateway.max_cost_body_bytes;
+        let mut names = Vec::with_capacity(settlements.len());
+        let mut settling = Vec::with_capacity(settlements.len());
+        for s in settlements {
+            let Some(limit) = snapshot.config.limits.get(s.limit) else {
+                continue;
+            };
+            let Some(rule) = limit.cost.as_ref().and_then(|c| c.settle.as_ref()) else {
+                continue;
+            };
+            let meter = Meter::new(rule, resp.headers(), request_bytes.cloned(), max_body);
+            names.push(limit.name.clone());
+            settling.push((meter, s));
+        }
+        let watcher = Watcher {
+            held,
+            settling,
+            limiter: limiter.clone(),
+            metrics: metrics.clone(),
+            names,
+            failed: resp.status().is_server_error(),
+        };
+        resp.map(|body| Body::watched(body, Box::new(watcher)))
+    }
+}
+
+impl Watch for Watcher {
+    fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
+        for (meter, _) in &mut self.settling {
+            if let Some(data) = frame.data_ref() {
+                meter.data(data);
+            } else if let Some(trailers) = frame.trailers_ref() {
+                meter.trailers(trailers);
+            }
+        }
+    }
+
+    fn end(&mut self, how: Ended) {
+        // In flight no more.
+        self.held.clear();
+        for ((meter, s), name) in self.settling.drain(..).zip(&self.names) {
+            let outcome = match how {
+                Ended::Complete => meter.finish(),
+                Ended::Failed | Ended::Dropped => Err(Unsettled::Cut),
+            };
+            match outcome {
+                Ok(cost) => {
+                    self.limiter.settle(&s, cost);
+                }
+                Err(why) => {
+                    let why = if self.failed && why == Unsettled::Missing {
+                        Unsettled::UpstreamError
+                    } else {
+                        why
+                    };
+                    unsettled(&self.metrics, name, why);
+                }
+            }
+        }
+    }
+}
+
+/// One more response whose cost under `limit` never arrived.
+pub(super) fn unsettled(metrics: &Metrics, limit: &str, why: Unsettled) {
+    metrics
+        .cost_unsettled
+        .get_or_create(&UnsettledLabels {
+            limit: limit.to_string(),
+            reason: why.reason(),
+        })
+        .inc();
+}

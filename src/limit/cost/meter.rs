@@ -1,0 +1,352 @@
+//! Reading a response's real cost as its body streams to the client: a
+//! header or trailer, a field of a JSON body (the chunks are kept, not
+//! copied, up to a bound, and parsed once at the end), the last
+//! `text/event-stream` event holding the field (scanned line by line, only
+//! events that mention the field parsed), or bytes counted. Nothing here
+//! holds the body back: the meter only looks at each frame on its way.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+
+use super::{JsonFields, Settle};
+
+/// Why a response's cost never arrived: its reserve stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsettled {
+    /// The response ended without the header, trailer or field.
+    Missing,
+    /// The JSON body was larger than `[gateway] max_cost_body_bytes`.
+    TooLarge,
+    /// The body broke off, or the client went away, before its end.
+    Cut,
+    /// The upstream failed: no response, or a 5xx without the cost.
+    UpstreamError,
+}
+
+impl Unsettled {
+    /// The `reason` label of `leasegate_cost_unsettled_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Unsettled::Missing => "missing",
+            Unsettled::TooLarge => "too_large",
+            Unsettled::Cut => "cut",
+            Unsettled::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// One limit's reading of one response.
+#[derive(Debug)]
+pub struct Meter {
+    kind: Kind,
+    /// Most bytes of a JSON body (or of one event) kept for parsing.
+    max_body: usize,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Header {
+        name: HeaderName,
+        value: Option<u64>,
+    },
+    Json {
+        fields: JsonFields,
+        chunks: Vec<Bytes>,
+        len: usize,
+        over: bool,
+    },
+    Sse(Box<Sse>),
+    ResponseBytes(u64),
+    RequestBytes(Arc<AtomicU64>),
+}
+
+/// A `text/event-stream` being scanned.
+#[derive(Debug)]
+struct Sse {
+    fields: JsonFields,
+    /// The line read so far.
+    line: Vec<u8>,
+    /// The current event's `data:` lines, joined by `\n`.
+    data: Vec<u8>,
+    /// The event outgrew the bound: skipped up to its end.
+    skipping: bool,
+    /// Each term's value in the last event that held it.
+    last: Vec<Option<u64>>,
+}
+
+impl Meter {
+    /// A meter for `rule` on a response with `headers`; `request_bytes`
+    /// counts the request body as it went upstream (`request_bytes` rules).
+    pub fn new(rule: &Settle, headers: &HeaderMap, request_bytes: Option<Arc<AtomicU64>>, max_body: usize) -> Meter {
+        let kind = match rule {
+            Settle::Header(name) => Kind::Header {
+                name: name.clone(),
+                value: header_number(headers, name),
+            },
+            Settle::Json(fields) if is_event_stream(headers) => Kind::Sse(Box::new(Sse {
+                fields: fields.clone(),
+                line: Vec::new(),
+                data: Vec::new(),
+                skipping: false,
+                last: vec![None; fields.0.len()],
+            })),
+            Settle::Json(fields) => Kind::Json {
+                fields: fields.clone(),
+                chunks: Vec::new(),
+                len: 0,
+                over: false,
+            },
+            Settle::ResponseBytes => Kind::ResponseBytes(0),
+            Settle::RequestBytes => Kind::RequestBytes(request_bytes.unwrap_or_default()),
+        };
+        Meter { kind, max_body }
+    }
+
+    /// A data frame on its way to the client.
+    pub fn data(&mut self, chunk: &Bytes) {
+        match &mut self.kind {
+            Kind::Header { .. } | Kind::RequestBytes(_) => {}
+            Kind::ResponseBytes(n) => *n = n.saturating_add(chunk.len() as u64),
+            Kind::Json { chunks, len, over, .. } => {
+                if *over {
+                    return;
+                }
+                *len += chunk.len();
+                if *len > self.max_body {
+                    *over = true;
+                    chunks.clear();
+                } else {
+                    chunks.push(chunk.clone());
+                }
+            }
+            Kind::Sse(sse) => sse.scan(chunk, self.max_body),
+        }
+    }
+
+    /// The response's trailers: a `header:` rule's value may come here.
+    pub fn trailers(&mut self, trailers: &HeaderMap) {
+        if let Kind::Header { name, value } = &mut self.kind {
+            if let Some(v) = header_number(trailers, name) {
+                *value = Some(v);
+            }
+        }
+    }
+
+    /// The response ended: what it cost, or why that is not known.
+    pub fn finish(self) -> Result<u64, Unsettled> {
+        match self.kind {
+            Kind::Header { value, .. } => value.ok_or(Unsettled::Missing),
+            Kind::ResponseBytes(n) => Ok(n),
+            Kind::RequestBytes(n) => Ok(n.load(Ordering::Acquire)),
+            Kind::Json { over: true, .. } => Err(Unsettled::TooLarge),
+            Kind::Json { fields, chunks, .. } => {
+                let read = match chunks.as_slice() {
+                    [one] => fields.read(one),
+                    _ => fields.read(&chunks.concat()),
+                };
+                read.ok_or(Unsettled::Missing)
+            }
+            Kind::Sse(mut sse) => {
+                // A stream may end without the blank line after its last event.
+                sse.end_line(self.max_body);
+                sse.dispatch();
+                let mut found = None;
+                for v in sse.last.iter().flatten() {
+                    found = Some(found.unwrap_or(0u64).saturating_add(*v));
+                }
+                found.ok_or(Unsettled::Missing)
+            }
+        }
+    }
+}
+
+impl Sse {
+    fn scan(&mut self, chunk: &[u8], max: usize) {
+        let mut rest = chunk;
+        while let Some(at) = rest.iter().position(|&b| b == b'\n') {
+            self.push_line(&rest[..at], max);
+            self.end_line(max);
+            rest = &rest[at + 1..];
+        }
+        self.push_line(rest, max);
+    }
+
+    fn push_line(&mut self, bytes: &[u8], max: usize) {
+        if self.skipping {
+            // Still inside an oversized event: only a blank line matters.
+            if !bytes.is_empty() {
+                self.line.clear();
+                self.line.push(b'x');
+            }
+            return;
+        }
+        if self.line.len() + bytes.len() > max {
+            self.skipping = true;
+            self.line.clear();
+            self.line.push(b'x');
+            self.data.clear();
+            return;
+        }
+        self.line.extend_from_slice(bytes);
+    }
+
+    /// A whole line was read: a field of the event, or its end.
+    fn end_line(&mut self, max: usize) {
+        let mut line = std::mem::take(&mut self.line);
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if line.is_empty() {
+            if self.skipping {
+                self.skipping = false;
+            } else {
+                self.dispatch();
+            }
+        } else if !self.skipping {
+            if let Some(value) = line.strip_prefix(b"data:") {
+                let value = value.strip_prefix(b" ").unwrap_or(value);
+                if self.data.len() + value.len() + 1 > max {
+                    self.skipping = true;
+                    self.data.clear();
+                } else {
+                    if !self.data.is_empty() {
+                        self.data.push(b'\n');
+                    }
+                    self.data.extend_from_slice(value);
+                }
+            }
+        }
+        line.clear();
+        self.line = line;
+    }
+
+    /// The event ended: its data is parsed if it mentions a field.
+    fn dispatch(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        if data.is_empty() || !self.fields.leaves().any(|leaf| contains(&data, leaf.as_bytes())) {
+            return;
+        }
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) else {
+            return;
+        };
+        for (slot, path) in self.last.iter_mut().zip(&self.fields.0) {
+            if let Some(n) = path.number_in(&value) {
+                *slot = Some(n);
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_meter(rule: &str, content_type: &str) -> Meter {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+        Meter::new(&Settle::parse(rule).unwrap(), &h, None, 1 << 20)
+    }
+
+    #[test]
+    fn a_json_body_in_pieces_settles_from_its_field() {
+        let mut m = json_meter("json:usage.total_tokens", "application/json");
+        for part in [
+            &br#"{"id":"x","usage":{"prompt"#[..],
+            br#"_tokens":3,"total_tokens":"#,
+            b"57}}",
+        ] {
+            m.data(&Bytes::copy_from_slice(part));
+        }
+        assert_eq!(m.finish(), Ok(57));
+        let mut m = json_meter("json:usage.total_tokens", "application/json");
+        m.data(&Bytes::from_static(br#"{"error":"overloaded"}"#));
+        assert_eq!(m.finish(), Err(Unsettled::Missing));
+    }
+
+    #[test]
+    fn an_event_stream_settles_from_the_last_event_holding_the_field() {
+        let stream = concat!(
+            "event: message_start\r\n",
+            "data: {\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\r\n\r\n",
+            "data: {\"delta\":{\"text\":\"hi\"}}\n\n",
+            ": a comment\n",
+            "data: {\"usage\":{\"output_tokens\":10}}\n\n",
+            "data: {\"usage\":{\"output_tokens\":15}}\n",
+        );
+        // Cut anywhere, in every size of piece: the same answer.
+        for size in [1, 2, 7, 64, stream.len()] {
+            let mut m = json_meter(
+                "json:message.usage.input_tokens+usage.output_tokens",
+                "text/event-stream; charset=utf-8",
+            );
+            for piece in stream.as_bytes().chunks(size) {
+                m.data(&Bytes::copy_from_slice(piece));
+            }
+            assert_eq!(m.finish(), Ok(40), "pieces of {size}");
+        }
+        let mut m = json_meter("json:usage.total_tokens", "text/event-stream");
+        m.data(&Bytes::from_static(b"data: [DONE]\n\n"));
+        assert_eq!(m.finish(), Err(Unsettled::Missing));
+    }
+
+    #[test]
+    fn bodies_past_the_bound_are_not_kept() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
+        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 8);
+        m.data(&Bytes::from_static(br#"{"n": 1, "pad": "...."}"#));
+        assert_eq!(m.finish(), Err(Unsettled::TooLarge));
+        h.insert(http::header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 16);
+        m.data(&Bytes::from_static(
+            b"data: {\"n\": 1, \"pad\": \"........\"}\n\ndata: {\"n\":2}\n\n",
+        ));
+        assert_eq!(m.finish(), Ok(2), "the oversized event is skipped, the next read");
+    }
+
+    #[test]
+    fn headers_trailers_and_bytes() {
+        let mut h = HeaderMap::new();
+        h.insert("x-cost", "12".parse().unwrap());
+        let rule = Settle::parse("header:x-cost").unwrap();
+        assert_eq!(Meter::new(&rule, &h, None, 64).finish(), Ok(12));
+        let mut m = Meter::new(&rule, &HeaderMap::new(), None, 64);
+        m.trailers(&h);
+        assert_eq!(m.finish(), Ok(12));
+        assert_eq!(
+            Meter::new(&rule, &HeaderMap::new(), None, 64).finish(),
+            Err(Unsettled::Missing)
+        );
+        let mut m = Meter::new(&Settle::ResponseBytes, &h, None, 64);
+        m.data(&Bytes::from_static(b"hello"));
+        m.data(&Bytes::from_static(b" world"));
+        assert_eq!(m.finish(), Ok(11));
+        let counted = Arc::new(AtomicU64::new(300));
+        assert_eq!(
+            Meter::new(&Settle::RequestBytes, &h, Some(counted), 64).finish(),
+            Ok(300)
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! What a request costs under a limit with `cost = { reserve, settle }`:
+//! the reserve taken at admission ([`Reserve`], from a number, a request
+//! header or a field of the JSON request body), and what the response says
+//! it really cost ([`Settle`], read by a [`meter::Meter`] as the body
+//! streams past). At the end of the response the difference goes to the
+//! key's lease ([`Settlement`]): a refund to spend again, or a charge that
+//! may leave the key owing the store. No store call is made for it.
+//!
+//! Rooms: `meter` (reading the cost from a response), `settle` (the
+//! refund or the debt).
+
+pub mod meter;
+mod settle;
+
+pub use settle::Settlement;
+
+use http::{HeaderMap, HeaderName};
+
+/// A limit's cost rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cost {
+    pub reserve: Reserve,
+    /// `None`: the reserve is the cost.
+    pub settle: Option<Settle>,
+}
+
+/// What a request reserves at admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserve {
+    /// A number of tokens.
+    Fixed(u64),
+    /// An integer request header (1 when absent).
+    Header(HeaderName),
+    /// A numeric field of the JSON request body (1 when absent): the body
+    /// is read first, up to `[gateway] max_cost_body_bytes`.
+    Json(JsonFields),
+}
+
+/// Where the real cost is read once the response ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// A response header, or a trailer.
+    Header(HeaderName),
+    /// A numeric field of the JSON response body; of a
+    /// `text/event-stream`, the last `data:` event that holds it.
+    Json(JsonFields),
+    /// The response body's bytes.
+    ResponseBytes,
+    /// The request body's bytes.
+    RequestBytes,
+}
+
+/// One or more numeric fields of a JSON document, added up:
+/// `usage.total_tokens`, or `usage.input_tokens+usage.output_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonFields(pub Vec<JsonPath>);
+
+/// A field's path: object keys and array indices, dot-separated
+/// (`choices.0.usage.total_tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonPath(pub Vec<String>);
+
+/// Why a cost rule was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CostError {
+    #[error("reserve {0} is out of range: use 1 or more")]
+    ReserveRange(i64),
+    #[error("{0:?}: expected N, \"header:NAME\" or \"json:PATH\"")]
+    Reserve(String),
+    #[error("{0:?}: expected \"header:NAME\", \"json:PATH\", \"response_bytes\" or \"request_bytes\"")]
+    Settle(String),
+    #[error("{0:?} is not a valid header name")]
+    HeaderName(String),
+    #[error("{0:?}: a JSON path is dot-separated field names, such as usage.total_tokens (terms joined by +)")]
+    Path(String),
+}
+
+/// Why a request's reserve could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    #[error("the {0} header must be a whole number of tokens")]
+    NotANumber(HeaderName),
+}
+
+impl Reserve {
+    /// `N`, `"header:NAME"` or `"json:PATH"`.
+    pub fn parse(text: &str) -> Result<Reserve, CostError> {
+        if let Some(name) = text.strip_prefix("header:") {
+            return header_name(name).map(Reserve::Header);
+        }
+        if let Some(path) = text.strip_prefix("json:") {
+            return JsonFields::parse(path).map(Reserve::Json);
+        }
+        Err(CostError::Reserve(text.to_string()))
+    }
+
+    /// A number of tokens (1 or more).
+    pub fn fixed(n: i64) -> Result<Reserve, CostError> {
+        match u64::try_from(n) {
+            Ok(n @ 1..) => Ok(Reserve::Fixed(n)),
+            _ => Err(CostError::ReserveRange(n)),
+        }
+    }
+
+    /// The request's reserve, from its headers and (for a `json:` reserve)
+    /// its body as read: at least 1, at most `capacity` (more could never
+    /// fit). An absent header or field, or a body that is not JSON,
+    /// reserves 1: the settle charges the rest.
+    pub fn of_request(&self, headers: &HeaderMap, body: Option<&[u8]>, capacity: u64) -> Result<u64, ReserveError> {
+        let n = match self {
+            Reserve::Fixed(n) => *n,
+            Reserve::Header(name) => match headers.get(name) {
+                None => 1,
+                Some(v) => v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .ok_or_else(|| ReserveError::NotANumber(name.clone()))?,
+            },
+            Reserve::Json(fields) => body.and_then(|b| fields.read(b)).unwrap_or(1),
+        };
+        Ok(n.clamp(1, capacity.max(1)))
+    }
+
+    /// Whether the request body must be read before the decision.
+    pub fn needs_body(&self) -> bool {
+        matches!(self, Reserve::Json(_))
+    }
+
+    /// As written in the config.
+    pub fn describe(&self) -> String {
+        match self {
+            Reserve::Fixed(n) => n.to_string(),
+            Reserve::Header(h) => format!("header:{h}"),
+            Reserve::Json(f) => format!("json:{f}"),
+        }
+    }
+}
+
+impl Settle {
+    /// `"header:NAME"`, `"json:PATH"`, `"response_bytes"` or
+    /// `"request_bytes"`.
+    pub fn parse(text: &str) -> Result<Settle, CostError> {
+        match text {
+            "response_bytes" => return Ok(Settle::ResponseBytes),
+            "request_bytes" => return Ok(Settle::RequestBytes),
+            _ => {}
+        }
+        if let Some(name) = text.strip_prefix("header:") {
+            return header_name(name).map(Settle::Header);
+        }
+        if let Some(path) = text.strip_prefix("json:") {
+            return JsonFields::parse(path).map(Settle::Json);
+        }
+        Err(CostError::Settle(text.to_string()))
+    }
+
+    /// As written in the config.
+    pub fn describe(&self) -> String {
+        match self {
+            Settle::Header(h) => format!("header:{h}"),
+            Settle::Json(f) => format!("json:{f}"),
+            Settle::ResponseBytes => "response_bytes".into(),
+            Settle::RequestBytes => "request_bytes".into(),
+        }
+    }
+}
+
+impl Cost {
+    /// `reserve N, settle RULE` (or the reserve alone), for `explain` and
+    /// `check`.
+    pub fn describe(&self) -> String {
+        match &self.settle {
+            Some(s) => format!("reserve {}, settle {}", self.reserve.describe(), s.describe()),
+            None => format!("reserve {}", self.reserve.describe()),
+        }
+    }
+}
+
+fn header_name(name: &str) -> Result<HeaderName, CostError> {
+    HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| CostError::HeaderName(name.to_string()))
+}
+
+impl JsonFields {
+    /// `a.b` or `a.b+c.d`.
+    pub fn parse(text: &str) -> Result<JsonFields, CostError> {
+        let bad = || CostError::Path(text.to_string());
+        let mut terms = Vec::new();
+        for term in text.split('+') {
+            let parts: Vec<String> = term.trim().split('.').map(str::to_string).collect();
+            if parts.iter().any(|p| p.is_empty() || p.len() > 128) || parts.len() > 16 {
+                return Err(bad());
+            }
+            terms.push(JsonPath(parts));
+        }
+        if terms.is_empty() || terms.len() > 8 {
+            return Err(bad());
+        }
+        Ok(JsonFields(terms))
+    }
+
+    /// The sum of the fields `doc` holds, parsed as JSON; `None` when it is
+    /// not JSON or holds none of them.
+    pub fn read(&self, doc: &[u8]) -> Option<u64> {
+        let value: serde_json::Value = serde_json::from_slice(doc).ok()?;
+        let mut found = None;
+        for path in &self.0 {
+            if let Some(n) = path.number_in(&value) {
+                found = Some(found.unwrap_or(0u64).saturating_add(n));
+            }
+        }
+        found
+    }
+
+    /// The last words of each path: a `data:` event that holds none of
+    /// them cannot hold the fields, and is not parsed.
+    pub(crate) fn leaves(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|p| p.0.last().map(String::as_str))
+    }
+}
+
+impl JsonPath {
+    /// The non-negative number at this path in `value` (a fraction rounds
+    /// up); `None` when absent or not such a number.
+    pub fn number_in(&self, value: &serde_json::Value) -> Option<u64> {
+        let mut at = value;
+        for part in &self.0 {
+            at = match at {
+                serde_json::Value::Object(map) => map.get(part)?,
+                serde_json::Value::Array(list) => list.get(part.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        match at {
+            serde_json::Value::Number(n) => n.as_u64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f.ceil().min(u64::MAX as f64) as u64)
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for JsonFields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            f.write_str(&p.0.join("."))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_parse_and_print_as_written() {
+        for (text, ok) in [
+            ("header:x-cost", true),
+            ("json:usage.total_tokens", true),
+            ("json:usage.input_tokens+usage.output_tokens", true),
+            ("response_bytes", true),
+            ("request_bytes", true),
+            ("json:", false),
+            ("json:a..b", false),
+            ("header:bad header", false),
+            ("bytes", false),
+        ] {
+            let parsed = Settle::parse(text);
+            assert_eq!(parsed.is_ok(), ok, "{text}: {parsed:?}");
+            if let Ok(s) = parsed {
+                assert_eq!(s.describe(), text);
+            }
+        }
+        assert!(Reserve::parse("response_bytes").is_err());
+        assert_eq!(Reserve::fixed(0), Err(CostError::ReserveRange(0)));
+        assert_eq!(Reserve::parse("json:max_tokens").unwrap().describe(), "json:max_tokens");
+    }
+
+    #[test]
+    fn a_reserve_is_read_from_the_request_and_kept_within_the_capacity() {
+        let mut h = HeaderMap::new();
+        let by_header = Reserve::parse("header:x-tokens").unwrap();
+        assert_eq!(by_header.of_request(&h, None, 100), Ok(1), "absent: 1");
+        h.insert("x-tokens", "40".parse().unwrap());
+        assert_eq!(by_header.of_request(&h, None, 100), Ok(40));
+        h.insert("x-tokens", "4000".parse().unwrap());
+        assert_eq!(by_header.of_request(&h, None, 100), Ok(100), "capped at the capacity");
+        h.insert("x-tokens", "-3".parse().unwrap());
+        assert!(by_header.of_request(&h, None, 100).is_err());
+        let by_body = Reserve::parse("json:max_tokens").unwrap();
+        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 64}"#), 100), Ok(64));
+        assert_eq!(by_body.of_request(&h, Some(b"not json"), 100), Ok(1));
+        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 0}"#), 100), Ok(1));
+        assert_eq!(Reserve::Fixed(7).of_request(&h, None, 5), Ok(5));
+    }
+
+    #[test]
+    fn fields_are_found_by_path_and_added_up() {
+        let f = JsonFields::parse("usage.input_tokens+usage.output_tokens").unwrap();
+        assert_eq!(f.read(br#"{"usage":{"input_tokens":10,"output_tokens":32}}"#), Some(42));
+        assert_eq!(f.read(br#"{"usage":{"output_tokens":32}}"#), Some(32));
+        assert_eq!(f.read(br#"{"usage":{}}"#), None);
+        assert_eq!(f.read(b"[1,2"), None);
+        let indexed = JsonFields::parse("choices.1.n").unwrap();
+        assert_eq!(indexed.read(br#"{"choices":[{"n":1},{"n":2.5}]}"#), Some(3));
+        assert_eq!(indexed.read(br#"{"choices":[{"n":-1},{"n":"2"}]}"#), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Settling a request's cost once its response has ended: the difference
+//! from its reserve goes to the key's lease, here, with no store call. A
+//! refund becomes tokens at hand again (spent by the next requests, or
+//! going back to the store with the lease's unspent ones). A charge takes
+//! tokens at hand first; what they do not cover is owed, and the key's
+//! next store call ([`crate::quota::Unspent::charge`]) takes it from the
+//! shared quota in the same atomic script as its grant, which may leave
+//! the key in debt: refused, with the exact wait, until the refill or the
+//! window has paid it off.
+
+use std::sync::Arc;
+
+use super::super::lease::Lease;
+use super::super::sweep::Release;
+use super::super::verdict::Verdict;
+use super::super::{LimitRuntime, Limiter};
+use crate::quota::Spec;
+
+/// What one limit's reserve for a served request needs to settle.
+#[derive(Debug)]
+pub struct Settlement {
+    /// The limit: an index into the config's limits.
+    pub limit: usize,
+    /// The tokens reserved at admission.
+    pub reserve: u64,
+    lease: Arc<Lease>,
+    spec: Spec,
+}
+
+impl Verdict<'_> {
+    /// The reserves of this admitted request under limits that settle from
+    /// the response (`cost.settle`), to settle when it has ended; taken
+    /// from the verdict, which commits the rest. Empty, without a lookup,
+    /// for a request on no such limit.
+    pub fn settlements(&mut self, all: &[Arc<LimitRuntime>]) -> Vec<Settlement> {
+        if self.costs.is_empty() {
+            return Vec::new();
+        }
+        let Some(limiter) = self.taken.limiter() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for t in &self.taken.hashes {
+            let Some(limit) = all.get(t.limit) else { continue };
+            if limit.config.cost.as_ref().is_none_or(|c| c.settle.is_none()) {
+                continue;
+            }
+            let Some(lease) = limiter.leases.get(t.h) else { continue };
+            let spec = lease.spec().unwrap_or(limit.spec);
+            out.push(Settlement {
+                limit: t.limit,
+                reserve: t.n,
+                lease,
+                spec,
+            });
+        }
+        out
+    }
+}
+
+impl Limiter {
+    /// The request reserved `s.reserve` and really cost `cost`: the
+    /// difference goes to its lease (a lease the table let go sends it to
+    /// the store in the background). Returns what the key owes the store
+    /// after it, not yet sent.
+    pub fn settle(&self, s: &Settlement, cost: u64) -> u64 {
+        let lease = &s.lease;
+        if cost < s.reserve {
+            let back = s.reserve - cost;
+            if lease.is_evicted() {
+                if let Some(r) = Release::new(lease, s.spec, back, lease.window_ms()) {
+                    self.release_later(r);
+                }
+                return 0;
+            }
+            lease.give_back(back);
+            return lease.debt();
+        }
+        let owed = lease.charge(cost - s.reserve);
+        if lease.is_evicted() && owed > 0 {
+            // Nobody will call for this lease again: what it owes goes now.
+            if let Some(r) = Release::charged(lease, s.spec, lease.take_debt()) {
+                self.release_later(r);
+            }
+            return 0;
+        }
+        owed
+    }
+}

@@ -1,0 +1,465 @@
+//! `cost = { reserve, settle }`: a request reserves tokens at admission and
+//! settles what its response says it really cost once the response has
+//! ended (a JSON field, the last event of a stream, a header, bytes), with
+//! refunds and debts kept on the instance's lease and sent with its next
+//! store call. Real binaries, a real Redis, and a scripted upstream that
+//! answers like an LLM API.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+use crate::support::redis::Redis;
+use crate::support::{check, client, sample, Gateway, Toml};
+
+/// One step of a scripted response body.
+enum Step {
+    Data(Bytes),
+    Pause(u64),
+    Fail,
+}
+
+/// A response body played step by step.
+struct Scripted {
+    steps: VecDeque<Step>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for Scripted {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        loop {
+            if let Some(sleep) = &mut self.sleep {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.sleep = None;
+            }
+            match self.steps.pop_front() {
+                None => return Poll::Ready(None),
+                Some(Step::Data(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
+                Some(Step::Pause(ms)) => {
+                    self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))));
+                }
+                Some(Step::Fail) => return Poll::Ready(Some(Err(std::io::Error::other("cut")))),
+            }
+        }
+    }
+}
+
+fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| v.to_string())
+    })
+}
+
+/// An upstream that answers by the last segment of the path:
+/// - `json?cost=N[&ms=M]`: `{"usage":{"total_tokens":N}}` (after M ms), and
+///   the request body's length in `x-got-bytes`;
+/// - `sse?costs=A,B,C`: an event stream, one usage event per cost, then
+///   `[DONE]`;
+/// - `header?cost=N`: `x-cost: N`;
+/// - `cut`: a JSON body that breaks off half way;
+/// - `fail`: a 500 with no cost;
+/// - `bytes?n=N`: N bytes.
+async fn llm() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = service_fn(|req: Request<Incoming>| async move {
+                    let path = req.uri().path().rsplit('/').next().unwrap_or("").to_string();
+                    let cost = query(&req, "cost").unwrap_or_default();
+                    let ms: u64 = query(&req, "ms").and_then(|m| m.parse().ok()).unwrap_or(0);
+                    let costs = query(&req, "costs").unwrap_or_default();
+                    let n: usize = query(&req, "n").and_then(|m| m.parse().ok()).unwrap_or(0);
+                    let got = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+                    let mut steps = VecDeque::new();
+                    let mut resp = Response::builder().header("x-got-bytes", got.to_string());
+                    match path.as_str() {
+                        "json" => {
+                            steps.push_back(Step::Pause(ms));
+                            let body = format!(r#"{{"id":"c1","usage":{{"prompt_tokens":1,"total_tokens":{cost}}}}}"#);
+                            steps.push_back(Step::Data(Bytes::from(body)));
+                            resp = resp.header("content-type", "application/json");
+                        }
+                        "sse" => {
+                            resp = resp.header("content-type", "text/event-stream");
+                            for c in costs.split(',') {
+                                steps.push_back(Step::Data(Bytes::from(
+                                    "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                                )));
+                                steps.push_back(Step::Pause(5));
+                                steps.push_back(Step::Data(Bytes::from(format!(
+                                    "data: {{\"usage\":{{\"total_tokens\":{c}}}}}\n\n"
+                                ))));
+                            }
+                            steps.push_back(Step::Data(Bytes::from("data: [DONE]\n\n")));
+                        }
+                        "header" => {
+                            resp = resp.header("x-cost", cost);
+                            steps.push_back(Step::Data(Bytes::from("ok")));
+                        }
+                        "cut" => {
+                            resp = resp.header("content-type", "application/json");
+                            steps.push_back(Step::Data(Bytes::from(r#"{"id":"c1","usa"#)));
+                            steps.push_back(Step::Pause(20));
+                            steps.push_back(Step::Fail);
+                        }
+                        "fail" => {
+                            resp = resp.status(500);
+                            steps.push_back(Step::Data(Bytes::from("{\"error\":\"overloaded\"}")));
+                        }
+                        _ => steps.push_back(Step::Data(Bytes::from(vec![b'x'; n]))),
+                    }
+                    Ok::<_, std::convert::Infallible>(resp.body(Scripted { steps, sleep: None }).unwrap())
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `[leasing] max`: the most one instance leases at once.
+const MAX_LEASE: u64 = 20;
+
+/// One limit per kind of cost, each on a route of its own (`/<limit>/...`),
+/// each with a key of its own, and a usage route showing `llm`.
+fn toml(store: &str, upstream: SocketAddr) -> Toml {
+    let mut t = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"\nmax_cost_body_bytes = 1024")
+        .raw(store)
+        .table("leasing", &format!("max = {MAX_LEASE}"))
+        .upstream("llm", &format!("http://{upstream}"));
+    let limits: [(&str, &str, &str); 6] = [
+        (
+            "llm",
+            "100/100s",
+            "{ reserve = 10, settle = \"json:usage.total_tokens\" }",
+        ),
+        (
+            "stream",
+            "100/100s",
+            "{ reserve = 10, settle = \"json:usage.total_tokens\" }",
+        ),
+        ("hdr", "100/100s", "{ reserve = 10, settle = \"header:x-cost\" }"),
+        (
+            "prompt",
+            "100/100s",
+            "{ reserve = \"json:max_tokens\", settle = \"json:usage.total_tokens\" }",
+        ),
+        (
+            "cut",
+            "100/100s",
+            "{ reserve = 10, settle = \"json:usage.total_tokens\" }",
+        ),
+        ("bw", "4000/min", "{ reserve = 1, settle = \"response_bytes\" }"),
+    ];
+    for (name, _, _) in limits {
+        t = t
+            .forward(name, &format!("/{name}/"), "llm")
+            .with(&format!("limits = [\"{name}\"]"));
+    }
+    for (name, rate, cost) in limits {
+        let burst = if name == "bw" { 4000 } else { 100 };
+        // The usage route reads `llm`'s key: one the two routes share.
+        let by = if name == "llm" { "identity" } else { "route" };
+        t = t
+            .limit(name, rate)
+            .with(&format!("burst = {burst}\nby = [\"{by}\"]\ncost = {cost}"));
+    }
+    t.raw("[[routes]]\nname = \"usage\"\npath_prefix = \"/usage\"\nusage = [\"llm\"]\nlimits = [\"usage_calls\"]")
+        .limit("usage_calls", "100/min")
+}
+
+struct Answer {
+    status: u16,
+    headers: http::HeaderMap,
+    /// The body, or how it broke off.
+    body: Result<String, String>,
+}
+
+impl Answer {
+    /// `r` of `limit` in the `RateLimit` header.
+    fn remaining(&self, limit: &str) -> u64 {
+        let v = self
+            .headers
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let item = v
+            .split(", ")
+            .find(|i| i.starts_with(&format!("\"{limit}\"")))
+            .unwrap_or_else(|| panic!("no {limit} in ratelimit: {v:?}"));
+        item.split(';')
+            .find_map(|p| p.strip_prefix("r="))
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("{item}"))
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.headers["retry-after"].to_str().unwrap().parse().unwrap()
+    }
+}
+
+async fn call(gw: &Gateway, method: &str, path: &str, body: &str) -> Answer {
+    let mut c = client::http1(gw.http()).await;
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "gw")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client::send(&mut c, req).await;
+    let (parts, b) = resp.into_parts();
+    let body = match b.collect().await {
+        Ok(c) => Ok(String::from_utf8_lossy(&c.to_bytes()).into_owned()),
+        Err(e) => Err(e.to_string()),
+    };
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
+}
+
+async fn get(gw: &Gateway, path: &str) -> Answer {
+    call(gw, "GET", path, "").await
+}
+
+/// A `json:` settle: refunds show on the next response, a response over its
+/// reserve leaves the key in debt, and the debt's 429 says exactly when the
+/// debt and the next reserve are repaid.
+async fn json_settles_and_debt_is_exact(gw: &Gateway) {
+    let a = get(gw, "/llm/json?cost=4").await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.remaining("llm"), 90, "the reserve of 10 is taken");
+    // Settled at 4: 6 back. This one reserves 10 of the 96 and costs 150.
+    let b = get(gw, "/llm/json?cost=150").await;
+    assert_eq!(b.status, 200);
+    assert_eq!(b.remaining("llm"), 86, "the next response shows the settled state");
+    let settled = Instant::now();
+    // 154 spent of 100: 54 owed. Refilled at 1 a second, the next reserve
+    // of 10 fits in 64 s.
+    let c = get(gw, "/llm/json?cost=1").await;
+    let elapsed = settled.elapsed();
+    assert_eq!(c.status, 429, "{:?}", c.body);
+    if elapsed < Duration::from_millis(900) {
+        assert_eq!(c.retry_after(), 64, "{:?}", c.headers);
+    } else {
+        assert!((63..=64).contains(&c.retry_after()), "{:?}", c.headers);
+    }
+    let u = get(gw, "/usage").await;
+    let v: serde_json::Value = serde_json::from_str(u.body.as_ref().unwrap()).unwrap();
+    assert_eq!(v["limits"][0]["remaining"], 0, "{v}");
+    assert!((53..=54).contains(&v["limits"][0]["debt"].as_u64().unwrap()), "{v}");
+}
+
+/// The other rules, one limit each.
+async fn every_other_rule_settles(gw: &Gateway) {
+    // An event stream settles from its last usage event (30), streamed
+    // whole to the client.
+    let a = get(gw, "/stream/sse?costs=5,12,30").await;
+    assert_eq!(a.status, 200);
+    let body = a.body.unwrap();
+    assert!(
+        body.contains("\"total_tokens\":12") && body.ends_with("data: [DONE]\n\n"),
+        "{body}"
+    );
+    assert_eq!(get(gw, "/stream/json?cost=10").await.remaining("stream"), 100 - 30 - 10);
+
+    // A header.
+    assert_eq!(get(gw, "/hdr/header?cost=25").await.status, 200);
+    assert_eq!(get(gw, "/hdr/header?cost=10").await.remaining("hdr"), 100 - 25 - 10);
+
+    // A cut stream keeps its reserve, and is counted; so is a 500.
+    let cut = get(gw, "/cut/cut").await;
+    assert!(cut.body.is_err(), "the client sees the cut: {:?}", cut.body);
+    let fail = get(gw, "/cut/fail").await;
+    assert_eq!(fail.status, 500);
+    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 10 - 10 - 10);
+    let m = gw.metrics().await;
+    assert_eq!(
+        sample(&m, "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"cut\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"upstream_error\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+
+    // Bytes as a bandwidth limit: 4000 a minute; two downloads of 3000
+    // owe 2000, repaid at 4000/min with the next byte: 30 s.
+    assert_eq!(get(gw, "/bw/bytes?n=3000").await.status, 200);
+    assert_eq!(get(gw, "/bw/bytes?n=3000").await.status, 200);
+    let over = get(gw, "/bw/bytes?n=10").await;
+    assert_eq!(over.status, 429);
+    assert!((30..=31).contains(&over.retry_after()), "{:?}", over.headers);
+}
+
+/// A `json:max_tokens` reserve: read from the request body (forwarded as
+/// sent), refused when it does not fit, 413 past the bound.
+async fn a_body_reserve_refuses_what_does_not_fit(gw: &Gateway) {
+    let body = r#"{"model":"m","max_tokens":80,"messages":[]}"#;
+    let a = call(gw, "POST", "/prompt/json?cost=70", body).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(
+        a.headers["x-got-bytes"],
+        body.len().to_string().as_str(),
+        "forwarded whole"
+    );
+    assert_eq!(a.remaining("prompt"), 20);
+    // Settled at 70: 30 left. 50 does not fit, for 20 s at 1 a second.
+    let b = call(gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":50}"#).await;
+    assert_eq!(b.status, 429);
+    assert!((19..=20).contains(&b.retry_after()), "{:?}", b.headers);
+    let big = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(2000));
+    assert_eq!(call(gw, "POST", "/prompt/json?cost=1", &big).await.status, 413);
+}
+
+async fn all(gw: &Gateway) {
+    json_settles_and_debt_is_exact(gw).await;
+    every_other_rule_settles(gw).await;
+    a_body_reserve_refuses_what_does_not_fit(gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_settle_from_the_response_on_memory() {
+    let upstream = llm().await;
+    let gw = Gateway::start(&toml("", upstream));
+    all(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_settle_from_the_response_on_redis() {
+    let upstream = llm().await;
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\n",
+        redis.url()
+    );
+    let gw = Gateway::start_connected(&toml(&store, upstream));
+    all(&gw).await;
+}
+
+/// Two instances on one Redis, every response costing 20 more than its
+/// reserve: what the fleet admits stays within the written bound,
+/// allowance + N × largest lease + the overshoot of responses in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_two_keeps_within_the_written_bound() {
+    let upstream = llm().await;
+    let redis = Redis::start();
+    let config = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .redis(&redis.url(), "timeout_ms = 1000")
+        .table("leasing", "max = 40")
+        .upstream("llm", &format!("http://{upstream}"))
+        .forward("api", "/", "llm")
+        .with("limits = [\"tokens\"]")
+        .limit("tokens", "600/min")
+        .with("burst = 400\nby = [\"route\"]\ncost = { reserve = 10, settle = \"json:usage.total_tokens\" }");
+    let gws = [Gateway::start_connected(&config), Gateway::start_connected(&config)];
+    const CLIENTS: usize = 4;
+    let started = Instant::now();
+    let run = Duration::from_millis(2_500);
+    let mut tasks = Vec::new();
+    for gw in &gws {
+        for _ in 0..CLIENTS {
+            let addr = gw.http();
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0u64;
+                let mut c = client::http1(addr).await;
+                while started.elapsed() < run {
+                    let resp = client::send(&mut c, client::get("/v1/json?cost=30&ms=10")).await;
+                    let ok = resp.status() == 200;
+                    let _ = resp.into_body().collect().await;
+                    if ok {
+                        admitted += 1;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let spent = admitted * 30;
+    let allowance = 400.0 + 10.0 * elapsed;
+    let bound = allowance + 2.0 * 40.0 + (2 * CLIENTS) as f64 * 20.0;
+    assert!(
+        (spent as f64) <= bound,
+        "{admitted} admitted cost {spent}, past the bound {bound:.0} (allowance {allowance:.0})"
+    );
+    assert!(
+        (spent as f64) >= allowance * 0.6,
+        "{admitted} admitted cost {spent}: far below the allowance {allowance:.0}"
+    );
+}
+
+#[test]
+fn check_refuses_a_settle_without_an_upstream_and_a_body_reserve_without_a_body() {
+    let base = "[listeners]\nhttp = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\ntargets = [\"http://127.0.0.1:9\"]\n";
+    let limit = |cost: &str| format!("[[limits]]\nname = \"l\"\nrate = \"100/min\"\ncost = {cost}\n");
+    let direct = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nresponse = { status = 200 }\nlimits = [\"l\"]\n";
+    let (code, _, err, _dir) = check(&format!(
+        "{base}{}{direct}",
+        limit("{ reserve = 5, settle = \"header:x-cost\" }")
+    ));
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("routes[0].limits") && err.contains("answers by itself"),
+        "{err}"
+    );
+    let gets = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\nmethods = [\"GET\", \"HEAD\"]\nlimits = [\"l\"]\n";
+    let (code, _, err, _dir) = check(&format!("{base}{}{gets}", limit("{ reserve = \"json:max_tokens\" }")));
+    assert_ne!(code, 0);
+    assert!(err.contains("reserves from the JSON request body"), "{err}");
+    let (code, _, err, _dir) = check(&format!("{base}{}{gets}", limit("{ reserve = 0 }")));
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("limits[0].cost.reserve") && err.contains("use 1 or more"),
+        "{err}"
+    );
+    let (code, _, err, _dir) = check(&format!("{base}{}{gets}", limit("{ settle = \"tokens\" }")));
+    assert_ne!(code, 0);
+    assert!(err.contains("limits[0].cost.settle"), "{err}");
+    let posts = gets.replace("\"GET\", \"HEAD\"", "\"POST\"");
+    let (code, out, err, _dir) = check(&format!(
+        "{base}{}{posts}",
+        limit("{ reserve = \"json:max_tokens\", settle = \"json:usage.input_tokens+usage.output_tokens\" }")
+    ));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("cost reserve json:max_tokens, settle json:usage.input_tokens+usage.output_tokens"),
+        "{out}"
+    );
+}
