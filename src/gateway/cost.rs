@@ -33,6 +33,9 @@ pub(super) struct Priced {
     /// One of them settles by the request body's bytes: counted as it
     /// goes upstream.
     pub request_bytes: Option<Arc<AtomicU64>>,
+    /// One of them reads the response body's JSON: it must come
+    /// uncompressed.
+    pub reads_json: bool,
 }
 
 /// The limits with a `cost` among `route`'s that apply to a caller of
@@ -47,6 +50,7 @@ pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<P
     for &i in route.limits.iter().filter(|i| costed(i)) {
         let Some(cost) = limits[i].cost.as_ref() else { continue };
         p.needs_body |= cost.reserve.needs_body();
+        p.reads_json |= matches!(cost.settle, Some(Settle::Json(_)));
         if cost.settle == Some(Settle::RequestBytes) && p.request_bytes.is_none() {
             p.request_bytes = Some(Arc::new(AtomicU64::new(0)));
         }
@@ -75,13 +79,22 @@ pub(super) fn reserves(
     Ok(out)
 }
 
+/// The upstream is asked for an uncompressed response (`Accept-Encoding`
+/// removed: identity is always acceptable): a `json:` settle reads the
+/// body's text as it passes.
+pub(super) fn uncompressed(headers: &mut HeaderMap) {
+    headers.remove(http::header::ACCEPT_ENCODING);
+}
+
 /// Reads a request body a `json:` reserve prices, up to `max` bytes, each
-/// read within `idle`: larger is 413, and nothing is forwarded.
+/// read within `idle` and the whole within `total`: larger is 413, slower
+/// 408, and nothing is forwarded.
 pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Incoming,
     max: usize,
     idle: Duration,
+    total: Duration,
 ) -> Result<Bytes, RequestError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -91,10 +104,11 @@ pub(super) async fn read_body(
         return Err(RequestError::BodyTooLarge(max));
     }
     let limited = http_body_util::Limited::new(crate::proxy::idle::Timed::new(body, idle), max);
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(RequestError::BodyTooLarge(max)),
-        Err(e) => Err(RequestError::BodyUnread(e.to_string())),
+    match tokio::time::timeout(total, limited.collect()).await {
+        Err(_) => Err(RequestError::BodySlow(total.as_millis() as u64)),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(RequestError::BodyTooLarge(max)),
+        Ok(Err(e)) => Err(RequestError::BodyUnread(e.to_string())),
     }
 }
 
@@ -169,7 +183,13 @@ impl Watch for Watcher {
         for ((meter, s), name) in self.settling.drain(..).zip(&self.names) {
             let outcome = match how {
                 Ended::Complete => meter.finish(),
-                Ended::Failed | Ended::Dropped => Err(Unsettled::Cut),
+                Ended::Failed | Ended::Dropped => {
+                    // What the response showed before it was cut is charged
+                    // (never refunded): cutting a stream after its usage
+                    // event does not make it free.
+                    self.limiter.settle_cut(&s, meter.seen());
+                    Err(Unsettled::Cut)
+                }
             };
             match outcome {
                 Ok(cost) => {

@@ -47,6 +47,10 @@ pub enum RequestError {
     /// The body a `json:` cost reserve reads broke off, or stalled.
     #[error("the request body could not be read: {0}")]
     BodyUnread(String),
+    /// The body a `json:` cost reserve reads took longer than the route's
+    /// request timeout.
+    #[error("the request body took longer than {0} ms to arrive")]
+    BodySlow(u64),
 }
 
 impl RequestError {
@@ -56,6 +60,7 @@ impl RequestError {
             | RequestError::BadTarget(_)
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
+            | RequestError::BodySlow(_)
             | RequestError::BodyUnread(_) => Source::Client,
             RequestError::Forward(f) if f.upstream_fault().is_none() => Source::Client,
             RequestError::Forward(_) => Source::Upstream,
@@ -70,6 +75,7 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => StatusCode::BAD_REQUEST,
             RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            RequestError::BodySlow(_) => StatusCode::REQUEST_TIMEOUT,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. } | ForwardError::UpstreamFailed { .. }) => {
                 StatusCode::BAD_GATEWAY
@@ -86,6 +92,7 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
             RequestError::BodyTooLarge(_) => "Payload Too Large",
+            RequestError::BodySlow(_) => "Request Timeout",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => "Upstream unreachable",
             RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => "Upstream timeout",
@@ -101,6 +108,7 @@ impl RequestError {
             | RequestError::BadTarget(_)
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
+            | RequestError::BodySlow(_)
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {

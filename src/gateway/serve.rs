@@ -212,6 +212,10 @@ impl Gateway {
                 return Served::Now(resp, routed.record);
             }
         }
+        let mut req = req;
+        if priced.reads_json {
+            cost::uncompressed(req.headers_mut());
+        }
         routed.req = req.map(|b| RequestBody::streamed(b, priced.request_bytes.clone()));
         routed.request_bytes = priced.request_bytes;
         self.limited(routed)
@@ -225,13 +229,19 @@ impl Gateway {
         req: Request<Incoming>,
         priced: cost::Priced,
     ) -> Served<'a> {
-        let (parts, body) = req.into_parts();
-        let idle = match &routed.route.action {
-            Action::Forward(u) => u.idle_timeout,
-            Action::Respond(_) | Action::Usage(_) => routed.snapshot.config.gateway.idle_timeout,
+        let (mut parts, body) = req.into_parts();
+        let (idle, total) = match &routed.route.action {
+            Action::Forward(u) => (u.idle_timeout, u.request_timeout),
+            Action::Respond(_) | Action::Usage(_) => {
+                let idle = routed.snapshot.config.gateway.idle_timeout;
+                (idle, idle)
+            }
         };
+        if priced.reads_json {
+            cost::uncompressed(&mut parts.headers);
+        }
         let max = routed.snapshot.config.gateway.max_cost_body_bytes;
-        let read = cost::read_body(&parts.headers, body, max, idle).await;
+        let read = cost::read_body(&parts.headers, body, max, idle, total).await;
         let priced_read = read.and_then(|bytes| {
             cost::reserves(routed.snapshot, &priced, &parts.headers, Some(&bytes)).map(|costs| (bytes, costs))
         });

@@ -19,12 +19,26 @@ pub fn until(now_ms: u64, retry_after_ms: u64, cap_ms: u64) -> u64 {
 
 /// Blocks `lease` after a refusal.
 pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
+    block_needing(lease, now_ms, retry_after_ms, cap_ms, 0);
+}
+
+/// Blocks `lease` after a refusal of a request that needed more tokens at
+/// once than the store had (`room`): a request needing at most `room` is
+/// not blocked by it (it may still fit), one needing more is.
+pub fn block_needing(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, room: u64) {
+    lease.block_room.store(room, Ordering::Relaxed);
     lease
         .retry_at
         .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
     lease
         .blocked_until
         .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);
+}
+
+/// Whether the block refuses a request needing `need` tokens at `now_ms`.
+#[inline]
+pub fn refuses(lease: &Lease, now_ms: u64, need: u64) -> bool {
+    remaining(lease, now_ms).is_some() && need > lease.block_room.load(Ordering::Relaxed)
 }
 
 /// Blocks `lease` after a refusal that sends the whole fleet's instances
@@ -36,6 +50,7 @@ pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
 pub fn block_spread(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, jitter: f64) -> u64 {
     let wait = retry_after_ms.min(cap_ms);
     let early = (wait as f64 / 4.0 * jitter.clamp(0.0, 1.0)) as u64;
+    lease.block_room.store(0, Ordering::Relaxed);
     lease
         .retry_at
         .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
@@ -80,6 +95,17 @@ mod tests {
         assert_eq!(retry_after(&lease, 1_000), 60_000);
         assert_eq!(retry_after(&lease, 70_000), 1);
         assert_eq!(until(0, 0, 5_000), 1);
+    }
+
+    #[test]
+    fn a_block_for_want_of_room_refuses_only_what_needs_more() {
+        let lease = Lease::default();
+        block_needing(&lease, 1_000, 2_000, 5_000, 7);
+        assert!(!refuses(&lease, 1_000, 7), "7 may still fit");
+        assert!(refuses(&lease, 1_000, 8));
+        assert!(!refuses(&lease, 3_000, 8), "over");
+        block(&lease, 1_000, 2_000, 5_000);
+        assert!(refuses(&lease, 1_000, 1), "a plain refusal blocks all");
     }
 
     #[test]

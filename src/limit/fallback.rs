@@ -114,7 +114,7 @@ impl Limiter {
         };
         let grant = self
             .fallback
-            .acquire_starting(key, &fallback, n.clamp(1, fallback.capacity), start)
+            .acquire_starting(key, &fallback, n.min(fallback.capacity).max(1), start)
             .unwrap_or_default();
         let (outcome, reset_ms) = if grant.granted > 0 {
             (Outcome::Admitted, grant.reset_ms)

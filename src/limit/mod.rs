@@ -330,7 +330,8 @@ impl Limiter {
                 }
                 continue;
             }
-            let n = verdict.cost_of(i);
+            // A reserve above the key's capacity could never fit.
+            let n = verdict.cost_of(i).clamp(1, spec.capacity.max(1));
             if let Some((remaining, reset_ms)) = self.take_local(h, spec, n, now) {
                 verdict.taken.push(self, h, n, i);
                 verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
@@ -340,7 +341,7 @@ impl Limiter {
             let blocked = self
                 .leases
                 .with(h, |l| {
-                    let blocked = blocked::remaining(l, now).is_some();
+                    let blocked = blocked::refuses(l, now, n);
                     if blocked {
                         l.touch(now);
                     }
@@ -389,7 +390,7 @@ impl Limiter {
             let h = self.key_hash(limit, facts, shard);
             let blocked = self
                 .leases
-                .with(h, |l| blocked::remaining(l, now).is_some() && l.available() == 0)
+                .with(h, |l| blocked::refuses(l, now, 1) && l.available() == 0)
                 .unwrap_or(false);
             if !blocked {
                 continue;
@@ -483,7 +484,7 @@ impl Limiter {
                     None => break,
                 }
             } else {
-                let n = verdict.cost_of(i);
+                let n = verdict.cost_of(i).clamp(1, spec.capacity.max(1));
                 match self.take_local(h, spec, n, now) {
                     Some((remaining, reset_ms)) => {
                         verdict.taken.push(self, h, n, i);

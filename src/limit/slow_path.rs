@@ -69,7 +69,7 @@ impl Limiter {
             if lease.try_take_n(need, now) {
                 return Ok(Some((lease.remaining(), lease.reset_ms(now))));
             }
-            if blocked::remaining(&lease, now).is_some() {
+            if blocked::refuses(&lease, now, need) {
                 return Ok(None);
             }
             // A reservation made under another quota (a reload changed the
@@ -162,11 +162,16 @@ impl Limiter {
             charge: lease.take_debt(),
             need: own,
         };
+        if own > 0 {
+            lease.set_unit(own);
+        }
         let size = lease.next_size(&settings.sizing, spec.capacity, now, own);
         lease.set_size_hint(size);
-        // Enough for the requests in line (up to `max`), else the sized
-        // lease; never less than the asking request needs.
-        let want = size.max(lease.waiting().min(settings.sizing.max.max(size))).max(own);
+        // Enough for the requests in line (up to `max`; each needs what
+        // the asking one does, a guess), else the sized lease; never less
+        // than the asking request needs.
+        let line = lease.waiting().saturating_mul(own.max(1));
+        let want = size.max(line.min(settings.sizing.max.max(size))).max(own);
         lease.set_spec(*spec);
         // A drained token bucket reserves tokens of its refill to come
         // rather than answer nothing: one call per reservation, not one
@@ -186,9 +191,33 @@ impl Limiter {
         // start the next outage with the whole burst).
         self.fallback.forget(lease.key());
         let now = self.now_ms();
+        if grant.granted > 0 && grant.granted < own {
+            // Fewer than the request needs (a region's credit topped up
+            // part of it): the tokens are the lease's, the request is
+            // refused and asks again.
+            lease.record_admitted(0, now);
+            lease.add(
+                Granted {
+                    tokens: grant.granted,
+                    remaining: grant.remaining,
+                    reset_ms: grant.reset_ms,
+                    window_ms: grant.window_ms,
+                },
+                now,
+                settings.sizing.ttl_ms,
+            );
+            return Ok(false);
+        }
         lease.record_admitted(own.min(grant.granted), now);
+        if grant.granted == 0 && own > 1 && grant.remaining > 0 {
+            // Refused for want of room for this request's reserve: a
+            // request needing at most what is left may still be granted.
+            lease.refused(grant.remaining, grant.reset_ms.max(grant.retry_after_ms), now);
+            blocked::block_needing(lease, now, grant.retry_after_ms, settings.max_block_ms, grant.remaining);
+            return Ok(false);
+        }
         if grant.granted == 0 {
-            lease.refused(grant.reset_ms.max(grant.retry_after_ms), now);
+            lease.refused(0, grant.reset_ms.max(grant.retry_after_ms), now);
             if grant.reserved > 0 {
                 // Ours, due from the store's retry time on: refused from
                 // memory until then, however long (asking sooner would

@@ -130,10 +130,15 @@ impl Limiter {
         self.leases.retain(|lease| {
             let expired = lease.take_expired(now);
             if let Some(spec) = lease.spec() {
-                to_release.extend(Release::new(lease, spec, expired, lease.window_ms()));
-                // Costs owed and not sent with a store call since the last
-                // sweep go now: the fleet sees them within a sweep.
-                to_release.extend(Release::charged(lease, spec, lease.take_debt()));
+                // With them, costs owed and not sent with a store call
+                // since the last sweep: the fleet sees them within a sweep.
+                let unspent = Unspent {
+                    tokens: expired,
+                    window_ms: lease.window_ms(),
+                    charge: lease.take_debt(),
+                    need: 0,
+                };
+                to_release.extend(Release::of_key(lease.shared_key(), spec, unspent));
             }
             let touched = lease.touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();

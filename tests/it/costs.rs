@@ -74,6 +74,7 @@ fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
 ///   `[DONE]`;
 /// - `header?cost=N`: `x-cost: N`;
 /// - `cut`: a JSON body that breaks off half way;
+/// - `ssecut?costs=A,B`: usage events, then the stream breaks off;
 /// - `fail`: a 500 with no cost;
 /// - `bytes?n=N`: N bytes.
 async fn llm() -> SocketAddr {
@@ -114,6 +115,16 @@ async fn llm() -> SocketAddr {
                         "header" => {
                             resp = resp.header("x-cost", cost);
                             steps.push_back(Step::Data(Bytes::from("ok")));
+                        }
+                        "ssecut" => {
+                            resp = resp.header("content-type", "text/event-stream");
+                            for c in costs.split(',') {
+                                steps.push_back(Step::Data(Bytes::from(format!(
+                                    "data: {{\"usage\":{{\"total_tokens\":{c}}}}}\n\n"
+                                ))));
+                            }
+                            steps.push_back(Step::Pause(20));
+                            steps.push_back(Step::Fail);
                         }
                         "cut" => {
                             resp = resp.header("content-type", "application/json");
@@ -297,10 +308,13 @@ async fn every_other_rule_settles(gw: &Gateway) {
     let fail = get(gw, "/cut/fail").await;
     assert_eq!(fail.status, 500);
     assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 10 - 10 - 10);
+    // Cut after its usage said 40: the 40 is charged all the same.
+    assert!(get(gw, "/cut/ssecut?costs=25,40").await.body.is_err());
+    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 30 - 40 - 10);
     let m = gw.metrics().await;
     assert_eq!(
         sample(&m, "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"cut\"}"),
-        1.0,
+        2.0,
         "{m}"
     );
     assert_eq!(

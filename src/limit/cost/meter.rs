@@ -135,6 +135,19 @@ impl Meter {
         }
     }
 
+    /// What the response has shown of its cost so far, for a response cut
+    /// short: a header's value, the bytes counted, the events read whole;
+    /// `None` for a JSON body (half a document says nothing).
+    pub fn seen(&self) -> Option<u64> {
+        match &self.kind {
+            Kind::Header { value, .. } => *value,
+            Kind::ResponseBytes(n) => Some(*n),
+            Kind::RequestBytes(n) => Some(n.load(Ordering::Acquire)),
+            Kind::Json { .. } => None,
+            Kind::Sse(sse) => sse.last.iter().flatten().copied().reduce(u64::saturating_add),
+        }
+    }
+
     /// The response ended: what it cost, or why that is not known.
     pub fn finish(self) -> Result<u64, Unsettled> {
         match self.kind {
@@ -176,17 +189,17 @@ impl Sse {
 
     fn push_line(&mut self, bytes: &[u8], max: usize) {
         if self.skipping {
-            // Still inside an oversized event: only a blank line matters.
-            if !bytes.is_empty() {
-                self.line.clear();
-                self.line.push(b'x');
-            }
+            // Inside an oversized event only a blank line matters (empty,
+            // or a lone CR of a CRLF): the line's first two bytes tell.
+            let keep = 2usize.saturating_sub(self.line.len()).min(bytes.len());
+            self.line.extend_from_slice(&bytes[..keep]);
             return;
         }
         if self.line.len() + bytes.len() > max {
+            // Skipped up to the event's end; this line is not blank.
             self.skipping = true;
             self.line.clear();
-            self.line.push(b'x');
+            self.line.extend_from_slice(b"xx");
             self.data.clear();
             return;
         }

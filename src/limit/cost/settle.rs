@@ -25,6 +25,9 @@ pub struct Settlement {
     pub reserve: u64,
     lease: Arc<Lease>,
     spec: Spec,
+    /// The store window the reserve was counted in (a window algorithm's):
+    /// a refund goes back to it, not to a later one.
+    window_ms: u64,
 }
 
 impl Verdict<'_> {
@@ -47,11 +50,13 @@ impl Verdict<'_> {
             }
             let Some(lease) = limiter.leases.get(t.h) else { continue };
             let spec = lease.spec().unwrap_or(limit.spec);
+            let window_ms = lease.window_ms();
             out.push(Settlement {
                 limit: t.limit,
                 reserve: t.n,
                 lease,
                 spec,
+                window_ms,
             });
         }
         out
@@ -67,13 +72,25 @@ impl Limiter {
         let lease = &s.lease;
         if cost < s.reserve {
             let back = s.reserve - cost;
-            if lease.is_evicted() {
-                if let Some(r) = Release::new(lease, s.spec, back, lease.window_ms()) {
+            // A window that has turned since the reserve was taken: the
+            // refund goes back to the window that counted it (the store
+            // drops it once that window no longer counts), not to the
+            // tokens at hand, which the new window granted.
+            let turned = s.spec.algorithm != crate::quota::Algorithm::TokenBucket && lease.window_ms() != s.window_ms;
+            if lease.is_evicted() || turned {
+                if let Some(r) = Release::new(lease, s.spec, back, s.window_ms) {
                     self.release_later(r);
                 }
                 return 0;
             }
             lease.give_back(back);
+            if lease.is_evicted() {
+                // Let go meanwhile: what the sweep did not take goes now.
+                if let Some(r) = Release::new(lease, s.spec, lease.take_up_to(back), s.window_ms) {
+                    self.release_later(r);
+                }
+                return 0;
+            }
             return lease.debt();
         }
         let owed = lease.charge(cost - s.reserve);
@@ -85,5 +102,14 @@ impl Limiter {
             return 0;
         }
         owed
+    }
+
+    /// A response cut short after it had shown `seen` of its cost (an event
+    /// already streamed, bytes already sent): the reserve stands, and what
+    /// was seen above it is charged. Nothing is refunded.
+    pub fn settle_cut(&self, s: &Settlement, seen: Option<u64>) {
+        if let Some(cost) = seen.filter(|&c| c > s.reserve) {
+            self.settle(s, cost);
+        }
     }
 }

@@ -51,6 +51,10 @@ pub struct Lease {
     /// When the store said a token will be available, ms: what a refused
     /// client is told (the local block may end sooner, to re-ask the store).
     pub(crate) retry_at: AtomicU64,
+    /// What the store still had when it refused a request needing more at
+    /// once (a cost's reserve): the block does not refuse a request needing
+    /// at most this many. 0 after any other refusal.
+    pub(crate) block_room: AtomicU64,
     /// Requests refused in the current over-quota window: how far over.
     over: AtomicU64,
     /// When that window began, ms.
@@ -71,6 +75,11 @@ pub struct Lease {
     /// Costs settled above their reserve that the tokens at hand did not
     /// cover: owed to the store, sent with the next call for the key.
     debt: AtomicU64,
+    /// Tokens a request takes here (a cost's reserve; 0 and 1: one), as
+    /// the last request that asked the store said: a lease is sized in
+    /// requests' worth, so a limit with a cost makes as few store calls
+    /// per request as one without.
+    unit: AtomicU64,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
     /// The store key.
@@ -266,9 +275,20 @@ impl Lease {
     /// spent since the last grant (tokens taken back unspent since then, by
     /// any path, do not count); `asking` is 1 when a request without a
     /// token is asking (its hit counts too), 0 for a background refill.
+    ///
+    /// `min` and `max` count requests' worth: `unit` tokens each (a
+    /// cost's reserve, as the last request that asked said; see
+    /// [`Lease::set_unit`]).
     pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, asking: u64) -> u64 {
         let qps = self.rate.next_qps(&self.tokens, sizing.lookahead_ms, now_ms, asking);
-        sizing.lease_size(qps, capacity)
+        let unit = self.unit.load(Ordering::Relaxed).max(1);
+        sizing.lease_size_in(qps, capacity, unit)
+    }
+
+    /// The tokens the asking request takes (its reserve under a limit with
+    /// a cost): the unit of the next leases' `min` and `max`.
+    pub fn set_unit(&self, tokens: u64) {
+        self.unit.store(tokens, Ordering::Relaxed);
     }
 
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.
@@ -284,9 +304,10 @@ impl Lease {
             .set_store_view(g.remaining, now_ms.saturating_add(g.reset_ms));
     }
 
-    /// Records a store answer that granted nothing.
-    pub fn refused(&self, reset_ms: u64, now_ms: u64) {
-        self.tokens.set_store_view(0, now_ms.saturating_add(reset_ms));
+    /// Records a store answer that granted nothing, with `remaining` left
+    /// (0, unless the request needed more at once).
+    pub fn refused(&self, remaining: u64, reset_ms: u64, now_ms: u64) {
+        self.tokens.set_store_view(remaining, now_ms.saturating_add(reset_ms));
     }
 
     /// The store answered: tokens spent since the last answer, plus

@@ -32,13 +32,26 @@ impl Default for Sizing {
 impl Sizing {
     /// Tokens to ask for, given the observed rate and the bucket's capacity.
     pub fn lease_size(&self, qps: f64, capacity: u64) -> u64 {
+        self.lease_size_in(qps, capacity, 1)
+    }
+
+    /// [`Sizing::lease_size`] for requests taking `unit` tokens each (a
+    /// cost's reserve): `min` and `max` count requests, so the store sees
+    /// as many calls per request as with one token each; the share of the
+    /// capacity still caps the tokens.
+    pub fn lease_size_in(&self, qps: f64, capacity: u64, unit: u64) -> u64 {
         let wanted = (qps * self.lookahead_ms as f64 / 1_000.0).ceil();
         let wanted = if wanted.is_finite() && wanted > 0.0 {
             wanted as u64
         } else {
             0
         };
-        let sized = wanted.clamp(self.min, self.max.max(self.min));
+        let unit = unit.max(1);
+        let (min, max) = (
+            self.min.saturating_mul(unit),
+            self.max.max(self.min).saturating_mul(unit),
+        );
+        let sized = wanted.clamp(min, max);
         let cap = ((capacity as f64 * self.fraction).floor() as u64).max(1);
         sized.min(cap)
     }
@@ -64,5 +77,9 @@ mod tests {
         assert_eq!(s.lease_size(1_000.0, 10), 1); // low limits: one at a time
         assert_eq!(s.lease_size(f64::NAN, 10), 1);
         assert_eq!(s.lease_size(f64::INFINITY, 1_000_000), 5);
+        // Requests of 10 tokens: as many requests' worth.
+        assert_eq!(s.lease_size_in(0.0, 1_000_000, 10), 50);
+        assert_eq!(s.lease_size_in(1e9, 1_000_000, 10), 5_000);
+        assert_eq!(s.lease_size_in(1e9, 20_000, 10), 2_000, "10% of capacity still");
     }
 }
