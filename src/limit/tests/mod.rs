@@ -8,6 +8,7 @@ use crate::store::Unspent;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod costs;
 mod hard_paths;
 mod reservations;
 mod try_check;
