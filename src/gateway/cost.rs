@@ -10,15 +10,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::respond::RequestError;
 use crate::identity::Tier;
 use crate::limit::cost::meter::{Meter, Unsettled};
-use crate::limit::cost::{Settle, Settlement};
+use crate::limit::cost::{Reserves, Settle, Settlement, Settlements};
 use crate::limit::slots::Held;
+use crate::limit::LimitRuntime;
 use crate::limit::Limiter;
-use crate::proxy::body::{Body, Ended, Watch};
+use crate::proxy::body::{Body, Ended, RequestBody, Watch};
 use crate::route::Route;
 use crate::runtime::Snapshot;
 use crate::telemetry::metrics::{Metrics, UnsettledLabels};
@@ -27,7 +27,7 @@ use crate::telemetry::metrics::{Metrics, UnsettledLabels};
 #[derive(Debug, Default)]
 pub(super) struct Priced {
     /// The limits with a cost that apply to it (indices into the config's).
-    pub limits: Vec<usize>,
+    pub limits: smallvec::SmallVec<[usize; 2]>,
     /// One of them reserves from the JSON request body.
     pub needs_body: bool,
     /// One of them settles by the request body's bytes: counted as it
@@ -66,8 +66,8 @@ pub(super) fn reserves(
     priced: &Priced,
     headers: &HeaderMap,
     body: Option<&[u8]>,
-) -> Result<Vec<(usize, u64)>, RequestError> {
-    let mut out = Vec::with_capacity(priced.limits.len());
+) -> Result<Reserves, RequestError> {
+    let mut out = Reserves::new();
     for &i in &priced.limits {
         let (Some(limit), Some(runtime)) = (snapshot.config.limits.get(i), snapshot.limits.get(i)) else {
             continue;
@@ -91,7 +91,7 @@ pub(super) fn uncompressed(headers: &mut HeaderMap) {
 /// 408, and nothing is forwarded.
 pub(super) async fn read_body(
     headers: &HeaderMap,
-    body: Incoming,
+    body: RequestBody,
     max: usize,
     idle: Duration,
     total: Duration,
@@ -116,10 +116,11 @@ pub(super) async fn read_body(
 /// reserves to settle from what it says it cost.
 pub(super) struct Watcher {
     held: Vec<Held>,
-    settling: Vec<(Meter, Settlement)>,
+    /// Each limit that settles: its meter, its reserve, and the limit (for
+    /// its name, should the cost never come).
+    settling: smallvec::SmallVec<[(Meter, Settlement, Arc<LimitRuntime>); 1]>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
-    names: Vec<String>,
     /// The response was an upstream's 5xx: a cost it did not send is the
     /// upstream's failure, not a missing field.
     failed: bool,
@@ -131,7 +132,7 @@ impl Watcher {
     pub(super) fn watch(
         resp: Response<Body>,
         held: Vec<Held>,
-        settlements: Vec<Settlement>,
+        settlements: Settlements,
         snapshot: &Snapshot,
         limiter: &Arc<Limiter>,
         metrics: &Arc<Metrics>,
@@ -141,25 +142,22 @@ impl Watcher {
             return resp;
         }
         let max_body = snapshot.config.gateway.max_cost_body_bytes;
-        let mut names = Vec::with_capacity(settlements.len());
-        let mut settling = Vec::with_capacity(settlements.len());
+        let mut settling = smallvec::SmallVec::new();
         for s in settlements {
-            let Some(limit) = snapshot.config.limits.get(s.limit) else {
+            let Some(limit) = snapshot.limits.get(s.limit) else {
                 continue;
             };
-            let Some(rule) = limit.cost.as_ref().and_then(|c| c.settle.as_ref()) else {
+            let Some(rule) = limit.config.cost.as_ref().and_then(|c| c.settle.as_ref()) else {
                 continue;
             };
             let meter = Meter::new(rule, resp.headers(), request_bytes.cloned(), max_body);
-            names.push(limit.name.clone());
-            settling.push((meter, s));
+            settling.push((meter, s, limit.clone()));
         }
         let watcher = Watcher {
             held,
             settling,
             limiter: limiter.clone(),
             metrics: metrics.clone(),
-            names,
             failed: resp.status().is_server_error(),
         };
         resp.map(|body| Body::watched(body, Box::new(watcher)))
@@ -168,7 +166,7 @@ impl Watcher {
 
 impl Watch for Watcher {
     fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
-        for (meter, _) in &mut self.settling {
+        for (meter, _, _) in &mut self.settling {
             if let Some(data) = frame.data_ref() {
                 meter.data(data);
             } else if let Some(trailers) = frame.trailers_ref() {
@@ -180,7 +178,7 @@ impl Watch for Watcher {
     fn end(&mut self, how: Ended) {
         // In flight no more.
         self.held.clear();
-        for ((meter, s), name) in self.settling.drain(..).zip(&self.names) {
+        for (meter, s, limit) in self.settling.drain(..) {
             let outcome = match how {
                 Ended::Complete => meter.finish(),
                 Ended::Failed | Ended::Dropped => {
@@ -201,7 +199,7 @@ impl Watch for Watcher {
                     } else {
                         why
                     };
-                    unsettled(&self.metrics, name, why);
+                    unsettled(&self.metrics, &limit.config.name, why);
                 }
             }
         }

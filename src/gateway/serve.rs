@@ -22,7 +22,7 @@ use crate::config::AccessLog;
 use crate::connection::ConnInfo;
 use crate::identity::{self, Identity};
 use crate::limit::cost::meter::Unsettled;
-use crate::limit::cost::Settlement;
+use crate::limit::cost::{Reserves, Settlements};
 use crate::limit::stage::Outcome;
 use crate::limit::{Decision, Verdict};
 use crate::proxy::body::{Body, RequestBody};
@@ -180,56 +180,50 @@ impl Gateway {
         } else {
             cost::priced(snapshot, route, identity.tier)
         };
+        let request_bytes = priced.as_ref().and_then(|p| p.request_bytes.clone());
+        let mut req = req.map(|b| RequestBody::streamed(b, request_bytes.clone()));
+        if priced.as_ref().is_some_and(|p| p.reads_json) {
+            cost::uncompressed(req.headers_mut());
+        }
         let mut routed = Routed {
             snapshot,
-            req: Request::new(RequestBody::read(bytes::Bytes::new())),
+            req,
             conn,
             route,
             identity,
             request_id,
             record,
-            costs: Vec::new(),
-            request_bytes: None,
+            costs: Reserves::new(),
+            request_bytes,
         };
         let Some(priced) = priced else {
-            routed.req = req.map(|b| RequestBody::streamed(b, None));
             return self.limited(routed);
         };
         if priced.needs_body {
             // A reserve read from the JSON body: the body first, then the
             // decision; it is forwarded as it was read.
             return Served::Later(Box::pin(async move {
-                match self.priced_by_body(routed, req, priced).await {
+                match self.priced_by_body(routed, priced).await {
                     Served::Now(resp, record) => (resp, record),
                     Served::Later(wait) => wait.await,
                 }
             }));
         }
-        match cost::reserves(snapshot, &priced, req.headers(), None) {
+        match cost::reserves(snapshot, &priced, routed.req.headers(), None) {
             Ok(costs) => routed.costs = costs,
             Err(e) => {
                 let resp = self.finish(snapshot, Some(route), Err(e), routed.request_id, None);
                 return Served::Now(resp, routed.record);
             }
         }
-        let mut req = req;
-        if priced.reads_json {
-            cost::uncompressed(req.headers_mut());
-        }
-        routed.req = req.map(|b| RequestBody::streamed(b, priced.request_bytes.clone()));
-        routed.request_bytes = priced.request_bytes;
         self.limited(routed)
     }
 
     /// A request priced by its JSON body: the body read (bounded), the
     /// reserves taken from it, then decided and served.
-    async fn priced_by_body<'a>(
-        &'a self,
-        mut routed: Routed<'a>,
-        req: Request<Incoming>,
-        priced: cost::Priced,
-    ) -> Served<'a> {
-        let (mut parts, body) = req.into_parts();
+    async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: cost::Priced) -> Served<'a> {
+        let (parts, body) =
+            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(bytes::Bytes::new()))).into_parts();
         let (idle, total) = match &routed.route.action {
             Action::Forward(u) => (u.idle_timeout, u.request_timeout),
             Action::Respond(_) | Action::Usage(_) => {
@@ -237,9 +231,6 @@ impl Gateway {
                 (idle, idle)
             }
         };
-        if priced.reads_json {
-            cost::uncompressed(&mut parts.headers);
-        }
         let max = routed.snapshot.config.gateway.max_cost_body_bytes;
         let read = cost::read_body(&parts.headers, body, max, idle, total).await;
         let priced_read = read.and_then(|bytes| {
@@ -247,12 +238,11 @@ impl Gateway {
         });
         match priced_read {
             Ok((bytes, costs)) => {
-                if let Some(n) = &priced.request_bytes {
+                if let Some(n) = &routed.request_bytes {
                     n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
                 }
                 routed.req = Request::from_parts(parts, RequestBody::read(bytes));
                 routed.costs = costs;
-                routed.request_bytes = priced.request_bytes;
                 self.limited(routed)
             }
             Err(e) => {
@@ -266,7 +256,7 @@ impl Gateway {
     /// then refused or served.
     fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
         if routed.route.limits.is_empty() {
-            return self.respond_or_forward(routed, None, Vec::new());
+            return self.respond_or_forward(routed, None, Settlements::new());
         }
         let mut verdict = Verdict::default();
         if self.decide_now(&routed, &mut verdict) {
@@ -349,7 +339,7 @@ impl Gateway {
         &'a self,
         r: Routed<'a>,
         mut verdict: Option<Verdict<'a>>,
-        settlements: Vec<Settlement>,
+        settlements: Settlements,
     ) -> Served<'a> {
         // In-flight slots are held until the response ends, not the verdict.
         let held = verdict.as_mut().map(Verdict::take_held).unwrap_or_default();
@@ -411,7 +401,7 @@ impl Gateway {
                     request_id,
                     verdict.as_ref(),
                 );
-                let settlements = if failed { Vec::new() } else { settlements };
+                let settlements = if failed { Settlements::new() } else { settlements };
                 (watch(resp, held, settlements), record)
             })),
         }
@@ -527,7 +517,7 @@ pub(super) struct Routed<'a> {
     pub(super) request_id: HeaderValue,
     pub(super) record: Record,
     /// What the request reserves under limits with a `cost`.
-    pub(super) costs: Vec<(usize, u64)>,
+    pub(super) costs: Reserves,
     /// The request body's bytes as they go upstream, for a limit that
     /// settles by them.
     pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,

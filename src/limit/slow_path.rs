@@ -163,7 +163,7 @@ impl Limiter {
             need: own,
         };
         if own > 0 {
-            lease.set_unit(own);
+            lease.note_unit(own);
         }
         let size = lease.next_size(&settings.sizing, spec.capacity, now, own);
         lease.set_size_hint(size);

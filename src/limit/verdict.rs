@@ -64,7 +64,7 @@ pub struct Verdict<'l> {
     /// What the request reserves under limits with a `cost` (a limit's
     /// index and its tokens), set by the request path before the decision;
     /// a limit not listed takes 1.
-    pub costs: Vec<(usize, u64)>,
+    pub costs: super::cost::Reserves,
 }
 
 impl Verdict<'_> {

@@ -53,7 +53,7 @@ enum Kind {
         value: Option<u64>,
     },
     Json {
-        fields: JsonFields,
+        fields: Arc<JsonFields>,
         chunks: Vec<Bytes>,
         len: usize,
         over: bool,
@@ -66,7 +66,7 @@ enum Kind {
 /// A `text/event-stream` being scanned.
 #[derive(Debug)]
 struct Sse {
-    fields: JsonFields,
+    fields: Arc<JsonFields>,
     /// The line read so far.
     line: Vec<u8>,
     /// The current event's `data:` lines, joined by `\n`.
@@ -238,18 +238,14 @@ impl Sse {
 
     /// The event ended: its data is parsed if it mentions a field.
     fn dispatch(&mut self) {
-        let data = std::mem::take(&mut self.data);
-        if data.is_empty() || !self.fields.leaves().any(|leaf| contains(&data, leaf.as_bytes())) {
-            return;
-        }
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) else {
-            return;
-        };
-        for (slot, path) in self.last.iter_mut().zip(&self.fields.0) {
-            if let Some(n) = path.number_in(&value) {
-                *slot = Some(n);
+        if !self.data.is_empty() && self.fields.leaves().any(|leaf| contains(&self.data, leaf.as_bytes())) {
+            for (slot, path) in self.last.iter_mut().zip(&self.fields.0) {
+                if let Some(n) = path.number_in(&self.data) {
+                    *slot = Some(n);
+                }
             }
         }
+        self.data.clear();
     }
 }
 

@@ -12,7 +12,11 @@
 pub mod meter;
 mod settle;
 
-pub use settle::Settlement;
+pub use settle::{Settlement, Settlements};
+
+/// What a request reserves under each of its limits with a cost: a
+/// limit's index and its tokens (inline for two).
+pub type Reserves = smallvec::SmallVec<[(usize, u64); 2]>;
 
 use http::{HeaderMap, HeaderName};
 
@@ -42,8 +46,9 @@ pub enum Settle {
     /// A response header, or a trailer.
     Header(HeaderName),
     /// A numeric field of the JSON response body; of a
-    /// `text/event-stream`, the last `data:` event that holds it.
-    Json(JsonFields),
+    /// `text/event-stream`, the last `data:` event that holds it. Shared:
+    /// each response's meter holds it.
+    Json(std::sync::Arc<JsonFields>),
     /// The response body's bytes.
     ResponseBytes,
     /// The request body's bytes.
@@ -150,7 +155,7 @@ impl Settle {
             return header_name(name).map(Settle::Header);
         }
         if let Some(path) = text.strip_prefix("json:") {
-            return JsonFields::parse(path).map(Settle::Json);
+            return JsonFields::parse(path).map(|f| Settle::Json(std::sync::Arc::new(f)));
         }
         Err(CostError::Settle(text.to_string()))
     }
@@ -202,10 +207,9 @@ impl JsonFields {
     /// The sum of the fields `doc` holds, parsed as JSON; `None` when it is
     /// not JSON or holds none of them.
     pub fn read(&self, doc: &[u8]) -> Option<u64> {
-        let value: serde_json::Value = serde_json::from_slice(doc).ok()?;
         let mut found = None;
         for path in &self.0 {
-            if let Some(n) = path.number_in(&value) {
+            if let Some(n) = path.number_in(doc) {
                 found = Some(found.unwrap_or(0u64).saturating_add(n));
             }
         }
@@ -220,24 +224,124 @@ impl JsonFields {
 }
 
 impl JsonPath {
-    /// The non-negative number at this path in `value` (a fraction rounds
-    /// up); `None` when absent or not such a number.
-    pub fn number_in(&self, value: &serde_json::Value) -> Option<u64> {
-        let mut at = value;
-        for part in &self.0 {
-            at = match at {
-                serde_json::Value::Object(map) => map.get(part)?,
-                serde_json::Value::Array(list) => list.get(part.parse::<usize>().ok()?)?,
-                _ => return None,
-            };
+    /// The non-negative number at this path in the JSON document `doc` (a
+    /// fraction rounds up); `None` when `doc` is not one JSON value, or the
+    /// path is absent or not such a number. Walks the document without
+    /// building it: only the path's keys are compared, everything else is
+    /// skipped, and nothing is allocated for a plain key.
+    pub fn number_in(&self, doc: &[u8]) -> Option<u64> {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_slice(doc);
+        let found = walk::Walk(&self.0).deserialize(&mut de).ok()?;
+        de.end().ok()?;
+        found
+    }
+}
+
+/// The path walk over a JSON document, as serde visitors.
+mod walk {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    /// The number at the rest of a path, from the value at hand.
+    pub(super) struct Walk<'p>(pub(super) &'p [String]);
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = Option<u64>;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+            d.deserialize_any(self)
         }
-        match at {
-            serde_json::Value::Number(n) => n.as_u64().or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.is_finite() && *f >= 0.0)
-                    .map(|f| f.ceil().min(u64::MAX as f64) as u64)
-            }),
-            _ => None,
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_u64<E>(self, v: u64) -> Result<Option<u64>, E> {
+            Ok(self.0.is_empty().then_some(v))
+        }
+
+        fn visit_i64<E>(self, v: i64) -> Result<Option<u64>, E> {
+            Ok(u64::try_from(v).ok().filter(|_| self.0.is_empty()))
+        }
+
+        fn visit_f64<E>(self, v: f64) -> Result<Option<u64>, E> {
+            let ok = self.0.is_empty() && v.is_finite() && v >= 0.0;
+            Ok(ok.then(|| v.ceil().min(u64::MAX as f64) as u64))
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
+            let mut found = None;
+            let Some((first, rest)) = self.0.split_first() else {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                return Ok(None);
+            };
+            // The last of duplicate keys wins, as in a parsed document.
+            while let Some(hit) = map.next_key_seed(KeyIs(first))? {
+                if hit {
+                    found = map.next_value_seed(Walk(rest))?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u64>, A::Error> {
+            let index = self.0.first().and_then(|p| p.parse::<usize>().ok());
+            let mut found = None;
+            let mut i = 0usize;
+            loop {
+                if index == Some(i) {
+                    match seq.next_element_seed(Walk(&self.0[1..]))? {
+                        Some(v) => found = v,
+                        None => break,
+                    }
+                } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                    break;
+                }
+                i += 1;
+            }
+            Ok(found)
+        }
+    }
+
+    /// Whether an object's key is the one looked for.
+    struct KeyIs<'p>(&'p str);
+
+    impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+        type Value = bool;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for KeyIs<'_> {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a key")
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+            Ok(v == self.0)
         }
     }
 }
@@ -310,5 +414,15 @@ mod tests {
         let indexed = JsonFields::parse("choices.1.n").unwrap();
         assert_eq!(indexed.read(br#"{"choices":[{"n":1},{"n":2.5}]}"#), Some(3));
         assert_eq!(indexed.read(br#"{"choices":[{"n":-1},{"n":"2"}]}"#), None);
+        // Escaped keys, nesting to skip, duplicates (the last wins), and a
+        // document with something after it (not JSON: nothing).
+        let f = JsonFields::parse("usage.total_tokens").unwrap();
+        assert_eq!(
+            f.read(br#"{"a":[{"b":[1,{"c":null}]}],"us\u0061ge":{"total_tokens":9}}"#),
+            Some(9)
+        );
+        assert_eq!(f.read(br#"{"usage":{"total_tokens":1,"total_tokens":2}}"#), Some(2));
+        assert_eq!(f.read(br#"{"usage":{"total_tokens":1}} x"#), None);
+        assert_eq!(f.read(br#"{"usage":{"total_tokens":1.5e1}}"#), Some(15));
     }
 }

@@ -16,6 +16,9 @@ use super::super::verdict::Verdict;
 use super::super::{LimitRuntime, Limiter};
 use crate::quota::Spec;
 
+/// A served request's settlements (inline for one).
+pub type Settlements = smallvec::SmallVec<[Settlement; 1]>;
+
 /// What one limit's reserve for a served request needs to settle.
 #[derive(Debug)]
 pub struct Settlement {
@@ -35,14 +38,14 @@ impl Verdict<'_> {
     /// the response (`cost.settle`), to settle when it has ended; taken
     /// from the verdict, which commits the rest. Empty, without a lookup,
     /// for a request on no such limit.
-    pub fn settlements(&mut self, all: &[Arc<LimitRuntime>]) -> Vec<Settlement> {
+    pub fn settlements(&mut self, all: &[Arc<LimitRuntime>]) -> Settlements {
+        let mut out = Settlements::new();
         if self.costs.is_empty() {
-            return Vec::new();
+            return out;
         }
         let Some(limiter) = self.taken.limiter() else {
-            return Vec::new();
+            return out;
         };
-        let mut out = Vec::new();
         for t in &self.taken.hashes {
             let Some(limit) = all.get(t.limit) else { continue };
             if limit.config.cost.as_ref().is_none_or(|c| c.settle.is_none()) {
@@ -70,6 +73,8 @@ impl Limiter {
     /// after it, not yet sent.
     pub fn settle(&self, s: &Settlement, cost: u64) -> u64 {
         let lease = &s.lease;
+        // What requests really take sizes the key's next leases.
+        lease.note_unit(cost.max(1));
         if cost < s.reserve {
             let back = s.reserve - cost;
             // A window that has turned since the reserve was taken: the

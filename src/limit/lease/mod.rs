@@ -75,10 +75,10 @@ pub struct Lease {
     /// Costs settled above their reserve that the tokens at hand did not
     /// cover: owed to the store, sent with the next call for the key.
     debt: AtomicU64,
-    /// Tokens a request takes here (a cost's reserve; 0 and 1: one), as
-    /// the last request that asked the store said: a lease is sized in
-    /// requests' worth, so a limit with a cost makes as few store calls
-    /// per request as one without.
+    /// Tokens a request takes here (a cost's reserve, then what responses
+    /// settled at; 0 and 1: one), averaged: a lease is sized in requests'
+    /// worth, so a limit with a cost makes as few store calls per request
+    /// as one without.
     unit: AtomicU64,
     /// The quota the tokens at hand were taken under, for giving them back.
     spec: std::sync::Mutex<Option<crate::quota::Spec>>,
@@ -276,19 +276,25 @@ impl Lease {
     /// any path, do not count); `asking` is 1 when a request without a
     /// token is asking (its hit counts too), 0 for a background refill.
     ///
-    /// `min` and `max` count requests' worth: `unit` tokens each (a
-    /// cost's reserve, as the last request that asked said; see
-    /// [`Lease::set_unit`]).
+    /// `min` and `max` count requests' worth: `unit` tokens each (see
+    /// [`Lease::note_unit`]).
     pub fn next_size(&self, sizing: &Sizing, capacity: u64, now_ms: u64, asking: u64) -> u64 {
         let qps = self.rate.next_qps(&self.tokens, sizing.lookahead_ms, now_ms, asking);
         let unit = self.unit.load(Ordering::Relaxed).max(1);
         sizing.lease_size_in(qps, capacity, unit)
     }
 
-    /// The tokens the asking request takes (its reserve under a limit with
-    /// a cost): the unit of the next leases' `min` and `max`.
-    pub fn set_unit(&self, tokens: u64) {
-        self.unit.store(tokens, Ordering::Relaxed);
+    /// What one request took (its reserve when it asks the store, its
+    /// settled cost when its response ends): the unit of the next leases'
+    /// `min` and `max` follows it, each sample counting for half.
+    pub fn note_unit(&self, tokens: u64) {
+        let _ = self.unit.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+            Some(if u == 0 {
+                tokens
+            } else {
+                u.saturating_add(tokens).div_ceil(2)
+            })
+        });
     }
 
     /// Adds granted tokens; the lease then lives `ttl_ms` from now.

@@ -29,7 +29,7 @@ async fn reserve<'l>(
 ) -> (Verdict<'l>, Option<crate::limit::cost::Settlement>) {
     let h = http::HeaderMap::new();
     let mut v = Verdict {
-        costs: vec![(0, n)],
+        costs: smallvec::smallvec![(0, n)],
         ..Verdict::default()
     };
     let facts = facts("a", &h);
