@@ -248,6 +248,7 @@ pub fn acquire(state: Option<State>, spec: &Spec, now_ms: u64, want: u64) -> (St
 /// ([`token_bucket::acquire_or_reserve`]). The windows never reserve: a
 /// window's quota comes back all at once (fixed) or a little at a time
 /// with nobody's name on it (sliding).
+///
 /// Nothing is granted unless `need` tokens fit (0 and 1: any); a
 /// refusal's `retry_after_ms` is the wait until they do.
 pub fn acquire_or_reserve(

@@ -635,3 +635,25 @@ fn a_client_certificate_is_explained_where_the_order_puts_it() {
         .collect();
     assert_eq!(passed, ["key", "cert"], "{without}");
 }
+
+#[test]
+fn explain_prints_the_cost_rule_and_the_reserve_a_header_gives() {
+    let config = "[listeners]\nhttp = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\ntargets = [\"http://127.0.0.1:9\"]\n\
+        [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\nlimits = [\"tokens\"]\n\
+        [[limits]]\nname = \"tokens\"\nrate = \"1000/min\"\ncost = { reserve = \"header:x-max-tokens\", settle = \"json:usage.total_tokens\" }\n";
+    let run = |args: &[&str]| {
+        let (code, stdout, stderr) = explain_with(config, args);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let out = run(&["--header", "x-max-tokens: 40", "POST", "/v1/chat"]);
+    assert!(
+        out.contains("cost reserve header:x-max-tokens, settle json:usage.total_tokens (this request reserves 40)"),
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&run(&["--json", "POST", "/v1/chat"])).unwrap();
+    assert_eq!(
+        json["limits"][0]["cost"],
+        "reserve header:x-max-tokens, settle json:usage.total_tokens (this request reserves 1)"
+    );
+}

@@ -179,14 +179,23 @@ impl Meter {
 impl Sse {
     fn scan(&mut self, chunk: &[u8], max: usize) {
         let mut rest = chunk;
-        while let Some(at) = rest.iter().position(|&b| b == b'\n') {
-            self.push_line(&rest[..at], max);
-            self.end_line(max);
+        while let Some(at) = memchr::memchr(b'\n', rest) {
+            if self.line.is_empty() {
+                // The whole line is in this chunk: read where it lies.
+                self.line_done(&rest[..at], max);
+            } else {
+                self.push_line(&rest[..at], max);
+                let line = std::mem::take(&mut self.line);
+                self.line_done(&line, max);
+                self.line = line;
+                self.line.clear();
+            }
             rest = &rest[at + 1..];
         }
         self.push_line(rest, max);
     }
 
+    /// Part of a line, the rest of which is in a later chunk.
     fn push_line(&mut self, bytes: &[u8], max: usize) {
         if self.skipping {
             // Inside an oversized event only a blank line matters (empty,
@@ -206,34 +215,45 @@ impl Sse {
         self.line.extend_from_slice(bytes);
     }
 
-    /// A whole line was read: a field of the event, or its end.
+    /// Ends the line held in part, when the stream ends without a newline.
     fn end_line(&mut self, max: usize) {
-        let mut line = std::mem::take(&mut self.line);
-        if line.last() == Some(&b'\r') {
-            line.pop();
+        let line = std::mem::take(&mut self.line);
+        if !line.is_empty() {
+            self.line_done(&line, max);
         }
+    }
+
+    /// A whole line was read: a field of the event, or its end.
+    fn line_done(&mut self, line: &[u8], max: usize) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             if self.skipping {
                 self.skipping = false;
             } else {
                 self.dispatch();
             }
-        } else if !self.skipping {
-            if let Some(value) = line.strip_prefix(b"data:") {
-                let value = value.strip_prefix(b" ").unwrap_or(value);
-                if self.data.len() + value.len() + 1 > max {
-                    self.skipping = true;
-                    self.data.clear();
-                } else {
-                    if !self.data.is_empty() {
-                        self.data.push(b'\n');
-                    }
-                    self.data.extend_from_slice(value);
+            return;
+        }
+        if self.skipping {
+            return;
+        }
+        if line.len() > max {
+            self.skipping = true;
+            self.data.clear();
+            return;
+        }
+        if let Some(value) = line.strip_prefix(b"data:") {
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            if self.data.len() + value.len() + 1 > max {
+                self.skipping = true;
+                self.data.clear();
+            } else {
+                if !self.data.is_empty() {
+                    self.data.push(b'\n');
                 }
+                self.data.extend_from_slice(value);
             }
         }
-        line.clear();
-        self.line = line;
     }
 
     /// The event ended: its data is parsed if it mentions a field.
@@ -250,7 +270,7 @@ impl Sse {
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+    !needle.is_empty() && memchr::memmem::find(hay, needle).is_some()
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {
