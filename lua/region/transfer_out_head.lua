@@ -23,5 +23,9 @@ local remember = tonumber(ARGV[7])
 local at = tonumber(ARGV[9] or 4)
 local want = tonumber(ARGV[at])
 local keep = tonumber(ARGV[8] or 0)
+-- The acquire scripts read a cost's charge and need after their own
+-- arguments, where this script's are: a transfer charges nothing and
+-- needs no more than any grant.
+ARGV[7], ARGV[8], ARGV[9] = nil, nil, nil
 
 local function take()

@@ -95,12 +95,12 @@ fn pttl(redis: &Redis, key: &str) -> u64 {
 fn token_bucket_script_grants_partially_and_says_when_to_retry() {
     let redis = Redis::start();
     // 10 per minute, capacity 10: one token per 6 s.
-    let [granted, remaining, reset, retry, window, reserved] =
+    let [granted, remaining, reset, retry, window, reserved, owed] =
         eval(&redis, "token_bucket.lua", "rl:{t:a}", &[10, 60_000, 10, 4])[..]
     else {
         panic!()
     };
-    assert_eq!((granted, remaining, retry, window, reserved), (4, 6, 0, 0, 0));
+    assert_eq!((granted, remaining, retry, window, reserved, owed), (4, 6, 0, 0, 0, 0));
     assert!((23_990..=24_000).contains(&reset), "{reset}");
     // Asking for more than is left: a partial grant, which empties the
     // bucket and so already says when the next token comes.
