@@ -6,6 +6,9 @@
 #
 #   bench/rls.sh [seconds per run] [rounds] [concurrency] [keys]
 #
+# BIN=path runs another leasegate build (default: the release build of
+# this checkout), so two builds can be alternated run by run.
+#
 # Pinning: leasegate on CPU 0 (its gRPC service runs on one thread), Redis
 # and the load client (examples/rls_load.rs: one HTTP/2 connection per
 # concurrent caller, as Envoys would hold) on CPU 1. Every descriptor
@@ -22,6 +25,7 @@ DURATION=${1:-8}
 ROUNDS=${2:-3}
 CONC=${3:-32}
 KEYS=${4:-100}
+BIN=${BIN:-./target/release/leasegate}
 REDIS_PORT=18490
 RLS_PORT=18491
 HTTP_PORT=18492
@@ -90,7 +94,7 @@ redis_cpu() {
 
 # run NAME -> appends "per_sec p50 p99 calls_per_decision decisions_per_redis_cpu_s" to $work/NAME.rows
 run() {
-  taskset -c 0 env LEASEGATE_LOG=warn ./target/release/leasegate run --config "$work/$1.toml" &
+  taskset -c 0 env LEASEGATE_LOG=warn "$BIN" run --config "$work/$1.toml" &
   gw=$!
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$RLS_PORT) 2>/dev/null && break; sleep 0.1; done
   redis-cli -p $REDIS_PORT flushall >/dev/null
