@@ -216,6 +216,14 @@ async fn two_logged_requests(extra: &str) -> Vec<String> {
     }
     let mut lines = gw.access_log();
     assert_eq!(lines.len(), 2, "{lines:?}");
+    // Access lines go to stdout only, never among the diagnostics, which
+    // still have theirs.
+    let diagnostics = gw.log();
+    assert!(
+        !diagnostics.contains("outcome=") && !diagnostics.contains("\"outcome\""),
+        "{diagnostics}"
+    );
+    assert!(diagnostics.contains("leasegate ready"), "{diagnostics}");
     // The last line: what `explain --json` says of the same request.
     let out = std::process::Command::new(crate::support::binary())
         .args(["explain", "--json", "--ip", "127.0.0.1", "--config"])
