@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 
 use super::respond::RequestError;
+use super::serve::{Routed, Served};
+use super::Gateway;
 use crate::identity::Tier;
 use crate::limit::cost::meter::{Meter, Unsettled};
 use crate::limit::cost::{Reserves, Settle, Settlement, Settlements};
@@ -19,6 +21,7 @@ use crate::limit::slots::Held;
 use crate::limit::LimitRuntime;
 use crate::limit::Limiter;
 use crate::proxy::body::{Body, Ended, RequestBody, Watch};
+use crate::route::Action;
 use crate::route::Route;
 use crate::runtime::Snapshot;
 use crate::telemetry::metrics::{Metrics, UnsettledLabels};
@@ -109,6 +112,41 @@ pub(super) async fn read_body(
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(RequestError::BodyTooLarge(max)),
         Ok(Err(e)) => Err(RequestError::BodyUnread(e.to_string())),
+    }
+}
+
+impl Gateway {
+    /// A request priced by its JSON body: the body read (bounded), the
+    /// reserves taken from it, then decided and served.
+    pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced) -> Served<'a> {
+        let (parts, body) =
+            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(bytes::Bytes::new()))).into_parts();
+        let (idle, total) = match &routed.route.action {
+            Action::Forward(u) => (u.idle_timeout, u.request_timeout),
+            Action::Respond(_) | Action::Usage(_) => {
+                let idle = routed.snapshot.config.gateway.idle_timeout;
+                (idle, idle)
+            }
+        };
+        let max = routed.snapshot.config.gateway.max_cost_body_bytes;
+        let read = read_body(&parts.headers, body, max, idle, total).await;
+        let priced_read = read.and_then(|bytes| {
+            reserves(routed.snapshot, &priced, &parts.headers, Some(&bytes)).map(|costs| (bytes, costs))
+        });
+        match priced_read {
+            Ok((bytes, costs)) => {
+                if let Some(n) = &routed.request_bytes {
+                    n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
+                }
+                routed.req = Request::from_parts(parts, RequestBody::read(bytes));
+                routed.costs = costs;
+                self.limited(routed)
+            }
+            Err(e) => {
+                let resp = self.finish(routed.snapshot, Some(routed.route), Err(e), routed.request_id, None);
+                Served::Now(resp, routed.record)
+            }
+        }
     }
 }
 

@@ -219,42 +219,9 @@ impl Gateway {
         self.limited(routed)
     }
 
-    /// A request priced by its JSON body: the body read (bounded), the
-    /// reserves taken from it, then decided and served.
-    async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: cost::Priced) -> Served<'a> {
-        let (parts, body) =
-            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(bytes::Bytes::new()))).into_parts();
-        let (idle, total) = match &routed.route.action {
-            Action::Forward(u) => (u.idle_timeout, u.request_timeout),
-            Action::Respond(_) | Action::Usage(_) => {
-                let idle = routed.snapshot.config.gateway.idle_timeout;
-                (idle, idle)
-            }
-        };
-        let max = routed.snapshot.config.gateway.max_cost_body_bytes;
-        let read = cost::read_body(&parts.headers, body, max, idle, total).await;
-        let priced_read = read.and_then(|bytes| {
-            cost::reserves(routed.snapshot, &priced, &parts.headers, Some(&bytes)).map(|costs| (bytes, costs))
-        });
-        match priced_read {
-            Ok((bytes, costs)) => {
-                if let Some(n) = &routed.request_bytes {
-                    n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
-                }
-                routed.req = Request::from_parts(parts, RequestBody::read(bytes));
-                routed.costs = costs;
-                self.limited(routed)
-            }
-            Err(e) => {
-                let resp = self.finish(routed.snapshot, Some(routed.route), Err(e), routed.request_id, None);
-                Served::Now(resp, routed.record)
-            }
-        }
-    }
-
     /// A routed request, identified and priced: decided by its limits,
     /// then refused or served.
-    fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
+    pub(super) fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
         if routed.route.limits.is_empty() {
             return self.respond_or_forward(routed, None, Settlements::new());
         }
@@ -409,7 +376,7 @@ impl Gateway {
 
     /// The response to send: the error's if the request failed, with the
     /// verdict's `RateLimit-*` fields and the request id.
-    fn finish(
+    pub(super) fn finish(
         &self,
         snapshot: &Snapshot,
         route: Option<&Route>,
