@@ -26,6 +26,11 @@ use crate::route::Route;
 use crate::runtime::Snapshot;
 use crate::telemetry::metrics::{Metrics, UnsettledLabels};
 
+/// Most request bodies read whole at once to price them, gateway-wide:
+/// with `[gateway] max_cost_body_bytes` each, the memory they hold is
+/// bounded. One more is answered `503` with `Retry-After: 1` at once.
+pub const BODIES_AT_ONCE: usize = 64;
+
 /// What a request's limits with a `cost` need before its decision.
 #[derive(Debug, Default)]
 pub(super) struct Priced {
@@ -120,7 +125,17 @@ impl Gateway {
     /// reserves taken from it, then decided and served.
     pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced) -> Served<'a> {
         let (parts, body) =
-            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(bytes::Bytes::new()))).into_parts();
+            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(Bytes::new(), None))).into_parts();
+        let Ok(place) = self.priced_bodies.clone().try_acquire_owned() else {
+            let resp = self.finish(
+                routed.snapshot,
+                Some(routed.route),
+                Err(RequestError::BodiesBusy),
+                routed.request_id,
+                None,
+            );
+            return Served::Now(resp, routed.record);
+        };
         let (idle, total) = match &routed.route.action {
             Action::Forward(u) => (u.idle_timeout, u.request_timeout),
             Action::Respond(_) | Action::Usage(_) => {
@@ -138,7 +153,7 @@ impl Gateway {
                 if let Some(n) = &routed.request_bytes {
                     n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
                 }
-                routed.req = Request::from_parts(parts, RequestBody::read(bytes));
+                routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some(place)));
                 routed.costs = costs;
                 self.limited(routed)
             }

@@ -29,6 +29,10 @@ pub struct Gateway {
     runtime: Arc<Runtime>,
     /// The lines of requests waiting for a token (`queue_ms`).
     queues: queue::Queues,
+    /// Places for request bodies read whole to price them (a `json:`
+    /// reserve): at most [`cost::BODIES_AT_ONCE`], so the memory they hold
+    /// is bounded whatever the clients send.
+    priced_bodies: Arc<tokio::sync::Semaphore>,
 }
 
 impl Gateway {
@@ -36,6 +40,7 @@ impl Gateway {
         Gateway {
             runtime,
             queues: queue::Queues::default(),
+            priced_bodies: Arc::new(tokio::sync::Semaphore::new(cost::BODIES_AT_ONCE)),
         }
     }
 

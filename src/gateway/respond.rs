@@ -51,6 +51,9 @@ pub enum RequestError {
     /// request timeout.
     #[error("the request body took longer than {0} ms to arrive")]
     BodySlow(u64),
+    /// [`super::cost::BODIES_AT_ONCE`] bodies are being read to price them.
+    #[error("too many request bodies are being read to price them; retry shortly")]
+    BodiesBusy,
 }
 
 impl RequestError {
@@ -61,6 +64,7 @@ impl RequestError {
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
+            | RequestError::BodiesBusy
             | RequestError::BodyUnread(_) => Source::Client,
             RequestError::Forward(f) if f.upstream_fault().is_none() => Source::Client,
             RequestError::Forward(_) => Source::Upstream,
@@ -76,6 +80,7 @@ impl RequestError {
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => StatusCode::BAD_REQUEST,
             RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::BodySlow(_) => StatusCode::REQUEST_TIMEOUT,
+            RequestError::BodiesBusy => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. } | ForwardError::UpstreamFailed { .. }) => {
                 StatusCode::BAD_GATEWAY
@@ -93,6 +98,7 @@ impl RequestError {
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
             RequestError::BodyTooLarge(_) => "Payload Too Large",
             RequestError::BodySlow(_) => "Request Timeout",
+            RequestError::BodiesBusy => "Service Unavailable",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => "Upstream unreachable",
             RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => "Upstream timeout",
@@ -109,6 +115,7 @@ impl RequestError {
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
+            | RequestError::BodiesBusy
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {
@@ -129,7 +136,10 @@ impl RequestError {
     /// The response the client gets.
     pub fn to_response(&self) -> Response<Body> {
         let mut resp = problem(self.status(), self.title(), &self.public_detail());
-        if let RequestError::Forward(ForwardError::UpstreamBusy { .. }) = self {
+        if matches!(
+            self,
+            RequestError::Forward(ForwardError::UpstreamBusy { .. }) | RequestError::BodiesBusy
+        ) {
             // In flight ends within moments: come back in a second.
             resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }

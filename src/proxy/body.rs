@@ -150,12 +150,14 @@ impl http_body::Body for Body {
 
 /// A request body on its way upstream: the client's as it streams in
 /// (counted, for a limit that settles by `request_bytes`), or one read
-/// already (a `json:` cost reserve read it first), sent as it was.
+/// already (a `json:` cost reserve read it first), sent as it was, with
+/// the place it holds among the bodies read at once (given back when the
+/// bytes are handed on).
 #[derive(Debug)]
 pub enum RequestBody {
     Streamed(Incoming),
     Counted(Incoming, Arc<AtomicU64>),
-    Read(Option<Bytes>),
+    Read(Option<Bytes>, Option<tokio::sync::OwnedSemaphorePermit>),
 }
 
 impl RequestBody {
@@ -167,9 +169,9 @@ impl RequestBody {
         }
     }
 
-    /// A body read already.
-    pub fn read(bytes: Bytes) -> RequestBody {
-        RequestBody::Read((!bytes.is_empty()).then_some(bytes))
+    /// A body read already, holding `place` until it is handed on.
+    pub fn read(bytes: Bytes, place: Option<tokio::sync::OwnedSemaphorePermit>) -> RequestBody {
+        RequestBody::Read((!bytes.is_empty()).then_some(bytes), place)
     }
 }
 
@@ -189,21 +191,24 @@ impl http_body::Body for RequestBody {
                 }
                 frame
             }
-            RequestBody::Read(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            RequestBody::Read(bytes, place) => {
+                *place = None;
+                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b))))
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.is_end_stream(),
-            RequestBody::Read(bytes) => bytes.is_none(),
+            RequestBody::Read(bytes, _) => bytes.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.size_hint(),
-            RequestBody::Read(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            RequestBody::Read(bytes, _) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
 }

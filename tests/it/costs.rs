@@ -89,9 +89,17 @@ async fn llm() -> SocketAddr {
                     let ms: u64 = query(&req, "ms").and_then(|m| m.parse().ok()).unwrap_or(0);
                     let costs = query(&req, "costs").unwrap_or_default();
                     let n: usize = query(&req, "n").and_then(|m| m.parse().ok()).unwrap_or(0);
+                    let encoding = req
+                        .headers()
+                        .get("accept-encoding")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_string();
                     let got = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
                     let mut steps = VecDeque::new();
-                    let mut resp = Response::builder().header("x-got-bytes", got.to_string());
+                    let mut resp = Response::builder()
+                        .header("x-got-bytes", got.to_string())
+                        .header("x-got-accept-encoding", encoding);
                     match path.as_str() {
                         "json" => {
                             steps.push_back(Step::Pause(ms));
@@ -160,7 +168,7 @@ fn toml(store: &str, upstream: SocketAddr) -> Toml {
         .raw(store)
         .table("leasing", &format!("max = {MAX_LEASE}"))
         .upstream("llm", &format!("http://{upstream}"));
-    let limits: [(&str, &str, &str); 6] = [
+    let limits: [(&str, &str, &str); 8] = [
         (
             "llm",
             "100/100s",
@@ -183,6 +191,8 @@ fn toml(store: &str, upstream: SocketAddr) -> Toml {
             "{ reserve = 10, settle = \"json:usage.total_tokens\" }",
         ),
         ("bw", "4000/min", "{ reserve = 1, settle = \"response_bytes\" }"),
+        ("upload", "4000/min", "{ reserve = 1, settle = \"request_bytes\" }"),
+        ("asked", "100/100s", "{ reserve = \"header:x-tokens\" }"),
     ];
     for (name, _, _) in limits {
         t = t
@@ -190,7 +200,7 @@ fn toml(store: &str, upstream: SocketAddr) -> Toml {
             .with(&format!("limits = [\"{name}\"]"));
     }
     for (name, rate, cost) in limits {
-        let burst = if name == "bw" { 4000 } else { 100 };
+        let burst = if matches!(name, "bw" | "upload") { 4000 } else { 100 };
         // The usage route reads `llm`'s key: one the two routes share.
         let by = if name == "llm" { "identity" } else { "route" };
         t = t
@@ -335,6 +345,52 @@ async fn every_other_rule_settles(gw: &Gateway) {
     assert!((30..=31).contains(&over.retry_after()), "{:?}", over.headers);
 }
 
+/// Bytes sent as an upload quota; a reserve from a header, and the 400 for
+/// one that is not a number; a JSON settle asks for an uncompressed body.
+async fn uploads_headers_and_encodings(gw: &Gateway) {
+    let body = "x".repeat(3000);
+    assert_eq!(call(gw, "POST", "/upload/bytes", &body).await.status, 200);
+    assert_eq!(call(gw, "POST", "/upload/bytes", &body).await.status, 200);
+    let over = call(gw, "POST", "/upload/bytes", "x").await;
+    assert_eq!(over.status, 429, "6000 bytes sent of 4000 a minute");
+    assert!((30..=31).contains(&over.retry_after()), "{:?}", over.headers);
+
+    let (status, headers, _) = asked(gw, "30").await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["ratelimit"].to_str().unwrap(), "\"asked\";r=70;t=30");
+    // Only a JSON settle needs the body's text: this limit leaves the
+    // encoding alone.
+    assert_eq!(headers["x-got-accept-encoding"], "gzip, br");
+    let (status, _, body) = asked(gw, "thirty").await;
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("the x-tokens header must be a whole number of tokens"),
+        "{body}"
+    );
+
+    let mut c = client::http1(gw.http()).await;
+    let req = Request::get("/stream/json?cost=1")
+        .header("host", "gw")
+        .header("accept-encoding", "gzip")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, headers, _) = client::text(client::send(&mut c, req).await).await;
+    assert_eq!(headers["x-got-accept-encoding"], "-", "a JSON settle reads the text");
+}
+
+/// A call on the `asked` limit reserving `tokens` by its header.
+async fn asked(gw: &Gateway, tokens: &str) -> (u16, http::HeaderMap, String) {
+    let mut c = client::http1(gw.http()).await;
+    let req = Request::get("/asked/header?cost=0")
+        .header("host", "gw")
+        .header("x-tokens", tokens)
+        .header("accept-encoding", "gzip, br")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, body) = client::text(client::send(&mut c, req).await).await;
+    (status.as_u16(), headers, body)
+}
+
 /// A `json:max_tokens` reserve: read from the request body (forwarded as
 /// sent), refused when it does not fit, 413 past the bound.
 async fn a_body_reserve_refuses_what_does_not_fit(gw: &Gateway) {
@@ -358,6 +414,7 @@ async fn a_body_reserve_refuses_what_does_not_fit(gw: &Gateway) {
 async fn all(gw: &Gateway) {
     json_settles_and_debt_is_exact(gw).await;
     every_other_rule_settles(gw).await;
+    uploads_headers_and_encodings(gw).await;
     a_body_reserve_refuses_what_does_not_fit(gw).await;
 }
 
@@ -437,6 +494,50 @@ async fn a_fleet_of_two_keeps_within_the_written_bound() {
         (spent as f64) >= allowance * 0.6,
         "{admitted} admitted cost {spent}: far below the allowance {allowance:.0}"
     );
+}
+
+/// Bodies read whole to price them hold a place each: a flood of bodies
+/// that never finish holds at most `BODIES_AT_ONCE` of them (64), and the
+/// next is answered 503 at once, until one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_priced_bodies_hold_a_bounded_number_of_places() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = llm().await;
+    let gw = Gateway::start(&toml("", upstream));
+    let mut slow = Vec::new();
+    for _ in 0..64 {
+        let mut s = tokio::net::TcpStream::connect(gw.http()).await.unwrap();
+        let head = "POST /prompt/json HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"max_tokens\":";
+        s.write_all(head.as_bytes()).await.unwrap();
+        slow.push(s);
+    }
+    // Each read is under way once its head is in.
+    let mut refused = None;
+    for _ in 0..100 {
+        let a = call(&gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":1}"#).await;
+        if a.status == 503 {
+            refused = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("a 65th body is refused");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert!(refused.body.unwrap().contains("too many request bodies"));
+    drop(slow);
+    let mut admitted = false;
+    for _ in 0..100 {
+        if call(&gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":1}"#)
+            .await
+            .status
+            == 200
+        {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(admitted, "the places come back when the bodies end");
 }
 
 #[test]
