@@ -15,7 +15,12 @@
 # gateway on hyper costs (examples/hyper_floor.rs, served as leasegate
 # serves, with none of its work): `hyper` proxies each client connection
 # over an upstream connection of its own, `hyper-429` answers leasegate's
-# 429, fields and body, fixed. The proxy under test is pinned to
+# 429, fields and body, fixed, `hyper-h2` is `hyper` behind rustls for
+# h2load (ALPN h2, an upstream connection per stream in flight). The
+# access-log pair's floor is `hyper`: the floor logs nothing, so against
+# it the pair shows the log and leasegate's work together, and the table
+# gives the log's own cost (leasegate-log ÷ leasegate) apart. The proxy
+# under test is pinned to
 # CPU 0 (nginx: one worker; leasegate: workers = 1); the upstream (nginx)
 # and the load (wrk -t1, or h2load -t1) share CPU 1.
 #
@@ -41,7 +46,7 @@ declare -A PORT=(
   [nginx-log]=18084 [leasegate-log]=18085
   [nginx-429]=18086 [leasegate-429]=18087
   [nginx-h2]=18088 [leasegate-h2]=18089
-  [hyper]=18092 [hyper-429]=18093
+  [hyper]=18092 [hyper-429]=18093 [hyper-h2]=18094
 )
 ADMIN_BASE=18190
 
@@ -109,18 +114,21 @@ leasegate leasegate-h2 "https = \"127.0.0.1:${PORT[leasegate-h2]}\"" off "$PASS"
 
 # hyper_floor NAME MODE [UPSTREAM-PORT]
 hyper_floor() {
-  taskset -c 0 ./target/release/examples/hyper_floor "$2" "${PORT[$1]}" ${3:+"$3"} 2>/dev/null &
+  local name=$1 mode=$2
+  shift 2
+  taskset -c 0 ./target/release/examples/hyper_floor "$mode" "${PORT[$name]}" "$@" 2>/dev/null &
   pids+=($!)
-  PID[$1]=$!
+  PID[$name]=$!
 }
 hyper_floor hyper proxy "$UP_PORT"
 hyper_floor hyper-429 429
+hyper_floor hyper-h2 tls "$UP_PORT" "$PWD/certs/dev.crt" "$PWD/certs/dev.key"
 
 for n in upstream nginx leasegate hyper nginx-log leasegate-log nginx-429 leasegate-429 hyper-429; do
   port=${PORT[$n]:-$UP_PORT}
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
 done
-for n in nginx-h2 leasegate-h2; do
+for n in nginx-h2 leasegate-h2 hyper-h2; do
   for _ in $(seq 100); do curl -sk -o /dev/null --http2 "https://127.0.0.1:${PORT[$n]}/" && break; sleep 0.1; done
 done
 
@@ -201,14 +209,14 @@ run() {
   echo "$rps $p99 $cpu"
 }
 
-names=(upstream nginx hyper leasegate nginx-log leasegate-log nginx-429 hyper-429 leasegate-429 nginx-h2 leasegate-h2)
+names=(upstream nginx hyper leasegate nginx-log leasegate-log nginx-429 hyper-429 leasegate-429 nginx-h2 hyper-h2 leasegate-h2)
 for n in "${names[@]}"; do run "$n" >/dev/null; done   # warm-up
 : > "$work/rows"
 for r in $(seq "$ROUNDS"); do
   # Alternate which side of each pair goes first.
   order=("${names[@]}")
   if [ $((r % 2)) -eq 0 ]; then
-    order=(upstream leasegate hyper nginx leasegate-log nginx-log leasegate-429 hyper-429 nginx-429 leasegate-h2 nginx-h2)
+    order=(upstream leasegate hyper nginx leasegate-log nginx-log leasegate-429 hyper-429 nginx-429 leasegate-h2 hyper-h2 nginx-h2)
   fi
   for n in "${order[@]}"; do
     read -r rps p99 cpu < <(run "$n")
@@ -235,24 +243,25 @@ print(f"\n| target | requests/s | p99 ms | proxy CPU µs/request |\n|---|---|---
 for name in by:
     v = by[name].values()
     print(f"| {name} | {stat([x[0] for x in v])} | {stat([x[1] for x in v])} | {stat([x[2] for x in v])} |")
-pairs = [("proxy, no access log", "nginx", "leasegate"),
-         ("proxy, access log", "nginx-log", "leasegate-log"),
-         ("429 path", "nginx-429", "leasegate-429"),
-         ("h2 over TLS (h2load)", "nginx-h2", "leasegate-h2")]
-print(f"\n| pair | leasegate ÷ nginx, requests/s | p99 leasegate vs nginx (ms, medians) |\n|---|---|---|")
-ratios = {}
-for label, n, l in pairs:
-    rs = [by[l][r][0] / by[n][r][0] for r in by[n] if r in by[l]]
-    ratios[label] = rs
-    p_l = statistics.median([x[1] for x in by[l].values()]); p_n = statistics.median([x[1] for x in by[n].values()])
-    print(f"| {label} | {statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}) | {p_l:.2f} vs {p_n:.2f} |")
-print(f"\n| against hyper's floor | requests/s, per round |\n|---|---|")
-for label, a, b in [("proxy: hyper floor ÷ nginx", "nginx", "hyper"),
-                    ("proxy: leasegate ÷ hyper floor", "hyper", "leasegate"),
-                    ("429: hyper floor ÷ nginx", "nginx-429", "hyper-429"),
-                    ("429: leasegate ÷ hyper floor", "hyper-429", "leasegate-429")]:
-    rs = [by[b][r][0] / by[a][r][0] for r in by[a] if r in by[b]]
-    print(f"| {label} | {statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}) |")
+# (label, nginx, hyper's floor, leasegate): the access-log pair's floor is
+# the proxy floor, which logs nothing.
+pairs = [("proxy, no access log", "nginx", "hyper", "leasegate"),
+         ("proxy, access log", "nginx-log", "hyper", "leasegate-log"),
+         ("429 path", "nginx-429", "hyper-429", "leasegate-429"),
+         ("h2 over TLS (h2load)", "nginx-h2", "hyper-h2", "leasegate-h2")]
+def per_round(num, den):
+    return [by[num][r][0] / by[den][r][0] for r in by[den] if r in by[num]]
+def spread(rs):
+    return f"{statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})"
+print(f"\n| pair | leasegate ÷ nginx | leasegate ÷ hyper's floor | hyper's floor ÷ nginx | p99 ms, leasegate / floor / nginx (medians) |\n|---|---|---|---|---|")
+ratios, floors = {}, {}
+for label, n, f, l in pairs:
+    ratios[label], floors[label] = per_round(l, n), per_round(l, f)
+    p = [statistics.median([x[1] for x in by[t].values()]) for t in (l, f, n)]
+    print(f"| {label} | {spread(ratios[label])} | {spread(floors[label])} | {spread(per_round(f, n))} | {p[0]:.2f} / {p[1]:.2f} / {p[2]:.2f} |")
+print(f"\n| what the access log costs, requests/s per round | ratio |\n|---|---|")
+print(f"| leasegate-log ÷ leasegate | {spread(per_round('leasegate-log', 'leasegate'))} |")
+print(f"| nginx-log ÷ nginx | {spread(per_round('nginx-log', 'nginx'))} |")
 print(f"\n{rounds} rounds of {duration} s, {conns} connections; medians with min–max over the rounds.")
 try:
     import matplotlib
@@ -260,24 +269,27 @@ try:
     import matplotlib.pyplot as plt
 except ImportError:
     print("(matplotlib missing: no plot)", file=sys.stderr); sys.exit(0)
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
 labels = [p[0] for p in pairs]
 x = range(len(pairs))
-for i, (who, color) in enumerate([("nginx", "#888888"), ("leasegate", "#d9822b")]):
+for i, (col, who, color) in enumerate([(1, "nginx", "#888888"), (2, "hyper's floor", "#4c6ef5"), (3, "leasegate", "#d9822b")]):
     med, lo, hi = [], [], []
-    for label, n, l in pairs:
-        vals = [v[0] for v in by[n if who == "nginx" else l].values()]
+    for pair in pairs:
+        vals = [v[0] for v in by[pair[col]].values()]
         m = statistics.median(vals); med.append(m); lo.append(m - min(vals)); hi.append(max(vals) - m)
-    ax1.bar([j + (i - 0.5) * 0.38 for j in x], med, 0.38, yerr=[lo, hi], capsize=4, label=who, color=color)
+    ax1.bar([j + (i - 1) * 0.27 for j in x], med, 0.27, yerr=[lo, hi], capsize=3, label=who, color=color)
 ax1.set_xticks(list(x)); ax1.set_xticklabels(labels, rotation=12, fontsize=8)
-ax1.set_ylabel("requests/s (median, min–max)"); ax1.set_title("Throughput on one core"); ax1.legend()
-meds = [statistics.median(ratios[l]) for l in labels]
-errs = [[m - min(ratios[l]) for m, l in zip(meds, labels)], [max(ratios[l]) - m for m, l in zip(meds, labels)]]
-ax2.bar(list(x), meds, 0.5, yerr=errs, capsize=4, color=["#2b8a3e" if m >= 1 else "#c92a2a" for m in meds])
+ax1.set_ylabel("requests/s (median, min–max)"); ax1.set_title("Throughput on one core"); ax1.legend(fontsize=8)
+for i, (series, who, color) in enumerate([(ratios, "leasegate ÷ nginx", "#888888"), (floors, "leasegate ÷ hyper's floor", "#4c6ef5")]):
+    meds = [statistics.median(series[l]) for l in labels]
+    errs = [[m - min(series[l]) for m, l in zip(meds, labels)], [max(series[l]) - m for m, l in zip(meds, labels)]]
+    xs = [j + (i - 0.5) * 0.38 for j in x]
+    ax2.bar(xs, meds, 0.38, yerr=errs, capsize=3, color=color, label=who)
+    for j, m in zip(xs, meds): ax2.text(j, m + 0.03, f"{m:.2f}", ha="center", fontsize=8)
 ax2.axhline(1.0, color="black", linewidth=1)
-for j, m in zip(x, meds): ax2.text(j, m + 0.02, f"{m:.2f}×", ha="center", fontsize=9)
 ax2.set_xticks(list(x)); ax2.set_xticklabels(labels, rotation=12, fontsize=8)
-ax2.set_ylabel("leasegate ÷ nginx (per round)"); ax2.set_title("Ratio (1.0 = parity)")
+ax2.set_ylabel("requests/s ratio (per round)"); ax2.set_title("leasegate against nginx and hyper's floor (1.0 = parity)")
+ax2.legend(fontsize=8)
 fig.tight_layout(); fig.savefig(f"{out}/proxy.png", dpi=110)
 print(f"plot: {out}/proxy.png", file=sys.stderr)
 PY

@@ -204,10 +204,7 @@ impl Resolver {
                 Tier::Fingerprint => {
                     if let Some(ja4) = conn.ja4 {
                         let net = subnet(client_ip, self.ipv4_prefix, self.ipv6_prefix);
-                        return Ok(plain(
-                            tier,
-                            format!("fingerprint:{}", fingerprint_hash(ja4, headers, &net)),
-                        ));
+                        return Ok(plain(tier, fingerprint(ja4, headers, &net)));
                     }
                 }
                 Tier::Subnet => break,
@@ -326,8 +323,21 @@ fn subnet_value(net: &IpNet) -> String {
     value
 }
 
-/// 16 hex digits over JA4, header-name order and subnet.
-fn fingerprint_hash(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
+/// `fingerprint:` and 16 hex digits of SHA-256 over JA4, header-name
+/// order and subnet. Runs for every request on a TLS connection without a
+/// better identity: the subnet is hashed as it is written and the digits
+/// are written by hand, into the one string it returns.
+fn fingerprint(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
+    /// Feeds what is written to the hash.
+    struct Hashing<'a>(&'a mut Sha256);
+    impl std::fmt::Write for Hashing<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.update(s.as_bytes());
+            Ok(())
+        }
+    }
+    const PREFIX: &str = "fingerprint:";
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut h = Sha256::new();
     h.update(ja4.as_bytes());
     h.update([0]);
@@ -336,11 +346,14 @@ fn fingerprint_hash(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
         h.update([b',']);
     }
     h.update([0]);
-    h.update(net.to_string().as_bytes());
-    h.finalize().iter().take(8).fold(String::with_capacity(16), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    let _ = write!(Hashing(&mut h), "{net}");
+    let mut value = String::with_capacity(PREFIX.len() + 16);
+    value.push_str(PREFIX);
+    for b in h.finalize().iter().take(8) {
+        value.push(char::from(HEX[usize::from(b >> 4)]));
+        value.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    value
 }
 
 #[cfg(test)]

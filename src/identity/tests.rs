@@ -231,6 +231,27 @@ fn api_keys_from_either_header_and_only_if_known() {
     );
 }
 
+/// The fingerprint is a key of limits and a field of the access log: the
+/// same client must keep the same value across versions.
+#[test]
+fn a_fingerprint_is_the_same_as_it_was() {
+    let r = resolver();
+    let conn = |peer: &str| Connection {
+        peer: peer.parse().unwrap(),
+        ja4: Some("t13d1516h2_8daaf6152771_d8a2da3f94cd"),
+        client_cert: None,
+    };
+    let h = headers(&[("host", "x"), ("user-agent", "a"), ("accept", "*/*")]);
+    assert_eq!(
+        r.resolve(&h, conn("198.51.100.1"), 0).unwrap().value,
+        "fingerprint:d623ae10ec83b52c"
+    );
+    assert_eq!(
+        r.resolve(&h, conn("2001:db8::1"), 0).unwrap().value,
+        "fingerprint:5f24cb580d6891cc"
+    );
+}
+
 #[test]
 fn fingerprints_split_a_nat_by_header_order_and_never_merge_networks() {
     let r = resolver();
