@@ -23,6 +23,10 @@
 #
 # TARGETS="floor leasegate" (say) runs only those; a pair is compared when
 # both of it ran; LEASEGATE_BIN=path counts another build of leasegate.
+# CACHE=1 also simulates the caches (callgrind --cache-sim=yes, the host's
+# L1 sizes) and adds, per request, the first-level instruction-cache misses
+# (I1mr) and data-cache read and write misses (D1mr, D1mw): what the same
+# instruction count costs in cycles differs mostly by those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -62,7 +66,7 @@ read -r -a names <<< "${TARGETS:-nginx floor leasegate nginx-429 floor-429 lease
 : > "$work/counts"
 for name in "${names[@]}"; do
   # shellcheck disable=SC2046
-  LEASEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/$name.cg.%p" \
+  LEASEGATE_LOG=warn valgrind --tool=callgrind ${CACHE:+--cache-sim=yes} --callgrind-out-file="$work/$name.cg.%p" \
     $(command_of "$name") > "$work/$name.out" 2>&1 &
   vpid=$!
   up=""
@@ -85,22 +89,34 @@ for name in "${names[@]}"; do
   reqs=$(awk '/requests in/ {print $1}' "$work/$name.wrk")
   dump=$(ls "$work/$name".cg.*.1 2>/dev/null | head -1)
   [ -n "$dump" ] || { echo "$name: no callgrind dump" >&2; exit 1; }
-  callgrind_annotate --inclusive=no --auto=no --threshold=100 "$dump" > "$work/$name.flat" 2>/dev/null
+  callgrind_annotate --inclusive=no --auto=no --threshold=100 --show=Ir "$dump" > "$work/$name.flat" 2>/dev/null
   total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$work/$name.flat")
-  echo "$name $reqs $total" | tee -a "$work/counts" >&2
+  misses="- - -"
+  if [ -n "${CACHE:-}" ]; then
+    misses=$(callgrind_annotate --inclusive=no --auto=no --show=I1mr,D1mr,D1mw "$dump" 2>/dev/null |
+      awk '/PROGRAM TOTALS/ {gsub(",", ""); print $1, $3, $5}')
+  fi
+  echo "$name $reqs $total $misses" | tee -a "$work/counts" >&2
 done
 
 python3 - "$work" "$TOP" <<'PY'
 import collections, re, sys
 work, top = sys.argv[1], int(sys.argv[2])
 counts = {}
+misses = {}
 for line in open(f"{work}/counts"):
-    name, reqs, total = line.split()
+    name, reqs, total, *cache = line.split()
     counts[name] = (int(reqs), int(total))
+    if "-" not in cache:
+        misses[name] = [int(m) / int(reqs) for m in cache]
 per = {n: t / r for n, (r, t) in counts.items()}
-print("\n| target | requests counted | user-space instructions per request |\n|---|---|---|")
+if misses:
+    print("\n| target | requests counted | user-space instructions per request | I1 misses | D1 read misses | D1 write misses |\n|---|---|---|---|---|---|")
+else:
+    print("\n| target | requests counted | user-space instructions per request |\n|---|---|---|")
 for n, (r, t) in counts.items():
-    print(f"| {n} | {r} | {per[n]:,.0f} |")
+    extra = "".join(f" {m:,.1f} |" for m in misses[n]) if n in misses else ""
+    print(f"| {n} | {r} | {per[n]:,.0f} |{extra}")
 print("\n| pair | ratio |\n|---|---|")
 for a, b in [("floor", "nginx"), ("leasegate", "floor"), ("leasegate", "nginx"),
              ("floor-429", "nginx-429"), ("leasegate-429", "floor-429"), ("leasegate-429", "nginx-429")]:
