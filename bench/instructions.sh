@@ -66,7 +66,7 @@ read -r -a names <<< "${TARGETS:-nginx floor leasegate nginx-429 floor-429 lease
 : > "$work/counts"
 for name in "${names[@]}"; do
   # shellcheck disable=SC2046
-  LEASEGATE_LOG=warn valgrind --tool=callgrind ${CACHE:+--cache-sim=yes} --callgrind-out-file="$work/$name.cg.%p" \
+  LEASEGATE_LOG=warn valgrind --tool=callgrind $([ "${CACHE:-0}" != 0 ] && echo --cache-sim=yes) --callgrind-out-file="$work/$name.cg.%p" \
     $(command_of "$name") > "$work/$name.out" 2>&1 &
   vpid=$!
   up=""
@@ -92,9 +92,11 @@ for name in "${names[@]}"; do
   callgrind_annotate --inclusive=no --auto=no --threshold=100 --show=Ir "$dump" > "$work/$name.flat" 2>/dev/null
   total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$work/$name.flat")
   misses="- - -"
-  if [ -n "${CACHE:-}" ]; then
+  if [ "${CACHE:-0}" != 0 ]; then
+    # A total of zero prints without its "(100.0%)": drop the shares first.
     misses=$(callgrind_annotate --inclusive=no --auto=no --show=I1mr,D1mr,D1mw "$dump" 2>/dev/null |
-      awk '/PROGRAM TOTALS/ {gsub(",", ""); print $1, $3, $5}')
+      awk '/PROGRAM TOTALS/ {gsub(/,|\([^)]*\)/, ""); print $1, $2, $3}')
+    [ "$(wc -w <<< "$misses")" -eq 3 ] || { echo "$name: no cache totals in $dump" >&2; exit 1; }
   fi
   echo "$name $reqs $total $misses" | tee -a "$work/counts" >&2
 done
@@ -107,7 +109,7 @@ misses = {}
 for line in open(f"{work}/counts"):
     name, reqs, total, *cache = line.split()
     counts[name] = (int(reqs), int(total))
-    if "-" not in cache:
+    if len(cache) == 3 and "-" not in cache:
         misses[name] = [int(m) / int(reqs) for m in cache]
 per = {n: t / r for n, (r, t) in counts.items()}
 if misses:

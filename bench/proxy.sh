@@ -27,8 +27,10 @@
 #   bench/proxy.sh [seconds per run] [rounds] [connections] [out dir]
 #
 # Reports, per target: requests/s and p99 (median and min-max over the
-# rounds), the proxy's CPU per request, and leasegate ÷ nginx per pair
-# (the ratio of each round, median and min-max), as markdown tables, and
+# rounds), the proxy's CPU per request; per pair, leasegate ÷ nginx,
+# leasegate ÷ hyper's floor and the floor ÷ nginx (the ratio of each
+# round, median and min-max); and what the access log costs each, as
+# markdown tables, and
 # draws them into OUT/proxy.png (python3 with matplotlib, installed with
 # pip if missing). Installs wrk, nginx and h2load (nghttp2-client) from the
 # system packages if missing (needs root).
@@ -112,7 +114,7 @@ leasegate leasegate-log "http = \"127.0.0.1:${PORT[leasegate-log]}\"" json "$PAS
 leasegate leasegate-429 "http = \"127.0.0.1:${PORT[leasegate-429]}\"" off "1/h"
 leasegate leasegate-h2 "https = \"127.0.0.1:${PORT[leasegate-h2]}\"" off "$PASS"
 
-# hyper_floor NAME MODE [UPSTREAM-PORT]
+# hyper_floor NAME MODE [UPSTREAM-PORT [CERT KEY]]
 hyper_floor() {
   local name=$1 mode=$2
   shift 2
@@ -178,6 +180,12 @@ run() {
       taskset -c 1 h2load -t1 -c"$CONNS" -m10 -D"$DURATION" "https://127.0.0.1:${PORT[$name]}/" > "$work/load.out" 2>&1
       rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' "$work/load.out")
       reqs=$(awk '/^requests:/ {print $6}' "$work/load.out")
+      # h2load counts any answer as succeeded: every one must be a 2xx.
+      local ok
+      ok=$(awk '/^status codes:/ {print $3}' "$work/load.out")
+      if [ -z "$reqs" ] || [ "$ok" != "$reqs" ]; then
+        echo "$name: $ok of ${reqs:-?} answers were 2xx" >&2; cat "$work/load.out" >&2; exit 1
+      fi
       # h2load has no percentiles: the mean + 3 sd of its request times stands in.
       p99=$(awk 'function ms(v) { if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
                                  if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0

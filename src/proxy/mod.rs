@@ -388,18 +388,17 @@ mod tests {
             assert_eq!(hop_by_hop_index(h), Some(i), "{h}");
         }
         for other in [
-            &header::HOST,
-            &header::CONTENT_LENGTH,
-            &X_FORWARDED_FOR,
-            &header::TRAILER,
+            "host",
+            "content-length",
+            "x-forwarded-for",
+            "x-leasegate-identity",
+            "proxy",
+            "tea",
+            "upgrade-insecure-requests",
+            "keep-alive-x",
         ] {
-            assert_eq!(
-                hop_by_hop_index(other).is_some(),
-                HOP_BY_HOP.contains(&other),
-                "{other}"
-            );
+            assert_eq!(hop_by_hop_index(&HeaderName::from_static(other)), None, "{other}");
         }
-        assert_eq!(hop_by_hop_index(&HeaderName::from_static("tea")), None);
     }
 
     #[test]

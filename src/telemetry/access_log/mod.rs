@@ -7,15 +7,15 @@
 //! whenever the worker's runtime goes idle. The writer thread writes each
 //! batch with one `write` (nginx's `access_log ... buffer=`), and a slow
 //! stdout still never holds up a request: past [`MAX_QUEUED_LINES`] lines
-//! waiting, batches are dropped and counted.
+//! or [`MAX_QUEUED_BYTES`] waiting, batches are dropped and counted.
 //!
 //! Handing a batch over wakes nobody while the writer is busy: once it has
 //! written, the writer gathers for [`WRITE_EVERY_MS`] before it looks
 //! again, and only a writer asleep on an empty queue is woken. A worker
 //! under load goes idle thousands of times a second; when each hand-over
-//! woke the writer, the writer took the worker's core that often. Now it
-//! wakes at most ~100 times a second, and a line handed over waits at
-//! most [`WRITE_EVERY_MS`] for its write.
+//! woke the writer, the writer took the worker's core that often. Under
+//! load it now writes at most about every [`WRITE_EVERY_MS`], and a line
+//! handed over waits up to that long plus the writes ahead of it.
 //!
 //! The JSON line is written by hand, field by field, byte for byte what the
 //! `tracing` JSON layer wrote before (a test holds the two together); the
@@ -37,6 +37,8 @@ pub const BATCH_BYTES: usize = 32 * 1024;
 pub const BATCH_AGE_MS: u64 = 200;
 /// Lines handed over but not yet written, past which batches are dropped.
 pub const MAX_QUEUED_LINES: usize = 128_000;
+/// ... and bytes (a line holds its path, up to `max_header_bytes`).
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 /// After writing, the writer gathers batches this long before it writes
 /// again.
 pub const WRITE_EVERY_MS: u64 = 10;
@@ -77,7 +79,9 @@ struct Sink {
     queue: Mutex<Queue>,
     /// Wakes a writer asleep on an empty queue.
     wake: Condvar,
+    /// Lines and bytes handed over and not yet written.
     queued: AtomicUsize,
+    queued_bytes: AtomicUsize,
     dropped: AtomicU64,
 }
 
@@ -88,8 +92,93 @@ struct Queue {
     batches: Vec<(Vec<u8>, usize)>,
     /// The writer waits on `wake` for a batch (it found none).
     asleep: bool,
-    /// The process is ending: write what is queued and stop.
+    /// The writer has stopped, or is writing its last batches: later ones
+    /// are dropped.
     stop: bool,
+}
+
+impl Sink {
+    fn new(format: Format) -> Sink {
+        Sink {
+            format,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues a batch for the writer, waking it only if it sleeps on an
+    /// empty queue; drops it (counted) past the bounds or once the writer
+    /// has stopped.
+    fn give(&self, bytes: Vec<u8>, lines: usize) {
+        let len = bytes.len();
+        if self.queued.load(Ordering::Relaxed) + lines > MAX_QUEUED_LINES
+            || self.queued_bytes.load(Ordering::Relaxed) + len > MAX_QUEUED_BYTES
+        {
+            self.dropped.fetch_add(lines as u64, Ordering::Relaxed);
+            return;
+        }
+        let mut q = self.queue.lock().recover();
+        if q.stop {
+            drop(q);
+            self.dropped.fetch_add(lines as u64, Ordering::Relaxed);
+            return;
+        }
+        self.queued.fetch_add(lines, Ordering::Relaxed);
+        self.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        q.batches.push((bytes, lines));
+        if q.asleep {
+            q.asleep = false;
+            drop(q);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Lets the writer write what is queued and stop.
+    fn stop(&self) {
+        self.queue.lock().recover().stop = true;
+        self.wake.notify_one();
+    }
+
+    /// The writer's loop: takes every queued batch, writes it, gathers for
+    /// [`WRITE_EVERY_MS`], and so on until stopped; sleeps on the queue
+    /// while it is empty. However it ends (a panic too), the sink is
+    /// stopped, so later batches are dropped and counted, never held.
+    fn write_until_stopped(&self, out: &mut dyn Write) {
+        struct Stopping<'a>(&'a Sink);
+        impl Drop for Stopping<'_> {
+            fn drop(&mut self) {
+                self.0.stop();
+            }
+        }
+        let _stopping = Stopping(self);
+        let mut taken = Vec::new();
+        loop {
+            let stop = {
+                let mut q = self.queue.lock().recover();
+                while q.batches.is_empty() && !q.stop {
+                    q.asleep = true;
+                    q = self.wake.wait(q).recover();
+                }
+                q.asleep = false;
+                std::mem::swap(&mut q.batches, &mut taken);
+                q.stop
+            };
+            for (bytes, lines) in taken.drain(..) {
+                // A closed or failing stdout loses lines, never the gateway.
+                let _ = out.write_all(&bytes);
+                self.queued.fetch_sub(lines, Ordering::Relaxed);
+                self.queued_bytes.fetch_sub(bytes.len(), Ordering::Relaxed);
+            }
+            let _ = out.flush();
+            if stop {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(WRITE_EVERY_MS));
+        }
+    }
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
@@ -124,55 +213,29 @@ impl Drop for Guard {
     fn drop(&mut self) {
         flush_thread();
         if let Some(sink) = SINK.get() {
-            sink.queue.lock().recover().stop = true;
-            sink.wake.notify_one();
+            sink.stop();
         }
         let _ = self.written.recv_timeout(EXIT_WAIT);
     }
 }
 
 /// Starts the writer thread, writing to `out` (stdout's descriptor). Once
-/// per process: a second call returns `None`.
+/// per process: a second call returns `None`. Without a writer thread (it
+/// could not be started) lines are dropped and counted.
 pub fn start(format: Format, mut out: Box<dyn Write + Send>) -> Option<Guard> {
-    SINK.set(Sink {
-        format,
-        queue: Mutex::new(Queue::default()),
-        wake: Condvar::new(),
-        queued: AtomicUsize::new(0),
-        dropped: AtomicU64::new(0),
-    })
-    .ok()?;
+    SINK.set(Sink::new(format)).ok()?;
     let sink = SINK.get()?;
     let (done, written) = mpsc::channel();
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("leasegate-access-log".into())
         .spawn(move || {
-            let mut taken = Vec::new();
-            loop {
-                let stop = {
-                    let mut q = sink.queue.lock().recover();
-                    while q.batches.is_empty() && !q.stop {
-                        q.asleep = true;
-                        q = sink.wake.wait(q).recover();
-                    }
-                    q.asleep = false;
-                    std::mem::swap(&mut q.batches, &mut taken);
-                    q.stop
-                };
-                for (bytes, lines) in taken.drain(..) {
-                    // A closed or failing stdout loses lines, never the gateway.
-                    let _ = out.write_all(&bytes);
-                    sink.queued.fetch_sub(lines, Ordering::Relaxed);
-                }
-                let _ = out.flush();
-                if stop {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(WRITE_EVERY_MS));
-            }
+            sink.write_until_stopped(&mut *out);
             let _ = done.send(());
-        })
-        .ok()?;
+        });
+    if spawned.is_err() {
+        sink.stop();
+        return None;
+    }
     Some(Guard { written })
 }
 
@@ -210,25 +273,8 @@ fn hand_over(batch: &mut Batch) {
     // The next batch grows from empty: a one-line batch (an idle worker's)
     // holds a line's bytes, not a full batch's, while it waits its turn.
     let bytes = std::mem::take(&mut batch.bytes);
-    let Some(sink) = SINK.get() else { return };
-    if sink.queued.load(Ordering::Relaxed) + lines > MAX_QUEUED_LINES {
-        sink.dropped.fetch_add(lines as u64, Ordering::Relaxed);
-        return;
-    }
-    sink.queued.fetch_add(lines, Ordering::Relaxed);
-    let mut q = sink.queue.lock().recover();
-    if q.stop {
-        // The writer has taken its last batches.
-        drop(q);
-        sink.queued.fetch_sub(lines, Ordering::Relaxed);
-        sink.dropped.fetch_add(lines as u64, Ordering::Relaxed);
-        return;
-    }
-    q.batches.push((bytes, lines));
-    if q.asleep {
-        q.asleep = false;
-        drop(q);
-        sink.wake.notify_one();
+    if let Some(sink) = SINK.get() {
+        sink.give(bytes, lines);
     }
 }
 

@@ -55,6 +55,137 @@ fn every_day_for_four_centuries_follows_the_day_before() {
     }
 }
 
+/// An `out` shared with the test: what was written, and a gate that
+/// holds every write while shut.
+#[derive(Clone, Default)]
+struct Held {
+    out: Arc<Mutex<Vec<u8>>>,
+    shut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Write for Held {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        while self.shut.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.out.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Waits (5 s at most) for `f` to hold.
+fn eventually(f: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !f() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Producers on several threads, a writer that sleeps on an empty queue
+/// and is woken only then: every line handed over is written, once,
+/// whatever the interleaving; and after the stop a batch is dropped and
+/// counted, not held.
+#[test]
+fn a_writer_woken_only_from_sleep_loses_no_batch() {
+    let sink = Sink::new(Format::Json);
+    let held = Held::default();
+    let (threads, batches) = (4, 300);
+    std::thread::scope(|s| {
+        let mut out = held.clone();
+        let sink = &sink;
+        let writer = s.spawn(move || sink.write_until_stopped(&mut out));
+        for t in 0..threads {
+            s.spawn(move || {
+                for i in 0..batches {
+                    sink.give(format!("{t}.{i}\n").into_bytes(), 1);
+                    if i % 50 == 0 {
+                        // Let the writer find the queue empty and sleep.
+                        std::thread::sleep(Duration::from_millis(15));
+                    }
+                }
+            });
+        }
+        let all = eventually(|| held.out.lock().unwrap().iter().filter(|&&b| b == b'\n').count() == threads * batches);
+        sink.stop();
+        writer.join().unwrap();
+        assert!(all, "every batch written without a stop to wake the writer");
+    });
+    let text = String::from_utf8(held.out.lock().unwrap().clone()).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len(), threads * batches, "each line once");
+    assert_eq!(sink.queued.load(Ordering::SeqCst), 0);
+    assert_eq!(sink.queued_bytes.load(Ordering::SeqCst), 0);
+    assert_eq!(sink.dropped.load(Ordering::SeqCst), 0);
+    sink.give(b"late\n".to_vec(), 1);
+    assert_eq!(
+        sink.dropped.load(Ordering::SeqCst),
+        1,
+        "a stopped writer's batch is dropped"
+    );
+}
+
+/// A stuck stdout: past [`MAX_QUEUED_BYTES`] batches are dropped (long
+/// paths make long lines: the line bound alone would let 128 000 of them
+/// wait), and what fit is written once stdout moves again.
+#[test]
+fn a_stuck_writer_holds_at_most_the_byte_bound() {
+    let sink = Sink::new(Format::Json);
+    let held = Held::default();
+    held.shut.store(true, Ordering::SeqCst);
+    let mib = vec![b'x'; 1 << 20];
+    std::thread::scope(|s| {
+        let mut out = held.clone();
+        let sink = &sink;
+        let writer = s.spawn(move || sink.write_until_stopped(&mut out));
+        for _ in 0..70 {
+            sink.give(mib.clone(), 1);
+        }
+        let (dropped, queued) = (
+            sink.dropped.load(Ordering::SeqCst),
+            sink.queued_bytes.load(Ordering::SeqCst),
+        );
+        held.shut.store(false, Ordering::SeqCst);
+        let drained = eventually(|| sink.queued_bytes.load(Ordering::SeqCst) == 0);
+        sink.stop();
+        writer.join().unwrap();
+        assert_eq!(dropped, 70 - (MAX_QUEUED_BYTES >> 20) as u64);
+        assert!(queued <= MAX_QUEUED_BYTES, "{queued} bytes waited");
+        assert!(drained);
+    });
+    assert_eq!(held.out.lock().unwrap().len(), MAX_QUEUED_BYTES);
+}
+
+/// A writer that dies (here, a panicking stdout) stops the sink: lines
+/// handed over later are dropped and counted instead of piling up.
+#[test]
+fn a_dead_writer_drops_lines_instead_of_holding_them() {
+    struct Panics;
+    impl Write for Panics {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            panic!("stdout broke");
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink: &'static Sink = Box::leak(Box::new(Sink::new(Format::Json)));
+    let writer = std::thread::spawn(move || sink.write_until_stopped(&mut Panics));
+    sink.give(b"first\n".to_vec(), 1);
+    assert!(writer.join().is_err(), "the writer died");
+    sink.give(b"second\n".to_vec(), 1);
+    assert_eq!(sink.dropped.load(Ordering::SeqCst), 1);
+    assert!(sink.queue.lock().recover().batches.is_empty(), "nothing held");
+}
+
 /// The one test that starts the process's writer (it is started once
 /// per process): batches reach it when due, and a stuck one drops
 /// lines instead of holding anyone up. Lines of other tests that may
