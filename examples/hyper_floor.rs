@@ -72,18 +72,25 @@ fn tls_config(cert: &str, key: &str) -> Result<Arc<rustls::ServerConfig>, Box<dy
     Ok(Arc::new(config))
 }
 
-/// The upstream connections one client connection has opened.
-type Idle = Arc<std::sync::Mutex<Vec<hyper::client::conn::http1::SendRequest<Incoming>>>>;
-
-async fn serve_tls(tls: Arc<rustls::ServerConfig>, port: u16, upstream: u16) -> Result<(), Box<dyn std::error::Error>> {
-    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+/// hyper-util's `auto` builder as leasegate sets up HTTP/1.1: the
+/// header-read timer, keep-alive.
+fn builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(10))
         .keep_alive(true);
+    builder
+}
+
+/// The upstream connections one client connection has opened.
+type Idle = Arc<std::sync::Mutex<Vec<hyper::client::conn::http1::SendRequest<Incoming>>>>;
+
+async fn serve_tls(tls: Arc<rustls::ServerConfig>, port: u16, upstream: u16) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let builder = builder();
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
@@ -177,12 +184,7 @@ impl Drop for Returning {
 
 async fn serve(refuse: bool, port: u16, upstream: u16) -> Result<(), Box<dyn std::error::Error>> {
     let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10))
-        .keep_alive(true);
+    let builder = builder();
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;

@@ -192,30 +192,9 @@ fn a_dead_writer_drops_lines_instead_of_holding_them() {
 /// reach the same writer are told apart by their request id.
 #[test]
 fn batches_are_written_when_due_and_a_stuck_stdout_drops_lines_without_blocking() {
-    use std::sync::atomic::AtomicBool;
     use std::time::Instant;
-    struct Stdout {
-        out: Arc<Mutex<Vec<u8>>>,
-        stuck: Arc<AtomicBool>,
-    }
-    impl Write for Stdout {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            while self.stuck.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            self.out.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let stuck = Arc::new(AtomicBool::new(false));
-    let stdout = Stdout {
-        out: out.clone(),
-        stuck: stuck.clone(),
-    };
+    let stdout = Held::default();
+    let (out, stuck) = (stdout.out.clone(), stdout.shut.clone());
     let guard = start(Format::Json, Box::new(stdout)).expect("the first start");
     assert_eq!(format(), Some(Format::Json));
     const ID: &str = "batch-test-7f3a";
