@@ -9,6 +9,11 @@
 # BIN=path runs another leasegate build (default: the release build of
 # this checkout), so two builds can be alternated run by run.
 #
+# PROFILE=N: one round of the leasing design only, with the gateway under
+# `perf record -g` from the load's second second to three seconds before its
+# end; prints the table and the N top symbols (perf report --no-children).
+# Issue 27 (docs/benchmarks.md): `PROFILE=30 bench/rls.sh 10 1 8 100`.
+#
 # Pinning: leasegate on CPU 0 (its gRPC service runs on one thread), Redis
 # and the load client (examples/rls_load.rs: one HTTP/2 connection per
 # concurrent caller, as Envoys would hold) on CPU 1. Every descriptor
@@ -31,6 +36,11 @@ RLS_PORT=18491
 HTTP_PORT=18492
 
 need_tools redis-server:redis-server redis-cli:redis-tools taskset:util-linux
+PROFILE=${PROFILE:-}
+if [ -n "$PROFILE" ]; then
+  need_tools perf:linux-perf
+  ROUNDS=1
+fi
 cargo build --release --quiet --bin leasegate --example rls_load
 
 work=$(mktemp -d)
@@ -103,7 +113,13 @@ run() {
   local calls0 cpu0 out calls1 cpu1
   calls0=$(script_calls)
   cpu0=$(redis_cpu)
+  local profiler=""
+  if [ -n "$PROFILE" ]; then
+    (sleep 1; perf record -q -F 2000 -g -p "$gw" -o "$work/perf.data" -- sleep $((DURATION > 5 ? DURATION - 4 : 1)) 2>/dev/null) &
+    profiler=$!
+  fi
   out=$(taskset -c 1 ./target/release/examples/rls_load "127.0.0.1:$RLS_PORT" "$DURATION" "$CONC" "$KEYS")
+  [ -z "$profiler" ] || wait "$profiler"
   calls1=$(script_calls)
   cpu1=$(redis_cpu)
   kill -TERM "$gw"
@@ -117,10 +133,11 @@ run() {
   }' >> "$work/$1.rows"
 }
 
+designs=(leased per_request)
+[ -z "$PROFILE" ] || designs=(leased)
 for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
-  run leased
-  run per_request
+  for d in "${designs[@]}"; do run "$d"; done
 done
 
 # col FILE N -> "median (min-max)" of column N
@@ -131,7 +148,11 @@ echo "ShouldRateLimit, $CONC concurrent callers, $KEYS keys, ${DURATION}s x $ROU
 echo
 echo "| design | decisions/s | p50 ms | p99 ms | Redis calls per decision | decisions per Redis CPU second |"
 echo "|---|---|---|---|---|---|"
-for name in leased per_request; do
+for name in "${designs[@]}"; do
   label=$([ "$name" = leased ] && echo "leasegate, leasing (default [leasing])" || echo "one store call per decision (min = max = 1)")
   echo "| $label | $(col "$work/$name.rows" 1) | $(col "$work/$name.rows" 2) | $(col "$work/$name.rows" 3) | $(col "$work/$name.rows" 4) | $(col "$work/$name.rows" 5) |"
 done
+if [ -n "$PROFILE" ]; then
+  echo
+  perf report -i "$work/perf.data" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" | sed -E "s/[[:space:]]+-[[:space:]]+-[[:space:]]*$//" | head -"$PROFILE"
+fi
