@@ -2,11 +2,15 @@
 //! request on it.
 
 use std::any::Any;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::HeaderValue;
+use ipnet::IpNet;
+
+use crate::sync::Recover;
 
 /// Holds a client connection's place (its share of `max_connections`, the
 /// worker's drain count) while anything serving it lives, including an
@@ -66,5 +70,127 @@ impl ConnInfo {
         } else {
             "http"
         }
+    }
+}
+
+/// Places per client address: open connections (`server::door`), request
+/// bodies read whole to price them (`gateway::cost`).
+#[derive(Debug)]
+pub struct PerIp {
+    max: usize,
+    exempt: Vec<IpNet>,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One place in its address's count, given back on drop.
+#[derive(Debug)]
+pub struct Place {
+    table: Arc<PerIp>,
+    key: IpAddr,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().recover();
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl PerIp {
+    pub fn new(max: usize, exempt: Vec<IpNet>) -> Arc<PerIp> {
+        Arc::new(PerIp {
+            max,
+            exempt,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for a connection from `peer`: `Ok(None)` for an exempt
+    /// address, `Err(())` when the address has `max` open already.
+    #[allow(clippy::result_unit_err)]
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Option<Place>, ()> {
+        let peer = peer.to_canonical();
+        if self.exempt.iter().any(|n| n.contains(&peer)) {
+            return Ok(None);
+        }
+        let key = key(peer);
+        let mut open = self.open.lock().recover();
+        let n = open.entry(key).or_insert(0);
+        if *n >= self.max {
+            return Err(());
+        }
+        *n += 1;
+        Ok(Some(Place {
+            table: self.clone(),
+            key,
+        }))
+    }
+
+    /// Addresses with a connection open now.
+    pub fn addresses(&self) -> usize {
+        self.open.lock().recover().len()
+    }
+}
+
+/// An IPv4 address itself; an IPv6 address's /64.
+fn key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_gets_its_share_and_gives_it_back() {
+        let t = PerIp::new(2, vec!["10.0.0.0/8".parse().unwrap()]);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let p1 = t.admit(a).unwrap();
+        let p2 = t.admit(a).unwrap();
+        assert!(t.admit(a).is_err());
+        assert!(
+            t.admit("192.0.2.2".parse().unwrap()).unwrap().is_some(),
+            "another address"
+        );
+        assert!(
+            t.admit("::ffff:192.0.2.1".parse().unwrap()).is_err(),
+            "the same address, mapped"
+        );
+        drop(p1);
+        assert!(t.admit(a).unwrap().is_some());
+        drop(p2);
+        // Trusted proxies are exempt.
+        let proxy: IpAddr = "10.1.2.3".parse().unwrap();
+        for _ in 0..10 {
+            assert!(t.admit(proxy).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_per_64() {
+        let t = PerIp::new(1, vec![]);
+        let _p = t.admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
+        assert!(t.admit("2001:db8:1:2:ffff::9".parse().unwrap()).is_err());
+        assert!(t.admit("2001:db8:1:3::1".parse().unwrap()).unwrap().is_some());
+    }
+
+    #[test]
+    fn forgotten_when_the_last_connection_closes() {
+        let t = PerIp::new(3, vec![]);
+        let p = t.admit("192.0.2.9".parse().unwrap()).unwrap();
+        assert_eq!(t.addresses(), 1);
+        drop(p);
+        assert_eq!(t.addresses(), 0);
     }
 }

@@ -30,6 +30,10 @@ use crate::telemetry::metrics::{Metrics, UnsettledLabels};
 /// with `[gateway] max_cost_body_bytes` each, the memory they hold is
 /// bounded. One more is answered `503` with `Retry-After: 1` at once.
 pub const BODIES_AT_ONCE: usize = 64;
+/// ... and per client address (the identity's client address: behind a
+/// trusted proxy, the client it names), so that a client trickling bodies
+/// holds a quarter of the places at most, never all of them.
+pub const BODIES_PER_CLIENT: usize = BODIES_AT_ONCE / 4;
 
 /// What a request's limits with a `cost` need before its decision.
 #[derive(Debug, Default)]
@@ -126,7 +130,8 @@ impl Gateway {
     pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced) -> Served<'a> {
         let (parts, body) =
             std::mem::replace(&mut routed.req, Request::new(RequestBody::read(Bytes::new(), None))).into_parts();
-        let Ok(place) = self.priced_bodies.clone().try_acquire_owned() else {
+        let client = self.priced_per_client.admit(routed.identity.client_ip);
+        let (Ok(client), Ok(place)) = (client, self.priced_bodies.clone().try_acquire_owned()) else {
             let resp = self.finish(
                 routed.snapshot,
                 Some(routed.route),
@@ -153,7 +158,7 @@ impl Gateway {
                 if let Some(n) = &routed.request_bytes {
                     n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
                 }
-                routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some(place)));
+                routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some((place, client))));
                 routed.costs = costs;
                 self.limited(routed)
             }

@@ -33,6 +33,10 @@ pub struct Gateway {
     /// reserve): at most [`cost::BODIES_AT_ONCE`], so the memory they hold
     /// is bounded whatever the clients send.
     priced_bodies: Arc<tokio::sync::Semaphore>,
+    /// ... and at most [`cost::BODIES_PER_CLIENT`] of them per client
+    /// address (an IPv6 client by its /64), so one client cannot take
+    /// them all.
+    priced_per_client: Arc<crate::connection::PerIp>,
 }
 
 impl Gateway {
@@ -41,6 +45,7 @@ impl Gateway {
             runtime,
             queues: queue::Queues::default(),
             priced_bodies: Arc::new(tokio::sync::Semaphore::new(cost::BODIES_AT_ONCE)),
+            priced_per_client: crate::connection::PerIp::new(cost::BODIES_PER_CLIENT, Vec::new()),
         }
     }
 

@@ -151,14 +151,18 @@ impl http_body::Body for Body {
 /// A request body on its way upstream: the client's as it streams in
 /// (counted, for a limit that settles by `request_bytes`), or one read
 /// already (a `json:` cost reserve read it first), sent as it was, with
-/// the place it holds among the bodies read at once (given back when the
-/// bytes are handed on).
+/// the places it holds among the bodies read at once, gateway-wide and
+/// its client's (given back when the bytes are handed on).
 #[derive(Debug)]
 pub enum RequestBody {
     Streamed(Incoming),
     Counted(Incoming, Arc<AtomicU64>),
-    Read(Option<Bytes>, Option<tokio::sync::OwnedSemaphorePermit>),
+    Read(Option<Bytes>, Option<ReadPlaces>),
 }
+
+/// A read body's place among all bodies read at once, and among its
+/// client's (none for an address without a cap).
+pub type ReadPlaces = (tokio::sync::OwnedSemaphorePermit, Option<crate::connection::Place>);
 
 impl RequestBody {
     /// The client's body, counted into `bytes` as it goes when given.
@@ -170,7 +174,7 @@ impl RequestBody {
     }
 
     /// A body read already, holding `place` until it is handed on.
-    pub fn read(bytes: Bytes, place: Option<tokio::sync::OwnedSemaphorePermit>) -> RequestBody {
+    pub fn read(bytes: Bytes, place: Option<ReadPlaces>) -> RequestBody {
         RequestBody::Read((!bytes.is_empty()).then_some(bytes), place)
     }
 }

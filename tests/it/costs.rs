@@ -496,42 +496,83 @@ async fn a_fleet_of_two_keeps_within_the_written_bound() {
     );
 }
 
-/// Bodies read whole to price them hold a place each: a flood of bodies
-/// that never finish holds at most `BODIES_AT_ONCE` of them (64), and the
-/// next is answered 503 at once, until one ends.
+/// A connection to the gateway from the local address `127.0.0.N`.
+async fn connect_from(gw: &Gateway, n: u8) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, n], 0))).unwrap();
+    socket.connect(gw.http()).await.unwrap()
+}
+
+/// A priced request's head and the start of its body, never finished.
+const SLOW_HEAD: &str = "POST /prompt/json HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"max_tokens\":";
+
+/// One whole priced request from `127.0.0.N`: its status, and the
+/// response head and body as text.
+async fn priced_from(gw: &Gateway, n: u8) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = connect_from(gw, n).await;
+    let body = r#"{"max_tokens":1}"#;
+    let req = format!(
+        "POST /prompt/json?cost=1 HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// Bodies read whole to price them hold a place each, per client address
+/// and gateway-wide: a client trickling bodies holds `BODIES_PER_CLIENT`
+/// (16) and its next is answered 503 while other clients are served; four
+/// such clients hold all `BODIES_AT_ONCE` (64), and a fifth is refused
+/// too, until the bodies end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_priced_bodies_hold_a_bounded_number_of_places() {
     use tokio::io::AsyncWriteExt;
     let upstream = llm().await;
     let gw = Gateway::start(&toml("", upstream));
+    // Each read is under way once its head is in.
+    let until_refused = |n: u8| {
+        let gw = &gw;
+        async move {
+            for _ in 0..100 {
+                let (status, text) = priced_from(gw, n).await;
+                if status == 503 {
+                    return text;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("127.0.0.{n}: no 503");
+        }
+    };
     let mut slow = Vec::new();
-    for _ in 0..64 {
-        let mut s = tokio::net::TcpStream::connect(gw.http()).await.unwrap();
-        let head = "POST /prompt/json HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"max_tokens\":";
-        s.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..16 {
+        let mut s = connect_from(&gw, 1).await;
+        s.write_all(SLOW_HEAD.as_bytes()).await.unwrap();
         slow.push(s);
     }
-    // Each read is under way once its head is in.
-    let mut refused = None;
-    for _ in 0..100 {
-        let a = call(&gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":1}"#).await;
-        if a.status == 503 {
-            refused = Some(a);
-            break;
+    let refused = until_refused(1).await;
+    assert!(refused.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{refused}");
+    assert!(refused.contains("too many request bodies"), "{refused}");
+    assert_eq!(priced_from(&gw, 2).await.0, 200, "another client is served");
+    for n in 2..=4 {
+        for _ in 0..16 {
+            let mut s = connect_from(&gw, n).await;
+            s.write_all(SLOW_HEAD.as_bytes()).await.unwrap();
+            slow.push(s);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let refused = refused.expect("a 65th body is refused");
-    assert_eq!(refused.headers["retry-after"], "1");
-    assert!(refused.body.unwrap().contains("too many request bodies"));
+    until_refused(5).await;
     drop(slow);
     let mut admitted = false;
     for _ in 0..100 {
-        if call(&gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":1}"#)
-            .await
-            .status
-            == 200
-        {
+        if priced_from(&gw, 1).await.0 == 200 {
             admitted = true;
             break;
         }
