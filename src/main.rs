@@ -61,6 +61,10 @@ enum Command {
     Check {
         #[arg(long, default_value = "gateway.toml")]
         config: PathBuf,
+        /// Also connect to the store and print its round trip (five PINGs)
+        /// beside [store] timeout_ms; exit 1 if it does not answer.
+        #[arg(long)]
+        ping_store: bool,
     },
     /// Show what the gateway would do with one request: the route it
     /// matches, the identity it resolves (and why higher tiers did not
@@ -140,10 +144,26 @@ fn main() -> ExitCode {
             &method,
             &path,
         ),
-        Command::Check { config } => match leasegate::config::load(&config) {
+        Command::Check { config, ping_store } => match leasegate::config::load(&config) {
             Ok(c) => {
                 print!("{}", c.summary());
-                ExitCode::SUCCESS
+                if !ping_store {
+                    return ExitCode::SUCCESS;
+                }
+                match leasegate::server::ping_store::ping_store(&c) {
+                    Ok(Some(pinged)) => {
+                        print!("{}", pinged.report(&c.store_shown()));
+                        ExitCode::SUCCESS
+                    }
+                    Ok(None) => {
+                        println!("store ping: the memory store is in the process: no round trip");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("leasegate check --ping-store: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("{e}");

@@ -78,9 +78,13 @@ pub struct Runtime {
     /// is bound at start (its link, its coordinator, the primary's grants),
     /// so a reload keeps every limit on this slice.
     share: crate::quota::Share,
+    /// How the store's connection stands (`/readyz`, the status page).
+    pub store_link: Arc<crate::store::link::StoreLink>,
 }
 
 impl Runtime {
+    /// A runtime on `store`, whose link is taken to be up (the embedded
+    /// store's); [`Runtime::with_store_link`] for one that is dialled.
     pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
         let limiter = Limiter::new(store, config.limiter_settings(), crate::clock::monotonic_clock());
         let events = start_events(&config, &metrics, None);
@@ -94,7 +98,14 @@ impl Runtime {
             events: ArcSwapOption::new(events),
             draining: AtomicBool::new(false),
             reload_failure: std::sync::Mutex::new(None),
+            store_link: Arc::new(crate::store::link::StoreLink::always_up()),
         }
+    }
+
+    /// The link of the store this runtime was made on.
+    pub fn with_store_link(mut self, link: Arc<crate::store::link::StoreLink>) -> Self {
+        self.store_link = link;
+        self
     }
 
     /// A reload was refused (`None`: one succeeded, which clears it).

@@ -201,6 +201,12 @@ pub struct Store {
     pub ca: Option<StoreCa>,
     /// Deadline of every store call.
     pub timeout: Duration,
+    /// How long start waits for the store's first answer before serving
+    /// as in an outage.
+    pub connect_timeout: Duration,
+    /// `/readyz` answers 200 (true) or 503 (false) while the store has
+    /// never answered.
+    pub ready_without_store: bool,
     /// Most keys the memory store tracks.
     pub max_keys: usize,
     /// The most instances that share the store, if set: a bound on the

@@ -85,6 +85,8 @@ pub struct Store {
     pub sentinel_master: Option<Spanned<String>>,
     pub ca: Option<Spanned<String>>,
     pub timeout_ms: Option<Spanned<i64>>,
+    pub connect_timeout_ms: Option<Spanned<i64>>,
+    pub ready_without_store: Option<Spanned<bool>>,
     pub max_keys: Option<Spanned<i64>>,
     pub fleet_size: Option<Spanned<i64>>,
     #[serde(default)]

@@ -7,6 +7,21 @@ use std::fmt::Write as _;
 use super::{redact, Config, Mode, StoreBackend};
 
 impl Config {
+    /// The store, as the summary and `check --ping-store` name it (no
+    /// password).
+    pub fn store_shown(&self) -> String {
+        match &self.store.backend {
+            StoreBackend::Memory => "memory".to_string(),
+            StoreBackend::Redis { url } => format!("redis {}", redact(url)),
+            StoreBackend::RedisCluster { seeds } => {
+                format!("redis cluster ({} seeds)", seeds.len())
+            }
+            StoreBackend::RedisSentinel { sentinels, master } => {
+                format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())
+            }
+        }
+    }
+
     /// The one-screen summary printed by `leasegate check`.
     pub fn summary(&self) -> String {
         let mut s = String::new();
@@ -30,16 +45,7 @@ impl Config {
         if let Some(tls) = &self.tls {
             let _ = writeln!(s, "tls       cert {}", tls.cert.display());
         }
-        let store = match &self.store.backend {
-            StoreBackend::Memory => "memory".to_string(),
-            StoreBackend::Redis { url } => format!("redis {}", redact(url)),
-            StoreBackend::RedisCluster { seeds } => {
-                format!("redis cluster ({} seeds)", seeds.len())
-            }
-            StoreBackend::RedisSentinel { sentinels, master } => {
-                format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())
-            }
-        };
+        let store = self.store_shown();
         let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
         for u in &self.upstreams {
             let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();

@@ -156,7 +156,7 @@ fn log_store_failure(route: &str, e: &crate::store::StoreError) {
     let gate = match e {
         StoreError::CircuitOpen { .. } => return,
         StoreError::Timeout(_) => &STORE_TIMEOUT,
-        StoreError::Unavailable(_) | StoreError::Failed(_) => &STORE_ERROR,
+        StoreError::Unavailable(_) | StoreError::NotConnected(_) | StoreError::Failed(_) => &STORE_ERROR,
     };
     if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
         tracing::warn!(route, error = %e, held_back, "quota store failed");

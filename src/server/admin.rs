@@ -85,6 +85,39 @@ fn unauthorized(req: &Request<Incoming>, runtime: &Runtime) -> Option<Response<B
     Some(resp)
 }
 
+/// `/readyz`: 200 `ready` with a line on the store, which says `ok` only
+/// for a connection that has answered. A store outage after start does not
+/// fail readiness: every instance shares the store, so it would take the
+/// whole fleet out of its load balancer, fail-open routes included. Before
+/// the store has ever answered, `[store] ready_without_store = false` makes
+/// it 503.
+fn readyz(runtime: &Runtime) -> Response<Body> {
+    let link = &runtime.store_link;
+    let open = runtime.metrics.circuit_open.get() == 1;
+    let store = if !link.is_up() {
+        format!(
+            "{}{}: fail-open routes use their fallback buckets, fail-closed routes answer 503",
+            if open { "circuit open, " } else { "" },
+            link.describe()
+        )
+    } else if open {
+        "circuit open: fail-open routes use their fallback buckets, fail-closed routes answer 503".to_string()
+    } else {
+        "ok".to_string()
+    };
+    let ready = link.has_answered() || runtime.config().store.ready_without_store;
+    let (status, word) = if ready {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    };
+    text(
+        status,
+        "text/plain",
+        format!("{word}\nstore {}: {store}\n", runtime.limiter.store_name()),
+    )
+}
+
 fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n".into());
@@ -100,21 +133,7 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
     match path {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if runtime.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into()),
-        // A store outage does not fail readiness: every instance shares the
-        // store, so it would take the whole fleet out of its load balancer,
-        // fail-open routes included. The body says how the store is.
-        "/readyz" => {
-            let store = if runtime.metrics.circuit_open.get() == 1 {
-                "circuit open: fail-open routes use their fallback buckets, fail-closed routes answer 503"
-            } else {
-                "ok"
-            };
-            text(
-                StatusCode::OK,
-                "text/plain",
-                format!("ready\nstore {}: {store}\n", runtime.limiter.store_name()),
-            )
-        }
+        "/readyz" => readyz(runtime),
         "/metrics" => text(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",

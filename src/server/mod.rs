@@ -57,6 +57,7 @@ pub mod admin;
 pub mod door;
 pub mod opening;
 mod overrides;
+pub mod ping_store;
 pub mod prefixed;
 pub mod query;
 pub mod reload;
@@ -77,6 +78,7 @@ use crate::gateway::Gateway;
 use crate::region::Region;
 use crate::runtime::Runtime;
 use crate::store::guard::{Deadlined, Guarded};
+use crate::store::link::StoreLink;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSetupError, RedisStore, Target};
 use crate::store::{NoRegions, QuotaStore, RegionStore};
@@ -159,11 +161,9 @@ fn limit_quotas(config: &Config, name: &str) -> Option<crate::region::LimitQuota
     })
 }
 
-/// The quota store the config asks for, behind the guard (deadline,
-/// breaker, store metrics), with `[region]`'s credit and rebalance signal
-/// inside the guard. Returns at once even if Redis is down.
-fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Result<Stores, ServeError> {
-    let redis = match &config.store.backend {
+/// Where `[store]` puts the quota, when on Redis.
+fn redis_target(config: &Config) -> Option<Target> {
+    match &config.store.backend {
         StoreBackend::Memory => None,
         StoreBackend::Redis { url } => Some(Target::Node(url.clone())),
         StoreBackend::RedisCluster { seeds } => Some(Target::Cluster(seeds.clone())),
@@ -171,17 +171,28 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
             sentinels: sentinels.clone(),
             master: master.clone(),
         }),
-    };
+    }
+}
+
+/// The quota store the config asks for, behind the guard (deadline,
+/// breaker, store metrics), with `[region]`'s credit and rebalance signal
+/// inside the guard. Returns at once even if Redis is down.
+fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Result<Stores, ServeError> {
+    let redis = redis_target(config);
     // Redis serves both the quota and the region calls; the memory store
     // has no region calls.
-    let (inner, regional): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>) = match redis {
-        None => (Arc::new(MemoryStore::new(config.store.max_keys)), Arc::new(NoRegions)),
+    let (inner, regional, link): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>, _) = match redis {
+        None => (
+            Arc::new(MemoryStore::new(config.store.max_keys)),
+            Arc::new(NoRegions),
+            Arc::new(StoreLink::always_up()),
+        ),
         Some(target) => {
             let redis = Arc::new(
                 RedisStore::start_with_ca(&target, config.store.ca.as_ref().map(|c| c.pem.clone()))?
                     .with_metrics(metrics.clone()),
             );
-            (redis.clone(), redis)
+            (redis.clone(), redis.clone(), redis.link())
         }
     };
     let regional: Arc<dyn RegionStore> = Arc::new(Deadlined::new(regional, config.store.timeout));
@@ -200,18 +211,45 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
         metrics.clone(),
     ));
     Ok(Stores {
-        quota: guarded,
+        quota: guarded.clone(),
+        guard: guarded,
+        link,
         regional,
         region,
     })
 }
 
 /// The stores the gateway runs on: quota for requests (guarded), the
+/// guard itself (it follows the link), how the store's link stands, the
 /// region calls (under the deadline), and `[region]`'s background side.
 struct Stores {
     quota: Arc<dyn QuotaStore>,
+    guard: Arc<Guarded>,
+    link: Arc<StoreLink>,
     regional: Arc<dyn RegionStore>,
     region: Option<Region>,
+}
+
+/// Start's wait for the store: until its link has answered, at most
+/// `[store] connect_timeout_ms`. Past it the gateway serves anyway, as in
+/// an outage (each route fails open or closed), and says so.
+async fn wait_for_store(link: &StoreLink, name: &str, timeout: Duration) {
+    if link.is_up() {
+        return;
+    }
+    tracing::info!(
+        store = name,
+        timeout_ms = timeout.as_millis() as u64,
+        "waiting for the store's first answer"
+    );
+    if !link.wait_up(timeout).await {
+        tracing::warn!(
+            store = name,
+            timeout_ms = timeout.as_millis() as u64,
+            link = %link.describe(),
+            "the store has not answered: serving as in a store outage (fail-open routes use their fallback buckets, fail-closed routes answer 503) while it is dialled in the background"
+        );
+    }
 }
 
 /// Returns expired leases to the store and forgets idle keys, for as long
@@ -291,9 +329,12 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let runtime_cell = RuntimeCell::default();
     let Stores {
         quota: store,
+        guard,
+        link: store_link,
         regional: region_store,
         region,
     } = store(&config, &metrics, &runtime_cell)?;
+    let connect_timeout = config.store.connect_timeout;
     let store_name = store.name();
     let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
     let per_ip = door::PerIp::new(
@@ -302,7 +343,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     );
     let config_instance_id = config.gateway.instance_id.clone();
     let rls_threads = config.rls.as_ref().map(|r| r.workers);
-    let runtime = Arc::new(Runtime::new(config, metrics, store));
+    let runtime = Arc::new(Runtime::new(config, metrics, store).with_store_link(store_link.clone()));
     let _ = runtime_cell.set(Arc::downgrade(&runtime));
     // RLS on its own threads: a flood of calls cannot delay admin, the
     // region link, the lease sweeps or a reload on the control thread. At a
@@ -333,6 +374,18 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         let mut sighup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(ServeError::Runtime)?;
         let (stop_tx, stop_rx) = watch::channel(false);
+
+        // The admin listener first, so `/readyz` says how the store stands
+        // while start waits for it; then the store's first answer, before
+        // any listener that takes traffic is served (connections made
+        // meanwhile wait in the kernel's backlog).
+        if let Some(admin) = admin {
+            let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;
+            announce("admin", &listener);
+            tokio::spawn(admin::serve(listener, shared.runtime.clone()));
+        }
+        tokio::spawn(guard.follow(store_link.clone()));
+        wait_for_store(&store_link, store_name, connect_timeout).await;
 
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {
@@ -378,11 +431,6 @@ pub fn run(config: Config) -> Result<(), ServeError> {
                     }
                 },
             ));
-        }
-        if let Some(admin) = admin {
-            let listener = TcpListener::from_std(admin).map_err(ServeError::Runtime)?;
-            announce("admin", &listener);
-            tokio::spawn(admin::serve(listener, shared.runtime.clone()));
         }
         if let (Some(rls), Some(rls_runtime)) = (rls, rls_rt.map(RlsRuntime::handle)) {
             let _entered = rls_runtime.enter();

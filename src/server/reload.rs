@@ -254,6 +254,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         "[store] backend changed: it applies after a restart",
     );
     warn(
+        old.store.connect_timeout != new.store.connect_timeout,
+        "[store] connect_timeout_ms changed: it applies at the next start",
+    );
+    warn(
         (old.store.timeout, old.store.breaker) != (new.store.timeout, new.store.breaker),
         "[store] timeout_ms or [store.breaker] changed: they apply after a restart",
     );

@@ -153,6 +153,17 @@ impl Breaker {
         false
     }
 
+    /// A fresh connection to the store has answered: an open breaker may
+    /// half-open now rather than after the rest of `open_ms`, so the first
+    /// call on the new connection is the probe.
+    pub fn expect_answer(&self, now_ms: u64) {
+        let _ = self
+            .open_until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |until| {
+                (until > now_ms).then_some(now_ms.max(1))
+            });
+    }
+
     /// A probe that ended without an answer (its caller went away): the
     /// next caller may probe instead.
     pub fn probe_abandoned(&self) {
@@ -291,6 +302,19 @@ mod tests {
         assert_eq!(b.admit(2_002), Admission::Probe);
         assert!(b.succeeded(true));
         assert!(!b.is_open());
+    }
+
+    #[test]
+    fn a_fresh_connection_half_opens_an_open_breaker_at_once() {
+        let b = breaker();
+        opened(&b);
+        assert!(matches!(b.admit(1_100), Admission::Open { .. }));
+        b.expect_answer(1_100);
+        assert_eq!(b.admit(1_100), Admission::Probe);
+        // Closed, it stays closed.
+        assert!(b.succeeded(true));
+        b.expect_answer(1_200);
+        assert_eq!(b.admit(1_200), Admission::Call);
     }
 
     #[test]

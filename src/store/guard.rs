@@ -15,6 +15,12 @@
 //! takes its turn through the same half-open slot as a request's probe, so
 //! there is never more than one probe at a time; it ends when the circuit
 //! closes, and holds the guard only weakly, so dropping the guard ends it.
+//!
+//! A call the store could not even send ([`StoreError::NotConnected`]: its
+//! connection is being dialled in the background) fails the request as a
+//! store failure but is no failed call for the breaker: [`Guarded::follow`]
+//! counts each failed dial once instead, and when a fresh connection has
+//! answered it half-opens an open breaker at once and probes on it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -22,6 +28,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 pub use super::breaker::{Admission, Breaker, BreakerSettings, Watch};
+use super::link::StoreLink;
 use super::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::quota::{Grant, Spec};
@@ -109,6 +116,44 @@ impl Guarded {
     pub fn breaker(&self) -> &Breaker {
         &self.core.breaker
     }
+
+    /// Follows the inner store's `link` while the guard lives: each failed
+    /// dial is one failure for the breaker (however many calls found no
+    /// connection meanwhile), and a connection that has answered ends an
+    /// open breaker's wait with a probe on it at once. Spawned by the
+    /// composition root.
+    pub fn follow(&self, link: Arc<StoreLink>) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let core = Arc::downgrade(&self.core);
+        async move {
+            let mut changes = link.subscribe();
+            let mut counted = 0;
+            loop {
+                {
+                    let Some(core) = core.upgrade() else { return };
+                    let failed = link.failed_dials();
+                    let now = (core.clock)();
+                    for _ in counted..failed {
+                        if core.breaker.failed(now, now, false) {
+                            tracing::warn!(store = core.inner.name(), link = %link.describe(), "store unreachable; circuit open");
+                        }
+                    }
+                    counted = failed;
+                    if link.is_up() && core.breaker.is_open() {
+                        core.breaker.expect_answer(now);
+                        if core.breaker.admit(now) == Admission::Probe {
+                            core.probe().await;
+                        }
+                    } else if core.breaker.is_open() {
+                        core.start_prober();
+                    }
+                    core.metrics.circuit_open.set(i64::from(core.breaker.is_open()));
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Core {
@@ -150,6 +195,10 @@ impl Core {
                     tracing::info!(store = self.inner.name(), "store answered again; circuit closed");
                 }
             }
+            // Never sent: the link's failed dials are the breaker's
+            // events (`follow`). A probe that found no connection leaves
+            // the breaker open.
+            Err(StoreError::NotConnected(_)) if !probe => {}
             Err(e) => {
                 if self.breaker.failed(started_ms, (self.clock)(), probe) {
                     tracing::warn!(store = self.inner.name(), error = %e, "store failing; circuit open");
@@ -384,7 +433,7 @@ impl QuotaStore for Guarded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::testing::{Answer, Scripted};
+    use crate::store::testing::{Answer, Call, Scripted};
     use std::sync::atomic::AtomicU64;
 
     #[tokio::test(start_paused = true)]
@@ -447,6 +496,67 @@ mod tests {
 
     fn spec() -> Spec {
         Spec::new(crate::quota::Algorithm::TokenBucket, "10/s".parse().unwrap(), 10)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_that_found_no_connection_never_open_the_breaker() {
+        let store = Arc::new(Scripted::new());
+        store.answer(
+            Call::Acquire,
+            Answer::Fail(StoreError::NotConnected("connecting".into())),
+        );
+        let (guarded, metrics, _) = scripted(&store, 5, 1);
+        for _ in 0..10 {
+            assert_eq!(
+                guarded.acquire("k", &spec(), 1, Unspent::default()).await,
+                Err(StoreError::NotConnected("connecting".into()))
+            );
+        }
+        assert!(!guarded.breaker().is_open());
+        assert_eq!(metrics.circuit_open.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_failed_dial_counts_once_and_a_fresh_connection_is_probed_at_once() {
+        let store = Arc::new(Scripted::new());
+        let metrics = Arc::new(Metrics::new());
+        // open_ms long enough that only the fresh connection can close it.
+        let guarded = Arc::new(Guarded::new(
+            store.clone(),
+            Duration::from_millis(5),
+            BreakerSettings {
+                failures: 3,
+                open_ms: 60_000,
+            },
+            tokio_clock(Arc::new(AtomicU64::new(0))),
+            metrics.clone(),
+        ));
+        let link = Arc::new(StoreLink::connecting());
+        tokio::spawn(guarded.follow(link.clone()));
+        let settle = || tokio::time::sleep(Duration::from_millis(1));
+        link.dial_failed("refused".into());
+        link.dial_failed("refused".into());
+        settle().await;
+        assert!(!guarded.breaker().is_open(), "two failed dials of three");
+        link.dial_failed("refused".into());
+        settle().await;
+        assert!(guarded.breaker().is_open());
+        assert_eq!(metrics.circuit_open.get(), 1);
+        let pings = store.pings.load(Ordering::Relaxed);
+        // The store answers on a new connection: the probe goes at once,
+        // a minute before open_ms would have let it.
+        link.answered();
+        settle().await;
+        assert_eq!(store.pings.load(Ordering::Relaxed), pings + 1);
+        assert!(!guarded.breaker().is_open());
+        assert_eq!(metrics.circuit_open.get(), 0);
+        assert_eq!(
+            guarded
+                .acquire("k", &spec(), 1, Unspent::default())
+                .await
+                .map(|g| g.granted),
+            Ok(1)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@
 
 pub mod breaker;
 pub mod guard;
+pub mod link;
 pub mod memory;
 pub mod redis;
 #[cfg(test)]
@@ -42,6 +43,12 @@ pub enum StoreError {
     Timeout(u64),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// No connection to send the call on (one is being dialled in the
+    /// background): the call was never sent. A store failure for the
+    /// request, but not a failed call for the breaker, which counts the
+    /// failed dials themselves ([`link::StoreLink`]).
+    #[error("store not connected: {0}")]
+    NotConnected(String),
     #[error("store error: {0}")]
     Failed(String),
     /// The guard's breaker is open: no call was made.
@@ -55,7 +62,7 @@ impl StoreError {
         match self {
             StoreError::CircuitOpen { .. } => "store_circuit_open",
             StoreError::Timeout(_) => "store_timeout",
-            StoreError::Unavailable(_) | StoreError::Failed(_) => "store_error",
+            StoreError::Unavailable(_) | StoreError::NotConnected(_) | StoreError::Failed(_) => "store_error",
         }
     }
 

@@ -33,4 +33,5 @@ mod resilience;
 mod rlqs;
 mod rls;
 mod sentinel;
+mod store_link;
 mod usage;

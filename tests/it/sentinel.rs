@@ -385,50 +385,47 @@ impl FakeSentinel {
     }
 }
 
-/// The sentinels name a node that is a replica: its scripts are refused
-/// with `READONLY`, which drops the connection and asks the sentinels
-/// again, and the breaker's probe (`ROLE`) keeps the circuit open, so once
-/// they name the master the gateway moves there. No request waits
-/// meanwhile.
+/// The sentinels name a node that is a replica: a new connection must
+/// answer `ROLE` as the master before any call uses it, so the replica is
+/// never connected (its scripts would meet `READONLY`), never reads `ok`,
+/// and the sentinels are asked again; once they name the master the
+/// gateway moves there. No request waits meanwhile. (A master demoted
+/// while connected, whose scripts meet `READONLY`, is the graceful switch
+/// above.)
 #[tokio::test]
-async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
+async fn a_replica_named_as_master_is_never_used_and_the_sentinels_are_asked_again() {
     let _one_at_a_time = SERIAL.lock().await;
     let master = Redis::start();
     let replica = Redis::start_replica_of(&master);
     let fake = FakeSentinel::start(replica.port);
-    let text = config_with(&format!("[\"redis://127.0.0.1:{}\"]", fake.port));
-    let gw = Gateway::start_connected(&text);
+    let text = config_with(&format!("[\"redis://127.0.0.1:{}\"]", fake.port))
+        .to_string()
+        .replace("timeout_ms = 10", "timeout_ms = 10\nconnect_timeout_ms = 300");
+    let gw = Gateway::start(&text);
+    assert!(
+        gw.log()
+            .contains("the store has not answered: serving as in a store outage"),
+        "{}",
+        gw.log()
+    );
     let mut c = client::http1(gw.http()).await;
-    // Warm up (a fresh process's first requests are slower on a busy host).
-    for _ in 0..20 {
-        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
-    }
     let mut slowest = Duration::ZERO;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !gw.log().contains("read only replica") {
-        assert!(Instant::now() < deadline, "no READONLY:\n{}", gw.log());
+    while !gw.log().contains("the node is not the master (ROLE)") {
+        assert!(Instant::now() < deadline, "no ROLE check:\n{}", gw.log());
         let (status, took) = request(&mut c, "/closed").await;
         slowest = slowest.max(took);
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a replica takes no write");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let mut admin = client::http1(gw.admin()).await;
+    let (_, _, ready) = client::text(client::send(&mut admin, client::get("/readyz")).await).await;
     assert!(
-        gw.log().contains("lost the Redis connection"),
-        "READONLY drops the connection:\n{}",
-        gw.log()
+        ready.contains("store redis: circuit open, connecting (the node is not the master (ROLE))"),
+        "{ready}"
     );
-    // The breaker's probe asks ROLE, not PING: a replica does not close
-    // the circuit (only for the next scripts to meet READONLY).
-    // (On a busy host the probe may miss the deadline, or a request's call
-    // be the probe: either way the circuit stays open.)
-    let until = Instant::now() + Duration::from_secs(2);
-    while !gw.log().contains("not the master (ROLE)") && Instant::now() < until {
-        let (status, took) = request(&mut c, "/closed").await;
-        slowest = slowest.max(took);
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(!gw.log().contains("circuit closed"), "{}", gw.log());
+    assert!(!gw.log().contains("connected to Redis"), "{}", gw.log());
+    assert_eq!(replica.script_calls(), 0, "no call reached the replica");
     let asked = fake.asked.load(Ordering::SeqCst);
     fake.names.store(master.port, Ordering::SeqCst);
     let flipped = Instant::now();
@@ -448,4 +445,61 @@ async fn a_readonly_node_sends_the_gateway_back_to_the_sentinels() {
         asked
     );
     assert!(slowest < SLOWEST, "slowest took {slowest:?}");
+}
+
+/// Sentinel as a managed Redis runs it: the master, its replica and the
+/// sentinels all TLS only (replication and the sentinels' links to the
+/// nodes over TLS too), the gateway given `rediss://` sentinels and the
+/// CA. It finds the master over TLS, the first requests are decided by
+/// it, and a SIGKILL of the master fails over to the replica, over TLS.
+#[tokio::test]
+async fn over_tls_the_gateway_follows_a_failover_of_a_tls_only_master() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let ca = support::TestCa::new("leasegate redis CA");
+    let mut set = Sentinels::start_tls(&ca);
+    assert_eq!(set.master_port(), Some(set.master.port));
+    let text = config_with(&set.urls_toml()).to_string().replace(
+        "timeout_ms = 10",
+        // A debug build's TLS: 1-2.5 ms a call here.
+        "timeout_ms = 25\nca = \"ca.pem\"",
+    );
+    let gw = Gateway::start_with(&text, &[("ca.pem", &ca.cert_pem)]);
+    let mut c = client::http1(gw.http()).await;
+    // Ready means the master answered over TLS: the first requests are its.
+    let mut low = Vec::new();
+    for _ in 0..5 {
+        low.push(request(&mut c, "/low").await.0);
+    }
+    assert_eq!(
+        low,
+        [200, 200, 200, 200, 429].map(|s| StatusCode::from_u16(s).unwrap()),
+        "{}",
+        gw.log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
+        assert!(Instant::now() < deadline, "the bucket never reached the replica");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    set.master.kill();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut failed = false;
+    loop {
+        match request(&mut c, "/closed").await.0 {
+            StatusCode::OK if failed => break,
+            StatusCode::OK => {}
+            _ => failed = true,
+        }
+        assert!(Instant::now() < deadline, "never served again:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(set.master_port(), Some(set.replica.port));
+    // The promoted replica holds the drained bucket.
+    assert_eq!(decided(&mut c, "/low").await, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        gw.log().contains("the sentinels name a new Redis master"),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("connected to Redis redis=rediss://"), "{}", gw.log());
 }

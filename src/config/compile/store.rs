@@ -197,6 +197,8 @@ fn store_ca(c: &mut Check, v: &Spanned<String>, base: &Path, tls: bool) -> Optio
 
 pub(super) fn store(c: &mut Check, s: raw::Store, base: &Path) -> Store {
     let timeout = in_range(c, &s.timeout_ms, "store.timeout_ms", 1, 60_000, 5);
+    let connect_timeout = in_range(c, &s.connect_timeout_ms, "store.connect_timeout_ms", 0, 600_000, 2_000);
+    let ready_without_store = s.ready_without_store.as_ref().is_none_or(|v| *v.get_ref());
     #[derive(Clone, Copy)]
     enum Kind {
         Memory,
@@ -252,6 +254,8 @@ pub(super) fn store(c: &mut Check, s: raw::Store, base: &Path) -> Store {
         backend,
         ca,
         timeout: Duration::from_millis(timeout),
+        connect_timeout: Duration::from_millis(connect_timeout),
+        ready_without_store,
         max_keys,
         fleet_size,
         breaker,

@@ -13,6 +13,11 @@ use crate::store::{BoxFuture, Demand, Hold, Slots, StoreError};
 static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/slots.lua")));
 static FAIR_SHARE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/fair_share.lua")));
 
+/// The scripts of this file, loaded on every new connection.
+pub(super) fn scripts() -> [&'static Script; 2] {
+    [&SLOTS, &FAIR_SHARE]
+}
+
 impl RedisStore {
     /// `lua/slots.lua` on a hash named after the key (outside its braces:
     /// the same Cluster slot).

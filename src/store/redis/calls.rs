@@ -21,9 +21,7 @@ impl RedisStore {
         give_back: Option<[u64; 4]>,
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
+            return Box::pin(std::future::ready(Err(super::not_connected())));
         };
         let key = key.to_owned();
         let (answer, answered) = tokio::sync::oneshot::channel();
@@ -76,9 +74,7 @@ impl RedisStore {
         args: Vec<u64>,
     ) -> BoxFuture<'_, Result<[u64; 6], StoreError>> {
         let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
+            return Box::pin(std::future::ready(Err(super::not_connected())));
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {

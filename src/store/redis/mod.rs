@@ -11,21 +11,25 @@
 //! by EVALSHA and are loaded transparently on NOSCRIPT (after a Redis
 //! restart or a failover).
 //!
-//! Start-up never waits for Redis: a single node is dialled on first use
-//! (and a warm-up call), a cluster is connected by a background task that
-//! retries with backoff; until then calls fail with
-//! [`StoreError::Unavailable`], and the guard decides what a request gets.
+//! No call ever waits for a dial. A single node's connection is kept by a
+//! task of its own on the I/O thread (`node.rs`), dialled at start and
+//! redialled with a short backoff whenever it breaks, moves (a Sentinel
+//! switch) or was never made; a connection counts only once it has
+//! answered a `PING` and loaded every script, so the first call on it is
+//! one `EVALSHA`. A cluster is connected the same way by a background task
+//! (`PING` and `SCRIPT LOAD` on every node). Until a connection is up a
+//! call fails at once with [`StoreError::NotConnected`], the guard decides
+//! what the request gets, and [`StoreLink`] tells start-up, the guard and
+//! `/readyz` how the link stands.
 //!
 //! A single node's connection is ours, not the redis crate's
 //! `ConnectionManager`: that one makes every call await its reconnect,
 //! which retries with backoff (100 ms and more between attempts), so while
 //! Redis refused connections each call hung until the guard's deadline and
-//! a store that was down was reported as a slow one (`store_timeout`).
-//! Here a call with no connection joins the one connect attempt in flight,
-//! or starts it; a refused connect ends that attempt at once, and its
-//! callers fail with `Unavailable` (`store_error`). A connection that
-//! breaks (reset, closed) is dropped at its first such error. Only the
-//! guard's deadline makes a timeout.
+//! a store that was down was reported as a slow one (`store_timeout`); and
+//! a first call dialled (TCP, TLS, the scripts) inside its own deadline.
+//! A connection that breaks (reset, closed) is dropped at its first such
+//! error. Only the guard's deadline makes a timeout.
 //!
 //! With Sentinel, that single-node connection goes to the master the
 //! sentinels name, and its address changes when they name another. The
@@ -53,6 +57,7 @@ mod phases;
 mod region;
 mod sentinel;
 
+use super::link::StoreLink;
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};
 use crate::quota::{Algorithm, Grant, Spec};
 use node::{Address, Connection, Link, Node};
@@ -108,8 +113,12 @@ pub struct RedisStore {
     io: tokio::runtime::Handle,
     /// Where each quota call's time goes (`phases`), when set.
     metrics: Option<Arc<crate::telemetry::metrics::Metrics>>,
-    /// Dropped with the store: ends the I/O thread.
-    _stop: tokio::sync::oneshot::Sender<()>,
+    /// How the connection stands (`/readyz`, start-up, the guard).
+    link: Arc<StoreLink>,
+    /// Where background connections are made (`aux` below).
+    aux: tokio::runtime::Handle,
+    /// Dropped with the store: ends the I/O threads.
+    _stop: (tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Sender<()>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +127,26 @@ pub enum RedisSetupError {
     Address(String, RedisError),
     #[error("cannot start the Redis I/O thread: {0}")]
     Thread(std::io::Error),
+}
+
+/// A current-thread runtime on a thread named `name`, until the sender is
+/// dropped.
+fn io_thread(name: &str) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>), RedisSetupError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(RedisSetupError::Thread)?;
+    let handle = runtime.handle().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            runtime.block_on(async {
+                let _ = stopped.await;
+            })
+        })
+        .map_err(RedisSetupError::Thread)?;
+    Ok((handle, stop))
 }
 
 /// A client for `info`: over TLS (`rediss://`) trusting `ca` (PEM) when
@@ -145,21 +174,13 @@ impl RedisStore {
     /// [`RedisStore::start`], trusting `ca` (PEM CA certificates) for
     /// `rediss://` addresses instead of the system's roots.
     pub fn start_with_ca(target: &Target, ca: Option<Vec<u8>>) -> Result<RedisStore, RedisSetupError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(RedisSetupError::Thread)?;
-        let io = runtime.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("leasegate-redis".into())
-            .spawn(move || {
-                runtime.block_on(async {
-                    let _ = stopped.await;
-                })
-            })
-            .map_err(RedisSetupError::Thread)?;
+        let (io, stop) = io_thread("leasegate-redis")?;
+        // Connections made in the background besides the calls' own (the
+        // overrides' notices, the sentinels asked each second), on a thread
+        // of their own: a TLS handshake there never delays a call.
+        let (aux, stop_aux) = io_thread("leasegate-redis-aux")?;
         let connection = Arc::new(OnceLock::new());
+        let link = Arc::new(StoreLink::connecting());
         let notices;
         match target {
             Target::Node(url) => {
@@ -172,16 +193,10 @@ impl RedisStore {
                     shown: redact(url),
                     epoch: 0,
                 };
-                let node = Arc::new(Node::new(address, io.clone(), None));
+                let node = Arc::new(Node::new(address, None, link.clone()));
                 notices = overrides::Notices::Node(node.clone());
                 let _ = connection.set(Connection::Node(node.clone()));
-                // Warm-up: dial now, on the I/O thread, so the first
-                // request finds a connection.
-                io.spawn(async move {
-                    if let Err(e) = node.connection().await {
-                        tracing::warn!(redis = %node.shown(), error = %e, "Redis is not reachable yet; retrying on use");
-                    }
-                });
+                io.spawn(node.keep());
             }
             Target::Sentinel { sentinels, master } => {
                 let shown: Vec<String> = sentinels.iter().map(|s| redact(s)).collect();
@@ -219,12 +234,13 @@ impl RedisStore {
                     epoch: 0,
                 };
                 let notify = Arc::new(tokio::sync::Notify::new());
-                let node = Arc::new(Node::new(address, io.clone(), Some(notify)));
+                let node = Arc::new(Node::new(address, Some(notify), link.clone()));
                 notices = overrides::Notices::Node(node.clone());
                 let _ = connection.set(Connection::Node(node.clone()));
                 let asks = Arc::new(asks);
-                io.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
-                io.spawn(follow_master(node, asks, master.clone(), template, ca));
+                io.spawn(node.clone().keep());
+                aux.spawn(watch_switches(node.clone(), asks.clone(), master.clone()));
+                aux.spawn(follow_master(node, asks, master.clone(), template, ca));
             }
             Target::Cluster(seeds) => {
                 // Any node hears a PUBLISH in a cluster: the seeds, in turn.
@@ -256,19 +272,24 @@ impl RedisStore {
                         RedisSetupError::Address(shown.join(","), e)
                     })?;
                 let slot = connection.clone();
+                let shared = link.clone();
                 io.spawn(async move {
-                    let mut wait = Duration::from_millis(100);
+                    let mut wait = Duration::from_millis(50);
                     loop {
-                        match client.get_async_connection().await {
+                        match connect_cluster(&client).await {
                             Ok(c) => {
                                 tracing::info!("connected to Redis Cluster");
                                 let _ = slot.set(Connection::Cluster(c));
+                                shared.answered();
                                 return;
                             }
-                            Err(e) => tracing::warn!(error = %e, "Redis Cluster is not reachable yet; retrying"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "Redis Cluster is not reachable yet; retrying");
+                                shared.dial_failed(e);
+                            }
                         }
                         tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(2));
+                        wait = (wait * 2).min(Duration::from_millis(500));
                     }
                 });
             }
@@ -278,8 +299,16 @@ impl RedisStore {
             notices,
             io,
             metrics: None,
-            _stop: stop,
+            link,
+            aux,
+            _stop: (stop, stop_aux),
         })
+    }
+
+    /// How the connection stands: start-up waits on it, the guard follows
+    /// it, `/readyz` reports it.
+    pub fn link(&self) -> Arc<StoreLink> {
+        self.link.clone()
     }
 
     /// Records where each quota call's time goes
@@ -296,9 +325,7 @@ impl RedisStore {
     /// must say `master`.
     fn ping_on_io(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let Some(connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
+            return Box::pin(std::future::ready(Err(not_connected())));
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.io.spawn(async move {
@@ -307,7 +334,7 @@ impl RedisStore {
                 // With Sentinel, `ROLE` instead: a replica answers PING
                 // too, and would close the circuit only for the next
                 // scripts to meet READONLY.
-                Connection::Node(node) if node.rediscover.is_some() => match node.connection().await {
+                Connection::Node(node) if node.rediscover.is_some() => match node.connection() {
                     Ok((mut c, generation)) => match redis::cmd("ROLE").query_async::<redis::Value>(&mut c).await {
                         Ok(role) if is_master(&role) => Ok(()),
                         Ok(_) => {
@@ -321,7 +348,7 @@ impl RedisStore {
                     },
                     Err(e) => Err(e),
                 },
-                Connection::Node(node) => match node.connection().await {
+                Connection::Node(node) => match node.connection() {
                     Ok((mut c, generation)) => {
                         let reply = ping.query_async::<String>(&mut c).await;
                         if let Err(e) = &reply {
@@ -358,6 +385,59 @@ fn classify(e: &RedisError) -> StoreError {
     } else {
         StoreError::Failed(e.to_string())
     }
+}
+
+/// A call made before the first connection (a cluster's) was up.
+pub(super) fn not_connected() -> StoreError {
+    StoreError::NotConnected("not connected to Redis yet".into())
+}
+
+/// Every script the gateway runs, for loading on each new connection: the
+/// first call on it is then one `EVALSHA`, not an `EVALSHA`, a `NOSCRIPT`,
+/// a `SCRIPT LOAD` and an `EVALSHA` (three round trips, which a Redis a
+/// zone away cannot make within the call's deadline).
+fn scripts() -> Vec<&'static Script> {
+    let mut all = vec![&*TOKEN_BUCKET, &*SLIDING_WINDOW, &*FIXED_WINDOW, &*RELEASE, &*FLEET];
+    all.extend(beside::scripts());
+    all.extend(overrides::scripts());
+    all.extend(region::scripts());
+    all
+}
+
+/// Loads [`scripts`] on `c` (a cluster connection sends `SCRIPT LOAD` to
+/// every node), all at once.
+pub(super) async fn load_scripts<C>(c: &C) -> Result<(), String>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + 'static,
+{
+    let mut loads = tokio::task::JoinSet::new();
+    for script in scripts() {
+        let mut c = c.clone();
+        loads.spawn(async move { script.load_async(&mut c).await });
+    }
+    while let Some(loaded) = loads.join_next().await {
+        match loaded {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("Redis did not load the scripts: {e}")),
+            Err(e) => return Err(format!("loading the scripts stopped: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// One attempt at a cluster connection, proved as a node's is: `PING` and
+/// the scripts on every node.
+async fn connect_cluster(client: &redis::cluster::ClusterClient) -> Result<ClusterConnection, String> {
+    let mut c = client
+        .get_async_connection()
+        .await
+        .map_err(|e| format!("cannot connect to Redis Cluster: {e}"))?;
+    redis::cmd("PING")
+        .query_async::<String>(&mut c)
+        .await
+        .map_err(|e| format!("Redis Cluster did not answer PING: {e}"))?;
+    load_scripts(&c).await?;
+    Ok(c)
 }
 
 /// `release.lua`'s first argument.

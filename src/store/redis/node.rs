@@ -3,6 +3,7 @@
 //! another master; and the connection enum a call runs on.
 
 use super::*;
+use crate::store::link::StoreLink;
 use crate::sync::Recover;
 
 #[derive(Clone)]
@@ -56,7 +57,7 @@ impl Connection {
     async fn invoke<T: redis::FromRedisValue>(&mut self, call: &redis::ScriptInvocation<'_>) -> Result<T, CallError> {
         Ok(match self {
             Connection::Node(node) => {
-                let (mut c, generation) = node.connection().await.map_err(CallError::NotConnected)?;
+                let (mut c, generation) = node.connection().map_err(CallError::NotConnected)?;
                 let reply = call.invoke_async(&mut c).await;
                 if let Err(e) = &reply {
                     node.failed(generation, e);
@@ -104,20 +105,24 @@ impl Connection {
     }
 }
 
-/// One Redis node's connection, dialled on demand. Lives on the I/O
-/// thread: its methods run in tasks there, and so do its dials. The node's
-/// address is fixed for `url`; with Sentinel it is the master the sentinels
-/// named last, and changes when they name another.
+/// One Redis node's connection, kept dialled by [`Node::keep`] in the
+/// background, on the I/O thread: a call takes the connection at hand or
+/// fails at once.
+/// The node's address is fixed for `url`; with Sentinel it is the master
+/// the sentinels named last, and changes when they name another.
 pub(super) struct Node {
     pub(super) address: std::sync::Mutex<Address>,
     pub(super) config: AsyncConnectionConfig,
     pub(super) link: watch::Sender<Link>,
     /// Connections made so far: the next one's generation.
     pub(super) dialled: AtomicU64,
-    pub(super) io: tokio::runtime::Handle,
     /// Sentinel only: wakes the discovery task (a call failed, or there is
     /// no master to dial).
     pub(super) rediscover: Option<Arc<tokio::sync::Notify>>,
+    /// What everyone else reads of the link (`/readyz`, the guard).
+    pub(super) shared: Arc<StoreLink>,
+    /// Cuts a dial's backoff short: the address changed.
+    redial: tokio::sync::Notify,
 }
 
 /// Where a node's connection goes.
@@ -135,24 +140,24 @@ pub(super) struct Address {
 #[derive(Clone)]
 pub(super) enum Link {
     /// No connection: never dialled, the connection broke, or the last
-    /// attempt failed (its reason). The next call dials.
+    /// attempt failed (its reason). The keeper is dialling.
     Down(Option<String>),
-    /// One connect attempt in flight; callers wait for its outcome.
-    Connecting,
-    /// Connected. `generation` tells this connection from later ones, so a
-    /// late failure on an old connection cannot drop a new one.
+    /// Connected, and the connection answered. `generation` tells this
+    /// connection from later ones, so a late failure on an old connection
+    /// cannot drop a new one.
     Up {
         connection: MultiplexedConnection,
         generation: u64,
     },
 }
 
+/// The keeper's first wait after a failed dial, and its longest: a Redis
+/// back on its port is found within [`REDIAL_MAX`].
+const REDIAL_FIRST: Duration = Duration::from_millis(50);
+const REDIAL_MAX: Duration = Duration::from_millis(500);
+
 impl Node {
-    pub(super) fn new(
-        address: Address,
-        io: tokio::runtime::Handle,
-        rediscover: Option<Arc<tokio::sync::Notify>>,
-    ) -> Node {
+    pub(super) fn new(address: Address, rediscover: Option<Arc<tokio::sync::Notify>>, shared: Arc<StoreLink>) -> Node {
         Node {
             address: std::sync::Mutex::new(address),
             config: AsyncConnectionConfig::new()
@@ -160,8 +165,9 @@ impl Node {
                 .set_response_timeout(Some(RESPONSE_TIMEOUT)),
             link: watch::Sender::new(Link::Down(None)),
             dialled: AtomicU64::new(0),
-            io,
             rediscover,
+            shared,
+            redial: tokio::sync::Notify::new(),
         }
     }
 
@@ -182,8 +188,8 @@ impl Node {
     }
 
     /// The sentinels named `client` (shown as `shown`) the master. A new
-    /// address drops the connection to the old one; the next call dials
-    /// the new one. True if the address is new.
+    /// address drops the connection to the old one; the keeper dials the
+    /// new one at once. True if the address is new.
     pub(super) fn moved_to(&self, client: redis::Client, shown: String) -> bool {
         {
             let mut address = self.address.lock().recover();
@@ -198,96 +204,131 @@ impl Node {
             };
         }
         // A dial in flight sees the new epoch when it ends.
-        self.link.send_if_modified(|link| match link {
-            Link::Up { .. } => {
-                *link = Link::Down(Some(format!("the Redis master moved to {shown}")));
-                true
-            }
-            Link::Down(_) | Link::Connecting => false,
-        });
+        self.drop_link(|_| true, format!("the Redis master moved to {shown}"));
+        self.redial.notify_one();
         true
     }
 
-    /// The connection to send a call on: the one at hand, or the outcome of
-    /// the connect attempt in flight (started here if there is none).
-    pub(super) async fn connection(self: &Arc<Self>) -> Result<(MultiplexedConnection, u64), StoreError> {
-        // The steady state: one read lock and a clone of a handle.
-        if let Link::Up { connection, generation } = &*self.link.borrow() {
-            return Ok((connection.clone(), *generation));
-        }
-        let mut watching = self.link.subscribe();
-        let dial = self.link.send_if_modified(|link| match link {
-            Link::Down(_) => {
-                *link = Link::Connecting;
-                true
-            }
-            Link::Connecting | Link::Up { .. } => false,
-        });
-        if dial {
-            self.io.spawn(self.clone().dial());
-        }
-        let link = watching
-            .wait_for(|link| !matches!(link, Link::Connecting))
-            .await
-            .map(|link| link.clone())
-            .map_err(|_| StoreError::Failed("the Redis connection state is gone".into()))?;
-        match link {
-            Link::Up { connection, generation } => Ok((connection, generation)),
-            Link::Down(reason) => Err(StoreError::Unavailable(
-                reason.unwrap_or_else(|| "not connected to Redis".into()),
+    /// The connection to send a call on, or at once
+    /// [`StoreError::NotConnected`]: no call waits for a dial.
+    pub(super) fn connection(&self) -> Result<(MultiplexedConnection, u64), StoreError> {
+        match &*self.link.borrow() {
+            Link::Up { connection, generation } => Ok((connection.clone(), *generation)),
+            Link::Down(reason) => Err(StoreError::NotConnected(
+                reason.clone().unwrap_or_else(|| "connecting to Redis".into()),
             )),
-            Link::Connecting => Err(StoreError::Unavailable("connecting to Redis".into())),
         }
     }
 
-    /// One connect attempt; its outcome is the new link. No retries and no
-    /// backoff here: the next call (the breaker's probe, once it is open)
-    /// makes the next attempt.
-    pub(super) async fn dial(self: Arc<Self>) {
+    /// Keeps the node dialled for the store's life: dials whenever the
+    /// link is down, with a backoff from [`REDIAL_FIRST`] to
+    /// [`REDIAL_MAX`] between failed attempts (each one event for the
+    /// breaker, through [`StoreLink::dial_failed`]).
+    pub(super) async fn keep(self: Arc<Self>) {
+        let mut links = self.link.subscribe();
+        let mut wait = REDIAL_FIRST;
+        loop {
+            if links.wait_for(|l| matches!(l, Link::Down(_))).await.is_err() {
+                return;
+            }
+            if self.dial().await {
+                wait = REDIAL_FIRST;
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.redial.notified() => {}
+            }
+            wait = (wait * 2).min(REDIAL_MAX);
+        }
+    }
+
+    /// One connect attempt, and the round trip that proves it: `PING`
+    /// (`ROLE`, which must say `master`, with Sentinel) and every script
+    /// loaded, so the first call on it is one `EVALSHA`. Its outcome is
+    /// the new link; true if it is up.
+    async fn dial(&self) -> bool {
         let address = self.address();
         let result = match &address.client {
-            Some(client) => client
-                .get_multiplexed_async_connection_with_config(&self.config)
-                .await
-                .map_err(|e| format!("cannot connect to Redis: {e}")),
+            Some(client) => match client.get_multiplexed_async_connection_with_config(&self.config).await {
+                Ok(mut c) => self.prove(&mut c).await.map(|()| c),
+                Err(e) => Err(format!("cannot connect to Redis: {e}")),
+            },
             None => Err("no Redis master known: the sentinels have not named one".to_string()),
         };
         let moved = self.address().epoch != address.epoch;
         if result.is_err() || moved {
             self.rediscover();
         }
-        self.link.send_modify(|link| {
-            *link = match result {
-                Ok(_) if moved => Link::Down(Some("the Redis master moved while connecting".into())),
-                Ok(connection) => {
-                    tracing::info!(redis = %address.shown, "connected to Redis");
-                    let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
-                    Link::Up { connection, generation }
-                }
-                Err(e) => {
-                    tracing::debug!(redis = %address.shown, error = %e, "cannot connect to Redis");
-                    Link::Down(Some(e))
-                }
+        let up = match result {
+            Ok(_) if moved => {
+                self.link
+                    .send_replace(Link::Down(Some("the Redis master moved while connecting".into())));
+                false
             }
+            Ok(connection) => {
+                tracing::info!(redis = %address.shown, "connected to Redis");
+                let generation = self.dialled.fetch_add(1, Ordering::Relaxed);
+                self.link.send_replace(Link::Up { connection, generation });
+                self.shared.answered();
+                true
+            }
+            Err(e) => {
+                tracing::debug!(redis = %address.shown, error = %e, "cannot connect to Redis");
+                self.link.send_replace(Link::Down(Some(e.clone())));
+                self.shared.dial_failed(e);
+                false
+            }
+        };
+        up
+    }
+
+    /// The first round trip on a new connection.
+    async fn prove(&self, c: &mut MultiplexedConnection) -> Result<(), String> {
+        if self.rediscover.is_some() {
+            let role = redis::cmd("ROLE")
+                .query_async::<redis::Value>(c)
+                .await
+                .map_err(|e| format!("Redis did not answer ROLE: {e}"))?;
+            if !is_master(&role) {
+                return Err("the node is not the master (ROLE)".into());
+            }
+        } else {
+            redis::cmd("PING")
+                .query_async::<String>(c)
+                .await
+                .map_err(|e| format!("Redis did not answer PING: {e}"))?;
+        }
+        super::load_scripts(c).await
+    }
+
+    /// Drops the link if it is up and `which` (its generation) says so:
+    /// the keeper dials again, and everyone reads `connecting (why)`.
+    fn drop_link(&self, which: impl Fn(u64) -> bool, why: String) -> bool {
+        let dropped = self.link.send_if_modified(|link| match link {
+            Link::Up { generation, .. } if which(*generation) => {
+                *link = Link::Down(Some(why.clone()));
+                true
+            }
+            _ => false,
         });
+        if dropped {
+            self.shared.lost(why);
+        }
+        dropped
     }
 
     /// Connection `generation` goes to a node that says it is not the
     /// master: dropped, and the sentinels asked where the master is.
     pub(super) fn not_master(&self, generation: u64) {
         self.rediscover();
-        self.link.send_if_modified(|link| match link {
-            Link::Up { generation: g, .. } if *g == generation => {
-                tracing::warn!(redis = %self.shown(), "the Redis node is not the master (ROLE); asking the sentinels");
-                *link = Link::Down(Some("the node is not the master".into()));
-                true
-            }
-            _ => false,
-        });
+        if self.drop_link(|g| g == generation, "the node is not the master".into()) {
+            tracing::warn!(redis = %self.shown(), "the Redis node is not the master (ROLE); asking the sentinels");
+        }
     }
 
     /// A call on connection `generation` failed with `e`: a connection that
-    /// broke is dropped, so the next call dials instead of failing on it.
+    /// broke is dropped, and the keeper dials again.
     /// With Sentinel, so is one to a node that is no longer the master
     /// (`READONLY`: a replica now) or not yet one (`LOADING`), and the
     /// sentinels are asked where the master went.
@@ -301,13 +342,8 @@ impl Node {
             return; // a script error, OOM, a timeout: the connection is fine
         }
         self.rediscover();
-        self.link.send_if_modified(|link| match link {
-            Link::Up { generation: g, .. } if *g == generation => {
-                tracing::warn!(redis = %self.shown(), error = %e, "lost the Redis connection");
-                *link = Link::Down(Some(format!("lost the Redis connection: {e}")));
-                true
-            }
-            _ => false,
-        });
+        if self.drop_link(|g| g == generation, format!("lost the Redis connection: {e}")) {
+            tracing::warn!(redis = %self.shown(), error = %e, "lost the Redis connection");
+        }
     }
 }

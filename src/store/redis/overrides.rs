@@ -16,6 +16,11 @@ use crate::store::{BoxFuture, Overridden, OverrideOp, StoreError};
 
 static OVERRIDES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/overrides.lua")));
 
+/// The scripts of this file, loaded on every new connection.
+pub(super) fn scripts() -> [&'static Script; 1] {
+    [&OVERRIDES]
+}
+
 /// The channel `lua/overrides.lua` publishes each change on.
 pub const CHANGED: &str = "lg:{overrides}:changed";
 
@@ -32,9 +37,7 @@ impl RedisStore {
     /// under the `{overrides}` hash tag.
     pub(super) fn overrides_call<'a>(&'a self, op: OverrideOp<'a>) -> BoxFuture<'a, Result<Overridden, StoreError>> {
         let Some(mut connection) = self.connection.get().cloned() else {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(
-                "not connected to Redis yet".into(),
-            ))));
+            return Box::pin(std::future::ready(Err(super::not_connected())));
         };
         let hash = |limit: &str| format!("lg:{{overrides}}:{limit}");
         let mut keys = vec!["lg:{overrides}:version".to_string()];
@@ -95,7 +98,7 @@ impl RedisStore {
         })
     }
 
-    /// Subscribes to [`CHANGED`] on the I/O thread, for as long as the
+    /// Subscribes to [`CHANGED`] on the background thread, for as long as the
     /// store lives, waking `wake` at each notice; reconnects a second after
     /// any failure.
     pub(super) fn subscribe_overrides(&self, wake: Arc<tokio::sync::Notify>) {
@@ -112,7 +115,7 @@ impl RedisStore {
                 })
                 .collect(),
         };
-        self.io.spawn(async move {
+        self.aux.spawn(async move {
             for turn in 0usize.. {
                 let Some(client) = clients.get(turn % clients.len().max(1)).and_then(|c| c()) else {
                     tokio::time::sleep(Duration::from_secs(1)).await;

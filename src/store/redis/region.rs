@@ -41,6 +41,19 @@ static SPEND_CREDIT: LazyLock<Script> =
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/claim.lua")));
 static UNCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/region/unclaim.lua")));
 
+/// The scripts of this file, loaded on every new connection.
+pub(super) fn scripts() -> [&'static Script; 7] {
+    [
+        &TRANSFER_OUT_BUCKET,
+        &TRANSFER_OUT_WINDOW,
+        &TRANSFER_OUT_FIXED,
+        &CREDIT,
+        &SPEND_CREDIT,
+        &CLAIM,
+        &UNCLAIM,
+    ]
+}
+
 /// A key beside a bucket, outside its braces: the same hash slot, so a
 /// script may touch both in a Redis Cluster.
 fn beside(key: &str, suffix: &str) -> String {

@@ -102,8 +102,9 @@ pub(super) async fn follow_master(
         match discover(&sentinels, &master, known).await {
             Ok((host, port)) => {
                 unknown_since_logged = false;
-                let shown = redact(&format!("redis://{host}:{port}"));
                 // The master over TLS when the sentinels are (rediss://).
+                let tls = matches!(template.addr(), redis::ConnectionAddr::TcpTls { .. });
+                let shown = format!("{}://{host}:{port}", if tls { "rediss" } else { "redis" });
                 let addr = match template.addr() {
                     redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
                         host,
@@ -115,15 +116,9 @@ pub(super) async fn follow_master(
                 };
                 let info = template.clone().set_addr(addr).set_tcp_settings(tcp_settings());
                 match super::client(info, ca.as_deref()) {
+                    // A new address: the node's keeper dials it at once.
                     Ok(client) => {
-                        if node.moved_to(client, shown) {
-                            // Warm-up: the first call after a failover
-                            // finds the new master dialled.
-                            let warm = node.clone();
-                            node.io.spawn(async move {
-                                let _ = warm.connection().await;
-                            });
-                        }
+                        node.moved_to(client, shown);
                     }
                     Err(e) => tracing::warn!(master = %shown, error = %e, "the sentinels name an unusable master"),
                 }

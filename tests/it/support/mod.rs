@@ -6,6 +6,7 @@ pub mod client;
 mod config;
 pub mod promql;
 pub mod redis;
+pub mod relay;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};

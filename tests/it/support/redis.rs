@@ -36,6 +36,10 @@ pub struct Redis {
     /// A TLS port too (the plain one stays, for `cli`), with its
     /// certificate and key files in `dir`.
     pub tls_port: Option<u16>,
+    /// TLS only, as a managed Redis is: `port` is its TLS port, replication
+    /// and the cluster bus are TLS too, and `cli` speaks TLS
+    /// (`redis-cli --tls`).
+    tls_only: bool,
 }
 
 /// A port that is free, and (for cluster nodes) whose bus port +10000 is too.
@@ -71,6 +75,7 @@ impl Redis {
             cluster: false,
             replica_of: Some(master.port),
             tls_port: None,
+            tls_only: false,
         };
         r.spawn();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -95,6 +100,7 @@ impl Redis {
             cluster,
             replica_of: None,
             tls_port: None,
+            tls_only: false,
         };
         r.spawn();
         r
@@ -116,21 +122,73 @@ impl Redis {
             cluster: false,
             replica_of: None,
             tls_port: Some(free_port(false)),
+            tls_only: false,
         };
         r.spawn();
         r
     }
 
+    /// A node that serves TLS only, as a managed Redis does, with a
+    /// certificate `ca` signed: a cluster node (the bus over TLS too), or a
+    /// replica of `replica_of` (replication over TLS).
+    pub fn start_tls_only(ca: &super::TestCa, cluster: bool, replica_of: Option<&Redis>) -> Redis {
+        require_tool("redis-server", "apt-get install -y redis-server");
+        require_tool("redis-cli", "apt-get install -y redis-tools");
+        let dir = TempDir::new();
+        let cert = ca.issue("redis.test");
+        dir.write("redis.pem", &cert.cert_pem);
+        dir.write("redis.key", &cert.key_pem);
+        dir.write("ca.pem", &ca.cert_pem);
+        let port = free_port(cluster);
+        let mut r = Redis {
+            child: None,
+            port,
+            dir,
+            cluster,
+            replica_of: replica_of.map(|m| m.port),
+            tls_port: Some(port),
+            tls_only: true,
+        };
+        r.spawn();
+        if replica_of.is_some() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !r.cli(&["INFO", "replication"]).contains("master_link_status:up") {
+                assert!(Instant::now() < deadline, "the TLS replica on {} never synced", r.port);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        r
+    }
+
+    /// `redis-cli`'s arguments that reach this node (over TLS when it
+    /// serves TLS only).
+    fn cli_args(&self) -> Vec<String> {
+        let mut args = vec!["-h".to_string(), "127.0.0.1".into(), "-p".into(), self.port.to_string()];
+        if self.tls_only {
+            args.extend(["--tls".to_string(), "--cacert".into()]);
+            args.push(self.dir.path().join("ca.pem").display().to_string());
+        }
+        args
+    }
+
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let plain = if self.tls_only { 0 } else { self.port };
+        cmd.args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path());
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .args(["--cluster-port", &(self.port + 10_000).to_string()])
                 .arg("--cluster-config-file")
                 .arg(self.dir.path().join("nodes.conf"));
+        }
+        if self.tls_only {
+            cmd.args(["--tls-replication", "yes"]);
+            if self.cluster {
+                cmd.args(["--tls-cluster", "yes"]);
+            }
         }
         if let Some(master) = self.replica_of {
             cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
@@ -164,13 +222,14 @@ impl Redis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_only { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Runs `redis-cli` against this node; returns its stdout.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(self.cli_args())
             .args(args)
             .output()
             .expect("run redis-cli");
@@ -249,9 +308,19 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
-        let nodes: Vec<Redis> = (0..3).map(|_| Redis::start_node(true)).collect();
+        Cluster::create((0..3).map(|_| Redis::start_node(true)).collect())
+    }
+
+    /// Three TLS-only masters, their bus over TLS too.
+    pub fn start_tls(ca: &super::TestCa) -> Cluster {
+        Cluster::create((0..3).map(|_| Redis::start_tls_only(ca, true, None)).collect())
+    }
+
+    fn create(nodes: Vec<Redis>) -> Cluster {
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let tls = nodes[0].cli_args().split_off(4);
         let out = Command::new("redis-cli")
+            .args(tls)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -295,21 +364,39 @@ impl Cluster {
 pub struct Sentinel {
     child: Option<Child>,
     pub port: u16,
-    _dir: TempDir,
+    dir: TempDir,
+    /// Serves TLS only (its `port`), and reaches the master over TLS.
+    tls: bool,
 }
 
 /// The master name every [`Sentinels`] set monitors.
 pub const MASTER_NAME: &str = "mymaster";
 
 impl Sentinel {
-    fn start(master: u16) -> Sentinel {
+    fn start(master: u16, ca: Option<&super::TestCa>) -> Sentinel {
         let port = free_port(false);
         let dir = TempDir::new();
+        let listen = match ca {
+            None => format!("port {port}\n"),
+            Some(ca) => {
+                let issued = ca.issue("sentinel.test");
+                let cert = dir.write("sentinel.pem", &issued.cert_pem);
+                let key = dir.write("sentinel.key", &issued.key_pem);
+                let ca_file = dir.write("ca.pem", &ca.cert_pem);
+                format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                     tls-auth-clients no\ntls-replication yes\n",
+                    cert = cert.display(),
+                    key = key.display(),
+                    ca = ca_file.display()
+                )
+            }
+        };
         // A sentinel rewrites its config file: it lives in its own dir.
         let conf = dir.write(
             "sentinel.conf",
             &format!(
-                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                "{listen}bind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                  sentinel failover-timeout {MASTER_NAME} 5000\n\
@@ -328,7 +415,8 @@ impl Sentinel {
         let s = Sentinel {
             child: Some(child),
             port,
-            _dir: dir,
+            dir,
+            tls: ca.is_some(),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while s.cli(&["PING"]).trim() != "PONG" {
@@ -339,12 +427,19 @@ impl Sentinel {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
+        let mut tls = Vec::new();
+        if self.tls {
+            tls = vec!["--tls".to_string(), "--cacert".into()];
+            tls.push(self.dir.path().join("ca.pem").display().to_string());
+        }
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(tls)
             .args(args)
             .output()
             .expect("run redis-cli");
@@ -390,7 +485,19 @@ impl Sentinels {
     pub fn start() -> Sentinels {
         let master = Redis::start();
         let replica = Redis::start_replica_of(&master);
-        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(master.port)).collect();
+        Sentinels::watch(master, replica, None)
+    }
+
+    /// The same over TLS only: the master, the replica (replicating over
+    /// TLS) and the sentinels (reaching them over TLS) serve `rediss://`.
+    pub fn start_tls(ca: &super::TestCa) -> Sentinels {
+        let master = Redis::start_tls_only(ca, false, None);
+        let replica = Redis::start_tls_only(ca, false, Some(&master));
+        Sentinels::watch(master, replica, Some(ca))
+    }
+
+    fn watch(master: Redis, replica: Redis, ca: Option<&super::TestCa>) -> Sentinels {
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(master.port, ca)).collect();
         // Sentinels learn of each other through the master's hello channel
         // (every 2 s), and of the replica from the master's INFO.
         let deadline = Instant::now() + Duration::from_secs(20);
