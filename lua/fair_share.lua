@@ -9,13 +9,21 @@
 -- answers the member's share: a stream that wants less than an equal split
 -- of what is left gets what it wants, the others split the rest equally.
 -- The shares of all members add up to at most the rate. The hash lives two
--- ttls, so streams that are gone leave nothing behind.
+-- ttls, so the demands of an instance that died leave nothing behind.
 -- Reply: {share, streams heard, 0, 0, 0, 0}.
+--
+-- A ttl_ms of 0 is a stream that ended: its demand is deleted at once (the
+-- hash with the last), so the others get its share at their next report;
+-- reply {0, streams left, 0, 0, 0, 0}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local own = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[4])
+if ttl == 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return {0, redis.call('HLEN', KEYS[1]), 0, 0, 0, 0}
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. (now + ttl))
 local all = redis.call('HGETALL', KEYS[1])
 local demands = {}

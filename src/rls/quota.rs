@@ -12,9 +12,10 @@
 //! within a report or two. Unmatched and unlimited buckets get `ALLOW_ALL`;
 //! buckets idle for six report intervals get `abandon_action`; when the quota is spent
 //! a bucket gets `DENY_ALL` until the next report finds some. A closed
-//! stream pays for nothing more: its share comes back as its assignments
-//! expire (Envoy keeps enforcing an assignment until its TTL, so what was
-//! paid for that long is spent, not given back).
+//! stream pays for nothing more, and its demands leave the fair shares at
+//! once (their TTL is for an instance that dies), so the other streams get
+//! its share at their next report; what it paid for is spent, not given
+//! back (Envoy keeps enforcing an assignment until its TTL).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -153,6 +154,7 @@ impl RateLimitQuotaService for QuotaService {
                     break;
                 }
             }
+            stream.leave(&runtime, &slot).await;
             tracing::debug!(buckets = stream.buckets.len(), "rlqs stream closed");
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -161,6 +163,8 @@ impl RateLimitQuotaService for QuotaService {
 
 /// One bucket of one stream.
 struct Bucket {
+    /// The store key its demand was last reported under.
+    key: String,
     /// What Envoy holds now, as paid for (`None`: nothing paid, or DENY_ALL).
     held: Option<Held>,
     last_report_ms: u64,
@@ -263,6 +267,19 @@ impl StreamState {
         RateLimitQuotaResponse { bucket_action: actions }
     }
 
+    /// Takes the ended stream's demands out of its buckets' fair shares,
+    /// one store call per bucket, so the streams left get the whole rate
+    /// at their next report. A store out of reach keeps a demand until its
+    /// TTL, as it would for an instance that died.
+    async fn leave(&self, runtime: &Runtime, slot: &StreamSlot) {
+        for bucket in self.buckets.values() {
+            let gone = crate::store::Demand::leave(&bucket.key, slot.id);
+            if let Err(e) = runtime.limiter.fair_share(gone).await {
+                tracing::debug!(key = %bucket.key, error = %e, "rlqs: a closed stream's demand stays until its TTL");
+            }
+        }
+    }
+
     /// Whether an `ALLOW_ALL` bucket has been idle for long enough to be
     /// abandoned (then forgotten); tracks at most `MAX_BUCKETS_PER_STREAM`.
     fn idle_allowed(&mut self, entries: Entries, used: u64, now: u64, interval_ms: u64) -> bool {
@@ -294,11 +311,16 @@ impl StreamState {
         slot: &StreamSlot,
     ) -> Option<Action> {
         let now = runtime.limiter.now_ms();
-        let bucket = self.buckets.entry(entries.clone()).or_insert(Bucket {
+        let bucket = self.buckets.entry(entries.clone()).or_insert_with(|| Bucket {
+            key: key.to_string(),
             held: None,
             last_report_ms: now,
             idle_since_ms: None,
         });
+        if bucket.key != key {
+            // A reload moved the bucket: its old demand goes with its TTL.
+            bucket.key = key.to_string();
+        }
         let used = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
         // Envoy sends whole seconds and may send 0: our own clock then.
         // A client's number: clamped before any arithmetic.

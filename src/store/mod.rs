@@ -142,7 +142,8 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// of every stream heard within theirs: the fleet's on Redis, this
     /// instance's on the memory store (the fleet is this instance). `None`:
     /// a store that keeps no demands (a test double); the rate bounds the
-    /// stream then.
+    /// stream then. A `ttl_ms` of 0 ([`Demand::leave`]) deletes the
+    /// stream's demand at once and answers 0.
     fn fair_share<'a>(&'a self, _d: Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(std::future::ready(Ok(None)))
     }
@@ -253,8 +254,29 @@ pub struct Demand<'a> {
     /// per second.
     pub demand: u64,
     pub rate: u64,
-    /// How long the demand counts without a new report.
+    /// How long the demand counts without a new report; 0: the stream
+    /// leaves (its demand is deleted now).
     pub ttl_ms: u64,
+}
+
+impl<'a> Demand<'a> {
+    /// Stream `member` leaves `key`'s demands: a closed stream's share goes
+    /// to the others at their next report, not when its demand expires
+    /// (the TTL is for an instance that dies).
+    pub fn leave(key: &'a str, member: u64) -> Demand<'a> {
+        Demand {
+            key,
+            member,
+            demand: 0,
+            rate: 0,
+            ttl_ms: 0,
+        }
+    }
+
+    /// Whether this is a [`Demand::leave`].
+    pub fn leaves(&self) -> bool {
+        self.ttl_ms == 0
+    }
 }
 
 /// The calls of transfers between regions (`src/region/`), apart from the

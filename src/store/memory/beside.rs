@@ -23,11 +23,21 @@ fn room_for(all: &mut HashMap<String, Vec<MemberEntry>>, key: &str, max_keys: us
 }
 
 impl MemoryStore {
-    /// Records a stream's demand and answers its max-min fair share, as
-    /// `lua/fair_share.lua` does on Redis.
+    /// Records a stream's demand and answers its max-min fair share, or
+    /// deletes it when the stream leaves, as `lua/fair_share.lua` does on
+    /// Redis.
     pub(super) fn fair_share_now(&self, d: crate::store::Demand<'_>) -> u64 {
         let now = (self.clock)();
         let mut all = self.demands.lock().recover();
+        if d.leaves() {
+            if let Some(streams) = all.get_mut(d.key) {
+                streams.retain(|(member, _, expires)| *member != d.member && *expires > now);
+                if streams.is_empty() {
+                    all.remove(d.key);
+                }
+            }
+            return 0;
+        }
         if !room_for(&mut all, d.key, self.max_keys, now) {
             return d.rate; // no room to share: the rate bounds it
         }

@@ -350,6 +350,12 @@ mod tests {
             100_000,
             "2 and 3 expired: alone again"
         );
+        // A stream that ends leaves at once, and the last one takes the key.
+        store.fair_share_now(d(2, 80_000));
+        store.fair_share_now(super::super::Demand::leave("rl:{rls:edge:tenant=acme}", 2));
+        assert_eq!(store.fair_share_now(d(1, 80_000)), 100_000, "2 left: alone");
+        store.fair_share_now(super::super::Demand::leave("rl:{rls:edge:tenant=acme}", 1));
+        assert!(store.demands.lock().recover().is_empty());
     }
 
     #[test]
