@@ -192,6 +192,55 @@ pub fn offer(next: Refill, held: Option<Held>, now_ms: u64, interval_ms: u64) ->
     }
 }
 
+/// What a grant short of `offer.cost` buys, at a report `interval_ms`
+/// before the next: [`shortened`], except where that would restart a live
+/// bucket at no more than its own rate when the offer was a faster one (a
+/// climb). A climb from a live bucket costs what that bucket is owed, a
+/// fill that landed as the report came, beside the new bucket's full
+/// start, so a stream at half of a limit whose window holds exactly its
+/// rate could never afford the whole of it: each report bought a new half
+/// again. The live bucket is renewed instead, and paid one fill further,
+/// past the next report, when the grant allows: that report then owes
+/// nothing, and the climb costs only the new bucket's start.
+pub fn within_grant(
+    offer: Offer,
+    held: Option<Held>,
+    now_ms: u64,
+    interval_ms: u64,
+    granted: u64,
+) -> (Option<Offer>, u64) {
+    let (short, back) = shortened(offer, held, now_ms, granted);
+    let Some(h) = held.filter(|h| h.expires_ms > now_ms) else {
+        return (short, back);
+    };
+    let (next, live) = (offer.held.refill, h.refill);
+    let climbs = next.fill_secs == live.fill_secs && next.tokens > live.tokens;
+    if !climbs || short.is_some_and(|s| s.held.refill.tokens > live.tokens) {
+        return (short, back);
+    }
+    let kept = self::offer(live, Some(h), now_ms, interval_ms);
+    if kept.cost > granted {
+        return (short, back);
+    }
+    let further = (kept.held.paid_to_ms + live.fill_ms()).min(kept.held.expires_ms);
+    let ahead = live.tokens
+        * live
+            .fills_before(h.origin_ms, further)
+            .saturating_sub(live.fills_before(h.origin_ms, kept.held.paid_to_ms));
+    let kept = if kept.cost + ahead <= granted {
+        Offer {
+            held: Held {
+                paid_to_ms: further,
+                ..kept.held
+            },
+            cost: kept.cost + ahead,
+        }
+    } else {
+        kept
+    };
+    (Some(kept), granted - kept.cost)
+}
+
 /// What a grant short of `offer.cost` still buys: first what is owed, then
 /// a new bucket of the same fill interval with as many tokens per fill as
 /// the rest pays for, under the same terms as [`offer`]; or, when that is
@@ -357,6 +406,56 @@ mod tests {
         assert_eq!(shortened(renew, Some(o.held), 3_000, 12), (None, 2));
     }
 
+    #[test]
+    fn a_climb_short_of_its_cost_keeps_the_bucket_and_pays_it_past_the_next_report() {
+        // 50/s of a 100/s limit, reports every second.
+        let half = offer(refill(50, 1), None, 0, 1_000);
+        // The whole rate at the next report: the fill at 1 s is owed, and
+        // the new bucket starts full: 150, in a window of 100.
+        let up = offer(refill(100, 1), Some(half.held), 1_010, 1_000);
+        assert_eq!(up.cost, 150);
+        // A new half bucket would restart Envoy's for nothing: the half is
+        // kept, paying the fill at 1 s and the one at 2 s (past 2 010).
+        let (kept, back) = within_grant(up, Some(half.held), 1_010, 1_000, 100);
+        let kept = kept.unwrap();
+        assert_eq!(
+            (
+                kept.held.refill,
+                kept.held.origin_ms,
+                kept.held.paid_to_ms,
+                kept.cost,
+                back
+            ),
+            (refill(50, 1), 0, 2_510, 100, 0)
+        );
+        // So the next report owes nothing: the climb costs its start only.
+        assert_eq!(offer(refill(100, 1), Some(kept.held), 2_020, 1_000).cost, 100);
+        // Less: the kept bucket's own fills; less still, as `shortened`.
+        let (kept, back) = within_grant(up, Some(half.held), 1_010, 1_000, 60);
+        assert_eq!(
+            (kept.map(|k| (k.held.paid_to_ms, k.cost)), back),
+            (Some((1_510, 50)), 10)
+        );
+        assert_eq!(
+            within_grant(up, Some(half.held), 1_010, 1_000, 40),
+            shortened(up, Some(half.held), 1_010, 40)
+        );
+        // A climb the grant partly pays (10/s to up to 60/s) and a fall
+        // (to 20/s): as `shortened`, a new smaller bucket.
+        let low = offer(refill(10, 1), None, 0, 1_000);
+        let more = offer(refill(60, 1), Some(low.held), 1_010, 1_000);
+        let (short, _) = within_grant(more, Some(low.held), 1_010, 1_000, 40);
+        assert_eq!(
+            short.map(|s| (s.held.refill, s.held.origin_ms)),
+            Some((refill(30, 1), 1_010))
+        );
+        let down = offer(refill(20, 1), Some(half.held), 1_010, 1_000);
+        assert_eq!(
+            within_grant(down, Some(half.held), 1_010, 1_000, 30),
+            shortened(down, Some(half.held), 1_010, 30)
+        );
+    }
+
     proptest! {
         /// Reports on time (never later than the interval the last one
         /// planned for), any demand and any short grants: Envoy's bucket
@@ -391,7 +490,7 @@ mod tests {
                     paid += o.cost;
                     Some(o)
                 } else {
-                    let (sent, back) = shortened(o, held, now, granted);
+                    let (sent, back) = within_grant(o, held, now, interval * 1_000, granted);
                     paid += granted - back;
                     if let Some(short) = sent {
                         prop_assert!(short.held.refill.tokens < o.held.refill.tokens);

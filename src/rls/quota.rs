@@ -378,7 +378,7 @@ impl StreamState {
         let sent = if grant.granted >= offer.cost {
             Some(offer)
         } else {
-            let (sent, back) = assign::shortened(offer, held, now, grant.granted);
+            let (sent, back) = assign::within_grant(offer, held, now, interval_ms, grant.granted);
             limiter.give_back_later(
                 key,
                 spec,
