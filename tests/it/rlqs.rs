@@ -4,7 +4,7 @@
 //! assignments stay within the shared quota and follow demand.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
@@ -282,12 +282,52 @@ async fn eighty_each_of_a_hundred(ea: &mut Envoy, eb: &mut Envoy, value: &str) {
     );
 }
 
+/// After [`eighty_each_of_a_hundred`], `ea` (on gateway `at`) closes its
+/// stream: its demand leaves the bucket's fair share at once, so within one
+/// report interval of the close (and half of one of slack) `eb`, reporting
+/// on its 1 s timer, is assigned the whole 100/s. Before, it kept 50/s.
+async fn a_closed_stream_leaves_its_share_at_once(at: &Gateway, ea: Envoy, eb: &mut Envoy, value: &str) {
+    let id = bucket(&[("tenant", value)]);
+    let rate = |t: Option<(u64, u64, u64)>| t.map_or(0.0, |(k, f, _)| k as f64 / f as f64);
+    let closed = Instant::now();
+    drop(ea);
+    // Waits without blocking the runtime, whose tasks send the close.
+    while !at.log().contains("rlqs stream closed") {
+        assert!(closed.elapsed() < Duration::from_secs(1), "the stream's end is seen");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut seen = Vec::new();
+    // eb's next report is due now; it holds 50/s of the 80/s it wants.
+    while closed.elapsed() < Duration::from_millis(1_500) {
+        let rb = eb.report(&[(id.clone(), 50, 30)], 1).await;
+        seen.push((closed.elapsed(), rate(token_bucket(&rb[&k(&id)]))));
+        if seen.last().is_some_and(|(_, r)| *r == 100.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+    }
+    println!("after the close: {seen:?}");
+    assert!(
+        seen.last()
+            .is_some_and(|(after, r)| *r == 100.0 && *after < Duration::from_millis(1_500)),
+        "the open stream gets the whole rate within a report interval of the close: {seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn two_streams_wanting_most_of_a_bucket_share_it_fairly() {
     // Before, the first to report kept 100/s and the other got nothing.
     let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
     let (mut ea, mut eb) = (Envoy::connect(&gw).await, Envoy::connect(&gw).await);
     eighty_each_of_a_hundred(&mut ea, &mut eb, "fair").await;
+}
+
+#[tokio::test]
+async fn a_closed_stream_gives_its_share_to_the_other_at_once() {
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let (mut ea, mut eb) = (Envoy::connect(&gw).await, Envoy::connect(&gw).await);
+    eighty_each_of_a_hundred(&mut ea, &mut eb, "close").await;
+    a_closed_stream_leaves_its_share_at_once(&gw, ea, &mut eb, "close").await;
 }
 
 #[tokio::test]
@@ -304,6 +344,25 @@ async fn two_gateways_share_a_bucket_fairly_through_the_store() {
     // The demands live beside the bucket, and go with their streams' TTL.
     let keys = redis.cli(&["--scan", "--pattern", "*:demand"]);
     assert!(keys.contains("fleet-fair"), "{keys:?}");
+}
+
+#[tokio::test]
+async fn a_stream_closed_on_one_gateway_gives_its_share_to_the_other_at_once() {
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\n",
+        redis.url()
+    );
+    let a = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
+    let b = Gateway::start_with(&gateway_toml(&store), &[("ratelimit.yaml", YAML)]);
+    let (mut ea, mut eb) = (Envoy::connect(&a).await, Envoy::connect(&b).await);
+    eighty_each_of_a_hundred(&mut ea, &mut eb, "fleet-close").await;
+    let key = redis.cli(&["--scan", "--pattern", "*fleet-close*:demand"]);
+    let key = key.trim();
+    assert_eq!(redis.cli(&["HLEN", key]).trim(), "2", "{key:?}: both streams' demands");
+    a_closed_stream_leaves_its_share_at_once(&a, ea, &mut eb, "fleet-close").await;
+    // The closed stream's entry went with it, not with its TTL.
+    assert_eq!(redis.cli(&["HLEN", key]).trim(), "1", "{key:?}: only the open stream's");
 }
 
 #[tokio::test]
