@@ -749,6 +749,26 @@ fn credited(gw: &Gateway) -> u64 {
         .sum()
 }
 
+/// `600/10s` (the limit), sliced by `share`, for the two-region
+/// tests: one gateway per region, `rebalance_window_ms = 10000`.
+fn per_ten_seconds(redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>) -> Toml {
+    let region = format!(
+        "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_at = 0.8\nrebalance_window_ms = 10000"
+    );
+    let t = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .redis(&redis.url(), "timeout_ms = 1000")
+        .table("leasing", &format!("min = 1\nmax = {MAX_LEASE}"))
+        .table("region", &region);
+    let t = match primary {
+        None => t,
+        Some(p) => t.with(&format!("primary = \"http://{p}\"")),
+    };
+    t.respond("api", "/", &["global"])
+        .limit("global", "600/10s")
+        .with("by = [\"route\"]")
+}
+
 /// The measurement: `600/10s`, eu-central (0.3: 180 per 10 s) at
 /// three times its slice's rate, the primary at half of its own, default
 /// blocks after a refusal. Every token granted to eu is admitted there:
@@ -756,26 +776,14 @@ fn credited(gw: &Gateway) -> u64 {
 /// was credited, within a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_surging_region_spends_every_token_it_was_granted() {
-    let cfg = |redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>| {
-        let region = format!(
-            "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_at = 0.8\nrebalance_window_ms = 10000"
-        );
-        let t = Toml::new()
-            .gateway("workers = 1\naccess_log = \"off\"")
-            .redis(&redis.url(), "timeout_ms = 1000")
-            .table("leasing", &format!("min = 1\nmax = {MAX_LEASE}"))
-            .table("region", &region);
-        let t = match primary {
-            None => t,
-            Some(p) => t.with(&format!("primary = \"http://{p}\"")),
-        };
-        t.respond("api", "/", &["global"])
-            .limit("global", "600/10s")
-            .with("by = [\"route\"]")
-    };
     let redis = [Redis::start(), Redis::start()];
-    let primary = Gateway::start_connected(&cfg(&redis[0], "us-east", 0.5, None));
-    let eu = Gateway::start_connected(&cfg(&redis[1], "eu-central", 0.3, Some(primary.addr("link"))));
+    let primary = Gateway::start_connected(&per_ten_seconds(&redis[0], "us-east", 0.5, None));
+    let eu = Gateway::start_connected(&per_ten_seconds(
+        &redis[1],
+        "eu-central",
+        0.3,
+        Some(primary.addr("link")),
+    ));
     let started = Instant::now();
     let (eu_t, p_t) = tokio::join!(paced(eu.http(), 54.0, 10.0), paced(primary.http(), 15.0, 10.0));
     let elapsed = started.elapsed();
@@ -803,3 +811,4 @@ async fn a_surging_region_spends_every_token_it_was_granted() {
     );
     assert_eq!(p_t.limited, 0, "the primary, below its slice, refused its own: {p_t:?}");
 }
+
