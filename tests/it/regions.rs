@@ -812,3 +812,73 @@ async fn a_surging_region_spends_every_token_it_was_granted() {
     assert_eq!(p_t.limited, 0, "the primary, below its slice, refused its own: {p_t:?}");
 }
 
+/// Issue 37, the surge-then-primary-surges case: eu-central (0.3 of
+/// `600/10s`, a token bucket of 180 refilled at 18/s) runs at three times
+/// its slice's rate and is granted a transfer; right after the primary
+/// grants (its answer still crossing a 75 ms link), the primary's own
+/// traffic rises to four clients flat out and spends its slice. What was
+/// granted was the primary's to give (it kept what its threshold keeps,
+/// before the grant), so eu still admits its slice plus every token
+/// credited, within a lease, and the primary no more than its slice less
+/// the transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_surge_then_primary_surges_case_admits_the_slice_plus_the_granted_credit() {
+    let redis = [Redis::start(), Redis::start()];
+    let primary = Gateway::start_connected(&per_ten_seconds(&redis[0], "us-east", 0.5, None));
+    let relay = Relay::start(primary.addr("link"), Duration::from_millis(75)).await;
+    let eu = Gateway::start_connected(&per_ten_seconds(&redis[1], "eu-central", 0.3, Some(relay.addr)));
+    let started = Instant::now();
+    let secs = 10.0;
+    let primary_side = async {
+        // A third of its slice's rate until it has granted, then flat out.
+        let mut quiet = Tally::default();
+        while !primary.log().contains("region transfer answered") && started.elapsed().as_secs_f64() < secs - 1.0 {
+            let t = paced(primary.http(), 10.0, 0.2).await;
+            quiet.ok += t.ok;
+            quiet.limited += t.limited;
+        }
+        let rest = secs - started.elapsed().as_secs_f64();
+        let g = primary.http();
+        let (a, b, c, d) = tokio::join!(surge(g, rest), surge(g, rest), surge(g, rest), surge(g, rest));
+        let mut surged = Tally::default();
+        for t in [a, b, c, d] {
+            surged.ok += t.ok;
+            surged.limited += t.limited;
+            surged.other += t.other;
+        }
+        (quiet, surged)
+    };
+    let (eu_t, (quiet, surged)) = tokio::join!(paced(eu.http(), 54.0, secs), primary_side);
+    let elapsed = started.elapsed().as_secs_f64();
+    let granted = credited(&eu);
+    let slice = 180 + (18.0 * elapsed) as u64;
+    println!(
+        "eu admitted {} of {} (slice {slice}, credited {granted}); primary {} quiet, then {} of {} surging",
+        eu_t.ok,
+        eu_t.ok + eu_t.limited,
+        quiet.ok,
+        surged.ok,
+        surged.ok + surged.limited
+    );
+    assert!(granted > 0, "no transfer:\n{}", eu.log());
+    assert!(surged.limited > 0, "the primary did spend its slice: {surged:?}");
+    assert_eq!((eu_t.other, surged.other), (0, 0), "{eu_t:?} {surged:?}");
+    assert!(
+        eu_t.ok + MAX_LEASE >= (slice + granted).min(eu_t.ok + eu_t.limited),
+        "eu admitted {} with {granted} credited on a slice of {slice}:\n{}",
+        eu_t.ok,
+        eu.log()
+    );
+    assert!(
+        eu_t.ok <= slice + granted + MAX_LEASE,
+        "eu admitted {} > {slice} + {granted}",
+        eu_t.ok
+    );
+    // The primary's slice (300, refilled at 30/s) less what it gave.
+    let own = (300 + (30.0 * elapsed) as u64).saturating_sub(granted);
+    assert!(
+        quiet.ok + surged.ok <= own + MAX_LEASE,
+        "the primary admitted {} > {own}: the transfer came back to it",
+        quiet.ok + surged.ok
+    );
+}
