@@ -379,3 +379,46 @@ async fn the_run_loop_handles_a_key_once_per_window_here() {
     // The new window dropped the old one's keys at once.
     assert_eq!(c.asked.lock().unwrap().keys.len(), 1);
 }
+
+/// Issue 37 on fakes, deterministic: the region's bucket (300, on a
+/// stopped clock: no refill) crosses its threshold, the ask is granted one
+/// more slice, and right after the grant the primary's own traffic spends
+/// all it had left, so the next window's ask is refused. Nothing the
+/// primary does after granting reaches what was credited: the region
+/// admits its whole slice, then every token of the grant, then nothing.
+#[tokio::test]
+async fn credit_granted_is_spent_whatever_the_primary_does_next() {
+    use crate::region::rebalancing::Rebalancing;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{QuotaStore, Unspent};
+
+    let primary = primary_with(500);
+    let link = primary_link(primary.clone()).await;
+    let region = Arc::new(Scripted::with_memory(MemoryStore::with_clock(100, Arc::new(|| NOW))));
+    let (tx, mut rx) = mpsc::channel(8);
+    let store = Rebalancing::new(region.clone(), region.clone(), 0.8, tx);
+    let c = coordinator(region.clone(), link, Duration::from_secs(2));
+    let s = spec();
+    let take = |n: u64| {
+        let store = &store;
+        async move { store.acquire("rl:{l:k}", &s, n, Unspent::default()).await.unwrap() }
+    };
+    assert_eq!(take(240).await.granted, 240);
+    let ask = rx.try_recv().expect("240 of 300 crossed 0.8");
+    assert_eq!(c.rebalance(&ask, W).await, Outcome::Granted(300));
+    // The primary's own demand rises at once and spends the rest of its
+    // slice: the next window's ask is refused.
+    primary.transferable.store(0, Ordering::SeqCst);
+    assert_eq!(c.rebalance(&ask, W + 1).await, Outcome::Refused);
+    let mut admitted = 240;
+    loop {
+        let g = take(1).await;
+        if g.granted == 0 {
+            break;
+        }
+        admitted += g.granted;
+        assert!(admitted <= 900, "more than the slice and the grant");
+    }
+    assert_eq!(admitted, 300 + 300, "the slice, then the whole grant");
+    assert_eq!(region.credit.load(Ordering::SeqCst), 0);
+}
