@@ -68,6 +68,32 @@ impl Rebalancing {
     }
 }
 
+/// Tokens a grant took from the bucket, given back if the grant's future
+/// is dropped before it answers (its caller's deadline passed while the
+/// credit was being spent): taken for nobody, they would be lost.
+struct GiveBack<'a> {
+    store: &'a Arc<dyn QuotaStore>,
+    key: &'a str,
+    spec: &'a Spec,
+    unspent: Unspent,
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if self.unspent.tokens == 0 {
+            return;
+        }
+        let (store, key, spec, unspent) = (self.store.clone(), self.key.to_owned(), *self.spec, self.unspent);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = store.release(&key, &spec, unspent).await {
+                    tracing::debug!(%key, error = %e, "giving back a grant nobody waited for failed");
+                }
+            });
+        }
+    }
+}
+
 /// The grant once credit was spent: what credit is left counts as what
 /// the key has left, so a key living on credit is not taken for drained
 /// (blocked locally, refused with a retry time) while credit remains.
@@ -110,6 +136,19 @@ impl QuotaStore for Rebalancing {
             let remaining = grant.remaining;
             let mut short = 0;
             if grant.granted < want {
+                // The bucket's tokens go back if the caller stops waiting
+                // (the guard's deadline) while the credit is spent: a
+                // second round trip within the same deadline.
+                let mut taken = GiveBack {
+                    store: &self.inner,
+                    key,
+                    spec,
+                    unspent: Unspent {
+                        tokens: grant.granted,
+                        window_ms: grant.window_ms,
+                        ..Unspent::default()
+                    },
+                };
                 // The slice is spent: tokens another region transferred
                 // come next. Their failure is not the acquire's.
                 match self
@@ -123,6 +162,7 @@ impl QuotaStore for Rebalancing {
                     }
                     Err(e) => tracing::debug!(%key, error = %e, "spending region credit failed"),
                 }
+                taken.unspent.tokens = 0;
             }
             // The bucket's own answer says whether the key crossed its
             // threshold; the shortfall sizes the ask.
@@ -268,5 +308,31 @@ mod tests {
             .unwrap();
             assert_eq!(g.granted, 0);
         }
+    }
+
+    /// The guard's deadline passes while the credit is spent (a second
+    /// round trip in the same deadline): the bucket's tokens the grant
+    /// took go back, not to nobody.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_dropped_while_spending_credit_gives_the_buckets_tokens_back() {
+        let (tx, _rx) = mpsc::channel(8);
+        let inner = with_credit(5);
+        inner.delay(crate::store::testing::Call::SpendCredit, 50);
+        let store = Rebalancing::new(inner.clone(), inner.clone(), 0.8, tx);
+        let s = spec();
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(10),
+            store.acquire("rl:{a:1}", &s, 12, Unspent::default()),
+        )
+        .await;
+        assert!(dropped.is_err(), "the deadline passed mid-spend");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // All 10 of the bucket's are there again.
+        let probe = inner
+            .memory()
+            .acquire("rl:{a:1}", &s, 20, Unspent::default())
+            .await
+            .unwrap();
+        assert_eq!(probe.granted, 10, "{probe:?}");
     }
 }

@@ -603,3 +603,25 @@ async fn a_late_sliding_window_grant_goes_back_to_its_window() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A region's credit spend whose caller stopped waiting (the deadline
+/// passed, Redis a zone away) still ran: its tokens go back to the key's
+/// credit instead of being spent for nobody (issue 37: a surging region
+/// admitted no more than its slice while it held granted credit).
+#[tokio::test]
+async fn credit_spent_for_a_caller_that_stopped_waiting_goes_back() {
+    use leasegate::store::RegionStore;
+    let redis = Redis::start();
+    let relay = crate::support::relay::Relay::start(([127, 0, 0, 1], redis.port).into(), Duration::from_millis(10));
+    let store = RedisStore::start(&Target::Node(relay.url())).unwrap();
+    assert!(store.link().wait_up(Duration::from_secs(5)).await);
+    let key = "rl:{eu:k}";
+    assert_eq!(store.credit(key, 1, 100, 60_000).await.unwrap(), 100);
+    // The caller gives up long before the 20 ms round trip ends.
+    let gave_up = tokio::time::timeout(Duration::from_millis(2), store.spend_credit(key, 30, 60_000)).await;
+    assert!(gave_up.is_err());
+    // The script ran and its reply came to nobody: the 30 go back.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let all = store.spend_credit(key, 1_000, 60_000).await.unwrap();
+    assert_eq!(all.spent, 100, "{all:?}");
+}

@@ -128,18 +128,40 @@ impl RegionStore for RedisStore {
         want: u64,
         period_ms: u64,
     ) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        let call = self.call_keys(
-            &SPEND_CREDIT,
-            vec![beside(key, "credit"), beside(key, "pending"), beside(key, "short")],
-            vec![want, period_ms.max(1)],
-        );
+        let keys = [beside(key, "credit"), beside(key, "pending"), beside(key, "short")];
+        let Some(mut connection) = self.connection.get().cloned() else {
+            return Box::pin(std::future::ready(Err(super::not_connected())));
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let period_ms = period_ms.max(1);
+        self.io.spawn(async move {
+            let refund = keys[0].clone();
+            let keys_ref: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let result = connection.run_keys(&SPEND_CREDIT, &keys_ref, &[want, period_ms]).await;
+            // The caller stopped waiting (its deadline passed) after the
+            // script spent credit: the tokens go back as a batch of their
+            // own, for a period, instead of being spent for nobody.
+            if let Err(Ok([spent, ..])) = answer.send(result) {
+                if spent > 0 {
+                    let marker = format!("{refund}ed:{:016x}", fastrand::u64(..));
+                    let keys = [refund.as_str(), marker.as_str(), &format!("{refund}:refund")];
+                    if let Err(e) = connection.run_keys(&CREDIT, &keys, &[spent, period_ms]).await {
+                        tracing::debug!(key = %refund, error = %e.classify(), "giving back late spent credit failed");
+                    }
+                }
+            }
+        });
         Box::pin(async move {
-            call.await.map(|r| Credit {
-                spent: r[0],
-                left: r[1],
-                pending: r[2] == 1,
-                short: r[3],
-            })
+            match answered.await {
+                Ok(Ok([spent, left, pending, short, ..])) => Ok(Credit {
+                    spent,
+                    left,
+                    pending: pending == 1,
+                    short,
+                }),
+                Ok(Err(e)) => Err(e.classify()),
+                Err(_) => Err(StoreError::Failed("the Redis I/O thread stopped".into())),
+            }
         })
     }
 
