@@ -236,6 +236,13 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
         );
     }
     let _ = writeln!(h, "<dt>store</dt><dd id=\"store\">{}</dd>", escape(&store));
+    let link = &runtime.store_link;
+    let class = if link.is_up() { "ok" } else { "bad" };
+    let _ = writeln!(
+        h,
+        "<dt>link</dt><dd id=\"link\" class=\"{class}\">{}</dd>",
+        escape(&link.describe())
+    );
     let (class, state) = if circuit_open {
         (
             "bad",
