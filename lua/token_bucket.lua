@@ -21,7 +21,8 @@
 --
 -- `charge` (costs settled above their reserve, 0 for none) is taken after
 -- the give-back whether the bucket has it or not: the level goes below
--- zero by it, at most the debt bound below. Nothing is granted unless
+-- zero by all of it (a debt is never forgiven), bounded only by what keeps
+-- every level within 2^53 units (charged_max below). Nothing is granted unless
 -- `need` whole tokens are there (the asking request's reserve; 0 and 1:
 -- any), and then retry_after_ms is the exact wait until they are.
 --
@@ -54,7 +55,8 @@ local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 local cap = capacity * period
 -- The most tokens reservations may owe: one burst or one period's count,
 -- and no more than keeps every level within 2^53 units.
-local debt_max = math.max(0, math.min(math.max(capacity, count), idiv(9007199254740992, period) - capacity))
+local charged_max = math.max(0, idiv(9007199254740992, period) - capacity)
+local debt_max = math.min(math.max(capacity, count), charged_max)
 
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local units, ts = tonumber(state[1]), tonumber(state[2])
@@ -69,13 +71,13 @@ else
   -- up with the old ts. Capped at the capacity in force, which a reload
   -- may have lowered.
   if now > ts then units = units + (now - ts) * count end
-  -- A debt deeper than this quota allows (a reload changed the limit)
-  -- is cut to what it allows, as a level above the capacity is.
-  units = math.max(-debt_max * period, math.min(cap, units))
+  -- A debt is kept whole (only the doubles' bound cuts it); a level above
+  -- the capacity (a reload lowered it) is cut.
+  units = math.max(-charged_max * period, math.min(cap, units))
 end
 ts = now
 if give_back > 0 then units = math.min(cap, units + give_back * period) end
-if charge > 0 then units = math.max(-debt_max * period, units - charge * period) end
+if charge > 0 then units = math.max(-charged_max * period, units - charge * period) end
 
 local granted = 0
 if units > 0 and idiv(units, period) >= need then granted = math.min(want, idiv(units, period)) end

@@ -225,6 +225,7 @@ pub struct Limit {
 pub struct Cost {
     pub reserve: Option<Spanned<NumberOrText>>,
     pub settle: Option<Spanned<String>>,
+    pub errors: Option<Spanned<String>>,
 }
 
 /// A value written as a number or as a string.

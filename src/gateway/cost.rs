@@ -179,8 +179,9 @@ pub(super) struct Watcher {
     settling: smallvec::SmallVec<[(Meter, Settlement, Arc<LimitRuntime>); 1]>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
-    /// The response was an upstream's 5xx: a cost it did not send is the
-    /// upstream's failure, not a missing field.
+    /// The response was an upstream's error (status 400 or more): a cost
+    /// it did not send is the upstream's failure, not a missing field, and
+    /// costs what the limit's `errors` says.
     failed: bool,
 }
 
@@ -216,7 +217,7 @@ impl Watcher {
             settling,
             limiter: limiter.clone(),
             metrics: metrics.clone(),
-            failed: resp.status().is_server_error(),
+            failed: resp.status().as_u16() >= 400,
         };
         resp.map(|body| Body::watched(body, Box::new(watcher)))
     }
@@ -252,16 +253,31 @@ impl Watch for Watcher {
                     self.limiter.settle(&s, cost);
                 }
                 Err(why) => {
-                    let why = if self.failed && why == Unsettled::Missing {
-                        Unsettled::UpstreamError
-                    } else {
-                        why
+                    let why = match why {
+                        Unsettled::Missing | Unsettled::TooLarge if self.failed => {
+                            // An error that reports no usage served nothing.
+                            if errors_are_free(&limit) {
+                                self.limiter.settle(&s, 0);
+                            }
+                            Unsettled::UpstreamStatus
+                        }
+                        why => why,
                     };
                     unsettled(&self.metrics, &limit.config.name, why);
                 }
             }
         }
     }
+}
+
+/// Whether `limit`'s cost makes an upstream's failure free (`errors =
+/// "free"`, the default).
+pub(super) fn errors_are_free(limit: &LimitRuntime) -> bool {
+    limit
+        .config
+        .cost
+        .as_ref()
+        .is_some_and(|c| c.errors == crate::limit::cost::OnError::Free)
 }
 
 /// One more response whose cost under `limit` never arrived.

@@ -354,10 +354,14 @@ impl Gateway {
                 .await;
                 let failed = result.is_err();
                 if failed {
-                    // No response, so no cost: the reserves stand.
+                    // No response: nothing served, so nothing charged
+                    // (`errors = "free"`), or the reserve stands.
                     for s in &settlements {
-                        if let Some(limit) = snapshot.config.limits.get(s.limit) {
-                            cost::unsettled(&self.runtime.metrics, &limit.name, Unsettled::UpstreamError);
+                        if let Some(limit) = snapshot.limits.get(s.limit) {
+                            if cost::errors_are_free(limit) {
+                                self.runtime.limiter.settle(s, 0);
+                            }
+                            cost::unsettled(&self.runtime.metrics, &limit.config.name, Unsettled::UpstreamError);
                         }
                     }
                 }

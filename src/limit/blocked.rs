@@ -35,6 +35,12 @@ pub fn block_needing(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u6
         .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);
 }
 
+/// Ends `lease`'s block: what it was set on no longer holds (a settled
+/// cost left the key in debt). The next request asks the store.
+pub fn unblock(lease: &Lease) {
+    lease.blocked_until.store(0, Ordering::Relaxed);
+}
+
 /// Whether the block refuses a request needing `need` tokens at `now_ms`.
 #[inline]
 pub fn refuses(lease: &Lease, now_ms: u64, need: u64) -> bool {

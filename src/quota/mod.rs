@@ -376,7 +376,7 @@ pub fn reserve_returning(
 
 /// Takes `tokens` spent after the fact (a cost settled above its
 /// reserve), whether or not the quota has them: a token bucket's level goes
-/// below zero by them (at most [`token_bucket::max_debt`] below), a
+/// below zero by all of them (never forgiven), a
 /// window's count above its limit. The key owes them, and is refused until
 /// the refill or the window pays them off.
 pub fn charge(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {

@@ -85,11 +85,13 @@ pub fn acquire_or_reserve(
 }
 
 /// Takes `tokens` spent after the fact, whether the bucket has them or
-/// not: the level goes below zero by them, at most [`max_debt`] below (a
-/// deeper debt is forgiven: one burst's wait is the most a key is made to
-/// repay), and the refill pays the debt off before anyone gets a token.
+/// not: the level goes below zero by them, however deep (a debt is never
+/// forgiven: what a request cost is charged in full, and the key waits
+/// until the refill has repaid it), bounded only by [`max_charged_debt`],
+/// which keeps the Lua scripts' doubles exact. The refill pays the debt off
+/// before anyone gets a token.
 pub fn charge(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> State {
-    let floor = -(max_debt(spec) as i64).saturating_mul(per_token(spec));
+    let floor = -(max_charged_debt(spec) as i64).saturating_mul(per_token(spec));
     let taken = i64::try_from(tokens)
         .unwrap_or(i64::MAX)
         .saturating_mul(per_token(spec));
@@ -113,6 +115,14 @@ pub fn max_debt(spec: &Spec) -> u64 {
     spec.capacity.max(spec.count).min(exact)
 }
 
+/// The deepest debt a bucket can hold, in tokens: what keeps every level
+/// within 2^53 units (the Lua scripts' doubles), about 2.5 billion tokens
+/// for an hourly rate. Charges go this deep; reservations stop at
+/// [`max_debt`].
+pub fn max_charged_debt(spec: &Spec) -> u64 {
+    (super::MAX_UNITS / spec.period_ms().max(1)).saturating_sub(spec.capacity)
+}
+
 /// When the k-th (from 0) of a reservation's tokens may be spent, in ms
 /// after the first: `ceil(k × period / count)`, never earlier than the
 /// refill brings it.
@@ -133,7 +143,7 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, tokens: u64) -> S
 }
 
 /// The level at `now_ms`, refilled for the time elapsed (below zero while
-/// reservations are owed, never below [`max_debt`]).
+/// reservations or charges are owed, never below [`max_charged_debt`]).
 ///
 /// A clock that went backwards (NTP stepping the wall clock, Redis `TIME`
 /// after a failover to a skewed replica) refills nothing, and the caller
@@ -147,10 +157,9 @@ pub fn level(state: Option<State>, spec: &Spec, now_ms: u64) -> i64 {
         None => cap,
         Some(s) => {
             let elapsed = i64::try_from(now_ms.saturating_sub(s.at_ms)).unwrap_or(i64::MAX);
-            // A debt deeper than this quota allows (a reload changed the
-            // limit) is cut to what it allows, as a level above the
-            // capacity is.
-            let floor = -(max_debt(spec) as i64).saturating_mul(per_token(spec));
+            // A debt is kept whole (only the doubles' bound cuts it); a
+            // level above the capacity (a reload lowered it) is cut.
+            let floor = -(max_charged_debt(spec) as i64).saturating_mul(per_token(spec));
             s.units
                 .saturating_add(elapsed.saturating_mul(spec.count as i64))
                 .clamp(floor, cap)
@@ -279,16 +288,21 @@ mod tests {
     }
 
     #[test]
-    fn a_debt_deeper_than_the_quota_allows_is_cut_to_it() {
-        // 10/s, burst 10: a debt of 10 at most (one burst).
+    fn a_debt_is_never_forgiven_however_deep() {
+        // 10/s, burst 10: a charge of 1 000 tokens (a hundred bursts) is
+        // owed whole, and repaid by the refill alone.
         let s = spec(10, 1_000, 10);
-        let deep = State {
-            units: -1_000_000,
-            at_ms: 0,
-        };
-        assert_eq!(level(Some(deep), &s, 0), -10_000);
-        let (_, g) = acquire(Some(deep), &s, 0, 1);
-        assert_eq!(g.retry_after_ms, 1_100, "the wait of a debt of ten, and one token");
+        let st = charge(None, &s, 0, 1_010);
+        assert_eq!(level(Some(st), &s, 0), -1_000_000);
+        let (st, g) = acquire(Some(st), &s, 0, 1);
+        assert_eq!((g.granted, g.owed), (0, 1_000));
+        assert_eq!(g.retry_after_ms, 100_100, "the wait of a debt of 1 000, and one token");
+        assert_eq!(acquire(Some(st), &s, 100_099, 1).1.granted, 0);
+        assert_eq!(acquire(Some(st), &s, 100_100, 1).1.granted, 1);
+        // Reservations still stop at one burst of debt: none is made on
+        // top of a charge that deep.
+        let (_, r) = acquire_or_reserve(Some(st), &s, 0, 5, 1, true);
+        assert_eq!(r.reserved, 0);
     }
 
     proptest! {
@@ -353,8 +367,9 @@ mod tests {
             prop_assert_eq!(early.granted, 0);
         }
 
-        /// A charge leaves the bucket owing (never more than the debt
-        /// bound), and a request needing `need` tokens at once is refused
+        /// A charge leaves the bucket owing all of it (never forgiven: the
+        /// level is exactly the tokens left less the charge), and a
+        /// request needing `need` tokens at once is refused
         /// until exactly the moment the refill has paid the debt and
         /// brought them: a millisecond earlier it is refused still.
         #[test]
@@ -365,8 +380,9 @@ mod tests {
             let s = spec(count, period_ms, capacity);
             let need = need.min(capacity);
             let (st, _) = acquire(None, &s, 1_000, spent.min(capacity));
+            let before = level(Some(st), &s, 1_000);
             let st = charge(Some(st), &s, 1_000, charged);
-            prop_assert!(level(Some(st), &s, 1_000) >= -(max_debt(&s) as i64) * period_ms as i64);
+            prop_assert_eq!(level(Some(st), &s, 1_000), before - charged as i64 * period_ms as i64);
             let (st, g) = acquire_or_reserve(Some(st), &s, 1_000, need + 3, need, false);
             if g.granted > 0 {
                 prop_assert!(g.granted >= need);

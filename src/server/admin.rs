@@ -303,6 +303,7 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                 "cost": l.cost.as_ref().map(|c| serde_json::json!({
                     "reserve": c.reserve.describe(),
                     "settle": c.settle.as_ref().map(|s| s.describe()),
+                    "errors": c.errors.as_str(),
                 })),
             })
         })

@@ -339,7 +339,7 @@ pub struct Metrics {
     /// or refused in the end; a limit's series appears with its first wait.
     pub queue_wait: Family<LimitLabels, Histogram, QueueBounds>,
     /// Responses whose cost never arrived (their reserve stands), by limit
-    /// and reason: `missing`, `too_large`, `cut`, `upstream_error`.
+    /// and reason: `missing`, `too_large`, `cut`, `upstream_error`, `upstream_status`.
     pub cost_unsettled: Family<UnsettledLabels, Counter>,
 }
 

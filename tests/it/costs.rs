@@ -75,7 +75,7 @@ fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
 /// - `header?cost=N`: `x-cost: N`;
 /// - `cut`: a JSON body that breaks off half way;
 /// - `ssecut?costs=A,B`: usage events, then the stream breaks off;
-/// - `fail`: a 500 with no cost;
+/// - `fail?n=S`: status S (500 when absent or below 400) with no cost;
 /// - `bytes?n=N`: N bytes.
 async fn llm() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -141,7 +141,7 @@ async fn llm() -> SocketAddr {
                             steps.push_back(Step::Fail);
                         }
                         "fail" => {
-                            resp = resp.status(500);
+                            resp = resp.status(n.max(400) as u16);
                             steps.push_back(Step::Data(Bytes::from("{\"error\":\"overloaded\"}")));
                         }
                         _ => steps.push_back(Step::Data(Bytes::from(vec![b'x'; n]))),
@@ -312,15 +312,19 @@ async fn every_other_rule_settles(gw: &Gateway) {
     assert_eq!(get(gw, "/hdr/header?cost=25").await.status, 200);
     assert_eq!(get(gw, "/hdr/header?cost=10").await.remaining("hdr"), 100 - 25 - 10);
 
-    // A cut stream keeps its reserve, and is counted; so is a 500.
+    // A cut stream keeps its reserve, and is counted. An upstream's error
+    // answers (400, 429, 500) that report no usage cost nothing: their
+    // reserves go back (`errors = "free"`).
     let cut = get(gw, "/cut/cut").await;
     assert!(cut.body.is_err(), "the client sees the cut: {:?}", cut.body);
-    let fail = get(gw, "/cut/fail").await;
-    assert_eq!(fail.status, 500);
-    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 10 - 10 - 10);
+    for status in [500, 400, 429] {
+        let fail = get(gw, &format!("/cut/fail?n={status}")).await;
+        assert_eq!(fail.status, status);
+    }
+    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 10 - 10);
     // Cut after its usage said 40: the 40 is charged all the same.
     assert!(get(gw, "/cut/ssecut?costs=25,40").await.body.is_err());
-    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 30 - 40 - 10);
+    assert_eq!(get(gw, "/cut/json?cost=10").await.remaining("cut"), 100 - 20 - 40 - 10);
     let m = gw.metrics().await;
     assert_eq!(
         sample(&m, "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"cut\"}"),
@@ -330,9 +334,9 @@ async fn every_other_rule_settles(gw: &Gateway) {
     assert_eq!(
         sample(
             &m,
-            "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"upstream_error\"}"
+            "leasegate_cost_unsettled_total{limit=\"cut\",reason=\"upstream_status\"}"
         ),
-        1.0,
+        3.0,
         "{m}"
     );
 
@@ -608,6 +612,24 @@ fn check_refuses_a_settle_without_an_upstream_and_a_body_reserve_without_a_body(
     let (code, _, err, _dir) = check(&format!("{base}{}{gets}", limit("{ settle = \"tokens\" }")));
     assert_ne!(code, 0);
     assert!(err.contains("limits[0].cost.settle"), "{err}");
+    let (code, _, err, _dir) = check(&format!(
+        "{base}{}{gets}",
+        limit("{ settle = \"header:x-cost\", errors = \"never\" }")
+    ));
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("limits[0].cost.errors") && err.contains("use \"free\" or \"reserve\""),
+        "{err}"
+    );
+    let (code, out, err, _dir) = check(&format!(
+        "{base}{}{gets}",
+        limit("{ settle = \"header:x-cost\", errors = \"reserve\" }")
+    ));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("cost reserve 1, settle header:x-cost, errors reserve"),
+        "{out}"
+    );
     let posts = gets.replace("\"GET\", \"HEAD\"", "\"POST\"");
     let (code, out, err, _dir) = check(&format!(
         "{base}{}{posts}",
@@ -618,4 +640,69 @@ fn check_refuses_a_settle_without_an_upstream_and_a_body_reserve_without_a_body(
         out.contains("cost reserve json:max_tokens, settle json:usage.input_tokens+usage.output_tokens"),
         "{out}"
     );
+}
+
+/// Sequential requests on one keep-alive connection, as an SDK sends them:
+/// 2000 tokens an hour, each reserving 1 and costing 600. The fourth
+/// leaves the key 400 in debt; the fifth is refused with the debt's own
+/// wait (the refill of 401 tokens: 722 s), not a wait computed before the
+/// debt was known, and so is every one after it. On the memory store and
+/// on Redis.
+async fn the_first_refusal_after_a_debt_has_the_debts_wait(store: &str) {
+    let upstream = llm().await;
+    let text = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .raw(store)
+        .upstream("llm", &format!("http://{upstream}"))
+        .forward("chat", "/v1/", "llm")
+        .with("limits = [\"tokens\"]")
+        .forward("deep", "/deep/", "llm")
+        .with("limits = [\"deep\"]")
+        .limit("tokens", "2000/h")
+        .with("by = [\"route\"]\ncost = { reserve = 1, settle = \"json:usage.total_tokens\" }")
+        .limit("deep", "100/100s")
+        .with("by = [\"route\"]\ncost = { reserve = 1, settle = \"json:usage.total_tokens\" }")
+        .to_string();
+    let gw = Gateway::start(&text);
+    let mut c = client::http1(gw.http()).await;
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        let resp = client::send(&mut c, client::get("/v1/json?cost=600")).await;
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let _ = resp.into_body().collect().await;
+        seen.push((status, retry));
+    }
+    assert_eq!(&seen[..4], &[(200, None); 4], "{seen:?}");
+    for (status, retry) in &seen[4..] {
+        assert_eq!(*status, 429, "{seen:?}");
+        let retry = retry.unwrap_or(0);
+        assert!((721..=722).contains(&retry), "the debt's wait: {seen:?}\n{}", gw.log());
+    }
+    // A debt of nine bursts is owed whole, not cut to one burst: a bucket
+    // of 100 at 1/s, one request reserving 1 and costing 1 000, owes 900,
+    // and the next waits 901 s.
+    assert_eq!(get(&gw, "/deep/json?cost=1000").await.status, 200);
+    let after = get(&gw, "/deep/json?cost=1").await;
+    assert_eq!(after.status, 429);
+    assert!((900..=901).contains(&after.retry_after()), "{:?}", after.headers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_memory_the_first_refusal_after_a_debt_has_the_debts_wait() {
+    the_first_refusal_after_a_debt_has_the_debts_wait("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_first_refusal_after_a_debt_has_the_debts_wait() {
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\n",
+        redis.url()
+    );
+    the_first_refusal_after_a_debt_has_the_debts_wait(&store).await;
 }

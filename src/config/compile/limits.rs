@@ -285,8 +285,19 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
             .map(Some)
             .map_err(|e| (s.span(), format!("{key}.cost.settle"), e)),
     };
+    let errors = super::choice(
+        c,
+        r.errors.as_ref(),
+        &format!("{key}.cost.errors"),
+        &crate::limit::cost::OnError::SPELLINGS,
+        crate::limit::cost::OnError::Free,
+    );
     match (reserve, settle) {
-        (Ok(reserve), Ok(settle)) => Some(Cost { reserve, settle }),
+        (Ok(reserve), Ok(settle)) => Some(Cost {
+            reserve,
+            settle,
+            errors,
+        }),
         (reserve, settle) => {
             for (span, at, e) in [reserve.err(), settle.err()].into_iter().flatten() {
                 c.at(span, at, e.to_string());

@@ -22,8 +22,11 @@ pub enum Unsettled {
     TooLarge,
     /// The body broke off, or the client went away, before its end.
     Cut,
-    /// The upstream failed: no response, or a 5xx without the cost.
+    /// The upstream failed: no response at all.
     UpstreamError,
+    /// The upstream answered with an error status (400 or more) that
+    /// reported no cost.
+    UpstreamStatus,
 }
 
 impl Unsettled {
@@ -34,6 +37,7 @@ impl Unsettled {
             Unsettled::TooLarge => "too_large",
             Unsettled::Cut => "cut",
             Unsettled::UpstreamError => "upstream_error",
+            Unsettled::UpstreamStatus => "upstream_status",
         }
     }
 }

@@ -26,6 +26,32 @@ pub struct Cost {
     pub reserve: Reserve,
     /// `None`: the reserve is the cost.
     pub settle: Option<Settle>,
+    /// What an upstream's failure costs when it reports no usage.
+    pub errors: OnError,
+}
+
+/// `errors`: what a request costs whose upstream answered with an error
+/// (status 400 or more) reporting no usage, or gave no answer at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Nothing: the reserve goes back (providers do not bill failed
+    /// requests, and during an incident a client must not lose its budget
+    /// to requests that served nothing).
+    #[default]
+    Free,
+    /// The reserve stands.
+    Reserve,
+}
+
+impl OnError {
+    pub const SPELLINGS: [(&'static str, OnError); 2] = [("free", OnError::Free), ("reserve", OnError::Reserve)];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Free => "free",
+            OnError::Reserve => "reserve",
+        }
+    }
 }
 
 /// What a request reserves at admission.
@@ -176,7 +202,15 @@ impl Cost {
     /// `check`.
     pub fn describe(&self) -> String {
         match &self.settle {
-            Some(s) => format!("reserve {}, settle {}", self.reserve.describe(), s.describe()),
+            Some(s) if self.errors == OnError::Free => {
+                format!("reserve {}, settle {}", self.reserve.describe(), s.describe())
+            }
+            Some(s) => format!(
+                "reserve {}, settle {}, errors {}",
+                self.reserve.describe(),
+                s.describe(),
+                self.errors.as_str()
+            ),
             None => format!("reserve {}", self.reserve.describe()),
         }
     }

@@ -99,6 +99,14 @@ impl Limiter {
             return lease.debt();
         }
         let owed = lease.charge(cost - s.reserve);
+        if owed > 0 {
+            // A block set before this debt (a refill the store refused a
+            // moment ago) would answer the next requests with the wait it
+            // knew then, seconds where the debt means minutes: the next
+            // request asks the store instead, carrying the debt, and hears
+            // the debt's own wait (and blocks the key for it).
+            super::super::blocked::unblock(lease);
+        }
         if lease.is_evicted() && owed > 0 {
             // Nobody will call for this lease again: what it owes goes now.
             if let Some(r) = Release::charged(lease, s.spec, lease.take_debt()) {

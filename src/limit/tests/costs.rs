@@ -13,6 +13,7 @@ fn priced(name: &str) -> Vec<Arc<LimitRuntime>> {
             cost: Some(Cost {
                 reserve: Reserve::Fixed(10),
                 settle: Some(Settle::ResponseBytes),
+                errors: Default::default(),
             }),
             ..Draft::new(name, rate)
         })
