@@ -223,9 +223,14 @@ pub struct Limit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cost {
+    /// `"openai" | "anthropic" | "ollama"`: a preset's rules.
+    pub api: Option<Spanned<String>>,
     pub reserve: Option<Spanned<NumberOrText>>,
     pub settle: Option<Spanned<String>>,
     pub errors: Option<Spanned<String>>,
+    pub reserve_default: Option<Spanned<i64>>,
+    /// `"estimate" | "reserve" | N`
+    pub unsettled: Option<Spanned<NumberOrText>>,
 }
 
 /// A value written as a number or as a string.

@@ -145,10 +145,10 @@ impl Config {
     /// fallback is bounded by twice what the fleet was admitting, so it is
     /// never named here.
     pub fn warnings(&self) -> Vec<String> {
+        let mut out = self.llm_warnings();
         if self.store.backend == StoreBackend::Memory {
-            return Vec::new();
+            return out;
         }
-        let mut out = Vec::new();
         for (i, lim) in self.limits.iter().enumerate() {
             let Some(fallback) = lim.fallback_rate else { continue };
             if matches!(lim.mode, Mode::Shadow | Mode::Soft) {
@@ -178,4 +178,38 @@ impl Config {
         }
         out
     }
+
+    /// A route that forwards to an LLM API (a limit with a cost preset)
+    /// through an upstream that keeps the default 30 s
+    /// `request_timeout_ms`: a long completion that is not streamed sends
+    /// its head only when it is done, and would be cut with a 504.
+    fn llm_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in self.routes.iter() {
+            let crate::route::Action::Forward(u) = &r.action else {
+                continue;
+            };
+            let preset = r
+                .limits
+                .iter()
+                .filter_map(|&i| self.limits.get(i))
+                .find_map(|l| l.cost.as_ref().and_then(|c| c.api));
+            if let Some(api) = preset {
+                if u.request_timeout == std::time::Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS) {
+                    out.push(format!(
+                        "route {}: a limit reads the {} API, and upstream {} keeps the default request_timeout_ms \
+                         ({DEFAULT_REQUEST_TIMEOUT_MS}): a long completion that is not streamed answers only when it \
+                         is done and would be cut with a 504; set request_timeout_ms = 600000 on the upstream",
+                        r.name,
+                        api.as_str(),
+                        u.name
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
+
+/// `[[upstreams]] request_timeout_ms` when not set.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;

@@ -268,7 +268,10 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
                 if c.reserve.needs_body() {
                     return rule;
                 }
-                match c.reserve.of_request(req.headers(), None, spec.capacity) {
+                match c
+                    .reserve
+                    .of_request(req.headers(), None, c.reserve_default, spec.capacity)
+                {
                     Ok(n) => format!("{rule} (this request reserves {n})"),
                     Err(e) => format!("{rule} (this request: 400, {e})"),
                 }

@@ -16,11 +16,12 @@ use super::serve::{Routed, Served};
 use super::Gateway;
 use crate::identity::Tier;
 use crate::limit::cost::meter::{Meter, Unsettled};
-use crate::limit::cost::{Reserves, Settle, Settlement, Settlements};
+use crate::limit::cost::rewrite::UsageFilter;
+use crate::limit::cost::{api, Reserve, Reserves, Settle, Settlement, Settlements};
 use crate::limit::slots::Held;
 use crate::limit::LimitRuntime;
 use crate::limit::Limiter;
-use crate::proxy::body::{Body, Ended, RequestBody, Watch};
+use crate::proxy::body::{Body, Ended, RequestBody, Rewrite, Watch};
 use crate::route::Action;
 use crate::route::Route;
 use crate::runtime::Snapshot;
@@ -50,6 +51,22 @@ pub(super) struct Priced {
     pub reads_json: bool,
 }
 
+/// Per priced limit (by index), the prompt estimate an unsettled cost's
+/// estimate starts from; `None` for a request a preset does not price (a
+/// path that generates nothing: it costs as a plain request).
+pub(super) type Estimates = smallvec::SmallVec<[(usize, Option<u64>); 2]>;
+
+/// What a request's limits with a cost make of it before its decision.
+#[derive(Debug, Default)]
+pub(super) struct Pricing {
+    pub costs: Reserves,
+    pub estimates: Estimates,
+    /// A preset asks the upstream for the stream's usage the client did
+    /// not ask for: the request body is rewritten, and the usage chunk
+    /// removed from the response.
+    pub add_usage: bool,
+}
+
 /// The limits with a `cost` among `route`'s that apply to a caller of
 /// `tier`; `None` (no allocation) for a route with none.
 pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<Priced> {
@@ -62,7 +79,7 @@ pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<P
     for &i in route.limits.iter().filter(|i| costed(i)) {
         let Some(cost) = limits[i].cost.as_ref() else { continue };
         p.needs_body |= cost.reserve.needs_body();
-        p.reads_json |= matches!(cost.settle, Some(Settle::Json(_)));
+        p.reads_json |= cost.settle.as_ref().is_some_and(Settle::reads_json);
         if cost.settle == Some(Settle::RequestBytes) && p.request_bytes.is_none() {
             p.request_bytes = Some(Arc::new(AtomicU64::new(0)));
         }
@@ -71,24 +88,57 @@ pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<P
     Some(p)
 }
 
-/// Each priced limit's reserve for a request with `headers` and (when one
-/// needs it) `body`, at most the limit's capacity for the caller.
+/// Each priced limit's reserve for a request for `path` with `headers`
+/// and (when one needs it) `body`, at most the limit's capacity for the
+/// caller; with what a preset read of it.
 pub(super) fn reserves(
     snapshot: &Snapshot,
     priced: &Priced,
+    path: &str,
     headers: &HeaderMap,
     body: Option<&[u8]>,
-) -> Result<Reserves, RequestError> {
-    let mut out = Reserves::new();
+) -> Result<Pricing, RequestError> {
+    let mut out = Pricing::default();
+    let len = body.map_or(0, |b| b.len() as u64);
     for &i in &priced.limits {
         let (Some(limit), Some(runtime)) = (snapshot.config.limits.get(i), snapshot.limits.get(i)) else {
             continue;
         };
         let Some(cost) = &limit.cost else { continue };
-        let n = cost.reserve.of_request(headers, body, runtime.spec.capacity)?;
-        out.push((i, n));
+        let capacity = runtime.spec.capacity;
+        let (n, prompt) = match &cost.reserve {
+            Reserve::Api(a) => match a.endpoint(path) {
+                Some(endpoint) => {
+                    let r = api::read_request(*a, endpoint, body, len, cost.reserve_default);
+                    out.add_usage |= r.add_usage;
+                    (r.reserve.clamp(1, capacity.max(1)), Some(r.prompt))
+                }
+                None => (1, None),
+            },
+            reserve => {
+                let n = reserve.of_request(headers, body, cost.reserve_default, capacity)?;
+                // A preset whose reserve is written out still prices only
+                // the endpoints it knows.
+                let prompt = match cost.api {
+                    Some(a) if a.endpoint(path).is_none() => None,
+                    _ => Some(len.div_ceil(api::BYTES_PER_TOKEN)),
+                };
+                (n, prompt)
+            }
+        };
+        out.costs.push((i, n));
+        out.estimates.push((i, prompt));
     }
     Ok(out)
+}
+
+/// A priced body's `Content-Encoding` (other than identity): its bytes
+/// are not what the upstream reads, so it is refused (415) rather than
+/// priced as unreadable.
+fn encoded(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(http::header::CONTENT_ENCODING)?;
+    let text = v.to_str().unwrap_or("?").trim();
+    (!text.is_empty() && !text.eq_ignore_ascii_case("identity")).then(|| text.chars().take(32).collect())
 }
 
 /// The upstream is asked for an uncompressed response (`Accept-Encoding`
@@ -149,17 +199,32 @@ impl Gateway {
             }
         };
         let max = routed.snapshot.config.gateway.max_cost_body_bytes;
-        let read = read_body(&parts.headers, body, max, idle, total).await;
+        let read = match encoded(&parts.headers) {
+            Some(encoding) => Err(RequestError::BodyEncoded(encoding)),
+            None => read_body(&parts.headers, body, max, idle, total).await,
+        };
+        let path = parts.uri.path();
         let priced_read = read.and_then(|bytes| {
-            reserves(routed.snapshot, &priced, &parts.headers, Some(&bytes)).map(|costs| (bytes, costs))
+            reserves(routed.snapshot, &priced, path, &parts.headers, Some(&bytes)).map(|p| (bytes, p))
         });
         match priced_read {
-            Ok((bytes, costs)) => {
+            Ok((mut bytes, pricing)) => {
+                let mut parts = parts;
+                if pricing.add_usage {
+                    if let Some(asked) = crate::limit::cost::rewrite::ask_usage(&bytes) {
+                        bytes = Bytes::from(asked);
+                        parts
+                            .headers
+                            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(bytes.len()));
+                        routed.hide_usage = true;
+                    }
+                }
                 if let Some(n) = &routed.request_bytes {
                     n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
                 }
                 routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some((place, client))));
-                routed.costs = costs;
+                routed.costs = pricing.costs;
+                routed.estimates = pricing.estimates;
                 self.limited(routed)
             }
             Err(e) => {
@@ -174,9 +239,11 @@ impl Gateway {
 /// reserves to settle from what it says it cost.
 pub(super) struct Watcher {
     held: Vec<Held>,
-    /// Each limit that settles: its meter, its reserve, and the limit (for
-    /// its name, should the cost never come).
-    settling: smallvec::SmallVec<[(Meter, Settlement, Arc<LimitRuntime>); 1]>,
+    /// Each limit that settles: its meter, its reserve, the limit (for its
+    /// name and its rules, should the cost never come), and the prompt
+    /// estimate an unsettled cost's estimate starts from (`None`: a
+    /// request its preset does not price, whose reserve stands).
+    settling: smallvec::SmallVec<[(Meter, Settlement, Arc<LimitRuntime>, Option<u64>); 1]>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     /// The response was an upstream's error (status 400 or more): a cost
@@ -192,6 +259,7 @@ impl Watcher {
         resp: Response<Body>,
         held: Vec<Held>,
         settlements: Settlements,
+        estimates: &Estimates,
         snapshot: &Snapshot,
         limiter: &Arc<Limiter>,
         metrics: &Arc<Metrics>,
@@ -206,11 +274,14 @@ impl Watcher {
             let Some(limit) = snapshot.limits.get(s.limit) else {
                 continue;
             };
-            let Some(rule) = limit.config.cost.as_ref().and_then(|c| c.settle.as_ref()) else {
+            let Some(cost) = limit.config.cost.as_ref() else {
                 continue;
             };
-            let meter = Meter::new(rule, resp.headers(), request_bytes.cloned(), max_body);
-            settling.push((meter, s, limit.clone()));
+            let Some(rule) = cost.settle.as_ref() else { continue };
+            let prompt = estimates.iter().find(|(i, _)| *i == s.limit).and_then(|(_, p)| *p);
+            let estimate = prompt.is_some() && cost.unsettled == crate::limit::cost::OnUnsettled::Estimate;
+            let meter = Meter::new(rule, resp.headers(), request_bytes.cloned(), max_body, estimate);
+            settling.push((meter, s, limit.clone(), prompt));
         }
         let watcher = Watcher {
             held,
@@ -225,7 +296,7 @@ impl Watcher {
 
 impl Watch for Watcher {
     fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
-        for (meter, _, _) in &mut self.settling {
+        for (meter, _, _, _) in &mut self.settling {
             if let Some(data) = frame.data_ref() {
                 meter.data(data);
             } else if let Some(trailers) = frame.trailers_ref() {
@@ -237,37 +308,68 @@ impl Watch for Watcher {
     fn end(&mut self, how: Ended) {
         // In flight no more.
         self.held.clear();
-        for (meter, s, limit) in self.settling.drain(..) {
-            let outcome = match how {
-                Ended::Complete => meter.finish(),
-                Ended::Failed | Ended::Dropped => {
-                    // What the response showed before it was cut is charged
-                    // (never refunded): cutting a stream after its usage
-                    // event does not make it free.
-                    self.limiter.settle_cut(&s, meter.seen());
-                    Err(Unsettled::Cut)
-                }
-            };
+        for (meter, s, limit, prompt) in self.settling.drain(..) {
+            let cut = matches!(how, Ended::Failed | Ended::Dropped);
+            let seen = meter.seen();
+            let content = meter.content();
+            let outcome = if cut { Err(Unsettled::Cut) } else { meter.finish() };
             match outcome {
                 Ok(cost) => {
                     self.limiter.settle(&s, cost);
                 }
+                Err(Unsettled::Missing | Unsettled::TooLarge) if self.failed => {
+                    // An error that reports no usage served nothing.
+                    if errors_are_free(&limit) {
+                        self.limiter.settle(&s, 0);
+                    }
+                    unsettled(&self.metrics, &limit.config.name, Unsettled::UpstreamStatus);
+                }
                 Err(why) => {
-                    let why = match why {
-                        Unsettled::Missing | Unsettled::TooLarge if self.failed => {
-                            // An error that reports no usage served nothing.
-                            if errors_are_free(&limit) {
-                                self.limiter.settle(&s, 0);
-                            }
-                            Unsettled::UpstreamStatus
-                        }
-                        why => why,
+                    // Cut, missing or oversized: charged by the limit's
+                    // `unsettled` rule, never less than the reserve or what
+                    // the response showed before it was cut (a client
+                    // cannot make a completion free by hanging up).
+                    let rule = match (prompt, limit.config.cost.as_ref()) {
+                        (Some(_), Some(c)) => c.unsettled,
+                        _ => crate::limit::cost::OnUnsettled::Reserve,
                     };
+                    let estimate = prompt
+                        .unwrap_or(0)
+                        .saturating_add(content.div_ceil(api::BYTES_PER_TOKEN));
+                    let cost = rule.charge(s.reserve, seen, estimate);
+                    if cost != s.reserve {
+                        self.limiter.settle(&s, cost);
+                    }
                     unsettled(&self.metrics, &limit.config.name, why);
                 }
             }
         }
     }
+}
+
+/// A `text/event-stream` to a client that did not ask for its usage, with
+/// the usage chunk the preset asked for in its name removed.
+impl Rewrite for UsageFilter {
+    fn data(&mut self, chunk: Bytes) -> Bytes {
+        self.push(chunk)
+    }
+
+    fn end(&mut self) -> Bytes {
+        self.finish()
+    }
+}
+
+/// `resp` with the usage chunk removed from its stream, when the preset
+/// asked the upstream for it: a successful event stream. The bytes change,
+/// so a `Content-Length` goes.
+pub(super) fn hide_usage(mut resp: Response<Body>, max: usize) -> Response<Body> {
+    let streams =
+        crate::limit::cost::meter::stream_kind(resp.headers()) == Some(crate::limit::cost::meter::Stream::Sse);
+    if !streams || !resp.status().is_success() {
+        return resp;
+    }
+    resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+    resp.map(|body| Body::rewritten(body, Box::new(UsageFilter::new(max))))
 }
 
 /// Whether `limit`'s cost makes an upstream's failure free (`errors =

@@ -54,6 +54,10 @@ pub enum RequestError {
     /// [`super::cost::BODIES_AT_ONCE`] bodies are being read to price them.
     #[error("too many request bodies are being read to price them; retry shortly")]
     BodiesBusy,
+    /// A body a cost reserve reads came with a `Content-Encoding`: its
+    /// bytes are not what the upstream reads, so it cannot be priced.
+    #[error("a request body this route prices must not be encoded (Content-Encoding {0:?}); send it as it is")]
+    BodyEncoded(String),
 }
 
 impl RequestError {
@@ -65,6 +69,7 @@ impl RequestError {
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
             | RequestError::BodiesBusy
+            | RequestError::BodyEncoded(_)
             | RequestError::BodyUnread(_) => Source::Client,
             RequestError::Forward(f) if f.upstream_fault().is_none() => Source::Client,
             RequestError::Forward(_) => Source::Upstream,
@@ -81,6 +86,7 @@ impl RequestError {
             RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::BodySlow(_) => StatusCode::REQUEST_TIMEOUT,
             RequestError::BodiesBusy => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::BodyEncoded(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. } | ForwardError::UpstreamFailed { .. }) => {
                 StatusCode::BAD_GATEWAY
@@ -99,6 +105,7 @@ impl RequestError {
             RequestError::BodyTooLarge(_) => "Payload Too Large",
             RequestError::BodySlow(_) => "Request Timeout",
             RequestError::BodiesBusy => "Service Unavailable",
+            RequestError::BodyEncoded(_) => "Unsupported Media Type",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
             RequestError::Forward(ForwardError::UpstreamUnreachable { .. }) => "Upstream unreachable",
             RequestError::Forward(ForwardError::UpstreamTimeout { .. }) => "Upstream timeout",
@@ -116,6 +123,7 @@ impl RequestError {
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
             | RequestError::BodiesBusy
+            | RequestError::BodyEncoded(_)
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {

@@ -194,6 +194,8 @@ impl Gateway {
             request_id,
             record,
             costs: Reserves::new(),
+            estimates: cost::Estimates::new(),
+            hide_usage: false,
             request_bytes,
         };
         let Some(priced) = priced else {
@@ -209,8 +211,11 @@ impl Gateway {
                 }
             }));
         }
-        match cost::reserves(snapshot, &priced, routed.req.headers(), None) {
-            Ok(costs) => routed.costs = costs,
+        match cost::reserves(snapshot, &priced, routed.req.uri().path(), routed.req.headers(), None) {
+            Ok(pricing) => {
+                routed.costs = pricing.costs;
+                routed.estimates = pricing.estimates;
+            }
             Err(e) => {
                 let resp = self.finish(snapshot, Some(route), Err(e), routed.request_id, None);
                 return Served::Now(resp, routed.record);
@@ -319,18 +324,28 @@ impl Gateway {
             request_id,
             record,
             costs: _,
+            estimates,
+            hide_usage,
             request_bytes,
         } = r;
         let watch = move |resp: Response<Body>, held, settlements| {
-            Watcher::watch(
+            let resp = Watcher::watch(
                 resp,
                 held,
                 settlements,
+                &estimates,
                 snapshot,
                 &self.runtime.limiter,
                 &self.runtime.metrics,
                 request_bytes.as_ref(),
-            )
+            );
+            if hide_usage {
+                // After the watch: the meter reads the usage chunk the
+                // client does not receive.
+                cost::hide_usage(resp, snapshot.config.gateway.max_cost_body_bytes)
+            } else {
+                resp
+            }
         };
         match &route.action {
             Action::Respond(direct) => {
@@ -489,6 +504,11 @@ pub(super) struct Routed<'a> {
     pub(super) record: Record,
     /// What the request reserves under limits with a `cost`.
     pub(super) costs: Reserves,
+    /// ... and the prompt estimates their unsettled costs start from.
+    pub(super) estimates: cost::Estimates,
+    /// The upstream was asked for a stream's usage the client did not ask
+    /// for: the chunk that brings it is removed from the response.
+    pub(super) hide_usage: bool,
     /// The request body's bytes as they go upstream, for a limit that
     /// settles by them.
     pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,

@@ -22,6 +22,76 @@ pub enum Body {
     /// A body watched to its end ([`Watch`]): what a concurrency limit's
     /// slots are held by, and what a cost is read from.
     Watched(Box<Watched>),
+    /// A body whose bytes are rewritten on their way ([`Rewrite`]).
+    Rewritten(Box<Rewritten>),
+}
+
+/// What rewrites a response body's bytes on their way to the client.
+pub trait Rewrite: Send + Sync {
+    /// A data frame's bytes: what to hand on now (empty: nothing yet).
+    fn data(&mut self, chunk: Bytes) -> Bytes;
+    /// The body ended: what is left to hand on.
+    fn end(&mut self) -> Bytes;
+}
+
+/// [`Body::Rewritten`]'s parts.
+pub struct Rewritten {
+    body: Body,
+    rewrite: Box<dyn Rewrite>,
+    /// Trailers that came while rewritten bytes were still to hand on.
+    trailers: Option<Frame<Bytes>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Rewritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rewritten")
+            .field("body", &self.body)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Rewritten {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(t) = self.trailers.take() {
+            self.done = true;
+            return Poll::Ready(Some(Ok(t)));
+        }
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = self.rewrite.data(data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(trailers) => {
+                        let rest = self.rewrite.end();
+                        if rest.is_empty() {
+                            self.done = true;
+                            return Poll::Ready(Some(Ok(trailers)));
+                        }
+                        self.trailers = Some(trailers);
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                },
+                Poll::Ready(None) => {
+                    self.done = true;
+                    let rest = self.rewrite.end();
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                other => return other,
+            }
+        }
+    }
 }
 
 /// What watches a response body go by: each frame, then how it ended, once.
@@ -94,6 +164,16 @@ impl Body {
 }
 
 impl Body {
+    /// `body`, its bytes rewritten by `rewrite` on their way.
+    pub fn rewritten(body: Body, rewrite: Box<dyn Rewrite>) -> Body {
+        Body::Rewritten(Box::new(Rewritten {
+            body,
+            rewrite,
+            trailers: None,
+            done: false,
+        }))
+    }
+
     /// `body`, watched by `watch` to its end.
     pub fn watched(body: Body, watch: Box<dyn Watch>) -> Body {
         Body::Watched(Box::new(Watched {
@@ -128,6 +208,7 @@ impl http_body::Body for Body {
                 }
                 frame
             }
+            Body::Rewritten(r) => r.poll(cx),
         }
     }
 
@@ -136,6 +217,8 @@ impl http_body::Body for Body {
             Body::Full(bytes) => bytes.is_none(),
             Body::Streamed(incoming) => incoming.is_end_stream(),
             Body::Watched(w) => w.body.is_end_stream(),
+            // Bytes may be held back until the end: ended once told so.
+            Body::Rewritten(r) => r.done && r.trailers.is_none(),
         }
     }
 
@@ -144,6 +227,7 @@ impl http_body::Body for Body {
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Streamed(incoming) => incoming.size_hint(),
             Body::Watched(w) => w.body.size_hint(),
+            Body::Rewritten(_) => SizeHint::default(),
         }
     }
 }

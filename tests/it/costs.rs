@@ -6,59 +6,19 @@
 //! answers like an LLM API.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 use crate::support::redis::Redis;
+use crate::support::scripted::{Scripted, Step};
 use crate::support::{check, client, sample, Gateway, Toml};
-
-/// One step of a scripted response body.
-enum Step {
-    Data(Bytes),
-    Pause(u64),
-    Fail,
-}
-
-/// A response body played step by step.
-struct Scripted {
-    steps: VecDeque<Step>,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl http_body::Body for Scripted {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        loop {
-            if let Some(sleep) = &mut self.sleep {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                self.sleep = None;
-            }
-            match self.steps.pop_front() {
-                None => return Poll::Ready(None),
-                Some(Step::Data(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
-                Some(Step::Pause(ms)) => {
-                    self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))));
-                }
-                Some(Step::Fail) => return Poll::Ready(Some(Err(std::io::Error::other("cut")))),
-            }
-        }
-    }
-}
 
 fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|kv| {

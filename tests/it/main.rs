@@ -22,6 +22,7 @@ mod fleet;
 mod identity;
 mod key_churn;
 mod limits;
+mod llm;
 mod overrides;
 mod planes;
 mod proxy;

@@ -260,7 +260,7 @@ fn concurrency_only(c: &mut Check, l: &raw::Limit, key: &str) {
 /// `cost = { reserve, settle }`: each rule parsed, at its own key. A
 /// concurrency limit counts requests, not tokens, so it takes none.
 fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Option<crate::limit::cost::Cost> {
-    use crate::limit::cost::{Cost, Reserve, Settle};
+    use crate::limit::cost::{Cost, OnUnsettled, Reserve, Settle};
     let raw = l.cost.as_ref()?;
     if algorithm == Algorithm::Concurrency {
         c.at(
@@ -271,8 +271,17 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
         return None;
     }
     let r = raw.get_ref();
+    let api = r.api.as_ref().map(|a| {
+        super::choice(
+            c,
+            Some(a),
+            &format!("{key}.cost.api"),
+            &crate::limit::cost::Api::SPELLINGS,
+            crate::limit::cost::Api::OpenAi,
+        )
+    });
     let reserve = match &r.reserve {
-        None => Ok(Reserve::Fixed(1)),
+        None => Ok(api.map_or(Reserve::Fixed(1), Reserve::Api)),
         Some(v) => match v.get_ref() {
             raw::NumberOrText::Number(n) => Reserve::fixed(*n),
             raw::NumberOrText::Text(t) => Reserve::parse(t),
@@ -280,7 +289,7 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
         .map_err(|e| (v.span(), format!("{key}.cost.reserve"), e)),
     };
     let settle = match &r.settle {
-        None => Ok(None),
+        None => Ok(api.map(|a| Settle::Api(crate::limit::cost::ApiSettle::new(a)))),
         Some(s) => Settle::parse(s.get_ref())
             .map(Some)
             .map_err(|e| (s.span(), format!("{key}.cost.settle"), e)),
@@ -292,11 +301,45 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
         &crate::limit::cost::OnError::SPELLINGS,
         crate::limit::cost::OnError::Free,
     );
+    let reserve_default = match &r.reserve_default {
+        None => api.map_or(1, |a| a.reserve_default()),
+        Some(n) => match u64::try_from(*n.get_ref()) {
+            Ok(v @ 1..) => v,
+            _ => {
+                c.at(
+                    n.span(),
+                    format!("{key}.cost.reserve_default"),
+                    format!("reserve_default {} is out of range: use 1 or more", n.get_ref()),
+                );
+                1
+            }
+        },
+    };
+    let unsettled = match &r.unsettled {
+        None if api.is_some() => OnUnsettled::Estimate,
+        None => OnUnsettled::Reserve,
+        Some(v) => match v.get_ref() {
+            raw::NumberOrText::Text(t) if t == "estimate" => OnUnsettled::Estimate,
+            raw::NumberOrText::Text(t) if t == "reserve" => OnUnsettled::Reserve,
+            raw::NumberOrText::Number(n) if *n >= 0 => OnUnsettled::Fixed(*n as u64),
+            _ => {
+                c.at(
+                    v.span(),
+                    format!("{key}.cost.unsettled"),
+                    "expected \"estimate\", \"reserve\" or a number of tokens",
+                );
+                OnUnsettled::Reserve
+            }
+        },
+    };
     match (reserve, settle) {
         (Ok(reserve), Ok(settle)) => Some(Cost {
             reserve,
             settle,
             errors,
+            api,
+            reserve_default,
+            unsettled,
         }),
         (reserve, settle) => {
             for (span, at, e) in [reserve.err(), settle.err()].into_iter().flatten() {

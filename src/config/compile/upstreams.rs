@@ -39,7 +39,11 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>) -> Vec
             Duration::from_millis(in_range(c, v, &format!("{key}.{field}"), 1, 3_600_000, default))
         };
         let connect = ms(&u.connect_timeout_ms, "connect_timeout_ms", 1_000);
-        let request = ms(&u.request_timeout_ms, "request_timeout_ms", 30_000);
+        let request = ms(
+            &u.request_timeout_ms,
+            "request_timeout_ms",
+            crate::config::summary::DEFAULT_REQUEST_TIMEOUT_MS,
+        );
         let idle = ms(&u.pool_idle_timeout_ms, "pool_idle_timeout_ms", 90_000);
         let body_idle = ms(&u.idle_timeout_ms, "idle_timeout_ms", 60_000);
         let max_idle = in_range(

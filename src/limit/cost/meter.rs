@@ -1,9 +1,11 @@
 //! Reading a response's real cost as its body streams to the client: a
 //! header or trailer, a field of a JSON body (the chunks are kept, not
 //! copied, up to a bound, and parsed once at the end), the last
-//! `text/event-stream` event holding the field (scanned line by line, only
-//! events that mention the field parsed), or bytes counted. Nothing here
-//! holds the body back: the meter only looks at each frame on its way.
+//! `text/event-stream` event or NDJSON line holding the field (scanned line
+//! by line, only events that mention the field parsed), or bytes counted.
+//! Beside it, when asked, the meter counts the content the upstream sent
+//! (for an estimate of a cost that never arrives). Nothing here holds the
+//! body back: the meter only looks at each frame on its way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 
+use super::api::content_bytes;
 use super::{JsonFields, Settle};
 
 /// Why a response's cost never arrived: its reserve stands.
@@ -48,6 +51,9 @@ pub struct Meter {
     kind: Kind,
     /// Most bytes of a JSON body (or of one event) kept for parsing.
     max_body: usize,
+    /// The content bytes the upstream sent, when counted: the strings
+    /// under content keys of each event, or the body's bytes.
+    content: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -67,10 +73,15 @@ enum Kind {
     RequestBytes(Arc<AtomicU64>),
 }
 
-/// A `text/event-stream` being scanned.
+/// A `text/event-stream` (or an NDJSON stream: each line an event) being
+/// scanned.
 #[derive(Debug)]
 struct Sse {
     fields: Arc<JsonFields>,
+    /// NDJSON: a line is a whole event, its data the line itself.
+    ndjson: bool,
+    /// Count each event's content into the meter's.
+    content: Option<u64>,
     /// The line read so far.
     line: Vec<u8>,
     /// The current event's `data:` lines, joined by `\n`.
@@ -83,34 +94,68 @@ struct Sse {
 
 impl Meter {
     /// A meter for `rule` on a response with `headers`; `request_bytes`
-    /// counts the request body as it went upstream (`request_bytes` rules).
-    pub fn new(rule: &Settle, headers: &HeaderMap, request_bytes: Option<Arc<AtomicU64>>, max_body: usize) -> Meter {
-        let kind = match rule {
-            Settle::Header(name) => Kind::Header {
+    /// counts the request body as it went upstream (`request_bytes` rules);
+    /// `estimate`: count the content it sends too ([`Meter::content`]).
+    pub fn new(
+        rule: &Settle,
+        headers: &HeaderMap,
+        request_bytes: Option<Arc<AtomicU64>>,
+        max_body: usize,
+        estimate: bool,
+    ) -> Meter {
+        let stream = stream_kind(headers);
+        let fields = match rule {
+            Settle::Json(fields) => Some(fields.clone()),
+            Settle::Api(api) if stream.is_some() => Some(api.events.clone()),
+            Settle::Api(api) => Some(api.json.clone()),
+            _ => None,
+        };
+        let content = estimate.then_some(0);
+        let kind = match (rule, fields) {
+            (Settle::Header(name), _) => Kind::Header {
                 name: name.clone(),
                 value: header_number(headers, name),
             },
-            Settle::Json(fields) if is_event_stream(headers) => Kind::Sse(Box::new(Sse {
-                fields: fields.clone(),
+            (_, Some(fields)) if stream.is_some() => Kind::Sse(Box::new(Sse {
+                last: vec![None; fields.0.len()],
+                fields,
+                ndjson: stream == Some(Stream::Ndjson),
+                content,
                 line: Vec::new(),
                 data: Vec::new(),
                 skipping: false,
-                last: vec![None; fields.0.len()],
             })),
-            Settle::Json(fields) => Kind::Json {
-                fields: fields.clone(),
+            (_, Some(fields)) => Kind::Json {
+                fields,
                 chunks: Vec::new(),
                 len: 0,
                 over: false,
             },
-            Settle::ResponseBytes => Kind::ResponseBytes(0),
-            Settle::RequestBytes => Kind::RequestBytes(request_bytes.unwrap_or_default()),
+            (Settle::RequestBytes, _) => Kind::RequestBytes(request_bytes.unwrap_or_default()),
+            _ => Kind::ResponseBytes(0),
         };
-        Meter { kind, max_body }
+        Meter {
+            kind,
+            max_body,
+            content,
+        }
+    }
+
+    /// The content bytes the upstream has sent so far (0 when not
+    /// counted): for an event stream the strings under content keys
+    /// ([`super::api::CONTENT_KEYS`]) of its events, else the body's bytes.
+    pub fn content(&self) -> u64 {
+        match &self.kind {
+            Kind::Sse(sse) => sse.content.unwrap_or(0),
+            _ => self.content.unwrap_or(0),
+        }
     }
 
     /// A data frame on its way to the client.
     pub fn data(&mut self, chunk: &Bytes) {
+        if let Some(n) = &mut self.content {
+            *n = n.saturating_add(chunk.len() as u64);
+        }
         match &mut self.kind {
             Kind::Header { .. } | Kind::RequestBytes(_) => {}
             Kind::ResponseBytes(n) => *n = n.saturating_add(chunk.len() as u64),
@@ -230,6 +275,17 @@ impl Sse {
     /// A whole line was read: a field of the event, or its end.
     fn line_done(&mut self, line: &[u8], max: usize) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if self.ndjson {
+            // A line is an event; one too long to hold is not read.
+            if self.skipping {
+                self.skipping = false;
+            } else if line.len() <= max {
+                self.data.clear();
+                self.data.extend_from_slice(line);
+                self.dispatch();
+            }
+            return;
+        }
         if line.is_empty() {
             if self.skipping {
                 self.skipping = false;
@@ -260,8 +316,14 @@ impl Sse {
         }
     }
 
-    /// The event ended: its data is parsed if it mentions a field.
+    /// The event ended: its data is parsed if it mentions a field (and its
+    /// content counted, when asked).
     fn dispatch(&mut self) {
+        if let Some(n) = &mut self.content {
+            if !self.data.is_empty() {
+                *n = n.saturating_add(content_bytes(&self.data));
+            }
+        }
         if !self.data.is_empty() && self.fields.leaves().any(|leaf| contains(&self.data, leaf.as_bytes())) {
             for (slot, path) in self.last.iter_mut().zip(&self.fields.0) {
                 if let Some(n) = path.number_in(&self.data) {
@@ -277,15 +339,35 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && memchr::memmem::find(hay, needle).is_some()
 }
 
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+/// A body made of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// `text/event-stream`
+    Sse,
+    /// `application/x-ndjson` (Ollama), `application/jsonl` and their
+    /// kin: one JSON document a line.
+    Ndjson,
+}
+
+/// Whether the response with `headers` is a stream of events, and which.
+pub fn stream_kind(headers: &HeaderMap) -> Option<Stream> {
+    let v = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let t = v.split(';').next()?.trim();
+    if t.eq_ignore_ascii_case("text/event-stream") {
+        Some(Stream::Sse)
+    } else if [
+        "application/x-ndjson",
+        "application/ndjson",
+        "application/jsonl",
+        "application/x-jsonlines",
+    ]
+    .iter()
+    .any(|n| t.eq_ignore_ascii_case(n))
+    {
+        Some(Stream::Ndjson)
+    } else {
+        None
+    }
 }
 
 fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
@@ -299,7 +381,7 @@ mod tests {
     fn json_meter(rule: &str, content_type: &str) -> Meter {
         let mut h = HeaderMap::new();
         h.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
-        Meter::new(&Settle::parse(rule).unwrap(), &h, None, 1 << 20)
+        Meter::new(&Settle::parse(rule).unwrap(), &h, None, 1 << 20, false)
     }
 
     #[test]
@@ -345,14 +427,46 @@ mod tests {
     }
 
     #[test]
+    fn an_ndjson_stream_settles_from_its_done_line_and_counts_its_content() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, "application/x-ndjson".parse().unwrap());
+        let rule = Settle::Api(super::super::api::ApiSettle::new(super::super::api::Api::Ollama));
+        let stream = concat!(
+            "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"Hel\"},\"done\":false}\n",
+            "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"lo\"},\"done\":false}\r\n",
+            "{\"model\":\"llama3\",\"done\":true,\"prompt_eval_count\":26,\"eval_count\":290}",
+        );
+        for size in [1, 3, 50, stream.len()] {
+            let mut m = Meter::new(&rule, &h, None, 1 << 20, true);
+            for piece in stream.as_bytes().chunks(size) {
+                m.data(&Bytes::copy_from_slice(piece));
+            }
+            assert_eq!(m.content(), 5, "pieces of {size}");
+            assert_eq!(m.finish(), Ok(316), "pieces of {size}");
+        }
+        // Cut before the done line: nothing seen, the content counted.
+        let mut m = Meter::new(&rule, &h, None, 1 << 20, true);
+        m.data(&Bytes::from_static(b"{\"response\":\"abcd\",\"done\":false}\n{\"resp"));
+        assert_eq!((m.seen(), m.content()), (None, 4));
+        // The same preset on a JSON answer.
+        h.insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
+        let mut m = Meter::new(&rule, &h, None, 1 << 20, true);
+        m.data(&Bytes::from_static(
+            b"{\"done\":true,\"prompt_eval_count\":2,\"eval_count\":3}",
+        ));
+        assert_eq!(m.content(), 50, "a JSON body's content is its bytes");
+        assert_eq!(m.finish(), Ok(5));
+    }
+
+    #[test]
     fn bodies_past_the_bound_are_not_kept() {
         let mut h = HeaderMap::new();
         h.insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
-        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 8);
+        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 8, false);
         m.data(&Bytes::from_static(br#"{"n": 1, "pad": "...."}"#));
         assert_eq!(m.finish(), Err(Unsettled::TooLarge));
         h.insert(http::header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 16);
+        let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 16, false);
         m.data(&Bytes::from_static(
             b"data: {\"n\": 1, \"pad\": \"........\"}\n\ndata: {\"n\":2}\n\n",
         ));
@@ -364,21 +478,21 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-cost", "12".parse().unwrap());
         let rule = Settle::parse("header:x-cost").unwrap();
-        assert_eq!(Meter::new(&rule, &h, None, 64).finish(), Ok(12));
-        let mut m = Meter::new(&rule, &HeaderMap::new(), None, 64);
+        assert_eq!(Meter::new(&rule, &h, None, 64, false).finish(), Ok(12));
+        let mut m = Meter::new(&rule, &HeaderMap::new(), None, 64, false);
         m.trailers(&h);
         assert_eq!(m.finish(), Ok(12));
         assert_eq!(
-            Meter::new(&rule, &HeaderMap::new(), None, 64).finish(),
+            Meter::new(&rule, &HeaderMap::new(), None, 64, false).finish(),
             Err(Unsettled::Missing)
         );
-        let mut m = Meter::new(&Settle::ResponseBytes, &h, None, 64);
+        let mut m = Meter::new(&Settle::ResponseBytes, &h, None, 64, false);
         m.data(&Bytes::from_static(b"hello"));
         m.data(&Bytes::from_static(b" world"));
         assert_eq!(m.finish(), Ok(11));
         let counted = Arc::new(AtomicU64::new(300));
         assert_eq!(
-            Meter::new(&Settle::RequestBytes, &h, Some(counted), 64).finish(),
+            Meter::new(&Settle::RequestBytes, &h, Some(counted), 64, false).finish(),
             Ok(300)
         );
     }

@@ -6,12 +6,16 @@
 //! key's lease ([`Settlement`]): a refund to spend again, or a charge that
 //! may leave the key owing the store. No store call is made for it.
 //!
-//! Rooms: `meter` (reading the cost from a response), `settle` (the
-//! refund or the debt).
+//! Rooms: `api` (the LLM API presets), `rewrite` (the `openai` preset's
+//! request and stream rewrites), `meter` (reading the cost from a
+//! response), `settle` (the refund or the debt).
 
+pub mod api;
 pub mod meter;
+pub mod rewrite;
 mod settle;
 
+pub use api::{Api, ApiRequest, ApiSettle, Endpoint};
 pub use settle::{Settlement, Settlements};
 
 /// What a request reserves under each of its limits with a cost: a
@@ -28,6 +32,74 @@ pub struct Cost {
     pub settle: Option<Settle>,
     /// What an upstream's failure costs when it reports no usage.
     pub errors: OnError,
+    /// The preset the rules came from, if any (`api = "openai"`).
+    pub api: Option<Api>,
+    /// What a request whose field is absent (or whose body cannot be
+    /// read) reserves: beside a preset's prompt estimate, or for a
+    /// `json:`/`header:` reserve.
+    pub reserve_default: u64,
+    /// What a cost that never arrives is charged.
+    pub unsettled: OnUnsettled,
+}
+
+/// `unsettled`: what a response whose cost never arrived (cut, missing,
+/// oversized) is charged. Never less than its reserve, nor than what it
+/// showed before it was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnsettled {
+    /// The larger of the reserve and an estimate of what the upstream
+    /// sent: the prompt estimate plus its content bytes ÷ 4 (the default
+    /// for the presets).
+    Estimate,
+    /// The reserve stands (the default for explicit rules).
+    Reserve,
+    /// This many tokens.
+    Fixed(u64),
+}
+
+impl OnUnsettled {
+    /// As written in the config.
+    pub fn describe(self) -> String {
+        match self {
+            OnUnsettled::Estimate => "estimate".into(),
+            OnUnsettled::Reserve => "reserve".into(),
+            OnUnsettled::Fixed(n) => n.to_string(),
+        }
+    }
+
+    /// What a request that reserved `reserve` and never settled is
+    /// charged: `seen`, what it showed of its cost before it was cut;
+    /// `estimate`, the prompt estimate plus the content it sent ÷ 4.
+    pub fn charge(self, reserve: u64, seen: Option<u64>, estimate: u64) -> u64 {
+        let floor = reserve.max(seen.unwrap_or(0));
+        match self {
+            OnUnsettled::Estimate => floor.max(estimate),
+            OnUnsettled::Reserve => floor,
+            OnUnsettled::Fixed(n) => n.max(seen.unwrap_or(0)),
+        }
+    }
+}
+
+impl Cost {
+    /// A cost of `reserve`, settled by `settle`, with the defaults for the
+    /// rest (`errors = "free"`, an absent field reserving 1, the reserve
+    /// standing for a cost that never arrives).
+    pub fn new(reserve: Reserve, settle: Option<Settle>) -> Cost {
+        Cost {
+            reserve,
+            settle,
+            errors: OnError::Free,
+            api: None,
+            reserve_default: 1,
+            unsettled: OnUnsettled::Reserve,
+        }
+    }
+
+    /// Whether requests' JSON bodies are read for it (a `json:` reserve,
+    /// a preset's).
+    pub fn reads_body(&self) -> bool {
+        self.reserve.needs_body()
+    }
 }
 
 /// `errors`: what a request costs whose upstream answered with an error
@@ -61,9 +133,13 @@ pub enum Reserve {
     Fixed(u64),
     /// An integer request header (1 when absent).
     Header(HeaderName),
-    /// A numeric field of the JSON request body (1 when absent): the body
-    /// is read first, up to `[gateway] max_cost_body_bytes`.
+    /// A numeric field of the JSON request body (`reserve_default` when
+    /// absent): the body is read first, up to `[gateway]
+    /// max_cost_body_bytes`.
     Json(JsonFields),
+    /// A preset's: the prompt estimate (the body's bytes ÷ 4) plus the
+    /// request's output limit, or `reserve_default` ([`api::read_request`]).
+    Api(Api),
 }
 
 /// Where the real cost is read once the response ends.
@@ -79,6 +155,9 @@ pub enum Settle {
     ResponseBytes,
     /// The request body's bytes.
     RequestBytes,
+    /// A preset's usage fields, by how the response comes (JSON, an event
+    /// stream, NDJSON).
+    Api(ApiSettle),
 }
 
 /// One or more numeric fields of a JSON document, added up:
@@ -134,28 +213,37 @@ impl Reserve {
     }
 
     /// The request's reserve, from its headers and (for a `json:` reserve)
-    /// its body as read: at least 1, at most `capacity` (more could never
-    /// fit). An absent header or field, or a body that is not JSON,
-    /// reserves 1: the settle charges the rest.
-    pub fn of_request(&self, headers: &HeaderMap, body: Option<&[u8]>, capacity: u64) -> Result<u64, ReserveError> {
+    /// its body as read (a byte order mark skipped): at least 1, at most
+    /// `capacity` (more could never fit). An absent header or field, or a
+    /// body that is not JSON, reserves `default`: the settle charges the
+    /// rest. A preset's reserve is [`api::read_request`]'s (the caller
+    /// reads it: it needs the request's path).
+    pub fn of_request(
+        &self,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+        default: u64,
+        capacity: u64,
+    ) -> Result<u64, ReserveError> {
         let n = match self {
             Reserve::Fixed(n) => *n,
             Reserve::Header(name) => match headers.get(name) {
-                None => 1,
+                None => default,
                 Some(v) => v
                     .to_str()
                     .ok()
                     .and_then(|s| s.trim().parse::<u64>().ok())
                     .ok_or_else(|| ReserveError::NotANumber(name.clone()))?,
             },
-            Reserve::Json(fields) => body.and_then(|b| fields.read(b)).unwrap_or(1),
+            Reserve::Json(fields) => body.and_then(|b| fields.read(api::skip_bom(b))).unwrap_or(default),
+            Reserve::Api(_) => default,
         };
         Ok(n.clamp(1, capacity.max(1)))
     }
 
     /// Whether the request body must be read before the decision.
     pub fn needs_body(&self) -> bool {
-        matches!(self, Reserve::Json(_))
+        matches!(self, Reserve::Json(_) | Reserve::Api(_))
     }
 
     /// As written in the config.
@@ -164,6 +252,7 @@ impl Reserve {
             Reserve::Fixed(n) => n.to_string(),
             Reserve::Header(h) => format!("header:{h}"),
             Reserve::Json(f) => format!("json:{f}"),
+            Reserve::Api(api) => format!("{} (prompt bytes / 4 + output limit)", api.as_str()),
         }
     }
 }
@@ -193,26 +282,47 @@ impl Settle {
             Settle::Json(f) => format!("json:{f}"),
             Settle::ResponseBytes => "response_bytes".into(),
             Settle::RequestBytes => "request_bytes".into(),
+            Settle::Api(a) => {
+                if a.json == a.events {
+                    format!("json:{}", a.json)
+                } else {
+                    format!("json:{} (streams: json:{})", a.json, a.events)
+                }
+            }
         }
+    }
+
+    /// Whether it reads the response body's JSON (which must then come
+    /// uncompressed).
+    pub fn reads_json(&self) -> bool {
+        matches!(self, Settle::Json(_) | Settle::Api(_))
     }
 }
 
 impl Cost {
-    /// `reserve N, settle RULE` (or the reserve alone), for `explain` and
-    /// `check`.
+    /// `reserve N, settle RULE` (or the reserve alone), and what differs
+    /// from the defaults, for `explain` and `check`.
     pub fn describe(&self) -> String {
-        match &self.settle {
-            Some(s) if self.errors == OnError::Free => {
-                format!("reserve {}, settle {}", self.reserve.describe(), s.describe())
+        let mut out = match self.api {
+            Some(api) => format!("api {}: ", api.as_str()),
+            None => String::new(),
+        };
+        out.push_str(&format!("reserve {}", self.reserve.describe()));
+        if self.reserve.needs_body() || matches!(self.reserve, Reserve::Header(_)) {
+            if self.api.is_some() || self.reserve_default != 1 {
+                out.push_str(&format!(" (absent: {})", self.reserve_default));
             }
-            Some(s) => format!(
-                "reserve {}, settle {}, errors {}",
-                self.reserve.describe(),
-                s.describe(),
-                self.errors.as_str()
-            ),
-            None => format!("reserve {}", self.reserve.describe()),
         }
+        if let Some(s) = &self.settle {
+            out.push_str(&format!(", settle {}", s.describe()));
+            if self.errors != OnError::Free {
+                out.push_str(&format!(", errors {}", self.errors.as_str()));
+            }
+            if self.unsettled != OnUnsettled::Reserve {
+                out.push_str(&format!(", unsettled {}", self.unsettled.describe()));
+            }
+        }
+        out
     }
 }
 
@@ -424,18 +534,43 @@ mod tests {
     fn a_reserve_is_read_from_the_request_and_kept_within_the_capacity() {
         let mut h = HeaderMap::new();
         let by_header = Reserve::parse("header:x-tokens").unwrap();
-        assert_eq!(by_header.of_request(&h, None, 100), Ok(1), "absent: 1");
+        assert_eq!(by_header.of_request(&h, None, 1, 100), Ok(1), "absent: 1");
+        assert_eq!(by_header.of_request(&h, None, 30, 100), Ok(30), "absent: the default");
         h.insert("x-tokens", "40".parse().unwrap());
-        assert_eq!(by_header.of_request(&h, None, 100), Ok(40));
+        assert_eq!(by_header.of_request(&h, None, 1, 100), Ok(40));
         h.insert("x-tokens", "4000".parse().unwrap());
-        assert_eq!(by_header.of_request(&h, None, 100), Ok(100), "capped at the capacity");
+        assert_eq!(
+            by_header.of_request(&h, None, 1, 100),
+            Ok(100),
+            "capped at the capacity"
+        );
         h.insert("x-tokens", "-3".parse().unwrap());
-        assert!(by_header.of_request(&h, None, 100).is_err());
+        assert!(by_header.of_request(&h, None, 1, 100).is_err());
         let by_body = Reserve::parse("json:max_tokens").unwrap();
-        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 64}"#), 100), Ok(64));
-        assert_eq!(by_body.of_request(&h, Some(b"not json"), 100), Ok(1));
-        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 0}"#), 100), Ok(1));
-        assert_eq!(Reserve::Fixed(7).of_request(&h, None, 5), Ok(5));
+        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 64}"#), 1, 100), Ok(64));
+        assert_eq!(
+            by_body.of_request(&h, Some(b"\xEF\xBB\xBF{\"max_tokens\": 64}"), 1, 100),
+            Ok(64)
+        );
+        assert_eq!(by_body.of_request(&h, Some(b"not json"), 1, 100), Ok(1));
+        assert_eq!(by_body.of_request(&h, Some(b"{\"max_tokens\": NaN}"), 50, 100), Ok(50));
+        assert_eq!(by_body.of_request(&h, Some(br#"{"max_tokens": 0}"#), 1, 100), Ok(1));
+        assert_eq!(Reserve::Fixed(7).of_request(&h, None, 1, 5), Ok(5));
+    }
+
+    #[test]
+    fn a_cost_that_never_arrives_is_charged_by_the_rule() {
+        // Reserve 100; the cut stream showed 120; the estimate says 300.
+        assert_eq!(OnUnsettled::Estimate.charge(100, Some(120), 300), 300);
+        assert_eq!(
+            OnUnsettled::Estimate.charge(100, None, 30),
+            100,
+            "never below the reserve"
+        );
+        assert_eq!(OnUnsettled::Reserve.charge(100, Some(120), 300), 120);
+        assert_eq!(OnUnsettled::Reserve.charge(100, None, 300), 100);
+        assert_eq!(OnUnsettled::Fixed(40).charge(100, None, 300), 40);
+        assert_eq!(OnUnsettled::Fixed(40).charge(100, Some(70), 300), 70);
     }
 
     #[test]

@@ -116,13 +116,4 @@ impl Limiter {
         }
         owed
     }
-
-    /// A response cut short after it had shown `seen` of its cost (an event
-    /// already streamed, bytes already sent): the reserve stands, and what
-    /// was seen above it is charged. Nothing is refunded.
-    pub fn settle_cut(&self, s: &Settlement, seen: Option<u64>) {
-        if let Some(cost) = seen.filter(|&c| c > s.reserve) {
-            self.settle(s, cost);
-        }
-    }
 }

@@ -10,11 +10,7 @@ fn priced(name: &str) -> Vec<Arc<LimitRuntime>> {
     let rate: Rate = "100/100s".parse().unwrap();
     let config = Arc::new(
         Limit::try_new(Draft {
-            cost: Some(Cost {
-                reserve: Reserve::Fixed(10),
-                settle: Some(Settle::ResponseBytes),
-                errors: Default::default(),
-            }),
+            cost: Some(Cost::new(Reserve::Fixed(10), Some(Settle::ResponseBytes))),
             ..Draft::new(name, rate)
         })
         .unwrap(),

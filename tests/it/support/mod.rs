@@ -4,9 +4,11 @@
 
 pub mod client;
 mod config;
+pub mod llm_api;
 pub mod promql;
 pub mod redis;
 pub mod relay;
+pub mod scripted;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};
