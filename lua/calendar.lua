@@ -4,6 +4,10 @@
 -- (src/store/redis), so the calendar's arithmetic exists once in Lua, as
 -- src/quota/calendar.rs is its one copy in Rust.
 --
+-- turns_of(from, to, p, cal): how many windows turned from the one that
+-- starts at `from` to the one that starts at `to` (calendar months by the
+-- calendar, whatever their lengths).
+--
 -- window_of(now, p, cal): the window `now` falls in, {start, end}:
 -- multiples of `p` since the epoch, or with `cal` = 1 the week from Monday
 -- 00:00 UTC, with `cal` = 2 the month from the 1st 00:00 UTC (Howard
@@ -45,4 +49,32 @@ local function window_of(now, p, cal)
   end
   local start = now - now % p
   return start, start + p
+end
+local function year_month(t)
+  local z = idiv(t, DAY) + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp - 9
+  if mp < 10 then m = mp + 3 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+local function turns_of(from, to, p, cal)
+  if cal == 1 then return idiv(to - from, 7 * DAY) end
+  if cal == 2 then
+    local y1, m1 = year_month(from)
+    local y2, m2 = year_month(to)
+    return (y2 * 12 + m2) - (y1 * 12 + m1)
+  end
+  return idiv(to - from, p)
+end
+-- The longest window: how long a count carried over a window lives.
+local function longest(p, cal)
+  if cal == 1 then return 7 * DAY end
+  if cal == 2 then return 31 * DAY end
+  return p
 end

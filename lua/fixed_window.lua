@@ -12,10 +12,11 @@
 -- This is src/quota/fixed_window.rs on Redis; time is Redis's own clock.
 --
 -- `charge` (costs settled above their reserve) is counted after the
--- give-back whether it fits or not: the count may pass the limit until the
--- window ends. Nothing is granted unless `need` fit (the asking request's
--- reserve; 0 and 1: any); then retry_after_ms is the wait for the next
--- window.
+-- give-back whether it fits or not: the count may pass the limit, and what
+-- passes it is not forgiven when the window ends: each window that turns
+-- pays off `limit` of it, the rest counted in the next (a debt carried).
+-- Nothing is granted unless `need` fit (the asking request's reserve; 0
+-- and 1: any); then retry_after_ms is the wait for the next window.
 --
 -- State: hash {win = start of the window counted, in ms, n = its count}.
 -- Reply: {granted, remaining, reset_ms, retry_after_ms, window_ms, 0,
@@ -38,7 +39,8 @@ local function idiv(a, b)
   return q
 end
 
--- window_of(now, p, cal): lua/calendar.lua, in front of this script.
+-- window_of(now, p, cal), turns_of(from, to, p, cal), longest(p, cal):
+-- lua/calendar.lua, in front of this script.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
@@ -50,7 +52,9 @@ if win == nil or n == nil then
   redis.call('DEL', KEYS[1]) -- new, expired, or another algorithm's hash
   win, n = start, 0
 elseif win < start then
-  win, n = start, 0
+  -- Turned: `limit` of an overshoot paid off by each window.
+  n = math.max(n - limit * turns_of(win, start, p, calendar), 0)
+  win = start
 elseif win > start then
   -- A window from the future: the clock went back. Re-anchored to now's
   -- window with its count: no stall beyond one period, no over-admission.
@@ -71,7 +75,10 @@ local _, ends = window_of(win, p, calendar)
 local reset = math.max(ends - now, 1)
 
 redis.call('HSET', KEYS[1], 'win', win, 'n', n)
-redis.call('PEXPIRE', KEYS[1], reset)
+-- Kept to the window's end, and a window more for each limit owed.
+local keep = reset
+if n > limit then keep = reset + idiv(n - 1, limit) * longest(p, calendar) end
+redis.call('PEXPIRE', KEYS[1], keep)
 local retry = 0
 if remaining == 0 or (granted == 0 and want > 0 and remaining < need) then retry = reset end
 return {granted, remaining, reset, retry, win, 0, math.max(n - limit, 0)}

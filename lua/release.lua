@@ -72,10 +72,10 @@ local state = redis.call('HMGET', KEYS[1], 'win', 'cur', 'prev')
 local win, cur, prev = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 if win == nil or cur == nil or prev == nil then return {0, capacity, 0, 0, 0} end
 local start = now - now % p
-if win + p == start then
-  win, cur, prev = start, 0, cur
-elseif win < start then
-  win, cur, prev = start, 0, 0
+if win < start then
+  -- Turned: the overshoot carried, as sliding_window.lua rolls it.
+  local turns = idiv(start - win, p)
+  win, cur, prev = start, math.max(cur - capacity * turns, 0), math.min(math.max(cur - capacity * (turns - 1), 0), capacity)
 elseif win > start then
   win, cur, prev = start, cur + prev, 0 -- from the future: re-anchored
 end
@@ -86,6 +86,6 @@ elseif window + p == win then
 end
 redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
 local ends = win + p
-if cur > 0 then ends = win + 2 * p end
+if cur > 0 then ends = win + (2 + idiv(cur - 1, capacity)) * p end
 redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 return {0, 0, math.max(win + p - now, 0), 0, win}

@@ -14,7 +14,10 @@
 -- (exact in doubles below 2^53). Time is Redis's own clock.
 --
 -- `charge` (costs settled above their reserve) is counted in the current
--- window after the give-back, whether it fits or not. Nothing is granted
+-- window after the give-back, whether it fits or not. A current count
+-- above the limit is not forgiven when the window turns: the next window's
+-- previous count is the limit, its current count the overshoot, `limit`
+-- paid off by each window that turns. Nothing is granted
 -- unless `need` fit (the asking request's reserve; 0 and 1: any); then
 -- retry_after_ms is the exact wait until they do.
 --
@@ -48,10 +51,11 @@ local win, cur, prev = tonumber(state[1]), tonumber(state[2]), tonumber(state[3]
 if win == nil or cur == nil or prev == nil then
   redis.call('DEL', KEYS[1]) -- new, expired, or another algorithm's hash
   win, cur, prev = start, 0, 0
-elseif win + p == start then
-  win, cur, prev = start, 0, cur -- the window turned once
 elseif win < start then
-  win, cur, prev = start, 0, 0 -- it turned twice or more
+  -- Turned `turns` times: what was left of the count a window before now
+  -- (at most the limit) is the previous count, the rest the current one.
+  local turns = idiv(start - win, p)
+  win, cur, prev = start, math.max(cur - limit * turns, 0), math.min(math.max(cur - limit * (turns - 1), 0), limit)
 elseif win > start then
   -- A window from the future: the clock went back (a failover to a skewed
   -- replica). Re-anchored to now's window rather than kept until the clock
@@ -90,17 +94,23 @@ local function retry_after(k)
     local e = math.max(p - idiv((limit - k - cur) * p, prev), 0)
     if e < p then return math.max(e - into, 1) end
   end
-  -- In the next window, cur becomes prev: cur * (p - e) <= (limit - k) * p.
+  -- A later window j (1 = the next): the first whose current count (the
+  -- overshoot left, `limit` paid off by each) leaves room for k; in it,
+  -- prev * (p - e) <= (limit - k - cur_j) * p.
+  local j = math.max(1, idiv(math.max(cur - limit, 0) + k + limit - 1, limit))
+  local cur_j = math.max(cur - limit * j, 0)
+  local prev_j = math.min(math.max(cur - limit * (j - 1), 0), limit)
   local e = 0
-  if cur > 0 then e = math.max(p - idiv((limit - k) * p, cur), 0) end
-  return (p - into) + e
+  if prev_j > 0 then e = math.max(p - idiv((limit - k - cur_j) * p, prev_j), 0) end
+  return (p - into) + (j - 1) * p + e
 end
 
 redis.call('HSET', KEYS[1], 'win', win, 'cur', cur, 'prev', prev)
 -- Forgetting the state changes nothing once every request it counts has
 -- left the sliding window: two windows on, or one if this one counts none.
 local ends = win + p
-if cur > 0 then ends = win + 2 * p end
+-- An overshoot lasts a window more for each limit it holds.
+if cur > 0 then ends = win + (2 + idiv(cur - 1, limit)) * p end
 redis.call('PEXPIRE', KEYS[1], math.max(ends - now, 1))
 local retry = 0
 if granted == 0 and want > 0 and need > 1 and remaining < need then

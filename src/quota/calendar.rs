@@ -45,6 +45,21 @@ impl Calendar {
         }
     }
 
+    /// How many windows turned from the one starting at `from_ms` to the
+    /// one starting at `to_ms` (both window starts, `from_ms <= to_ms`).
+    pub fn turns(self, from_ms: u64, to_ms: u64, period_ms: u64) -> u64 {
+        let span = to_ms.saturating_sub(from_ms);
+        match self {
+            Calendar::Epoch => span / period_ms.max(1),
+            Calendar::Week => span / WEEK_MS,
+            Calendar::Month => {
+                let (y1, m1, _) = civil_from_days(from_ms / DAY_MS);
+                let (y2, m2, _) = civil_from_days(to_ms / DAY_MS);
+                (y2 * 12 + m2).saturating_sub(y1 * 12 + m1)
+            }
+        }
+    }
+
     /// The window `now_ms` falls in, `[start, end)` in Unix milliseconds.
     pub fn window(self, now_ms: u64, period_ms: u64) -> (u64, u64) {
         match self {
@@ -90,6 +105,12 @@ mod tests {
             (e - s) / DAY_MS
         };
         assert_eq!((feb(2028), feb(2027), feb(2100), feb(2000)), (29, 28, 28, 29));
+        // Windows turned: months by the calendar, whatever their lengths.
+        let (dec, _) = Calendar::Month.window(now, MONTH_MS);
+        let (mar, _) = Calendar::Month.window(days_from_civil(2027, 3, 5) * DAY_MS, MONTH_MS);
+        assert_eq!(Calendar::Month.turns(dec, mar, MONTH_MS), 3);
+        assert_eq!(Calendar::Week.turns(start, start + 2 * WEEK_MS, WEEK_MS), 2);
+        assert_eq!(Calendar::Epoch.turns(120_000, 300_000, 60_000), 3);
         // The epoch's own period, unchanged.
         assert_eq!(Calendar::Epoch.window(130_000, 60_000), (120_000, 180_000));
         assert_eq!(Calendar::of_period(WEEK_MS), Calendar::Week);

@@ -10,6 +10,10 @@
 //! `limit` at the end of one window and `limit` at the start of the next
 //! (the classic 2× burst, which the sliding window halves). Refused calls
 //! are not counted, so a blocked client does not push its own reset away.
+//!
+//! A count above the limit (costs charged past it: a debt) is not forgiven
+//! when its window ends: each window that turns pays off `limit` of it, and
+//! the rest is counted in the next ([`roll`]).
 
 use super::{Grant, Spec};
 
@@ -20,7 +24,9 @@ pub struct State {
     pub count: u64,
 }
 
-/// The state as seen from `now_ms`: a new window starts at zero.
+/// The state as seen from `now_ms`: a new window starts at zero, less
+/// the overshoot still owed (a count above the limit carries into the
+/// windows after it, `limit` paid off by each).
 ///
 /// A state from a later window than `now_ms`'s (the clock went back) is
 /// re-anchored to `now_ms`'s window with its count, so it neither waits for
@@ -34,7 +40,14 @@ pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
             window_ms: start,
             count: s.count,
         },
-        _ => State {
+        Some(s) => {
+            let turns = spec.calendar().turns(s.window_ms, start, spec.period_ms());
+            State {
+                window_ms: start,
+                count: s.count.saturating_sub(spec.capacity.saturating_mul(turns)),
+            }
+        }
+        None => State {
             window_ms: start,
             count: 0,
         },
@@ -82,9 +95,10 @@ pub fn release(state: Option<State>, spec: &Spec, now_ms: u64, unused: u64, wind
     s
 }
 
-/// True when the state no longer affects any decision at `now_ms`.
+/// True when the state no longer affects any decision at `now_ms`: it
+/// counts nothing, or its window has ended with nothing owed beyond it.
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
-    state.count == 0 || now_ms >= window_end(spec, state.window_ms)
+    state.count == 0 || (now_ms >= window_end(spec, state.window_ms) && roll(Some(state), spec, now_ms).count == 0)
 }
 
 /// Where the window starting at `start_ms` ends.
@@ -148,6 +162,42 @@ mod tests {
             (0, 2, 59_000),
             "2 left, 3 needed"
         );
+    }
+
+    fn fixed(st: quota::State) -> Option<State> {
+        match st {
+            quota::State::Fixed(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_overshoot_is_carried_into_the_windows_after_it() {
+        let s = spec(10, 60_000);
+        // 35 counted against 10: 25 owed when the window turns.
+        let st = quota::charge(None, &s, 1_000, 35);
+        let (st2, g) = acquire(fixed(st), &s, 61_000, 1);
+        assert_eq!((g.granted, g.owed, st2.count), (0, 15, 25), "{g:?}");
+        assert_eq!(g.retry_after_ms, 59_000, "refused to the window's end");
+        assert!(!is_idle(st2, &s, 121_000), "still owed after its window");
+        // Two more windows pay off 20: 5 counted in the fourth.
+        let (st3, g) = acquire(Some(st2), &s, 181_000, 1);
+        assert_eq!((g.granted, g.remaining, st3.count), (1, 4, 6));
+        // Within a window's limit, nothing carries (as before).
+        let (st4, _) = acquire(None, &s, 0, 10);
+        assert_eq!(roll(Some(st4), &s, 60_000).count, 0);
+        assert!(is_idle(st4, &s, 60_000));
+        // A month's overshoot carries into the next month.
+        let m = Spec::new(
+            Algorithm::FixedWindow,
+            "1000/month".parse::<Rate>().unwrap(),
+            1000,
+        );
+        let dec = 1_796_185_800_000; // 2026-12-02
+        let st = fixed(quota::charge(None, &m, dec, 2500));
+        let jan = dec + 31 * 86_400_000;
+        assert_eq!(roll(st, &m, jan).count, 1500);
+        assert_eq!(roll(st, &m, jan + 31 * 86_400_000).count, 500);
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! store agrees on the boundaries. Integer arithmetic throughout: estimates
 //! are kept scaled by `period_ms`.
 //!
+//! A current count above the limit (costs charged past it: a debt) is not
+//! forgiven when the window turns: the next window's previous count is the
+//! limit and its current count the overshoot, `limit` paid off by each
+//! window that turns ([`roll`]). Below the limit this is the plain counter.
+//!
 //! Accuracy: within one aligned window at most `limit` requests are
 //! admitted. Across a boundary the estimate assumes the previous window's
 //! requests were spread evenly; if they all came at its very end, a sliding
@@ -36,19 +41,26 @@ pub struct State {
 pub fn roll(state: Option<State>, spec: &Spec, now_ms: u64) -> State {
     let p = spec.period_ms();
     let start = now_ms - now_ms % p;
+    let limit = spec.capacity;
     match state {
         Some(s) if s.window_ms == start => s,
-        Some(s) if s.window_ms + p == start => State {
-            window_ms: start,
-            current: 0,
-            previous: s.current,
-        },
         Some(s) if s.window_ms > start => State {
             window_ms: start,
             current: s.current.saturating_add(s.previous),
             previous: 0,
         },
-        _ => State {
+        Some(s) => {
+            // `turns` windows on, `limit` of the overshoot paid off by each:
+            // the window before now's counted what was left of it then (at
+            // most the limit), now's counts the rest.
+            let turns = (start - s.window_ms) / p;
+            State {
+                window_ms: start,
+                current: s.current.saturating_sub(limit.saturating_mul(turns)),
+                previous: s.current.saturating_sub(limit.saturating_mul(turns - 1)).min(limit),
+            }
+        }
+        None => State {
             window_ms: start,
             current: 0,
             previous: 0,
@@ -132,11 +144,18 @@ fn retry_after(s: &State, spec: &Spec, now_ms: u64, n: u64) -> u64 {
             return need_e.saturating_sub(into).max(1);
         }
     }
-    // Next window: current becomes previous; current × (p − e') ≤ (limit − n) × p.
+    // A later window j (1 = the next): its previous count is what was left
+    // of the overshoot (at most the limit), its current count the rest;
+    // the first window whose current count leaves room for n, and in it
+    // previous × (p − e) ≤ (limit − n − current) × p.
     let to_next = p - into;
-    let room = (limit - n) * p;
-    let need_e = room.checked_div(s.current).map_or(0, |fit| p.saturating_sub(fit));
-    to_next + need_e
+    let c = s.current;
+    let j = c.saturating_sub(limit).saturating_add(n).div_ceil(limit.max(1)).max(1);
+    let cur = c.saturating_sub(limit.saturating_mul(j));
+    let prev = c.saturating_sub(limit.saturating_mul(j - 1)).min(limit);
+    let room = (limit - n).saturating_sub(cur) * p;
+    let need_e = room.checked_div(prev).map_or(0, |fit| p.saturating_sub(fit));
+    to_next + (j - 1) * p + need_e
 }
 
 /// True when the state no longer affects any decision at `now_ms`: both
@@ -144,7 +163,9 @@ fn retry_after(s: &State, spec: &Spec, now_ms: u64, n: u64) -> u64 {
 /// (two windows on; one when the current window counted none).
 pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
     let p = spec.period_ms();
-    let ends = if state.current == 0 { p } else { 2 * p };
+    // An overshoot lasts a window more for each limit it holds.
+    let owed = state.current.saturating_sub(1) / spec.capacity.max(1);
+    let ends = if state.current == 0 { p } else { (2 + owed).saturating_mul(p) };
     (state.current == 0 && state.previous == 0) || now_ms >= state.window_ms.saturating_add(ends)
 }
 
@@ -164,6 +185,36 @@ mod tests {
             },
             limit,
         )
+    }
+
+    #[test]
+    fn an_overshoot_is_carried_into_the_windows_after_it() {
+        let s = spec(5, 60_000);
+        // 17 counted against 5: the next window's previous count is 5 and
+        // its current 12, and the one after: 5 and 7, then 5 and 2.
+        let st = State {
+            window_ms: 0,
+            current: 17,
+            previous: 0,
+        };
+        let at = |n: u64| roll(Some(st), &s, n * 60_000);
+        assert_eq!((at(1).previous, at(1).current), (5, 12));
+        assert_eq!((at(3).previous, at(3).current), (5, 2));
+        assert_eq!((at(4).previous, at(4).current), (2, 0));
+        assert_eq!((at(5).previous, at(5).current), (0, 0));
+        // Rolling in steps is rolling at once.
+        assert_eq!(roll(Some(at(1)), &s, 3 * 60_000), at(3));
+        assert!(!is_idle(st, &s, 4 * 60_000) && is_idle(st, &s, 5 * 60_000));
+        // Refused until one fits, and the wait says exactly when: in the
+        // third window on (current 2), when 5 × (p − e) ≤ (5 − 1 − 2) × p.
+        let (_, g) = acquire(Some(st), &s, 30_000, 1);
+        assert_eq!(g.granted, 0);
+        let e = 60_000 - 2 * 60_000 / 5;
+        assert_eq!(g.retry_after_ms, 30_000 + 2 * 60_000 + e);
+        let (_, g) = acquire(Some(st), &s, 30_000 + g.retry_after_ms, 1);
+        assert_eq!(g.granted, 1, "admitted at the wait's end: {g:?}");
+        let (_, g) = acquire(Some(st), &s, 30_000 + 2 * 60_000 + e - 1, 1);
+        assert_eq!(g.granted, 0, "not a millisecond earlier");
     }
 
     #[test]

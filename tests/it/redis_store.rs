@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasegate::quota::{Algorithm, Grant, Rate, Spec};
+use leasegate::quota::{self, Algorithm, Grant, Rate, Spec};
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
 use leasegate::store::{QuotaStore, StoreError, Unspent};
@@ -370,6 +370,67 @@ fn fixed_window_script_counts_per_epoch_aligned_window() {
     let r = eval(&redis, "fixed_window.lua", "rl:{f:f}", &[5, day, 1]);
     assert_eq!((r[0], r[4]), (0, start), "{r:?}");
     assert!(r[3] <= day, "{r:?}");
+}
+
+/// A count above the limit (costs charged past it) is carried into the
+/// windows after it, `limit` paid off by each, in the scripts as in their
+/// Rust twins (`quota::fixed_window::roll`, `quota::sliding_window::roll`):
+/// a window's debt is never forgiven at its end, a month's included.
+#[tokio::test]
+async fn window_scripts_carry_an_overshoot_into_the_next_windows() {
+    let redis = Redis::start();
+    let memory = MemoryStore::new(100);
+    let day = 86_400_000;
+    let now = redis_now_ms(&redis);
+    let start = now / day * day;
+    // 17 counted against 5 a day, yesterday: 12 today, refused, 7 owed.
+    redis.cli(&["HSET", "rl:{c:f}", "win", &(start - day).to_string(), "n", "17"]);
+    let r = eval(&redis, "fixed_window.lua", "rl:{c:f}", &[5, day, 1]);
+    assert_eq!((r[0], r[6]), (0, 7), "{r:?}");
+    assert_eq!(field(&redis, "rl:{c:f}", "n"), 12);
+    assert!(pttl(&redis, "rl:{c:f}") > day, "kept while owed");
+    // Three days ago: 2 left, and room for 3.
+    redis.cli(&["HSET", "rl:{c:g}", "win", &(start - 3 * day).to_string(), "n", "17"]);
+    let r = eval(&redis, "fixed_window.lua", "rl:{c:g}", &[5, day, 1]);
+    assert_eq!((r[0], r[1]), (1, 2), "{r:?}");
+    // Last month, 13 counted against 5 a month: 8 this month.
+    let month = spec(Algorithm::FixedWindow, "5/month", 5);
+    let (this, _) = quota::Calendar::Month.window(now, month.period_ms());
+    let (last, _) = quota::Calendar::Month.window(this - 1, month.period_ms());
+    redis.cli(&["HSET", "rl:{c:m}", "win", &last.to_string(), "n", "13"]);
+    let r = eval(&redis, "fixed_window.lua", "rl:{c:m}", &[5, month.period_ms(), 1, 0, 0, 2]);
+    assert_eq!(r[0], 0, "{r:?}");
+    assert_eq!(field(&redis, "rl:{c:m}", "n"), 8);
+
+    // A sliding window of 5 a day that counted 12 yesterday: now's
+    // previous count is 5, its current 7 (owed), refused; the wait is the
+    // exact time until one fits, in the memory twin as in the script.
+    redis.cli(&["HSET", "rl:{c:s}", "win", &(start - day).to_string(), "cur", "12", "prev", "0"]);
+    let r = eval(&redis, "sliding_window.lua", "rl:{c:s}", &[5, day, 1]);
+    assert_eq!(r[0], 0, "{r:?}");
+    assert_eq!((field(&redis, "rl:{c:s}", "cur"), field(&redis, "rl:{c:s}", "prev")), (7, 5));
+    let sliding = spec(Algorithm::SlidingWindow, "5/day", 5);
+    let at = redis_now_ms(&redis);
+    let state = quota::sliding_window::State {
+        window_ms: start - day,
+        current: 12,
+        previous: 0,
+    };
+    let (_, g) = quota::sliding_window::acquire(Some(state), &sliding, at, 1);
+    assert_eq!((g.granted, g.owed), (0, r[6]), "{g:?} {r:?}");
+    assert!(g.retry_after_ms.abs_diff(r[3]) < 2_000, "{g:?} {r:?}");
+    assert!(r[3] > start + day - at, "not before the next window: {r:?}");
+    // The release script rolls the same way.
+    redis.cli(&["HSET", "rl:{c:r}", "win", &(start - day).to_string(), "cur", "12", "prev", "0"]);
+    eval(&redis, "release.lua", "rl:{c:r}", &[1, 5, day, 5, 1, 0]);
+    assert_eq!((field(&redis, "rl:{c:r}", "cur"), field(&redis, "rl:{c:r}", "prev")), (7, 5));
+    // And a charge through the memory store carries as the script does.
+    let charged = Unspent {
+        charge: 17,
+        ..Unspent::default()
+    };
+    let m = memory.acquire("rl:{c:x}", &spec(Algorithm::FixedWindow, "5/day", 5), 0, charged).await.unwrap();
+    assert_eq!(m.owed, 12);
 }
 
 /// Random acquires (with and without give-backs) and releases, the same on
