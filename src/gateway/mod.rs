@@ -123,6 +123,17 @@ impl Gateway {
                     focus,
                 );
                 add_warnings(resp.headers_mut(), snapshot, verdict);
+                // Refused for want of room for this request's own reserve
+                // (its max_tokens, say): the problem says so, for the
+                // client that would otherwise retry the same request.
+                let reserve = verdict
+                    .costs
+                    .iter()
+                    .find(|(l, _)| *l == refused.limit)
+                    .map_or(1, |(_, n)| *n);
+                if reserve > 1 && reserve > refused.remaining {
+                    respond::reserve_does_not_fit(&mut resp, &limit.config.name, reserve, refused.remaining);
+                }
                 Some(resp)
             }
             Decision::Unavailable { retry_after_ms } => {

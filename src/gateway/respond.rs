@@ -240,6 +240,33 @@ fn numbers(s: &Status<'_>) -> [u64; 4] {
     [s.quota, s.window_secs, s.remaining, s.reset_secs]
 }
 
+/// A 429's body, for a request refused because its own reserve does not
+/// fit in what remains: it says so (`this request reserves 1990; 1738
+/// remain`), with the reserve and what remains as members, so a client
+/// can ask for less rather than retry the same request.
+pub fn reserve_does_not_fit(resp: &mut Response<Body>, limit: &str, reserve: u64, remaining: u64) {
+    let secs = resp
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": format!(
+            "rate limit \"{limit}\": this request reserves {reserve}; {remaining} remain; it fits in {secs} s"
+        ),
+        "limit": limit,
+        "reserve": reserve,
+        "remaining": remaining,
+        "retry_after": secs,
+    });
+    *resp.body_mut() = Body::full(serde_json::to_vec(&body).unwrap_or_default());
+    resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+}
+
 /// The problem+json of a 429, members in the order serde_json's map
 /// writes them (sorted), as it was written through `serde_json::Value`.
 fn too_many_requests_body(limit: &str, secs: u64) -> Vec<u8> {

@@ -188,11 +188,7 @@ mod tests {
         assert_eq!(roll(Some(st4), &s, 60_000).count, 0);
         assert!(is_idle(st4, &s, 60_000));
         // A month's overshoot carries into the next month.
-        let m = Spec::new(
-            Algorithm::FixedWindow,
-            "1000/month".parse::<Rate>().unwrap(),
-            1000,
-        );
+        let m = Spec::new(Algorithm::FixedWindow, "1000/month".parse::<Rate>().unwrap(), 1000);
         let dec = 1_796_185_800_000; // 2026-12-02
         let st = fixed(quota::charge(None, &m, dec, 2500));
         let jan = dec + 31 * 86_400_000;

@@ -165,7 +165,11 @@ pub fn is_idle(state: State, spec: &Spec, now_ms: u64) -> bool {
     let p = spec.period_ms();
     // An overshoot lasts a window more for each limit it holds.
     let owed = state.current.saturating_sub(1) / spec.capacity.max(1);
-    let ends = if state.current == 0 { p } else { (2 + owed).saturating_mul(p) };
+    let ends = if state.current == 0 {
+        p
+    } else {
+        (2 + owed).saturating_mul(p)
+    };
     (state.current == 0 && state.previous == 0) || now_ms >= state.window_ms.saturating_add(ends)
 }
 

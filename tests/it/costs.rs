@@ -371,6 +371,20 @@ async fn a_body_reserve_refuses_what_does_not_fit(gw: &Gateway) {
     let b = call(gw, "POST", "/prompt/json?cost=1", r#"{"max_tokens":50}"#).await;
     assert_eq!(b.status, 429);
     assert!((19..=20).contains(&b.retry_after()), "{:?}", b.headers);
+    // The problem says that the request's own reserve is what did not fit.
+    let problem: serde_json::Value = serde_json::from_str(b.body.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        (problem["reserve"].as_u64(), problem["remaining"].as_u64()),
+        (Some(50), Some(30)),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("this request reserves 50; 30 remain"),
+        "{problem}"
+    );
     let big = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(2000));
     assert_eq!(call(gw, "POST", "/prompt/json?cost=1", &big).await.status, 413);
 }

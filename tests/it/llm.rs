@@ -386,3 +386,61 @@ fn check_shows_the_preset_and_warns_of_the_default_timeout() {
     assert_eq!(code, 1);
     assert!(err.contains("unknown api \"gemini\""), "{err}");
 }
+
+/// The usage route on one instance is exact: one request costing 600 on
+/// `3000/h` leaves 2400 (not a lease short, and still so once the lease
+/// has expired and before it went back), with no debt; six leave none and
+/// a debt of exactly the excess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_route_is_exact_after_a_settle() {
+    let api = llm_api::start().await;
+    let text = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .upstream("llm", &api.target())
+        .forward("chat", "/v1/", "llm")
+        .with("limits = [\"tokens\"]")
+        .limit("tokens", "3000/h")
+        .with("cost = { api = \"openai\", reserve = 1 }")
+        .raw("[[routes]]\nname = \"usage\"\npath_prefix = \"/usage\"\nusage = [\"tokens\"]\nlimits = [\"looks\"]")
+        .limit("looks", "100/min")
+        .to_string();
+    let gw = Gateway::start(&text);
+    let usage = || async {
+        let mut c = client::http1(gw.http()).await;
+        let (status, _, body) = client::text(client::send(&mut c, client::get("/usage")).await).await;
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let l = &v["limits"][0];
+        (
+            l["remaining"].as_u64().unwrap(),
+            l["debt"].as_u64().unwrap(),
+            l["reset"].as_u64().unwrap(),
+        )
+    };
+    let body = chat(false, None);
+    assert_eq!(
+        post(&gw, "/v1/chat/completions", body.as_bytes(), None).await.status,
+        200
+    );
+    let (remaining, debt, _) = usage().await;
+    assert!(
+        (2400..=2401).contains(&remaining) && debt == 0,
+        "right after: {remaining}, debt {debt}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
+    let (remaining, debt, _) = usage().await;
+    assert!(
+        (2400..=2402).contains(&remaining) && debt == 0,
+        "after the lease's TTL: {remaining}, debt {debt}"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            post(&gw, "/v1/chat/completions", body.as_bytes(), None).await.status,
+            200
+        );
+    }
+    let (remaining, debt, reset) = usage().await;
+    assert_eq!(remaining, 0);
+    assert!((597..=600).contains(&debt), "six times 600 on 3000: {debt} owed");
+    assert!(reset <= 3600, "reset {reset} is never longer than the window");
+}

@@ -398,17 +398,34 @@ async fn window_scripts_carry_an_overshoot_into_the_next_windows() {
     let (this, _) = quota::Calendar::Month.window(now, month.period_ms());
     let (last, _) = quota::Calendar::Month.window(this - 1, month.period_ms());
     redis.cli(&["HSET", "rl:{c:m}", "win", &last.to_string(), "n", "13"]);
-    let r = eval(&redis, "fixed_window.lua", "rl:{c:m}", &[5, month.period_ms(), 1, 0, 0, 2]);
+    let r = eval(
+        &redis,
+        "fixed_window.lua",
+        "rl:{c:m}",
+        &[5, month.period_ms(), 1, 0, 0, 2],
+    );
     assert_eq!(r[0], 0, "{r:?}");
     assert_eq!(field(&redis, "rl:{c:m}", "n"), 8);
 
     // A sliding window of 5 a day that counted 12 yesterday: now's
     // previous count is 5, its current 7 (owed), refused; the wait is the
     // exact time until one fits, in the memory twin as in the script.
-    redis.cli(&["HSET", "rl:{c:s}", "win", &(start - day).to_string(), "cur", "12", "prev", "0"]);
+    redis.cli(&[
+        "HSET",
+        "rl:{c:s}",
+        "win",
+        &(start - day).to_string(),
+        "cur",
+        "12",
+        "prev",
+        "0",
+    ]);
     let r = eval(&redis, "sliding_window.lua", "rl:{c:s}", &[5, day, 1]);
     assert_eq!(r[0], 0, "{r:?}");
-    assert_eq!((field(&redis, "rl:{c:s}", "cur"), field(&redis, "rl:{c:s}", "prev")), (7, 5));
+    assert_eq!(
+        (field(&redis, "rl:{c:s}", "cur"), field(&redis, "rl:{c:s}", "prev")),
+        (7, 5)
+    );
     let sliding = spec(Algorithm::SlidingWindow, "5/day", 5);
     let at = redis_now_ms(&redis);
     let state = quota::sliding_window::State {
@@ -421,15 +438,30 @@ async fn window_scripts_carry_an_overshoot_into_the_next_windows() {
     assert!(g.retry_after_ms.abs_diff(r[3]) < 2_000, "{g:?} {r:?}");
     assert!(r[3] > start + day - at, "not before the next window: {r:?}");
     // The release script rolls the same way.
-    redis.cli(&["HSET", "rl:{c:r}", "win", &(start - day).to_string(), "cur", "12", "prev", "0"]);
+    redis.cli(&[
+        "HSET",
+        "rl:{c:r}",
+        "win",
+        &(start - day).to_string(),
+        "cur",
+        "12",
+        "prev",
+        "0",
+    ]);
     eval(&redis, "release.lua", "rl:{c:r}", &[1, 5, day, 5, 1, 0]);
-    assert_eq!((field(&redis, "rl:{c:r}", "cur"), field(&redis, "rl:{c:r}", "prev")), (7, 5));
+    assert_eq!(
+        (field(&redis, "rl:{c:r}", "cur"), field(&redis, "rl:{c:r}", "prev")),
+        (7, 5)
+    );
     // And a charge through the memory store carries as the script does.
     let charged = Unspent {
         charge: 17,
         ..Unspent::default()
     };
-    let m = memory.acquire("rl:{c:x}", &spec(Algorithm::FixedWindow, "5/day", 5), 0, charged).await.unwrap();
+    let m = memory
+        .acquire("rl:{c:x}", &spec(Algorithm::FixedWindow, "5/day", 5), 0, charged)
+        .await
+        .unwrap();
     assert_eq!(m.owed, 12);
 }
 

@@ -141,6 +141,12 @@ impl Lease {
         self.tokens.spendable(now_ms)
     }
 
+    /// The tokens at hand, expired or not: this instance holds them until
+    /// they are spent or go back to the store.
+    pub fn held(&self) -> u64 {
+        self.tokens.available()
+    }
+
     /// Puts back a token taken for a request that was then refused.
     pub fn give_back(&self, tokens: u64) {
         self.tokens.give_back(tokens);
