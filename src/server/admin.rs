@@ -301,8 +301,11 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                 "rate_from": l.rate_from.as_ref().map(|r| format!("claim:{}", r.claim)),
                 "max_rate": l.rate_from.as_ref().map(|r| r.max.to_string()),
                 "cost": l.cost.as_ref().map(|c| serde_json::json!({
+                    "api": c.api.map(|a| a.as_str()),
                     "reserve": c.reserve.describe(),
+                    "reserve_default": c.reserve_default,
                     "settle": c.settle.as_ref().map(|s| s.describe()),
+                    "unsettled": c.unsettled.describe(),
                     "errors": c.errors.as_str(),
                 })),
             })

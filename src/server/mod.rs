@@ -192,6 +192,14 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
                 RedisStore::start_with_ca(&target, config.store.ca.as_ref().map(|c| c.pem.clone()))?
                     .with_metrics(metrics.clone()),
             );
+            // Budgets of a week or a month need a Redis that keeps them.
+            let long: Vec<String> = config
+                .limits
+                .iter()
+                .filter(|l| l.spec().period_ms() >= crate::quota::calendar::WEEK_MS)
+                .map(|l| l.name.clone())
+                .collect();
+            crate::store::redis::warn_unless_persistent(&redis, long);
             (redis.clone(), redis.clone(), redis.link())
         }
     };

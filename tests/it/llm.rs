@@ -444,3 +444,34 @@ async fn the_usage_route_is_exact_after_a_settle() {
     assert!((597..=600).contains(&debt), "six times 600 on 3000: {debt} owed");
     assert!(reset <= 3600, "reset {reset} is never longer than the window");
 }
+
+/// A monthly budget on a Redis that keeps nothing on disk would reset at
+/// its restart: the gateway says so at start (where `CONFIG GET` is
+/// allowed), and says nothing of a Redis with an append-only file.
+#[test]
+fn a_monthly_budget_on_a_redis_that_keeps_nothing_is_warned_of() {
+    let redis = Redis::start();
+    let text = Toml::new()
+        .gateway("workers = 1")
+        .redis(&redis.url(), "timeout_ms = 1000")
+        .respond("demo", "/", &["monthly"])
+        .limit("monthly", "1000000/month")
+        .with("algorithm = \"fixed_window\"")
+        .to_string();
+    let warning = "keeps nothing on disk";
+    let gw = Gateway::start_connected(&text);
+    assert!(
+        gw.wait_for_log(warning, std::time::Duration::from_secs(5)),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("monthly"), "names the limit: {}", gw.log());
+    drop(gw);
+    redis.cli(&["CONFIG", "SET", "appendonly", "yes"]);
+    let gw = Gateway::start_connected(&text);
+    assert!(
+        !gw.wait_for_log(warning, std::time::Duration::from_secs(1)),
+        "{}",
+        gw.log()
+    );
+}

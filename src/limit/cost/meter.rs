@@ -1,6 +1,6 @@
 //! Reading a response's real cost as its body streams to the client: a
-//! header or trailer, a field of a JSON body (the chunks are kept, not
-//! copied, up to a bound, and parsed once at the end), the last
+//! header or trailer, a field of a JSON body (read as it passes, none of
+//! it kept, whatever its size: [`JsonScan`]), the last
 //! `text/event-stream` event or NDJSON line holding the field (scanned line
 //! by line, only events that mention the field parsed), or bytes counted.
 //! Beside it, when asked, the meter counts the content the upstream sent
@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 
 use super::api::content_bytes;
+use super::json_scan::JsonScan;
 use super::{JsonFields, Settle};
 
 /// Why a response's cost never arrived: its reserve stands.
@@ -21,7 +22,8 @@ use super::{JsonFields, Settle};
 pub enum Unsettled {
     /// The response ended without the header, trailer or field.
     Missing,
-    /// The JSON body was larger than `[gateway] max_cost_body_bytes`.
+    /// A body too large to read (no longer produced: a JSON body of any
+    /// size is read as it passes; the label stays for dashboards).
     TooLarge,
     /// The body broke off, or the client went away, before its end.
     Cut,
@@ -62,12 +64,8 @@ enum Kind {
         name: HeaderName,
         value: Option<u64>,
     },
-    Json {
-        fields: Arc<JsonFields>,
-        chunks: Vec<Bytes>,
-        len: usize,
-        over: bool,
-    },
+    /// A JSON body, read as it passes (none of it kept, whatever its size).
+    Json(Box<JsonScan>),
     Sse(Box<Sse>),
     ResponseBytes(u64),
     RequestBytes(Arc<AtomicU64>),
@@ -125,12 +123,7 @@ impl Meter {
                 data: Vec::new(),
                 skipping: false,
             })),
-            (_, Some(fields)) => Kind::Json {
-                fields,
-                chunks: Vec::new(),
-                len: 0,
-                over: false,
-            },
+            (_, Some(fields)) => Kind::Json(Box::new(JsonScan::new(fields))),
             (Settle::RequestBytes, _) => Kind::RequestBytes(request_bytes.unwrap_or_default()),
             _ => Kind::ResponseBytes(0),
         };
@@ -159,18 +152,7 @@ impl Meter {
         match &mut self.kind {
             Kind::Header { .. } | Kind::RequestBytes(_) => {}
             Kind::ResponseBytes(n) => *n = n.saturating_add(chunk.len() as u64),
-            Kind::Json { chunks, len, over, .. } => {
-                if *over {
-                    return;
-                }
-                *len += chunk.len();
-                if *len > self.max_body {
-                    *over = true;
-                    chunks.clear();
-                } else {
-                    chunks.push(chunk.clone());
-                }
-            }
+            Kind::Json(scan) => scan.feed(chunk),
             Kind::Sse(sse) => sse.scan(chunk, self.max_body),
         }
     }
@@ -192,7 +174,7 @@ impl Meter {
             Kind::Header { value, .. } => *value,
             Kind::ResponseBytes(n) => Some(*n),
             Kind::RequestBytes(n) => Some(n.load(Ordering::Acquire)),
-            Kind::Json { .. } => None,
+            Kind::Json(_) => None,
             Kind::Sse(sse) => sse.last.iter().flatten().copied().reduce(u64::saturating_add),
         }
     }
@@ -203,14 +185,7 @@ impl Meter {
             Kind::Header { value, .. } => value.ok_or(Unsettled::Missing),
             Kind::ResponseBytes(n) => Ok(n),
             Kind::RequestBytes(n) => Ok(n.load(Ordering::Acquire)),
-            Kind::Json { over: true, .. } => Err(Unsettled::TooLarge),
-            Kind::Json { fields, chunks, .. } => {
-                let read = match chunks.as_slice() {
-                    [one] => fields.read(one),
-                    _ => fields.read(&chunks.concat()),
-                };
-                read.ok_or(Unsettled::Missing)
-            }
+            Kind::Json(scan) => scan.finish().ok_or(Unsettled::Missing),
             Kind::Sse(mut sse) => {
                 // A stream may end without the blank line after its last event.
                 sse.end_line(self.max_body);
@@ -462,9 +437,10 @@ mod tests {
     fn bodies_past_the_bound_are_not_kept() {
         let mut h = HeaderMap::new();
         h.insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
+        // A JSON body larger than the bound still settles: nothing of it is kept.
         let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 8, false);
-        m.data(&Bytes::from_static(br#"{"n": 1, "pad": "...."}"#));
-        assert_eq!(m.finish(), Err(Unsettled::TooLarge));
+        m.data(&Bytes::from_static(br#"{"pad": "....", "n": 1}"#));
+        assert_eq!(m.finish(), Ok(1));
         h.insert(http::header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
         let mut m = Meter::new(&Settle::parse("json:n").unwrap(), &h, None, 16, false);
         m.data(&Bytes::from_static(

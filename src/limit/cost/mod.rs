@@ -11,6 +11,7 @@
 //! response), `settle` (the refund or the debt).
 
 pub mod api;
+mod json_scan;
 pub mod meter;
 pub mod rewrite;
 mod settle;

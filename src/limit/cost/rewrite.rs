@@ -15,7 +15,11 @@ use bytes::{Bytes, BytesMut};
 /// asking for its usage (`stream_options.include_usage` not `true`). The
 /// last of duplicate keys counts, as in the upstream's parser.
 pub fn lacks_usage(doc: &[u8]) -> bool {
-    if serde_json::from_slice::<serde::de::IgnoredAny>(doc).is_err() {
+    // JSON is UTF-8 (serde skips a string it ignores without checking).
+    let Ok(text) = std::str::from_utf8(super::api::skip_bom(doc)) else {
+        return false;
+    };
+    if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
         return false;
     }
     let Some(top) = members(doc, 0) else { return false };
@@ -351,6 +355,8 @@ mod tests {
         assert!(lacks_usage(br#"{"str\u0065am":true}"#), "an escaped key is the key");
         assert!(!lacks_usage(br#"{"stream":true,"stream":false}"#), "the last wins");
         assert!(!lacks_usage(br#"{"stream":true"#), "not JSON: nothing to do");
+        assert!(lacks_usage(b"\xEF\xBB\xBF{\"stream\":true}"), "a BOM is skipped");
+        assert!(!lacks_usage(b"{\"stream\":true,\"m\xdf\":1}"), "not UTF-8: not JSON");
         assert_eq!(
             asked(r#"{"model":"m","stream":true}"#),
             r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#

@@ -53,9 +53,12 @@ mod beside;
 mod calls;
 mod node;
 mod overrides;
+mod persistence;
 mod phases;
 mod region;
 mod sentinel;
+
+pub use persistence::warn_unless_persistent;
 
 use super::link::StoreLink;
 use super::{BoxFuture, QuotaStore, StoreError, Unspent};

@@ -10,7 +10,8 @@
 //!
 //! Query: `chunks=N` (content chunks of a stream, default 60), `ms=N` (a
 //! pause before each), `status=N` (answer that error status instead, with
-//! no usage).
+//! no usage), `pad=N` (a JSON answer carries N bytes of text before its
+//! usage, in 64 KiB frames).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -83,6 +84,7 @@ async fn answer(req: Request<Incoming>, kept: &Mutex<Vec<String>>) -> Response<S
     let chunks = query(&req, "chunks").unwrap_or(60);
     let ms = query(&req, "ms").unwrap_or(0);
     let status = query(&req, "status");
+    let pad = query(&req, "pad").unwrap_or(0);
     let body = req
         .into_body()
         .collect()
@@ -102,7 +104,9 @@ async fn answer(req: Request<Incoming>, kept: &Mutex<Vec<String>>) -> Response<S
             .body(Scripted::new(steps))
             .unwrap();
     }
-    let (content_type, steps) = if path.ends_with("/chat/completions") {
+    let (content_type, steps) = if path.ends_with("/chat/completions") && pad > 0 {
+        padded(pad)
+    } else if path.ends_with("/chat/completions") {
         openai(&json, chunks, ms)
     } else if path.ends_with("/messages") {
         anthropic(&json, chunks, ms)
@@ -167,6 +171,31 @@ fn openai(req: &serde_json::Value, chunks: u64, ms: u64) -> (&'static str, VecDe
     }
     push(&mut steps, 0, "data: [DONE]\n\n".to_string());
     ("text/event-stream", steps)
+}
+
+/// A JSON answer with `pad` bytes of text before its usage, in frames.
+fn padded(pad: u64) -> (&'static str, VecDeque<Step>) {
+    let mut steps = VecDeque::new();
+    push(
+        &mut steps,
+        0,
+        r#"{"id":"chatcmpl-1","choices":[{"message":{"content":""#.to_string(),
+    );
+    let mut left = pad as usize;
+    while left > 0 {
+        let n = left.min(64 * 1024);
+        push(&mut steps, 0, "x".repeat(n));
+        left -= n;
+    }
+    push(
+        &mut steps,
+        0,
+        format!(
+            r#""}}}}],"usage":{{"prompt_tokens":{PROMPT},"total_tokens":{}}}}}"#,
+            PROMPT + OUTPUT
+        ),
+    );
+    ("application/json", steps)
 }
 
 fn anthropic(req: &serde_json::Value, chunks: u64, ms: u64) -> (&'static str, VecDeque<Step>) {
