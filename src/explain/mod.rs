@@ -115,6 +115,8 @@ pub struct Explanation {
     pub skipped: Vec<(String, String)>,
     /// The admin URL the live state came from (`--admin`), if asked.
     pub live_from: Option<String>,
+    /// `[gateway] request_id`: what becomes of the request's `x-request-id`.
+    pub request_id: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +168,8 @@ pub struct LimitFacts {
     /// with this request's reserve when its headers say (a `json:` reserve
     /// reads a body, which explain does not have).
     pub cost: Option<String>,
+    /// The limit's `headers`: which responses show its `RateLimit*` fields.
+    pub headers: &'static str,
 }
 
 /// Explains `probe` under `config`.
@@ -181,6 +185,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         limits: Vec::new(),
         skipped: Vec::new(),
         live_from: None,
+        request_id: config.gateway.request_id.as_str(),
     };
     let Some(route) = runtime::route_index_of(&config.routes, req).and_then(|i| config.routes.get(i)) else {
         return out;
@@ -262,6 +267,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             shard,
             key_hash: format!("{:016x}", crate::limit::key_hash(&store_key)),
             key: store_key,
+            headers: limit.headers.as_str(),
             live: None,
             cost: limit.cost.as_ref().map(|c| {
                 let rule = c.describe();
