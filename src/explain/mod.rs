@@ -459,6 +459,46 @@ tiers = ["user"]
     }
 
     #[test]
+    fn headers_and_request_ids_are_shown() {
+        let text = |request_id: &str, headers: &str| {
+            format!(
+                "[gateway]\n{request_id}[listeners]\nhttp = \"127.0.0.1:0\"\n\
+                 [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nresponse = {{ status = 200, body = \"ok\" }}\n\
+                 limits = [\"l\"]\n[[limits]]\nname = \"l\"\nrate = \"5/s\"\n{headers}"
+            )
+        };
+        let probe = Probe::parse("GET", "/", &[], None).unwrap();
+        let e = explain(&config(&text("", "")), &probe, 0);
+        assert_eq!((e.request_id, e.limits[0].headers), ("generate", "all"));
+        assert!(
+            e.to_text().contains("request   x-request-id generate ("),
+            "{}",
+            e.to_text()
+        );
+        assert!(!e.to_text().contains("headers"), "{}", e.to_text());
+        let e = explain(
+            &config(&text("request_id = \"off\"\n", "headers = \"refusals\"\n")),
+            &probe,
+            0,
+        );
+        assert!(e.to_text().contains("request   x-request-id off ("), "{}", e.to_text());
+        assert!(
+            e.to_text()
+                .contains("          headers refusals (RateLimit* fields on 429s only)\n"),
+            "{}",
+            e.to_text()
+        );
+        let json = e.to_json();
+        assert_eq!(
+            (json["request_id"].as_str(), json["limits"][0]["headers"].as_str()),
+            (Some("off"), Some("refusals"))
+        );
+        let summary = config(&text("request_id = \"forward\"\n", "headers = \"none\"\n")).summary();
+        assert!(summary.contains("workers, x-request-id forward)"), "{summary}");
+        assert!(summary.contains("(enforce), headers none\n"), "{summary}");
+    }
+
+    #[test]
     fn canary_limits_say_whether_this_instance_enforces() {
         let text = |percent: u8| {
             format!(

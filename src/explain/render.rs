@@ -82,7 +82,10 @@ impl Explanation {
                 "limit     {} {mode} {} {quota}{notes}\n          key {}",
                 l.name, l.algorithm, l.key
             );
-            let _ = writeln!(s, "          headers {}", headers_text(l.headers));
+            // The default, every response, goes without saying.
+            if l.headers != "all" {
+                let _ = writeln!(s, "          headers {}", headers_text(l.headers));
+            }
             if let Some(cost) = &l.cost {
                 let _ = writeln!(s, "          cost {cost}");
             }
