@@ -76,6 +76,12 @@ pub async fn forward(
     let headers = req.headers_mut();
     remove_hop_by_hop(headers, upgrade);
     remove_internal(headers);
+    let ja4 = conn.tls.as_ref().and_then(|t| t.ja4.clone());
+    // The fields set below, so the map grows at most once (a client's own
+    // `x-forwarded-*` count too: rarely sent, and one slot is cheap).
+    let _ = headers.try_reserve(
+        2 + usize::from(request_id.is_some()) + usize::from(ja4.is_some()) + usize::from(identity.is_some()),
+    );
     append_forwarded_for(headers, conn);
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
     // `None`: the request carries the id it should already (the client's,
@@ -83,7 +89,7 @@ pub async fn forward(
     if let Some(id) = request_id {
         headers.insert(X_REQUEST_ID.clone(), id.clone());
     }
-    if let Some(ja4) = conn.tls.as_ref().and_then(|t| t.ja4.clone()) {
+    if let Some(ja4) = ja4 {
         headers.insert(X_LEASEGATE_JA4.clone(), ja4);
     }
     if let Some(v) = identity.and_then(|id| HeaderValue::from_str(id).ok()) {
