@@ -133,8 +133,42 @@ pub struct Gateway {
     pub max_cost_body_bytes: usize,
     /// Which rate-limit headers responses carry.
     pub rate_limit_headers: HeaderStyle,
+    /// What becomes of `x-request-id`, on the way up and back.
+    pub request_id: RequestIds,
     /// One line per request on stdout.
     pub access_log: AccessLog,
+}
+
+/// `[gateway] request_id`: who sets a request's `x-request-id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestIds {
+    /// The client's sane id is kept, else one is made; the upstream gets
+    /// it and the client gets it back, in place of any the upstream set.
+    #[default]
+    Generate,
+    /// As `Generate` on the way up; a response that carries its own id
+    /// (the upstream's) keeps it, and only one without gets the request's.
+    Forward,
+    /// None is made or added: the header passes as the client and the
+    /// upstream send it, and the gateway's own answers carry none.
+    Off,
+}
+
+impl RequestIds {
+    pub const SPELLINGS: [(&'static str, RequestIds); 3] = [
+        ("generate", RequestIds::Generate),
+        ("forward", RequestIds::Forward),
+        ("off", RequestIds::Off),
+    ];
+
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestIds::Generate => "generate",
+            RequestIds::Forward => "forward",
+            RequestIds::Off => "off",
+        }
+    }
 }
 
 /// `[gateway] access_log`.
@@ -275,7 +309,7 @@ pub struct Region {
     pub id_secret: Option<crate::region::threshold::IdSecret>,
 }
 
-pub use crate::limit::policy::{Draft, HeaderStyle, KeyPart, Limit, Mode, PolicyError, ShardBy};
+pub use crate::limit::policy::{Draft, HeaderStyle, KeyPart, Limit, LimitHeaders, Mode, PolicyError, ShardBy};
 pub use crate::quota::Algorithm;
 
 /// Lives with the Redis store, which logs its addresses too: a store

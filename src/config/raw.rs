@@ -55,6 +55,8 @@ pub struct Gateway {
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
     pub rate_limit_headers: Option<Spanned<String>>,
+    /// `"generate"` | `"forward"` | `"off"`: what becomes of `x-request-id`.
+    pub request_id: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
 }
 
@@ -218,6 +220,9 @@ pub struct Limit {
     pub queue_max: Option<Spanned<i64>>,
     /// `{ reserve = N | "header:NAME" | "json:PATH", settle = "..." }`.
     pub cost: Option<Spanned<Cost>>,
+    /// `"all"` | `"refusals"` | `"none"`: which responses show the limit's
+    /// `RateLimit*` fields.
+    pub headers: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

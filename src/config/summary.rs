@@ -33,8 +33,10 @@ impl Config {
         );
         let _ = writeln!(
             s,
-            "instance  {} ({} workers)",
-            self.gateway.instance_id, self.gateway.workers
+            "instance  {} ({} workers, x-request-id {})",
+            self.gateway.instance_id,
+            self.gateway.workers,
+            self.gateway.request_id.as_str()
         );
         let l = &self.listeners;
         for (name, addr) in [("http", l.http), ("https", l.https), ("admin", l.admin)] {
@@ -99,6 +101,9 @@ impl Config {
             }
             if let Some(c) = &lim.cost {
                 let _ = write!(s, ", cost {}", c.describe());
+            }
+            if lim.headers != super::LimitHeaders::All {
+                let _ = write!(s, ", headers {}", lim.headers.as_str());
             }
             s.push('\n');
         }

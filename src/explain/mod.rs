@@ -115,6 +115,8 @@ pub struct Explanation {
     pub skipped: Vec<(String, String)>,
     /// The admin URL the live state came from (`--admin`), if asked.
     pub live_from: Option<String>,
+    /// `[gateway] request_id`: what becomes of the request's `x-request-id`.
+    pub request_id: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +168,8 @@ pub struct LimitFacts {
     /// with this request's reserve when its headers say (a `json:` reserve
     /// reads a body, which explain does not have).
     pub cost: Option<String>,
+    /// The limit's `headers`: which responses show its `RateLimit*` fields.
+    pub headers: &'static str,
 }
 
 /// Explains `probe` under `config`.
@@ -181,6 +185,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         limits: Vec::new(),
         skipped: Vec::new(),
         live_from: None,
+        request_id: config.gateway.request_id.as_str(),
     };
     let Some(route) = runtime::route_index_of(&config.routes, req).and_then(|i| config.routes.get(i)) else {
         return out;
@@ -262,6 +267,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
             shard,
             key_hash: format!("{:016x}", crate::limit::key_hash(&store_key)),
             key: store_key,
+            headers: limit.headers.as_str(),
             live: None,
             cost: limit.cost.as_ref().map(|c| {
                 let rule = c.describe();
@@ -453,6 +459,46 @@ tiers = ["user"]
             live_text(Some(&untracked)),
             "not tracked on this instance (no lease, no block): its next request asks the store"
         );
+    }
+
+    #[test]
+    fn headers_and_request_ids_are_shown() {
+        let text = |request_id: &str, headers: &str| {
+            format!(
+                "[gateway]\n{request_id}[listeners]\nhttp = \"127.0.0.1:0\"\n\
+                 [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nresponse = {{ status = 200, body = \"ok\" }}\n\
+                 limits = [\"l\"]\n[[limits]]\nname = \"l\"\nrate = \"5/s\"\n{headers}"
+            )
+        };
+        let probe = Probe::parse("GET", "/", &[], None).unwrap();
+        let e = explain(&config(&text("", "")), &probe, 0);
+        assert_eq!((e.request_id, e.limits[0].headers), ("generate", "all"));
+        assert!(
+            e.to_text().contains("request   x-request-id generate ("),
+            "{}",
+            e.to_text()
+        );
+        assert!(!e.to_text().contains("headers"), "{}", e.to_text());
+        let e = explain(
+            &config(&text("request_id = \"off\"\n", "headers = \"refusals\"\n")),
+            &probe,
+            0,
+        );
+        assert!(e.to_text().contains("request   x-request-id off ("), "{}", e.to_text());
+        assert!(
+            e.to_text()
+                .contains("          headers refusals (RateLimit* fields on 429s only)\n"),
+            "{}",
+            e.to_text()
+        );
+        let json = e.to_json();
+        assert_eq!(
+            (json["request_id"].as_str(), json["limits"][0]["headers"].as_str()),
+            (Some("off"), Some("refusals"))
+        );
+        let summary = config(&text("request_id = \"forward\"\n", "headers = \"none\"\n")).summary();
+        assert!(summary.contains("workers, x-request-id forward)"), "{summary}");
+        assert!(summary.contains("(enforce), headers none\n"), "{summary}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ impl Explanation {
             "route     {} (path_prefix {}{host}; {}; on_store_failure {})",
             route.name, route.path_prefix, route.action, route.on_store_failure
         );
+        let _ = writeln!(s, "request   x-request-id {}", request_id_text(self.request_id));
         if let Some(why) = &self.rejected {
             let _ = writeln!(
                 s,
@@ -81,6 +82,10 @@ impl Explanation {
                 "limit     {} {mode} {} {quota}{notes}\n          key {}",
                 l.name, l.algorithm, l.key
             );
+            // The default, every response, goes without saying.
+            if l.headers != "all" {
+                let _ = writeln!(s, "          headers {}", headers_text(l.headers));
+            }
             if let Some(cost) = &l.cost {
                 let _ = writeln!(s, "          cost {cost}");
             }
@@ -150,11 +155,35 @@ impl Explanation {
                 "key": l.key,
                 "key_hash": l.key_hash,
                 "cost": l.cost,
+                "headers": l.headers,
             })).collect::<Vec<_>>(),
+            "request_id": self.request_id,
             "live_from": self.live_from,
             "skipped": self.skipped.iter().map(|(name, why)| json!({"name": name, "reason": why})).collect::<Vec<_>>(),
         })
     }
+}
+
+/// `[gateway] request_id`, for people.
+fn request_id_text(mode: &str) -> String {
+    let what = match mode {
+        "generate" => "the client's if sane, else one made here; sent upstream and returned in place of the upstream's",
+        "forward" => "the client's if sane, else one made here; sent upstream, and returned only if the response has none of its own",
+        "off" => "none made or set: passed as the client and the upstream send it",
+        _ => "",
+    };
+    format!("{mode} ({what})")
+}
+
+/// A limit's `headers`, for people.
+fn headers_text(headers: &str) -> String {
+    let what = match headers {
+        "all" => "RateLimit* fields on every response",
+        "refusals" => "RateLimit* fields on 429s only",
+        "none" => "no RateLimit* field; its 429 says Retry-After only",
+        _ => "",
+    };
+    format!("{headers} ({what})")
 }
 
 /// One line of a key's live state, for people.

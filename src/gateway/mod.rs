@@ -17,6 +17,7 @@ use respond::{add_warnings, visible_statuses, RequestError};
 
 mod cost;
 mod queue;
+mod request_id;
 pub mod respond;
 mod serve;
 mod usage;

@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use smallvec::SmallVec;
 
-use crate::config::Mode;
+use crate::config::{LimitHeaders, Mode};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
 use crate::limit::stage::{self, Outcome};
 use crate::limit::Verdict;
@@ -339,16 +339,33 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
 }
 
 // What a client is told of a verdict.
-/// `RateLimit-*` headers for every limit the client may see (shadow limits
-/// stay invisible), and a `RateLimit-Warning` per soft-limited one.
-pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict) {
-    add_warnings(headers, snapshot, verdict);
+/// `RateLimit-*` headers for every limit the client may see on an admitted
+/// response (shadow limits stay invisible, and so do limits with `headers`
+/// `"refusals"` or `"none"`), and a `RateLimit-Warning` per soft-limited
+/// one. `also`: how many fields the caller adds next, so the map grows at
+/// most once, to its final size.
+pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, also: usize) {
     let (statuses, focus) = visible_statuses(snapshot, verdict, None);
-    rl_headers::render(headers, snapshot.config.gateway.rate_limit_headers, &statuses, focus);
+    let style = snapshot.config.gateway.rate_limit_headers;
+    let warnings = verdict
+        .limits
+        .iter()
+        .filter(|lv| lv.outcome == Outcome::SoftLimited)
+        .count();
+    let _ = headers.try_reserve(rl_headers::fields(style, statuses.len()) + warnings + also);
+    add_warnings(headers, snapshot, verdict);
+    rl_headers::render(headers, style, &statuses, focus);
 }
 
 /// What the client may see of each limit of the verdict (shadow limits stay
-/// invisible), and where the verdict's limit at `focus` is among them.
+/// invisible, and each limit's `headers` says whether this response shows
+/// it), and where the verdict's limit at `focus` is among them.
+///
+/// `focus` is the refusing limit's position: the response is its 429,
+/// which shows the limits whose `headers` is `"all"` or `"refusals"`,
+/// unless the refusing limit's is `"none"`: then it shows none, as the
+/// trio would have to describe another limit, with tokens left, on a
+/// refusal. Without `focus` (an admitted response) only `"all"` ones show.
 pub fn visible_statuses<'s>(
     snapshot: &'s Snapshot,
     verdict: &Verdict,
@@ -356,11 +373,20 @@ pub fn visible_statuses<'s>(
 ) -> (SmallVec<[Status<'s>; 4]>, Option<usize>) {
     let mut statuses = SmallVec::new();
     let mut focus_at = None;
+    let refusal = focus.is_some();
+    if let Some(refuser) = focus
+        .and_then(|i| verdict.limits.get(i))
+        .and_then(|lv| snapshot.limits.get(lv.limit))
+    {
+        if refuser.config.headers == LimitHeaders::None {
+            return (statuses, None);
+        }
+    }
     for (position, lv) in verdict.limits.iter().enumerate() {
         let Some(limit) = snapshot.limits.get(lv.limit) else {
             continue;
         };
-        if limit.config.mode == Mode::Shadow {
+        if limit.config.mode == Mode::Shadow || !limit.config.headers.shown(refusal) {
             continue;
         }
         if focus == Some(position) {
@@ -372,6 +398,7 @@ pub fn visible_statuses<'s>(
             window_secs: lv.window_secs,
             remaining: lv.remaining,
             reset_secs: rl_headers::secs(lv.reset_ms),
+            policy: limit.policy.item(lv.quota, lv.window_secs),
         });
     }
     (statuses, focus_at)
@@ -433,6 +460,7 @@ mod tests {
             window_secs: 60,
             remaining,
             reset_secs,
+            policy: None,
         };
         let made = |resp: Response<Body>| {
             let (parts, body) = resp.into_parts();
@@ -469,6 +497,94 @@ mod tests {
             let (back, _) = made(too_many_requests("a", 7_000, all, &a, Some(0)));
             assert_eq!(back, first);
         }
+    }
+
+    /// A snapshot of limits `a` (headers `a`) and `b` (headers `b`), and a
+    /// verdict of both with tokens left.
+    fn two_limits(a: &str, b: &str) -> Snapshot {
+        let text = format!(
+            "[listeners]\nhttp = \"127.0.0.1:0\"\n\
+             [[limits]]\nname = \"a\"\nrate = \"10/min\"\nheaders = \"{a}\"\n\
+             [[limits]]\nname = \"b\"\nrate = \"5/min\"\nheaders = \"{b}\"\n"
+        );
+        let config = crate::config::parse(std::path::Path::new("gw.toml"), &text).unwrap();
+        Snapshot::new(config, &crate::telemetry::metrics::Metrics::new())
+    }
+
+    fn verdict_of(refused: Option<usize>) -> Verdict<'static> {
+        let mut v = Verdict::default();
+        for (limit, quota) in [(0, 10), (1, 5)] {
+            v.limits.push(crate::limit::LimitVerdict {
+                limit,
+                outcome: if refused == Some(limit) {
+                    Outcome::Limited
+                } else {
+                    Outcome::Admitted
+                },
+                quota,
+                window_secs: 60,
+                remaining: if refused == Some(limit) { 0 } else { 2 },
+                reset_ms: 7_000,
+                retry_after_ms: 7_000,
+                over_percent: 0,
+            });
+        }
+        v.refused = refused;
+        v
+    }
+
+    fn names(statuses: &[Status<'_>]) -> Vec<String> {
+        statuses.iter().map(|s| s.name.to_string()).collect()
+    }
+
+    #[test]
+    fn each_limit_says_which_responses_show_it() {
+        let admitted = |a: &str, b: &str| {
+            let snapshot = two_limits(a, b);
+            let mut h = HeaderMap::new();
+            add_limit_headers(&mut h, &snapshot, &verdict_of(None), 1);
+            let (statuses, _) = visible_statuses(&snapshot, &verdict_of(None), None);
+            (names(&statuses), h)
+        };
+        let (shown, h) = admitted("all", "all");
+        assert_eq!(shown, ["a", "b"]);
+        assert_eq!(h.len(), 5);
+        let (shown, h) = admitted("refusals", "all");
+        assert_eq!(shown, ["b"]);
+        assert_eq!(h["ratelimit-policy"], r#""b";q=5;w=60"#);
+        for (a, b) in [("refusals", "refusals"), ("none", "refusals"), ("none", "none")] {
+            let (shown, h) = admitted(a, b);
+            assert!(shown.is_empty() && h.is_empty(), "{a} {b}: {h:?}");
+        }
+        // A 429 (of `a`, at 0): every limit but the `none` ones, the trio
+        // the refusing limit's...
+        let refused = |a: &str, b: &str| {
+            let snapshot = two_limits(a, b);
+            let (statuses, focus) = visible_statuses(&snapshot, &verdict_of(Some(0)), Some(0));
+            (names(&statuses), focus)
+        };
+        assert_eq!(refused("refusals", "refusals"), (vec!["a".into(), "b".into()], Some(0)));
+        assert_eq!(refused("all", "none"), (vec!["a".into()], Some(0)));
+        assert_eq!(refused("refusals", "none"), (vec!["a".into()], Some(0)));
+        // ...and none at all when the refusing limit's are `none`.
+        assert_eq!(refused("none", "all"), (vec![], None));
+        assert_eq!(refused("none", "refusals"), (vec![], None));
+    }
+
+    #[test]
+    fn a_limits_policy_item_is_the_one_made_at_load() {
+        let snapshot = two_limits("all", "all");
+        let (statuses, _) = visible_statuses(&snapshot, &verdict_of(None), None);
+        let made = snapshot.limits[0].policy.item(10, 60).unwrap();
+        assert_eq!(
+            statuses[0].policy.map(|v| v.as_bytes().as_ptr()),
+            Some(made.as_bytes().as_ptr())
+        );
+        // A key with another quota than the limit's (a plan's) gets none.
+        let mut v = verdict_of(None);
+        v.limits[0].quota = 3;
+        let (statuses, _) = visible_statuses(&snapshot, &v, None);
+        assert!(statuses[0].policy.is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::cost::{self, Watcher};
+use super::request_id::RequestId;
 use super::respond::add_limit_headers;
 use super::respond::{self, RequestError, Source};
 use super::Gateway;
@@ -126,7 +127,7 @@ impl Gateway {
         conn: &'a ConnInfo,
         route_index: &mut Option<usize>,
     ) -> Served<'a> {
-        let request_id = request_id(req.headers());
+        let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
         // One request, one meaning: routed (and limited) as the upstream
         // will read it, and forwarded in that form.
         if let Err(e) = crate::route::normalize::target(&mut req) {
@@ -147,7 +148,7 @@ impl Gateway {
             && req.headers().contains_key(http::header::AUTHORIZATION)
         {
             if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, &req, conn) {
-                refusal.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+                request_id.stamp(refusal.headers_mut());
                 return Served::Now(refusal, record);
             }
         }
@@ -167,7 +168,7 @@ impl Gateway {
             Ok(id) => id,
             Err(rejection) => {
                 let mut resp = respond::unauthorized(&rejection.to_string());
-                resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+                request_id.stamp(resp.headers_mut());
                 return Served::Now(resp, Record::default());
             }
         };
@@ -295,7 +296,7 @@ impl Gateway {
         }
         self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
         if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
-            refusal.headers_mut().insert(X_REQUEST_ID.clone(), r.request_id);
+            r.request_id.stamp(refusal.headers_mut());
             return Served::Now(refusal, r.record);
         }
         // Served (answered here or forwarded, whatever the upstream does):
@@ -362,7 +363,7 @@ impl Gateway {
                     req,
                     conn,
                     upstream,
-                    &request_id,
+                    request_id.upstream(),
                     Some(&identity.value),
                     &self.runtime.metrics,
                 )
@@ -400,7 +401,7 @@ impl Gateway {
         snapshot: &Snapshot,
         route: Option<&Route>,
         result: Result<Response<Body>, RequestError>,
-        request_id: HeaderValue,
+        request_id: RequestId,
         verdict: Option<&Verdict<'_>>,
     ) -> Response<Body> {
         let mut resp = match result {
@@ -410,21 +411,21 @@ impl Gateway {
                     let route_name = route.map_or("", |r| r.name.as_str());
                     if let RequestError::Forward(ForwardError::UpstreamBusy { .. }) = e {
                         // A flood of these is the overload itself: counted, not logged each.
-                        tracing::debug!(request_id = ?request_id, route = route_name, error = %e, "upstream busy");
+                        tracing::debug!(request_id = ?request_id.shown(), route = route_name, error = %e, "upstream busy");
                     } else {
-                        tracing::warn!(request_id = ?request_id, route = route_name, error = %e, "upstream error");
+                        tracing::warn!(request_id = ?request_id.shown(), route = route_name, error = %e, "upstream error");
                     }
                     self.record_upstream_error(&e);
                 } else {
-                    tracing::debug!(request_id = ?request_id, error = %e, "client error");
+                    tracing::debug!(request_id = ?request_id.shown(), error = %e, "client error");
                 }
                 e.to_response()
             }
         };
         if let Some(verdict) = verdict {
-            add_limit_headers(resp.headers_mut(), snapshot, verdict);
+            add_limit_headers(resp.headers_mut(), snapshot, verdict, request_id.fields());
         }
-        resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+        request_id.stamp(resp.headers_mut());
         resp
     }
 
@@ -500,7 +501,7 @@ pub(super) struct Routed<'a> {
     pub(super) conn: &'a ConnInfo,
     pub(super) route: &'a Route,
     pub(super) identity: Identity,
-    pub(super) request_id: HeaderValue,
+    pub(super) request_id: RequestId,
     pub(super) record: Record,
     /// What the request reserves under limits with a `cost`.
     pub(super) costs: Reserves,
@@ -572,14 +573,18 @@ fn respond(direct: &DirectResponse) -> Response<Body> {
     resp
 }
 
-/// Keeps a client's `x-request-id` when it is sane, else makes a new one.
+/// Keeps a client's `x-request-id` when it is sane, else makes a new one
+/// (`[gateway] request_id = "generate"`; the request path asks
+/// [`RequestId::of`], which knows every mode).
 pub fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID) {
-        let b = v.as_bytes();
-        if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
-            return v.clone();
-        }
+    match headers.get(&X_REQUEST_ID) {
+        Some(v) if super::request_id::sane(v) => v.clone(),
+        _ => made_id(),
     }
+}
+
+/// A new id: 32 hex digits of a random 128-bit number.
+pub(super) fn made_id() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = [0u8; 32];
     let mut n = fastrand::u128(..);

@@ -26,6 +26,73 @@ pub struct Status<'a> {
     pub window_secs: u64,
     pub remaining: u64,
     pub reset_secs: u64,
+    /// The limit's [`Policy`] item, when it is this status's
+    /// (`"name";q=quota;w=window_secs`): copied, not written again.
+    pub policy: Option<&'a HeaderValue>,
+}
+
+/// A limit's `RateLimit-Policy` item for the quota most of its keys have
+/// (every key of an unsharded limit without plans or `rate_from`), made
+/// once when the limit is loaded: it does not change from request to
+/// request, so a response takes it as it is.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    quota: u64,
+    window_secs: u64,
+    value: Option<HeaderValue>,
+}
+
+impl Policy {
+    pub fn new(name: &str, quota: u64, window_secs: u64) -> Policy {
+        let mut text = Vec::with_capacity(name.len() + 8 + width(quota) + width(window_secs));
+        item(&mut text, name, b";q=", quota, b";w=", window_secs);
+        Policy {
+            quota,
+            window_secs,
+            value: interned(text),
+        }
+    }
+
+    /// The item, if it is the one of a key with `quota` per `window_secs`.
+    pub fn item(&self, quota: u64, window_secs: u64) -> Option<&HeaderValue> {
+        if quota == self.quota && window_secs == self.window_secs {
+            self.value.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+/// `text` as a header value whose clones and drops touch no reference
+/// count (workers would share its cache line on every response): its
+/// bytes are leaked, once per distinct text, so reloading the same limits
+/// adds nothing. `None` for a text no header may carry.
+fn interned(text: Vec<u8>) -> Option<HeaderValue> {
+    static SEEN: std::sync::Mutex<Vec<&'static [u8]>> = std::sync::Mutex::new(Vec::new());
+    HeaderValue::from_bytes(&text).ok()?;
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bytes = match seen.iter().find(|s| **s == text.as_slice()) {
+        Some(s) => *s,
+        None => {
+            let leaked: &'static [u8] = Box::leak(text.into_boxed_slice());
+            seen.push(leaked);
+            leaked
+        }
+    };
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_static(bytes)).ok()
+}
+
+/// How many fields [`render`] adds for `statuses` limits in `style`.
+pub fn fields(style: Style, statuses: usize) -> usize {
+    if statuses == 0 {
+        return 0;
+    }
+    match style {
+        Style::All => 5,
+        Style::Ietf => 2,
+        Style::Legacy => 3,
+        Style::None => 0,
+    }
 }
 
 /// Whole seconds, rounded up, from milliseconds.
@@ -43,17 +110,33 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
         // Written byte by byte (no `fmt`) into a buffer of the exact size,
         // which becomes the value without a copy: every admitted response
         // carries them.
-        let mut policy = Vec::with_capacity(items_len(statuses, POLICY));
+        match statuses {
+            // One limit of a prepared quota (most responses): its item
+            // is the whole value.
+            [Status { policy: Some(v), .. }] => {
+                headers.insert(RATELIMIT_POLICY.clone(), (*v).clone());
+            }
+            _ => {
+                let mut policy = Vec::with_capacity(items_len(statuses, POLICY));
+                for (i, s) in statuses.iter().enumerate() {
+                    if i > 0 {
+                        policy.extend_from_slice(b", ");
+                    }
+                    match s.policy {
+                        Some(v) => policy.extend_from_slice(v.as_bytes()),
+                        None => item(&mut policy, s.name, b";q=", s.quota, b";w=", s.window_secs),
+                    }
+                }
+                insert(headers, &RATELIMIT_POLICY, policy);
+            }
+        }
         let mut state = Vec::with_capacity(items_len(statuses, STATE));
         for (i, s) in statuses.iter().enumerate() {
             if i > 0 {
-                policy.extend_from_slice(b", ");
                 state.extend_from_slice(b", ");
             }
-            item(&mut policy, s.name, b";q=", s.quota, b";w=", s.window_secs);
             item(&mut state, s.name, b";r=", s.remaining, b";t=", s.reset_secs);
         }
-        insert(headers, &RATELIMIT_POLICY, policy);
         insert(headers, &RATELIMIT, state);
     }
     if matches!(style, Style::All | Style::Legacy) {
@@ -83,21 +166,18 @@ fn item(out: &mut Vec<u8>, name: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(y).as_bytes());
 }
 
-/// The numbers of a `RateLimit-Policy` item, and of a `RateLimit` one.
-const POLICY: fn(&Status<'_>) -> (u64, u64) = |s| (s.quota, s.window_secs);
-const STATE: fn(&Status<'_>) -> (u64, u64) = |s| (s.remaining, s.reset_secs);
+/// The length of a status's `RateLimit-Policy` item, and of its
+/// `RateLimit` one.
+const POLICY: fn(&Status<'_>) -> usize = |s| match s.policy {
+    Some(v) => v.len(),
+    None => s.name.len() + 8 + width(s.quota) + width(s.window_secs),
+};
+const STATE: fn(&Status<'_>) -> usize = |s| s.name.len() + 8 + width(s.remaining) + width(s.reset_secs);
 
-/// The length of the items of `statuses` with the numbers `pick` takes,
-/// joined by ", ".
-fn items_len(statuses: &[Status<'_>], pick: fn(&Status<'_>) -> (u64, u64)) -> usize {
-    let items: usize = statuses
-        .iter()
-        .map(|s| {
-            let (x, y) = pick(s);
-            s.name.len() + 8 + width(x) + width(y)
-        })
-        .sum();
-    items + 2 * statuses.len().saturating_sub(1)
+/// The length of the items of `statuses` as `len` measures each, joined
+/// by ", ".
+fn items_len(statuses: &[Status<'_>], len: fn(&Status<'_>) -> usize) -> usize {
+    statuses.iter().map(len).sum::<usize>() + 2 * statuses.len().saturating_sub(1)
 }
 
 /// How many decimal digits `n` has.
@@ -159,6 +239,7 @@ mod tests {
             window_secs: 60,
             remaining,
             reset_secs: reset,
+            policy: None,
         }
     }
 
@@ -240,6 +321,62 @@ mod tests {
             // the buffer becomes the value as it is.
             assert_eq!(items_len(statuses, POLICY), h["ratelimit-policy"].len());
             assert_eq!(items_len(statuses, STATE), h["ratelimit"].len());
+        }
+    }
+
+    #[test]
+    fn a_prepared_policy_is_the_item_it_would_have_written() {
+        let p = Policy::new("per_client", 100, 60);
+        let prepared = p.item(100, 60).unwrap();
+        assert_eq!(prepared, r#""per_client";q=100;w=60"#);
+        // Another quota (a plan's, a shard's): written as before.
+        assert!(p.item(50, 60).is_none() && p.item(100, 1).is_none());
+        let with = |s: Status<'static>| Status {
+            policy: Some(prepared),
+            ..s
+        };
+        let plain = [st("per_client", 100, 40, 20), st("b", 10, 3, 50)];
+        for statuses in [
+            vec![with(plain[0].clone())],
+            vec![with(plain[0].clone()), plain[1].clone()],
+            vec![plain[1].clone(), with(plain[0].clone())],
+        ] {
+            let unprepared: Vec<_> = statuses
+                .iter()
+                .map(|s| Status {
+                    policy: None,
+                    ..s.clone()
+                })
+                .collect();
+            for style in [Style::All, Style::Ietf] {
+                let (mut a, mut b) = (HeaderMap::new(), HeaderMap::new());
+                render(&mut a, style, &statuses, None);
+                render(&mut b, style, &unprepared, None);
+                assert_eq!(a, b, "{statuses:?}");
+                assert_eq!(items_len(&statuses, POLICY), a["ratelimit-policy"].len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_prepared_policy_is_shared_not_counted() {
+        let (a, b) = (Policy::new("shared", 7, 1), Policy::new("shared", 7, 1));
+        let (a, b) = (a.item(7, 1).unwrap(), b.item(7, 1).unwrap());
+        // One leaked text for both loads of the limit, whatever the reloads.
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
+        // A clone points at the same bytes: no copy, no count.
+        assert_eq!(a.clone().as_bytes().as_ptr(), a.as_bytes().as_ptr());
+        assert!(Policy::new("bad\nname", 1, 1).item(1, 1).is_none());
+    }
+
+    #[test]
+    fn fields_counts_what_render_adds() {
+        for style in [Style::All, Style::Ietf, Style::Legacy, Style::None] {
+            for statuses in [&[][..], &[st("a", 1, 1, 1)], &[st("a", 1, 1, 1), st("b", 2, 2, 2)]] {
+                let mut h = HeaderMap::new();
+                render(&mut h, style, statuses, None);
+                assert_eq!(fields(style, statuses.len()), h.len(), "{style:?} {statuses:?}");
+            }
         }
     }
 

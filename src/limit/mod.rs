@@ -71,6 +71,8 @@ pub struct LimitRuntime {
     name_id: u64,
     /// Whether a canary limit enforces on this instance.
     pub enforcing: bool,
+    /// The `RateLimit-Policy` item of `sliced`, made once.
+    pub policy: headers::Policy,
     counters: [StripedCounter; 4],
 }
 
@@ -86,12 +88,14 @@ impl LimitRuntime {
                 .clone()
         };
         let spec = config.spec();
+        let sliced = spec.slice(config.share());
         LimitRuntime {
             spec,
             shards: config.shards,
-            sliced: spec.slice(config.share()),
+            sliced,
             name_id: key::name_id(&config.name),
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
+            policy: headers::Policy::new(&config.name, sliced.count, sliced.window_secs()),
             counters: [
                 counter(Outcome::Admitted),
                 counter(Outcome::Limited),

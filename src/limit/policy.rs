@@ -38,6 +38,46 @@ pub enum HeaderStyle {
     None,
 }
 
+/// Which responses show a limit's `RateLimit*` fields (`[[limits]]
+/// headers`); the style of those fields is `[gateway] rate_limit_headers`'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitHeaders {
+    /// Every response the limit decided: admitted and refused.
+    #[default]
+    All,
+    /// 429s only, as Envoy's ratelimit filter does by default.
+    Refusals,
+    /// None: a 429 it makes says only when to retry (`Retry-After` and the
+    /// problem+json body).
+    None,
+}
+
+impl LimitHeaders {
+    pub const SPELLINGS: [(&'static str, LimitHeaders); 3] = [
+        ("all", LimitHeaders::All),
+        ("refusals", LimitHeaders::Refusals),
+        ("none", LimitHeaders::None),
+    ];
+
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitHeaders::All => "all",
+            LimitHeaders::Refusals => "refusals",
+            LimitHeaders::None => "none",
+        }
+    }
+
+    /// Whether a response shows the limit's fields: `refusal` for a 429.
+    pub fn shown(self, refusal: bool) -> bool {
+        match self {
+            LimitHeaders::All => true,
+            LimitHeaders::Refusals => refusal,
+            LimitHeaders::None => false,
+        }
+    }
+}
+
 /// One part of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyPart {
@@ -135,6 +175,8 @@ pub struct Draft {
     /// `cost = { reserve, settle }`: what a request takes at admission,
     /// and where its real cost is read once the response ends (`None`: 1).
     pub cost: Option<super::cost::Cost>,
+    /// Which responses show the limit's `RateLimit*` fields.
+    pub headers: LimitHeaders,
 }
 
 /// Where a limit takes a caller's rate from: a verified JWT claim.
@@ -204,6 +246,7 @@ impl Draft {
             queue_max: DEFAULT_QUEUE_MAX,
             rate_from: None,
             cost: None,
+            headers: LimitHeaders::All,
         }
     }
 

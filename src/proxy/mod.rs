@@ -34,14 +34,14 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Forwards `req` to `upstream` and returns its response, or the reason it
-/// could not. The request holds a place among the upstream's
+/// could not; `request_id`, if given, is set as its `x-request-id`. The request holds a place among the upstream's
 /// `max_in_flight` until its response body ends; without one it is
 /// refused at once.
 pub async fn forward(
     req: Request<RequestBody>,
     conn: &ConnInfo,
     upstream: &Arc<Upstream>,
-    request_id: &HeaderValue,
+    request_id: Option<&HeaderValue>,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
 ) -> Result<Response<Body>, ForwardError> {
@@ -76,10 +76,20 @@ pub async fn forward(
     let headers = req.headers_mut();
     remove_hop_by_hop(headers, upgrade);
     remove_internal(headers);
+    let ja4 = conn.tls.as_ref().and_then(|t| t.ja4.clone());
+    // The fields set below, so the map grows at most once (a client's own
+    // `x-forwarded-*` count too: rarely sent, and one slot is cheap).
+    let _ = headers.try_reserve(
+        2 + usize::from(request_id.is_some()) + usize::from(ja4.is_some()) + usize::from(identity.is_some()),
+    );
     append_forwarded_for(headers, conn);
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme()));
-    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
-    if let Some(ja4) = conn.tls.as_ref().and_then(|t| t.ja4.clone()) {
+    // `None`: the request carries the id it should already (the client's,
+    // kept), or the gateway sets none (`request_id = "off"`).
+    if let Some(id) = request_id {
+        headers.insert(X_REQUEST_ID.clone(), id.clone());
+    }
+    if let Some(ja4) = ja4 {
         headers.insert(X_LEASEGATE_JA4.clone(), ja4);
     }
     if let Some(v) = identity.and_then(|id| HeaderValue::from_str(id).ok()) {

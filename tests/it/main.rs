@@ -19,6 +19,7 @@ mod events;
 mod explain;
 mod fingerprint;
 mod fleet;
+mod headers;
 mod identity;
 mod key_churn;
 mod limits;

@@ -7,7 +7,7 @@ use http::HeaderName;
 use toml::Spanned;
 
 use super::{choice, in_range, Check};
-use crate::config::{raw, Algorithm, Draft, KeyPart, Mode, ShardBy};
+use crate::config::{raw, Algorithm, Draft, KeyPart, LimitHeaders, Mode, ShardBy};
 use crate::limit::policy::{Field, MAX_SHARDS};
 use crate::quota::Rate;
 
@@ -68,6 +68,13 @@ pub(super) fn limits(
             ),
             rate_from: rate_from(c, &l, &key, algorithm, rate_claims, jwt_configured),
             cost: cost(c, &l, &key, algorithm),
+            headers: choice(
+                c,
+                l.headers.as_ref(),
+                &format!("{key}.headers"),
+                &LimitHeaders::SPELLINGS,
+                LimitHeaders::All,
+            ),
             // `[region]` sets this region's slice once both are compiled.
             ..Draft::new(&name, rate)
         };

@@ -25,7 +25,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{line_of, Problem};
-use super::{raw, AccessLog, Config, ConfigError, Gateway, HeaderStyle, Limit, RouteTable, Source};
+use super::{raw, AccessLog, Config, ConfigError, Gateway, HeaderStyle, Limit, RequestIds, RouteTable, Source};
 use identity::identity;
 use limits::limits;
 use listeners::{listeners, tls};
@@ -248,6 +248,13 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
                 ("none", HeaderStyle::None),
             ],
             HeaderStyle::All,
+        ),
+        request_id: choice(
+            c,
+            g.request_id.as_ref(),
+            "gateway.request_id",
+            &RequestIds::SPELLINGS,
+            RequestIds::Generate,
         ),
         access_log: choice(
             c,

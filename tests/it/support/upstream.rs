@@ -33,6 +33,8 @@ impl Upstream {
 /// Starts an upstream on the current tokio runtime.
 ///
 /// - `/headers`: JSON `{method, path, headers: {name: [values]}}`
+/// - `/id?set=V`: as `/headers`, answered with `x-request-id: V` (none
+///   without `set`)
 /// - `/sha256`: streams the body, answers `<hex> <bytes>`
 /// - `/slow?ms=N`: answers after N ms
 /// - `/big?mb=N`: answers N MiB of `x`
@@ -75,7 +77,7 @@ async fn handle(mut req: Request<Incoming>, name: &'static str) -> Result<Respon
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let resp = match path.as_str() {
-        "/headers" | "/v1/headers" => {
+        "/headers" | "/v1/headers" | "/id" => {
             let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for (k, v) in req.headers() {
                 headers
@@ -90,7 +92,11 @@ async fn handle(mut req: Request<Incoming>, name: &'static str) -> Result<Respon
                 "version": format!("{:?}", req.version()),
                 "headers": headers,
             });
-            Response::new(Full::new(Bytes::from(body.to_string())))
+            let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+            if let Some(id) = query.strip_prefix("set=").filter(|_| path == "/id") {
+                resp.headers_mut().insert("x-request-id", id.parse().unwrap());
+            }
+            resp
         }
         "/sha256" => {
             let mut hasher = Sha256::new();
