@@ -401,3 +401,51 @@ fn the_script_caps_a_limits_overrides_and_a_delete_of_nothing_is_no_change() {
     assert_eq!(run(&["del", "key:zz"]), "3", "nothing deleted: the same version");
     assert_eq!(run(&["del", "key:a"]), "4");
 }
+
+/// INFO and WARN lines after `leasegate ready`, without their timestamps.
+fn loud_lines_after_ready(log: &str) -> Vec<String> {
+    log.lines()
+        .skip_while(|l| !l.contains("leasegate ready"))
+        .skip(1)
+        .filter(|l| l.contains(" INFO ") || l.contains(" WARN "))
+        .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest).trim().to_string())
+        .collect()
+}
+
+/// An idle instance is quiet: the overrides follower, which polls every
+/// second, logs a load only when it changed something, and no INFO or
+/// WARN line repeats on a timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_logs_no_line_twice_and_overrides_only_when_they_change() {
+    let gw = start("");
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let idle = loud_lines_after_ready(&gw.log());
+    assert!(
+        !idle.iter().any(|l| l.contains("overrides loaded")),
+        "no override was ever set:\n{}",
+        gw.log()
+    );
+    for line in &idle {
+        assert_eq!(
+            idle.iter().filter(|l| *l == line).count(),
+            1,
+            "repeated while idle: {line}\n{}",
+            gw.log()
+        );
+    }
+    let (s, text) = admin(
+        &gw,
+        "PUT",
+        "/overrides/per_key/key:acme",
+        r#"{"rate": "5/min"}"#,
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(s, 200, "{text}");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let loads = loud_lines_after_ready(&gw.log())
+        .into_iter()
+        .filter(|l| l.contains("overrides loaded"))
+        .count();
+    assert_eq!(loads, 1, "one change, one line:\n{}", gw.log());
+}
