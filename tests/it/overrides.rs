@@ -449,3 +449,64 @@ async fn an_idle_instance_logs_no_line_twice_and_overrides_only_when_they_change
         .count();
     assert_eq!(loads, 1, "one change, one line:\n{}", gw.log());
 }
+
+/// The status page in the words of each limit: a concurrency limit as so
+/// many in flight, a per-minute key's admitted rate per minute, and the
+/// overrides in force listed; `/config` gives a concurrency limit its
+/// `max`, not a rate and a burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_limits_in_their_own_units_and_the_overrides() {
+    let text = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .table("admin", "token_file = \"admin.token\"")
+        .raw("[[identity.api_keys]]\nkey = \"k-acme\"\ntenant = \"acme\"")
+        .respond("api", "/", &["per_key", "gpu"])
+        .limit("per_key", "10/min")
+        .raw("[[limits]]\nname = \"gpu\"\nalgorithm = \"concurrency\"\nmax = 3")
+        .to_string();
+    let gw = Gateway::start_with(&text, &[("admin.token", TOKEN)]);
+    assert_eq!(admitted(&gw, "k-acme", 5).await.0, 5);
+    let (s, body) = admin(
+        &gw,
+        "PUT",
+        "/overrides/per_key/key:acme",
+        r#"{"rate": "50/min"}"#,
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let start = Instant::now();
+    let page = loop {
+        let (s, page) = admin(&gw, "GET", "/", "", Some(TOKEN)).await;
+        assert_eq!(s, 200, "{page}");
+        if page.contains("<code>rl:{per_key:") || start.elapsed() > Duration::from_secs(5) {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(page.contains("<td>3 in flight</td>"), "{page}");
+    assert!(!page.contains("<td>3/s</td>"), "{page}");
+    let hottest = page.split("<table id=\"hottest\">").nth(1).expect("a hot key");
+    let hottest = hottest.split("</table>").next().unwrap();
+    let row = hottest
+        .split("</tr>")
+        .find(|r| r.contains("per_key:"))
+        .unwrap_or_else(|| panic!("no per_key row: {hottest}"));
+    assert!(row.contains("/min</td>"), "a 10/min key per minute: {row}");
+    let overrides = page.split("<table id=\"overrides\">").nth(1).expect("the overrides");
+    let overrides = overrides.split("</table>").next().unwrap();
+    assert!(
+        overrides.contains("<td>per_key</td><td><code>key:acme</code></td><td>50/min</td>"),
+        "{overrides}"
+    );
+    let (_, cfg) = admin(&gw, "GET", "/config", "", Some(TOKEN)).await;
+    let cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    let gpu = cfg["effective"]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "gpu")
+        .unwrap();
+    assert_eq!(gpu["max"], 3, "{gpu}");
+    assert!(gpu.get("rate").is_none() && gpu.get("burst").is_none(), "{gpu}");
+}
