@@ -73,7 +73,7 @@ enum Command {
     /// config; talks to no store. Exit 0 when explained (also when no route
     /// matches), 1 on bad arguments or an invalid config.
     #[command(
-        after_help = "Examples:\n  leasegate explain --config gateway.toml GET /v1/orders\n  leasegate explain --admin http://127.0.0.1:9901 --header 'X-API-Key: test-key-1' GET /v1/orders\n  leasegate explain --header 'X-API-Key: test-key-1' --ip 198.51.100.7 --json POST /v1/orders\n  leasegate explain --header 'Authorization: Bearer eyJ...' --header 'Host: api.example.com' GET /v1/me"
+        after_help = "Examples:\n  leasegate explain --config gateway.toml GET /v1/orders\n  leasegate explain --admin http://127.0.0.1:9901 --header 'X-API-Key: test-key-1' GET /v1/orders\n  leasegate explain --header 'X-API-Key: test-key-1' --ip 198.51.100.7 --json POST /v1/orders\n  leasegate explain --header 'Authorization: Bearer eyJ...' --header 'Host: api.example.com' GET /v1/me\n  leasegate explain --identity key:beta GET /v1/orders"
     )]
     Explain {
         #[arg(long, default_value = "gateway.toml")]
@@ -91,6 +91,12 @@ enum Command {
         /// [identity] order names it.
         #[arg(long, value_name = "SUBJECT")]
         client_cert: Option<String>,
+        /// Explain as this caller, without its credentials: key:ID (the
+        /// API key with that id, or tenant when it has no id: its tenant
+        /// and plan), tenant:NAME (the tenant's first API key) or user:SUB
+        /// (a JWT's subject). In place of the identity the headers give.
+        #[arg(long, value_name = "key:ID|user:SUB|tenant:NAME")]
+        identity: Option<String>,
         /// One JSON object: route, identity, limits[] (name, mode, algorithm,
         /// rate, capacity, key) and details.
         #[arg(long)]
@@ -132,13 +138,14 @@ fn main() -> ExitCode {
             headers,
             ip,
             client_cert,
+            identity,
             json,
             admin,
             method,
             path,
         } => explain(
             &config,
-            (&headers, ip.as_deref(), client_cert),
+            (&headers, ip.as_deref(), client_cert, identity.as_deref()),
             json,
             admin.as_deref(),
             &method,
@@ -207,12 +214,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `explain`'s request: its headers, `--ip` and `--client-cert`.
-type Seen<'a> = (&'a [String], Option<&'a str>, Option<String>);
+/// `explain`'s request: its headers, `--ip`, `--client-cert` and
+/// `--identity`.
+type Seen<'a> = (&'a [String], Option<&'a str>, Option<String>, Option<&'a str>);
 
 fn explain(
     config: &std::path::Path,
-    (headers, ip, client_cert): Seen<'_>,
+    (headers, ip, client_cert, identity): Seen<'_>,
     json: bool,
     admin: Option<&str>,
     method: &str,
@@ -240,6 +248,15 @@ fn explain(
             return ExitCode::FAILURE;
         }
     };
+    let named = match identity.map(|spec| leasegate::explain::identity::named(&loaded.identity, spec)) {
+        None => None,
+        Some(Ok(named)) => Some(named),
+        Some(Err(e)) => {
+            eprintln!("leasegate explain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let probe = leasegate::explain::Probe { named, ..probe };
     let now_secs = leasegate::runtime::identity_clock(probe.request.headers());
     let mut explained = leasegate::explain::explain(&loaded, &probe, now_secs);
     if let Some(admin) = &admin {

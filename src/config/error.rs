@@ -108,9 +108,14 @@ pub fn every_toml_problem(file: &str, source: &str, first: toml::de::Error) -> V
         let Some(span) = err.span().filter(|s| s.start < s.end && s.end <= text.len()) else {
             break;
         };
-        // The whole lines of the key and its value.
+        // The whole lines of the key and its value; of an unknown table,
+        // its every line, or its keys would be read as the table above's.
         let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
         let end = text[span.end..].find('\n').map_or(text.len(), |i| span.end + i);
+        let end = match unknown_table(&text[start..end], field_in_message(err.message())) {
+            Some(segments) => table_end(&text, end, &segments),
+            None => end,
+        };
         if blanked.iter().any(|b| b.start <= start && end <= b.end) {
             break; // the same lines again: nothing more to learn
         }
@@ -138,6 +143,33 @@ pub fn every_toml_problem(file: &str, source: &str, first: toml::de::Error) -> V
     }
     problems.sort_by_key(|p| p.line);
     problems
+}
+
+/// The path of the table `line` opens when `named` (the unknown field)
+/// is that table's own name: `[[limit]]` for `limit`.
+fn unknown_table(line: &str, named: Option<&str>) -> Option<Vec<String>> {
+    let (segments, _) = header(line)?;
+    (segments.last().map(String::as_str) == named && named.is_some()).then_some(segments)
+}
+
+/// Where the table `segments` opened above `from` ends: at the next header
+/// outside it (its own sub-tables, `[limit.response]`, are in it), or at
+/// the end of the file.
+fn table_end(text: &str, from: usize, segments: &[String]) -> usize {
+    let mut at = from;
+    while at < text.len() {
+        let line_start = at + 1;
+        let line_end = text[line_start.min(text.len())..]
+            .find('\n')
+            .map_or(text.len(), |i| line_start + i);
+        if let Some((other, _)) = header(&text[line_start.min(text.len())..line_end]) {
+            if !other.starts_with(segments) {
+                return at;
+            }
+        }
+        at = line_end;
+    }
+    text.len()
 }
 
 /// "unknown field `foo`, expected ..." and "missing field `bar`" name the field.
@@ -363,6 +395,28 @@ fn key_at(source: &str, span: &Range<usize>, named: Option<&str>) -> (String, bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table under a misspelt name is one problem: its keys are not
+    /// read as the table above's (the route's, with 18 wrong lines), and
+    /// its sub-tables go with it, while problems past it still count.
+    #[test]
+    fn an_unknown_table_is_one_problem_not_one_per_key() {
+        let text = "[listeners]\nhttp = \"127.0.0.1:0\"\n\n[[upstreams]]\nname = \"api\"\ntargets = [\"http://127.0.0.1:9\"]\n\n[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstream = \"api\"\nlimits = [\"per_ip\"]\n\n[[limit]]\nname = \"per_ip\"\nkey = \"ip\"\nrate = \"10/s\"\nalgorithm = \"token_bucket\"\nburst = 20\n\n[limit.response]\nstatus = 429\n\n[[limits]]\nname = \"per_ip\"\nrate = \"10/s\"\nbrust = 3\n";
+        let problems = match crate::config::parse(std::path::Path::new("gateway.toml"), text) {
+            Err(ConfigError::Invalid(p)) => p,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(shown.len(), 2, "{shown:#?}");
+        assert!(
+            shown[0].starts_with("gateway.toml:14: limit: unknown table `limit`, did you mean `limits`?"),
+            "{shown:#?}"
+        );
+        assert!(
+            shown[1].starts_with("gateway.toml:27: limits[0].brust: unknown key `brust`, did you mean `burst`?"),
+            "{shown:#?}"
+        );
+    }
 
     #[test]
     fn lines_are_one_based() {

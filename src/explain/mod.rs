@@ -12,6 +12,7 @@
 //! [`Explanation::attach_live`].
 
 pub mod admin;
+pub mod identity;
 mod render;
 
 use std::net::IpAddr;
@@ -19,7 +20,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
 
 use crate::config::{Config, Mode};
-use crate::identity;
+use crate::identity as waterfall;
 use crate::limit::stage;
 use crate::quota::{Rate, Spec};
 use crate::route::Action;
@@ -51,6 +52,9 @@ pub struct Probe {
     /// `--client-cert`: the subject (common name) of a client certificate
     /// `[tls] client_ca` verified, for the `cert` tier.
     pub client_cert: Option<String>,
+    /// `--identity`: the caller to explain as, in place of the waterfall
+    /// (no credentials needed).
+    pub named: Option<identity::Named>,
 }
 
 /// The peer `explain` assumes without `--ip`.
@@ -93,6 +97,7 @@ impl Probe {
             request,
             peer,
             client_cert: None,
+            named: None,
         })
     }
 }
@@ -203,16 +208,23 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     });
 
     // No TLS here: the fingerprint tier needs a ClientHello.
-    let conn = identity::Connection {
+    let conn = waterfall::Connection {
         peer: probe.peer,
         ja4: None,
         client_cert: probe.client_cert.as_deref(),
     };
-    let id = match config.identity.resolve(req.headers(), conn, now_secs) {
+    let resolved = match &probe.named {
+        Some(named) => {
+            let client_ip = waterfall::client_ip(probe.peer, req.headers(), &config.identity.trusted_proxies);
+            Ok(named.identity(client_ip))
+        }
+        None => config.identity.resolve(req.headers(), conn, now_secs),
+    };
+    let id = match resolved {
         Ok(id) => id,
         Err(rejection) => {
             out.rejected_by = match rejection {
-                identity::Rejection::TooLong { .. } => "[identity] max_token_bytes",
+                waterfall::Rejection::TooLong { .. } => "[identity] max_token_bytes",
                 _ => "[identity] on_invalid_credentials = \"reject\"",
             };
             out.rejected = Some(rejection.to_string());
@@ -225,12 +237,16 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
         tenant: id.tenant.as_deref().map(str::to_string),
         plan: id.plan.as_deref().map(str::to_string),
         client_ip: id.client_ip,
-        passed_over: config
-            .identity
-            .passed_over(req.headers(), conn, now_secs, id.tier)
-            .into_iter()
-            .map(|(tier, why)| (tier.name(), why))
-            .collect(),
+        // Named on the command line: no tier above was tried.
+        passed_over: match probe.named {
+            Some(_) => Vec::new(),
+            None => config
+                .identity
+                .passed_over(req.headers(), conn, now_secs, id.tier)
+                .into_iter()
+                .map(|(tier, why)| (tier.name(), why))
+                .collect(),
+        },
     });
 
     let applying = runtime::applying_limits(&config.limits, route, id.tier);

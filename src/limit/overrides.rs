@@ -333,8 +333,10 @@ impl Limiter {
     }
 
     /// Loads the overrides of `limits` when the store's version moved (or
-    /// the limits did): true when the table changed. Expired overrides
-    /// are dropped from the store as they are met.
+    /// the limits did): true when the version or the table changed, so a
+    /// store that never had an override (version 0, reloaded at each poll)
+    /// is no news. Expired overrides are dropped from the store as they
+    /// are met.
     pub async fn poll_overrides(&self, limits: &[String]) -> Result<bool, StoreError> {
         let version = self.store.overrides(OverrideOp::Version).await?.version;
         let same_limits = *self.overrides.loaded_for.lock().recover() == limits;
@@ -355,8 +357,12 @@ impl Limiter {
             }
         }
         self.overrides.any.store(!table.is_empty(), Ordering::Relaxed);
-        self.overrides.table.store(Arc::new(table));
-        self.overrides.version.store(loaded.version, Ordering::Release);
+        // Swapped, not stored: of two loads racing (the poll woken by a
+        // notice, an admin call's own), only one finds news to log.
+        let table = Arc::new(table);
+        let before = self.overrides.table.swap(table.clone());
+        let was = self.overrides.version.swap(loaded.version, Ordering::AcqRel);
+        let changed = was != loaded.version || *before != *table;
         *self.overrides.loaded_for.lock().recover() = limits.to_vec();
         for (limit, who) in expired {
             let _ = self
@@ -367,7 +373,16 @@ impl Limiter {
                 })
                 .await;
         }
-        Ok(true)
+        // Logged here, whoever asked (the poll, a notice, this instance's
+        // own admin call), and only on news: an idle poll is silent.
+        if changed {
+            tracing::info!(
+                version = loaded.version,
+                overrides = self.overrides().len(),
+                "overrides loaded"
+            );
+        }
+        Ok(changed)
     }
 
     /// The poller, for as long as the process runs: `limits` names the
@@ -377,16 +392,7 @@ impl Limiter {
         let mut failing = false;
         loop {
             match self.poll_overrides(&limits()).await {
-                Ok(changed) => {
-                    failing = false;
-                    if changed {
-                        tracing::info!(
-                            version = self.overrides.version.load(Ordering::Relaxed),
-                            overrides = self.overrides().len(),
-                            "overrides loaded"
-                        );
-                    }
-                }
+                Ok(_) => failing = false,
                 Err(e) => {
                     if !failing {
                         tracing::warn!(error = %e, "overrides: the store did not answer; the last ones stand");

@@ -72,6 +72,11 @@ pub struct HotKey {
     /// This instance's admitted rate for the key, per second, averaged over
     /// about a minute as of the store's last answer (`Lease::admitted_rate`).
     pub admitted_per_sec: f64,
+    /// Admitted in about the last minute (the same average, not scaled up
+    /// while young): the figure for a quota per minute or longer.
+    pub admitted_last_minute: f64,
+    /// The period of the key's quota, ms: the unit its rate is shown in.
+    pub period_ms: u64,
     /// Requests refused in the key's current over-quota window (one period
     /// of its quota).
     pub refusals: u64,
@@ -152,6 +157,8 @@ impl Limiter {
             let entry = || HotKey {
                 key: lease.key().to_string(),
                 admitted_per_sec: rate,
+                admitted_last_minute: lease.admitted_last_minute(),
+                period_ms: period,
                 refusals,
             };
             if rate > 0.0 && n > 0 && (busiest.len() < n || busiest.last().is_some_and(|l| rate > l.admitted_per_sec)) {
@@ -181,6 +188,8 @@ impl Limiter {
                     HotKey {
                         key: key.to_string(),
                         admitted_per_sec: 0.0,
+                        admitted_last_minute: 0.0,
+                        period_ms: 0,
                         refusals,
                     },
                 );

@@ -23,7 +23,10 @@ where
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(listener = what, error = %e, "accept failed");
+                let gate = &crate::telemetry::log_limit::ACCEPT_FAILED;
+                if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
+                    tracing::warn!(listener = what, error = %e, held_back, "accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }

@@ -281,7 +281,8 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                     KeyPart::Header(h) => format!("header:{h}"),
                 })
                 .collect();
-            serde_json::json!({
+            let concurrency = l.algorithm == crate::quota::Algorithm::Concurrency;
+            let mut limit = serde_json::json!({
                 "name": l.name,
                 "mode": l.mode.as_str(),
                 "canary_percent": (l.mode == crate::config::Mode::Canary).then_some(l.canary_percent),
@@ -295,7 +296,7 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                 "plans": l.plans.iter().map(|(p, r)| (p.clone(), serde_json::Value::from(r.to_string()))).collect::<serde_json::Map<_, _>>(),
                 "tiers": l.tiers.as_ref().map(|t| t.iter().map(|t| t.name()).collect::<Vec<_>>()),
                 "enforce_after": l.enforce_after,
-                "max": (l.algorithm == crate::quota::Algorithm::Concurrency).then_some(l.burst),
+                "max": concurrency.then_some(l.burst),
                 "queue_ms": l.queue_ms,
                 "queue_max": l.queue_max,
                 "rate_from": l.rate_from.as_ref().map(|r| format!("claim:{}", r.claim)),
@@ -308,7 +309,13 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
                     "unsettled": c.unsettled.describe(),
                     "errors": c.errors.as_str(),
                 })),
-            })
+            });
+            // A concurrency limit has no rate: its `max` is what it allows.
+            if let (true, Some(fields)) = (concurrency, limit.as_object_mut()) {
+                fields.remove("rate");
+                fields.remove("burst");
+            }
+            limit
         })
         .collect();
     serde_json::json!({

@@ -103,8 +103,21 @@ pub enum ServeError {
     Redis(#[from] RedisSetupError),
 }
 
-/// The niceness of the RLS threads (the rest of the process runs at 0).
+/// How much lower than the rest of the process the RLS threads run: a
+/// step above the process's own niceness, so that a gateway started under
+/// `nice` keeps its workers ahead of RLS.
 const RLS_NICE: i32 = 10;
+
+/// The highest niceness Linux gives.
+const NICE_MAX: i32 = 19;
+
+/// The niceness of the RLS threads: the calling thread's (the process's
+/// own, asked before any thread was lowered) plus [`RLS_NICE`], at most
+/// [`NICE_MAX`].
+fn rls_nice() -> i32 {
+    let own = rustix::process::getpriority_process(None).unwrap_or(0);
+    own.saturating_add(RLS_NICE).min(NICE_MAX)
+}
 
 /// The runtime, once built: the region link's client reads the
 /// certificates in force from its config (set right after the stores).
@@ -531,7 +544,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     served
 }
 
-/// RLS's own runtime, its threads named `leasegate-rls` at [`RLS_NICE`].
+/// RLS's own runtime, its threads named `leasegate-rls` at [`rls_nice`].
 /// One worker: a current-thread runtime on a thread of its own (a
 /// multi-thread runtime's scheduling cost a fifth of the calls a second
 /// then); more: a multi-thread runtime.
@@ -543,21 +556,24 @@ enum RlsRuntime {
     Many(tokio::runtime::Runtime),
 }
 
-/// Lowers the calling thread's CPU priority to [`RLS_NICE`].
-fn lower_priority() {
+/// Sets the calling thread's niceness to `nice` (from [`rls_nice`]):
+/// absolute, not a step from the thread's own, as a thread an RLS thread
+/// starts is born lowered already.
+fn lower_priority(nice: i32) {
     let me = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(me), RLS_NICE) {
+    if let Err(e) = rustix::process::setpriority_process(Some(me), nice) {
         tracing::debug!(error = %e, "rls: cannot lower this thread's priority");
     }
 }
 
 impl RlsRuntime {
     fn start(workers: usize) -> io::Result<RlsRuntime> {
+        let nice = rls_nice();
         if workers > 1 {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("leasegate-rls")
-                .on_thread_start(lower_priority)
+                .on_thread_start(move || lower_priority(nice))
                 .enable_all()
                 .build()?;
             return Ok(RlsRuntime::Many(runtime));
@@ -568,7 +584,7 @@ impl RlsRuntime {
         std::thread::Builder::new()
             .name("leasegate-rls".into())
             .spawn(move || {
-                lower_priority();
+                lower_priority(nice);
                 runtime.block_on(async {
                     let _ = stopped.await;
                 });

@@ -22,6 +22,9 @@ use crate::telemetry::metrics::ResultLabels;
 pub struct Reloader {
     path: PathBuf,
     runtime: Arc<Runtime>,
+    /// The config the process started on: what its listeners, workers
+    /// and store were built from, whatever reloads said since.
+    at_start: Arc<Config>,
     /// SHA-256 of the bytes last tried (by the watcher or by SIGHUP), so a
     /// file is reloaded once per edit whatever triggered it.
     last_tried: std::sync::Mutex<Option<[u8; 32]>>,
@@ -40,10 +43,12 @@ impl Reloader {
     pub fn new(path: PathBuf, runtime: Arc<Runtime>) -> Reloader {
         // The bytes of the config in force: an edit made between loading
         // and watching is still seen.
-        let last_tried = std::sync::Mutex::new(Some(runtime.config().inputs_sha256()));
+        let at_start = runtime.config();
+        let last_tried = std::sync::Mutex::new(Some(at_start.inputs_sha256()));
         Reloader {
             path,
             runtime,
+            at_start,
             last_tried,
         }
     }
@@ -74,9 +79,14 @@ impl Reloader {
                     .iter()
                     .flat_map(|r| r.rules.domain_sha256.iter().map(|(d, s)| format!("{d}:{s}")))
                     .collect();
+                let rls = if rls.is_empty() {
+                    "none".to_string()
+                } else {
+                    rls.join(",")
+                };
                 self.runtime.apply(config).await;
                 self.runtime.reload_failed(None);
-                tracing::info!(?trigger, sha256 = %sha, rls = %rls.join(","), "config reloaded");
+                tracing::info!(?trigger, sha256 = %sha, %rls, "config reloaded");
                 "ok"
             }
             Err(e) => {
@@ -99,7 +109,7 @@ impl Reloader {
 
     /// Settings bound at start: say so rather than half-apply them.
     fn warn_about_restart_only_changes(&self, new: &Config) {
-        for warning in restart_only_changes(&self.runtime.config(), new) {
+        for warning in pending_restart(&self.at_start, &self.runtime.config(), new) {
             tracing::warn!("{warning}");
         }
     }
@@ -196,6 +206,19 @@ impl Reloader {
             None => self.runtime.config().rls.as_ref().map(|r| r.config_path.clone()),
         }
     }
+}
+
+/// What a reload to `new` has to say needs a restart, the config in force
+/// being `last` and the process having started on `at_start`: what
+/// differs from both. A setting put back as it was at start (the address
+/// actually bound) needs nothing; one a reload before changed, and this
+/// one leaves alone, was said then.
+pub fn pending_restart(at_start: &Config, last: &Config, new: &Config) -> Vec<String> {
+    let since_last = restart_only_changes(last, new);
+    restart_only_changes(at_start, new)
+        .into_iter()
+        .filter(|w| since_last.contains(w))
+        .collect()
 }
 
 /// What a reload from `old` to `new` cannot apply, one message per group of

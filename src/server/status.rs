@@ -351,7 +351,11 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
             "<tr><td>{}</td><td>{name}</td><td>{}</td><td>{}</td>",
             escape(route),
             limit.mode.as_str(),
-            escape(&limit.rate.to_string())
+            if limit.algorithm == crate::quota::Algorithm::Concurrency {
+                format!("{} in flight", limit.burst)
+            } else {
+                escape(&limit.rate.to_string())
+            }
         );
         for o in OUTCOMES {
             let v = sum("leasegate_decisions_total", &|s| {
@@ -373,11 +377,13 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     }
     let _ = writeln!(h, "</table></div>");
 
+    overrides_table(&mut h, runtime);
+
     // Hot keys, from a bounded sample of the lease table.
     let hot = runtime.limiter.hot_keys(HOT_KEYS);
     let _ = writeln!(
         h,
-        "<h2>Hottest keys</h2><p class=\"note\">From <span id=\"sampled\">{}</span> of {} leased keys (at most {} are looked at per refresh). Admitted rate: this instance, per second, averaged over about a minute as of the store's last answer.</p>",
+        "<h2>Hottest keys</h2><p class=\"note\">From <span id=\"sampled\">{}</span> of {} leased keys (at most {} are looked at per refresh). Admitted: this instance's, as of the store's last answer, in the unit of the key's quota: per second averaged over about a minute for a quota per second, admitted in about the last minute for one per minute or longer.</p>",
         hot.sampled,
         hot.tracked,
         crate::limit::report::HOT_KEY_SAMPLE
@@ -398,6 +404,49 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     h
 }
 
+/// A hot key's admitted rate in its quota's unit: a `10/min` key reads
+/// `9/min`, not the per-second average a burst in its first second makes
+/// look like `10.02/s`.
+fn admitted(k: &crate::limit::report::HotKey) -> String {
+    if k.period_ms >= 60_000 {
+        format!("{:.0}/min", k.admitted_last_minute)
+    } else {
+        format!("{:.2}/s", k.admitted_per_sec)
+    }
+}
+
+/// The overrides in force, as `GET /overrides` lists them.
+fn overrides_table(h: &mut String, runtime: &Runtime) {
+    let all = runtime.limiter.overrides();
+    let _ = writeln!(h, "<h2>Overrides in force</h2>");
+    if all.is_empty() {
+        let _ = writeln!(h, "<p id=\"overrides\" class=\"note\">none</p>");
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<div class=\"scroll\"><table id=\"overrides\"><tr><th>limit</th><th>who</th><th>rate</th><th>burst</th><th>expires</th></tr>"
+    );
+    for (limit, who, o) in all {
+        let expires = o.expires_ms.map_or_else(
+            || "never".to_string(),
+            |ms| {
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+                    .to_string()
+            },
+        );
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{expires}</td></tr>",
+            escape(&limit),
+            escape(&who),
+            escape(&o.rate.to_string()),
+            o.burst
+        );
+    }
+    let _ = writeln!(h, "</table></div>");
+}
+
 fn hot_table(h: &mut String, id: &str, keys: &[crate::limit::report::HotKey]) {
     if keys.is_empty() {
         let _ = writeln!(h, "<p id=\"{id}\" class=\"note\">none</p>");
@@ -405,14 +454,14 @@ fn hot_table(h: &mut String, id: &str, keys: &[crate::limit::report::HotKey]) {
     }
     let _ = writeln!(
         h,
-        "<div class=\"scroll\"><table id=\"{id}\"><tr><th>key</th><th>admitted/s</th><th>refusals</th></tr>"
+        "<div class=\"scroll\"><table id=\"{id}\"><tr><th>key</th><th>admitted</th><th>refusals</th></tr>"
     );
     for k in keys {
         let _ = writeln!(
             h,
-            "<tr><td class=\"key\"><code>{}</code></td><td>{:.2}</td><td>{}</td></tr>",
+            "<tr><td class=\"key\"><code>{}</code></td><td>{}</td><td>{}</td></tr>",
             escape(&k.key),
-            k.admitted_per_sec,
+            admitted(k),
             k.refusals
         );
     }

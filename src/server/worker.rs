@@ -110,7 +110,10 @@ async fn accept_loop(
             Ok(s) => s,
             Err(e) => {
                 // Out of file descriptors and the like: back off, keep serving.
-                tracing::warn!(error = %e, "accept failed");
+                let gate = &crate::telemetry::log_limit::ACCEPT_FAILED;
+                if let Some(held_back) = gate.check(crate::clock::coarse_now_ms()) {
+                    tracing::warn!(error = %e, held_back, "accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }

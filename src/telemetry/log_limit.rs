@@ -56,6 +56,11 @@ pub const STORE_FAILURE_INTERVAL_MS: u64 = 10_000;
 pub static STORE_TIMEOUT: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
 pub static STORE_ERROR: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
 
+/// The gate of the `accept failed` WARN: out of descriptors, an accept
+/// loop fails every pause (50 a second), and one line per 10 s says as
+/// much.
+pub static ACCEPT_FAILED: LogLimit = LogLimit::new(STORE_FAILURE_INTERVAL_MS);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -657,3 +657,51 @@ fn explain_prints_the_cost_rule_and_the_reserve_a_header_gives() {
         "reserve header:x-max-tokens, settle json:usage.total_tokens (this request reserves 1)"
     );
 }
+
+/// `--identity` explains as a caller without its credentials: a hashed
+/// key by its id (its tenant and plan from the config), a tenant by its
+/// first key, a JWT's subject; a name the config does not know is an
+/// error, not a silent fall to the subnet tier.
+#[test]
+fn identity_names_a_caller_without_its_secret() {
+    // SHA-256 of "test": the secret is not in the config.
+    let hashed = "[[identity.api_keys]]\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\nid = \"beta\"\ntenant = \"betacorp\"\nplan = \"enterprise\"\n";
+    let text = config("").replacen("[[routes]]", &format!("{hashed}\n[[routes]]"), 1);
+    let (code, out, err) = explain_with(&text, &["--identity", "key:beta", "GET", "/v1/orders"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("identity  key:beta (tenant betacorp, plan enterprise, client 127.0.0.1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("limit     per_client enforce token_bucket 50000/min capacity 50000 (plan enterprise)"),
+        "{out}"
+    );
+    assert!(out.contains("key rl:{per_client:key:beta}"), "{out}");
+    assert!(!out.contains("not user:"), "no tier was tried: {out}");
+    // The same key as its secret would give.
+    let (_, by_secret, _) = explain_with(&text, &["--header", "X-API-Key: test", "GET", "/v1/orders"]);
+    assert!(by_secret.contains("key rl:{per_client:key:beta}"), "{by_secret}");
+
+    let (code, out, err) = explain_with(&text, &["--identity", "tenant:acme", "GET", "/v1/orders"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("identity  key:acme (tenant acme, plan enterprise"),
+        "{out}"
+    );
+    let (code, out, err) = explain_with(&text, &["--identity", "user:alice", "GET", "/v1/orders"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("identity  user:alice"), "{out}");
+    assert!(out.contains("limit     users_only"), "{out}");
+
+    for (spec, says) in [
+        ("key:nobody", "no [[identity.api_keys]] entry has id"),
+        ("tenant:nobody", "no [[identity.api_keys]] entry has tenant"),
+        ("beta", "want key:ID, user:SUB or tenant:NAME"),
+        ("subnet:10.0.0.0/8", "want key:ID, user:SUB or tenant:NAME"),
+    ] {
+        let (code, out, err) = explain_with(&text, &["--identity", spec, "GET", "/v1/orders"]);
+        assert_eq!(code, 1, "{spec}: {out}");
+        assert!(err.contains(says), "{spec}: {err}");
+    }
+}

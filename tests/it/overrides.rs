@@ -401,3 +401,112 @@ fn the_script_caps_a_limits_overrides_and_a_delete_of_nothing_is_no_change() {
     assert_eq!(run(&["del", "key:zz"]), "3", "nothing deleted: the same version");
     assert_eq!(run(&["del", "key:a"]), "4");
 }
+
+/// INFO and WARN lines after `leasegate ready`, without their timestamps.
+fn loud_lines_after_ready(log: &str) -> Vec<String> {
+    log.lines()
+        .skip_while(|l| !l.contains("leasegate ready"))
+        .skip(1)
+        .filter(|l| l.contains(" INFO ") || l.contains(" WARN "))
+        .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest).trim().to_string())
+        .collect()
+}
+
+/// An idle instance is quiet: the overrides follower, which polls every
+/// second, logs a load only when it changed something, and no INFO or
+/// WARN line repeats on a timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_logs_no_line_twice_and_overrides_only_when_they_change() {
+    let gw = start("");
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let idle = loud_lines_after_ready(&gw.log());
+    assert!(
+        !idle.iter().any(|l| l.contains("overrides loaded")),
+        "no override was ever set:\n{}",
+        gw.log()
+    );
+    for line in &idle {
+        assert_eq!(
+            idle.iter().filter(|l| *l == line).count(),
+            1,
+            "repeated while idle: {line}\n{}",
+            gw.log()
+        );
+    }
+    let (s, text) = admin(
+        &gw,
+        "PUT",
+        "/overrides/per_key/key:acme",
+        r#"{"rate": "5/min"}"#,
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(s, 200, "{text}");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let loads = loud_lines_after_ready(&gw.log())
+        .into_iter()
+        .filter(|l| l.contains("overrides loaded"))
+        .count();
+    assert_eq!(loads, 1, "one change, one line:\n{}", gw.log());
+}
+
+/// The status page in the words of each limit: a concurrency limit as so
+/// many in flight, a per-minute key's admitted rate per minute, and the
+/// overrides in force listed; `/config` gives a concurrency limit its
+/// `max`, not a rate and a burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_limits_in_their_own_units_and_the_overrides() {
+    let text = Toml::new()
+        .gateway("workers = 1\naccess_log = \"off\"")
+        .table("admin", "token_file = \"admin.token\"")
+        .raw("[[identity.api_keys]]\nkey = \"k-acme\"\ntenant = \"acme\"")
+        .respond("api", "/", &["per_key", "gpu"])
+        .limit("per_key", "10/min")
+        .raw("[[limits]]\nname = \"gpu\"\nalgorithm = \"concurrency\"\nmax = 3")
+        .to_string();
+    let gw = Gateway::start_with(&text, &[("admin.token", TOKEN)]);
+    assert_eq!(admitted(&gw, "k-acme", 5).await.0, 5);
+    let (s, body) = admin(
+        &gw,
+        "PUT",
+        "/overrides/per_key/key:acme",
+        r#"{"rate": "50/min"}"#,
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let start = Instant::now();
+    let page = loop {
+        let (s, page) = admin(&gw, "GET", "/", "", Some(TOKEN)).await;
+        assert_eq!(s, 200, "{page}");
+        if page.contains("<code>rl:{per_key:") || start.elapsed() > Duration::from_secs(5) {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(page.contains("<td>3 in flight</td>"), "{page}");
+    assert!(!page.contains("<td>3/s</td>"), "{page}");
+    let hottest = page.split("<table id=\"hottest\">").nth(1).expect("a hot key");
+    let hottest = hottest.split("</table>").next().unwrap();
+    let row = hottest
+        .split("</tr>")
+        .find(|r| r.contains("per_key:"))
+        .unwrap_or_else(|| panic!("no per_key row: {hottest}"));
+    assert!(row.contains("/min</td>"), "a 10/min key per minute: {row}");
+    let overrides = page.split("<table id=\"overrides\">").nth(1).expect("the overrides");
+    let overrides = overrides.split("</table>").next().unwrap();
+    assert!(
+        overrides.contains("<td>per_key</td><td><code>key:acme</code></td><td>50/min</td>"),
+        "{overrides}"
+    );
+    let (_, cfg) = admin(&gw, "GET", "/config", "", Some(TOKEN)).await;
+    let cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    let gpu = cfg["effective"]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "gpu")
+        .unwrap();
+    assert_eq!(gpu["max"], 3, "{gpu}");
+    assert!(gpu.get("rate").is_none() && gpu.get("burst").is_none(), "{gpu}");
+}

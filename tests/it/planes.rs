@@ -94,6 +94,17 @@ async fn rls_answers(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Res
     }
 }
 
+/// The nice value in a `/proc/.../stat` text.
+fn stat_nice(stat: &str) -> i64 {
+    // After the ")" closing the name: state is field 3, nice field 19.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
+    fields[16].parse().unwrap()
+}
+
 /// The nice value of each thread of `pid` named `name`.
 fn thread_nice(pid: u32, name: &str) -> Vec<i64> {
     let mut out = Vec::new();
@@ -102,16 +113,60 @@ fn thread_nice(pid: u32, name: &str) -> Vec<i64> {
         if comm.trim() != name {
             continue;
         }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // After the ")" closing the name: state is field 3, nice field 19.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or("", |(_, r)| r)
-            .split_whitespace()
-            .collect();
-        out.push(fields[16].parse().unwrap());
+        out.push(stat_nice(
+            &std::fs::read_to_string(task.path().join("stat")).unwrap_or_default(),
+        ));
     }
     out
+}
+
+/// The process's own niceness (its main thread's, which it never
+/// changes): what it was started at.
+fn process_nice(pid: u32) -> i64 {
+    stat_nice(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap())
+}
+
+/// Waits (5 s at most: each RLS thread lowers its own priority as it
+/// starts) until `gw`'s RLS threads, `threads` or more, run 10 below the
+/// process (capped at 19), and checks its worker runs at the process's
+/// own niceness.
+async fn rls_threads_below_the_workers(gw: &Gateway, threads: usize) {
+    let own = process_nice(gw.pid());
+    let want = (own + 10).min(19);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let nice = thread_nice(gw.pid(), "leasegate-rls");
+        if nice.len() >= threads && nice.iter().all(|n| *n == want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "RLS threads at {nice:?}, not all at nice {want} (the process at {own})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        thread_nice(gw.pid(), "leasegate-worke"),
+        [own],
+        "the worker at the process's own"
+    );
+}
+
+/// Started under `nice` (as `nice ./scripts/test.sh` does), the RLS
+/// threads stay below the workers: a step down from the process, not an
+/// absolute 10 that a parent niced past 10 would put above them.
+#[tokio::test]
+async fn under_nice_the_rls_threads_stay_below_the_workers() {
+    let toml = Toml::new()
+        .gateway("workers = 1")
+        .table(
+            "rls",
+            "listen = \"127.0.0.1:0\"\nconfig = \"ratelimit.yaml\"\nworkers = 2",
+        )
+        .respond("all", "/", &[]);
+    let gw = Gateway::start_niced(&toml, &[("ratelimit.yaml", YAML)], 12);
+    assert!(process_nice(gw.pid()) >= 12, "not started under nice");
+    rls_threads_below_the_workers(&gw, 2).await;
 }
 
 #[tokio::test]
@@ -138,18 +193,8 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
     );
     let addr = gw.addr("rls");
     // Its own threads (two workers, and any blocking thread of its own),
-    // at a lower priority than the workers': each lowers its own as it
-    // starts, so give the second a moment.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let nice = thread_nice(gw.pid(), "leasegate-rls");
-        if nice.len() >= 2 && nice.iter().all(|n| *n == 10) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "RLS threads at {nice:?}, not all at nice 10");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(thread_nice(gw.pid(), "leasegate-worke"), [0], "the worker at 0");
+    // at a lower priority than the workers'.
+    rls_threads_below_the_workers(&gw, 2).await;
 
     assert_eq!(
         rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await,

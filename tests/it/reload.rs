@@ -385,3 +385,33 @@ fn documented_restart_warnings_are_what_a_reload_says() {
         );
     }
 }
+
+/// A listener moved by a reload warns once; put back to the address
+/// actually bound, it is no news. Without `[rls]` the `config reloaded`
+/// line says `rls=none`, not an empty field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_put_back_to_the_bound_address_warns_nothing() {
+    let text = config("10/s").to_string();
+    let gw = Gateway::start(&text);
+    let warned = |gw: &Gateway| gw.log().matches("listener addresses changed").count();
+    let reloaded = |gw: &Gateway| gw.log().matches("config reloaded").count();
+    let moved = text.replacen("http = \"127.0.0.1:0\"", "http = \"127.0.0.1:1\"", 1);
+    assert_ne!(moved, text);
+    for (n, (file, warnings)) in [(&moved, 1), (&text, 1), (&moved, 2)].into_iter().enumerate() {
+        // The watcher's reload alone: one per edit.
+        replace(&gw, file);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while reloaded(&gw) <= n {
+            assert!(Instant::now() < deadline, "reload {n}:\n{}", gw.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(warned(&gw), warnings, "after reload {n}:\n{}", gw.log());
+    }
+    let line = gw
+        .log()
+        .lines()
+        .find(|l| l.contains("config reloaded"))
+        .unwrap()
+        .to_string();
+    assert!(line.trim_end().ends_with("rls=none"), "{line}");
+}

@@ -339,6 +339,13 @@ impl Lease {
         self.rate.admitted_rate()
     }
 
+    /// This instance's admitted count for the key in about the last
+    /// minute, as of the store's last answer: the average above before it
+    /// is scaled up for its youth (a key's first burst is its count).
+    pub fn admitted_last_minute(&self) -> f64 {
+        self.rate.admitted_last_minute()
+    }
+
     /// The store window the tokens at hand were counted in.
     pub fn window_ms(&self) -> u64 {
         self.window_ms.load(Ordering::Relaxed)

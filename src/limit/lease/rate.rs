@@ -120,6 +120,12 @@ impl RateEstimate {
         count * (-dt / ADMITTED_TAU_MS).exp()
     }
 
+    /// Admitted in about the last minute, as of the store's last answer:
+    /// the decayed count, not scaled up while young.
+    pub(super) fn admitted_last_minute(&self) -> f64 {
+        f64::from_bits(self.admitted.load(Ordering::Relaxed)) * 60_000.0 / ADMITTED_TAU_MS
+    }
+
     /// The admitted rate, per second, as of the store's last answer; an
     /// average younger than a minute is scaled up by the share of the
     /// minute it has seen (at least a second).

@@ -278,6 +278,9 @@ impl RedisStore {
                 let shared = link.clone();
                 io.spawn(async move {
                     let mut wait = Duration::from_millis(50);
+                    // A cluster down for hours is retried twice a second:
+                    // its WARN says when the reason changes, not each time.
+                    let mut said = None;
                     loop {
                         match connect_cluster(&client).await {
                             Ok(c) => {
@@ -287,7 +290,12 @@ impl RedisStore {
                                 return;
                             }
                             Err(e) => {
-                                tracing::warn!(error = %e, "Redis Cluster is not reachable yet; retrying");
+                                if said.as_ref() != Some(&e) {
+                                    tracing::warn!(error = %e, "Redis Cluster is not reachable yet; retrying");
+                                } else {
+                                    tracing::debug!(error = %e, "Redis Cluster is not reachable yet; retrying");
+                                }
+                                said = Some(e.clone());
                                 shared.dial_failed(e);
                             }
                         }

@@ -97,6 +97,8 @@ pub(super) async fn follow_master(
         return;
     };
     let mut unknown_since_logged = false;
+    // The master last found unusable: each poll meets it again.
+    let mut unusable: Option<String> = None;
     loop {
         let known = node.address().client.is_some();
         match discover(&sentinels, &master, known).await {
@@ -118,9 +120,15 @@ pub(super) async fn follow_master(
                 match super::client(info, ca.as_deref()) {
                     // A new address: the node's keeper dials it at once.
                     Ok(client) => {
+                        unusable = None;
                         node.moved_to(client, shown);
                     }
-                    Err(e) => tracing::warn!(master = %shown, error = %e, "the sentinels name an unusable master"),
+                    Err(e) => {
+                        if unusable.as_deref() != Some(shown.as_str()) {
+                            tracing::warn!(master = %shown, error = %e, "the sentinels name an unusable master");
+                            unusable = Some(shown);
+                        }
+                    }
                 }
             }
             Err(why) => {

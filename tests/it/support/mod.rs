@@ -134,6 +134,12 @@ impl Gateway {
     /// Starts a gateway whose directory also holds `files` (name, contents),
     /// written before it starts: YAML the config names, keys, ...
     pub fn start_with(config: &str, files: &[(&str, &str)]) -> Gateway {
+        Gateway::start_niced(config, files, 0)
+    }
+
+    /// As [`Gateway::start_with`], the process run under `nice -n by`
+    /// (`nice` execs it: the pid is the gateway's).
+    pub fn start_niced(config: &str, files: &[(&str, &str)], by: i32) -> Gateway {
         let dir = TempDir::new();
         for (name, contents) in files {
             if let Some(parent) = Path::new(name).parent() {
@@ -151,7 +157,14 @@ impl Gateway {
             cert = Some(c);
         }
         let path = dir.write("gateway.toml", &text);
-        let mut child = Command::new(binary())
+        let mut command = if by == 0 {
+            Command::new(binary())
+        } else {
+            let mut c = Command::new("nice");
+            c.args(["-n", &by.to_string(), binary()]);
+            c
+        };
+        let mut child = command
             .args(["run", "--config"])
             .arg(&path)
             .env("LEASEGATE_LOG", "info,leasegate=debug")
