@@ -3,7 +3,8 @@
 //! Bodies stream both ways and are never buffered whole. Hop-by-hop headers
 //! are dropped; `x-forwarded-*` and `x-request-id` are set; client-sent
 //! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
-//! tunnelled. Each worker thread keeps its own connection pool per upstream.
+//! tunnelled. Targets are spoken to in HTTP/1.1 or h2, in the clear or
+//! over TLS. Each worker thread keeps its own connection pool per upstream.
 
 pub mod body;
 pub mod error;
@@ -18,12 +19,12 @@ use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 
 use crate::connection::ConnInfo;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, UpstreamTlsLabels};
 use body::{Body, RequestBody};
 pub use error::ForwardError;
 use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
-use upstream::Upstream;
+use upstream::{Protocol, Target, Upstream};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -52,6 +53,7 @@ pub async fn forward(
     let mut req = req.map(|body| Timed::new(body, upstream.idle_timeout));
     let (index, target) = upstream.pick().ok_or_else(|| ForwardError::UpstreamUnreachable {
         upstream: upstream.name.clone(),
+        target: String::new(),
         reason: "no targets".into(),
     })?;
     // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
@@ -64,14 +66,16 @@ pub async fn forward(
             req.headers_mut().insert(header::HOST, value);
         }
     }
-    let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
+    let h2 = upstream.protocol == Protocol::H2;
+    // An h2 stream cannot be taken over by another protocol.
+    let upgrade = !h2 && req.version() == Version::HTTP_11 && is_upgrade(req.headers());
     // The upstream gets origin-form: the path as routed (normalised by
     // the gateway), with its query.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req.uri().path_and_query().cloned();
         *req.uri_mut() = path.map_or_else(|| Uri::from_static("/"), Uri::from);
     }
-    *req.version_mut() = Version::HTTP_11;
+    *req.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
 
     let headers = req.headers_mut();
     remove_hop_by_hop(headers, upgrade);
@@ -85,9 +89,11 @@ pub async fn forward(
     if let Some(v) = identity.and_then(|id| HeaderValue::from_str(id).ok()) {
         headers.insert(X_LEASEGATE_IDENTITY.clone(), v);
     }
+    address(&mut req, upstream, target);
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     let slot = Slot::new(upstream, index);
+    let target_name = || target.as_str().to_string();
     let exchange = async {
         // A pooled connection that turns out closed before the request was
         // written hands the request back: send it once more, on a new one.
@@ -102,9 +108,9 @@ pub async fn forward(
                     // Boxed: a new connection is rare, and its future
                     // (connect, handshake) would otherwise be part of
                     // every request's.
-                    Box::pin(slot.connect(target, upstream.connect_timeout))
+                    Box::pin(slot.connect(upstream, target))
                         .await
-                        .map_err(|e| connect_error(upstream, e))?
+                        .map_err(|e| connect_error(upstream, target, e, metrics))?
                 }
             };
             match sender.try_send_request(req).await {
@@ -123,6 +129,7 @@ pub async fn forward(
                         if stalled_body(&e) {
                             return Err(ForwardError::UpstreamTimeout {
                                 upstream: upstream.name.clone(),
+                                target: target_name(),
                                 timeout_ms: upstream.idle_timeout.as_millis(),
                             });
                         }
@@ -130,6 +137,7 @@ pub async fn forward(
                             Some(reason) => ForwardError::BadRequestBody { reason },
                             None => ForwardError::UpstreamFailed {
                                 upstream: upstream.name.clone(),
+                                target: target_name(),
                                 reason: e.to_string(),
                             },
                         });
@@ -143,6 +151,7 @@ pub async fn forward(
         Err(_) => {
             return Err(ForwardError::UpstreamTimeout {
                 upstream: upstream.name.clone(),
+                target: target_name(),
                 timeout_ms: upstream.request_timeout.as_millis(),
             })
         }
@@ -171,16 +180,65 @@ pub async fn forward(
     Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender, place, metrics))))
 }
 
-fn connect_error(upstream: &Upstream, e: ConnectError) -> ForwardError {
+/// A connect that failed, as the request's error (logged with the target
+/// and the low-level reason); a failed TLS handshake is also counted by
+/// its reason.
+fn connect_error(upstream: &Upstream, target: &Target, e: ConnectError, metrics: &Metrics) -> ForwardError {
+    if let Some(reason) = e.tls_reason() {
+        metrics
+            .upstream_tls_failures
+            .get_or_create(&UpstreamTlsLabels {
+                upstream: upstream.name.clone(),
+                reason,
+            })
+            .inc();
+    }
+    let target = target.as_str().to_string();
     match e {
         ConnectError::Timeout(ms) => ForwardError::UpstreamTimeout {
             upstream: upstream.name.clone(),
+            target,
             timeout_ms: ms,
         },
         e => ForwardError::UpstreamUnreachable {
             upstream: upstream.name.clone(),
+            target,
             reason: e.to_string(),
         },
+    }
+}
+
+/// Addresses `req` to `target`. Over TLS the target is sent its own name
+/// as `Host`: a hosted API (a CDN, a SaaS) routes and checks by the name
+/// it is reached at, and answers the gateway's own host with a 421 or a
+/// 404; in the clear the client's `Host` passes as it came (an internal
+/// service may route by it). h2 carries the host in `:authority`, from
+/// the absolute URI, and no `Host` (RFC 9113 §8.3.1).
+fn address(req: &mut Request<Timed<RequestBody>>, upstream: &Upstream, target: &Target) {
+    if let Some(host) = &target.host {
+        req.headers_mut().insert(header::HOST, host.clone());
+    }
+    if upstream.protocol != Protocol::H2 {
+        return;
+    }
+    let authority = match req.headers_mut().remove(header::HOST) {
+        Some(host) => http::uri::Authority::try_from(host.as_bytes()).ok(),
+        None => None,
+    }
+    .unwrap_or_else(|| target.authority.clone());
+    let scheme = if upstream.tls.is_some() {
+        http::uri::Scheme::HTTPS
+    } else {
+        http::uri::Scheme::HTTP
+    };
+    let mut parts = std::mem::take(req.uri_mut()).into_parts();
+    parts.scheme = Some(scheme);
+    parts.authority = Some(authority);
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
     }
 }
 

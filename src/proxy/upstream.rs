@@ -1,16 +1,102 @@
-//! An upstream: the targets a route forwards to, their timeouts, and the
-//! round-robin choice between them. Pure data; the sockets live in `proxy`.
+//! An upstream: the targets a route forwards to, how they are spoken to
+//! (plain or TLS, HTTP/1.1 or h2), their timeouts, and the round-robin
+//! choice between them. Pure data; the sockets live in `proxy`.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::Authority;
+use http::HeaderValue;
+use rustls_pki_types::ServerName;
+
+/// How requests are written to an upstream's targets (`protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Protocol {
+    #[default]
+    Http1,
+    /// HTTP/2: by ALPN over TLS, by prior knowledge (h2c) in the clear.
+    H2,
+}
+
+/// TLS to an upstream's `https://` targets.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// Roots (the system's or `ca`), the client certificate if any, ALPN.
+    pub config: Arc<rustls::ClientConfig>,
+    /// `ca`, `tls_cert`, `tls_key` as given: reloaded like the listener's.
+    pub files: Vec<PathBuf>,
+    /// SHA-256 of those files' bytes: part of the pool key, so new
+    /// certificates never ride on connections made with the old ones.
+    pub digest: [u8; 32],
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One target of an upstream.
+#[derive(Debug)]
+pub struct Target {
+    /// `host:port`, the port always explicit.
+    pub authority: Authority,
+    /// Over TLS: the name sent as SNI and required in the certificate
+    /// (`server_name`, else the target's host).
+    pub tls_name: Option<ServerName<'static>>,
+    /// Over TLS: the `Host` (h2: `:authority`) the target is sent, its
+    /// own name rather than the client's (see docs/configuration.md,
+    /// "HTTPS upstreams").
+    pub host: Option<HeaderValue>,
+}
+
+impl Target {
+    /// A plain `http://` target.
+    pub fn plain(authority: Authority) -> Target {
+        Target {
+            authority,
+            tls_name: None,
+            host: None,
+        }
+    }
+
+    /// An `https://` target: SNI and certificate name `server_name`, else
+    /// the target's host. The `Host` it is sent is that name, with the
+    /// port unless it is 443. `None`: the name is not a DNS name or an IP
+    /// address.
+    pub fn tls(authority: Authority, server_name: Option<&str>) -> Option<Target> {
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let name = server_name.unwrap_or(host);
+        let tls_name = ServerName::try_from(name.to_string()).ok()?;
+        let name_in_host = if name.contains(':') { format!("[{name}]") } else { name.to_string() };
+        let host_value = match authority.port_u16() {
+            Some(443) | None => name_in_host,
+            Some(p) => format!("{name_in_host}:{p}"),
+        };
+        Some(Target {
+            host: HeaderValue::from_str(&host_value).ok(),
+            authority,
+            tls_name: Some(tls_name),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.authority.as_str()
+    }
+}
 
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
-    /// `host:port` of each target, all plain `http`.
-    pub targets: Vec<Authority>,
+    /// Never empty (the config refuses an upstream without targets).
+    pub targets: Vec<Target>,
+    /// `Some`: every target is `https://`.
+    pub tls: Option<UpstreamTls>,
+    pub protocol: Protocol,
     pub connect_timeout: Duration,
     /// Time allowed from sending the request until the response head arrives.
     pub request_timeout: Duration,
@@ -45,7 +131,7 @@ impl Default for Limits {
 /// One request's place among an upstream's `max_in_flight`, given back on
 /// drop.
 #[derive(Debug)]
-pub struct InFlight(std::sync::Arc<Upstream>);
+pub struct InFlight(Arc<Upstream>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -62,7 +148,8 @@ impl InFlight {
 impl Upstream {
     pub fn new(
         name: String,
-        targets: Vec<Authority>,
+        targets: Vec<Target>,
+        (tls, protocol): (Option<UpstreamTls>, Protocol),
         connect_timeout: Duration,
         request_timeout: Duration,
         pool_idle_timeout: Duration,
@@ -76,7 +163,10 @@ impl Upstream {
             std::hash::Hash::hash(
                 &(
                     &name,
-                    targets.iter().map(Authority::as_str).collect::<Vec<_>>(),
+                    targets.iter().map(Target::as_str).collect::<Vec<_>>(),
+                    targets.iter().map(|t| format!("{:?}", t.tls_name)).collect::<Vec<_>>(),
+                    tls.as_ref().map(|t| t.digest),
+                    protocol,
                     connect_timeout,
                     request_timeout,
                     pool_idle_timeout,
@@ -89,6 +179,8 @@ impl Upstream {
         Upstream {
             name,
             targets,
+            tls,
+            protocol,
             connect_timeout,
             request_timeout,
             pool_idle_timeout,
@@ -109,7 +201,7 @@ impl Upstream {
 
     /// A place among the requests in flight, or `None` when all
     /// `max_in_flight` are taken.
-    pub fn enter(self: &std::sync::Arc<Self>) -> Option<InFlight> {
+    pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
         let was = self.in_flight.fetch_add(1, Ordering::Relaxed);
         if was >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -129,7 +221,7 @@ impl Upstream {
 
     /// The next target in round-robin order. `targets` is never empty (the
     /// config refuses an upstream without targets); `None` is only a guard.
-    pub fn pick(&self) -> Option<(usize, &Authority)> {
+    pub fn pick(&self) -> Option<(usize, &Target)> {
         let i = match self.targets.len() {
             0 => return None,
             1 => 0,
@@ -144,9 +236,9 @@ mod tests {
     use super::*;
 
     fn upstream(targets: &[&str]) -> Upstream {
-        let t = targets.iter().map(|t| t.parse().unwrap()).collect();
+        let t = targets.iter().map(|t| Target::plain(t.parse().unwrap())).collect();
         let d = Duration::from_secs(1);
-        Upstream::new("u".into(), t, d, d, d, 1)
+        Upstream::new("u".into(), t, (None, Protocol::Http1), d, d, d, 1)
     }
 
     #[test]
@@ -154,13 +246,27 @@ mod tests {
         let u = upstream(&["a:1", "b:2", "c:3"]);
         let seen: Vec<_> = (0..6).map(|_| u.pick().unwrap().1.as_str().to_string()).collect();
         assert_eq!(seen, ["a:1", "b:2", "c:3", "a:1", "b:2", "c:3"]);
-        assert_eq!(upstream(&["x:1"]).pick().unwrap(), (0, &"x:1".parse().unwrap()));
+        assert_eq!(upstream(&["x:1"]).pick().unwrap().0, 0);
         assert!(upstream(&[]).pick().is_none());
     }
 
     #[test]
+    fn a_tls_target_is_sent_its_own_name() {
+        let t = Target::tls("api.example.com:443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "api.example.com");
+        assert_eq!(format!("{:?}", t.tls_name.unwrap()), format!("{:?}", ServerName::try_from("api.example.com").unwrap()));
+        let t = Target::tls("10.0.0.5:8443".parse().unwrap(), Some("api.internal")).unwrap();
+        assert_eq!(t.host.unwrap(), "api.internal:8443");
+        let t = Target::tls("127.0.0.1:9443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "127.0.0.1:9443");
+        let t = Target::tls("[::1]:9443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "[::1]:9443");
+        assert!(Target::tls("a:1".parse().unwrap(), Some("not a name!")).is_none());
+    }
+
+    #[test]
     fn in_flight_places_are_bounded_and_given_back() {
-        let u = std::sync::Arc::new(upstream(&["a:1"]).with_limits(Limits {
+        let u = Arc::new(upstream(&["a:1"]).with_limits(Limits {
             max_in_flight: 2,
             ..Limits::default()
         }));

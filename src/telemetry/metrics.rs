@@ -45,6 +45,14 @@ pub struct UpstreamErrorLabels {
     pub kind: &'static str,
 }
 
+/// `leasegate_upstream_tls_handshake_failures`: by upstream and a bounded
+/// reason (`unknown_ca`, `bad_name`, `expired`, `alert`, `alpn`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamTlsLabels {
+    pub upstream: String,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub limit: String,
@@ -319,6 +327,8 @@ pub struct Metrics {
     pub connections_idle_closed: Counter,
     pub tls_handshake_failures: Family<ReasonLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    /// TLS handshakes with an upstream's target that failed, by reason.
+    pub upstream_tls_failures: Family<UpstreamTlsLabels, Counter>,
     pub decisions: Family<DecisionLabels, StripedCounter>,
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
@@ -401,6 +411,12 @@ impl Metrics {
             "leasegate_upstream_errors",
             "Requests that got no upstream response, by upstream and kind",
             upstream_errors.clone(),
+        );
+        let upstream_tls_failures = Family::default();
+        registry.register(
+            "leasegate_upstream_tls_handshake_failures",
+            "TLS handshakes with an upstream's target that failed, by upstream and reason",
+            upstream_tls_failures.clone(),
         );
         let decisions = Family::default();
         registry.register(
@@ -536,6 +552,7 @@ impl Metrics {
             connections_idle_closed,
             tls_handshake_failures,
             upstream_errors,
+            upstream_tls_failures,
             decisions,
             bypassed,
             lease_keys,

@@ -34,4 +34,5 @@ mod rlqs;
 mod rls;
 mod sentinel;
 mod store_link;
+mod upstream_tls;
 mod usage;

@@ -7,6 +7,7 @@ mod config;
 pub mod promql;
 pub mod redis;
 pub mod relay;
+pub mod tls_upstream;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};
