@@ -171,6 +171,8 @@ pub struct Upstream {
     pub tls_key: Option<Spanned<String>>,
     /// `"http1"` | `"h2"`.
     pub protocol: Option<Spanned<String>>,
+    pub eject_after: Option<Spanned<i64>>,
+    pub eject_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

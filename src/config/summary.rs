@@ -50,7 +50,11 @@ impl Config {
         for u in &self.upstreams {
             let scheme = if u.tls.is_some() { "https://" } else { "" };
             let targets: Vec<_> = u.targets.iter().map(|t| format!("{scheme}{}", t.as_str())).collect();
-            let h2 = if u.protocol == crate::proxy::upstream::Protocol::H2 { " (h2)" } else { "" };
+            let h2 = if u.protocol == crate::proxy::upstream::Protocol::H2 {
+                " (h2)"
+            } else {
+                ""
+            };
             let _ = writeln!(s, "upstream  {} -> {}{h2}", u.name, targets.join(", "));
         }
         for r in self.routes.iter() {

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::health::{Admit, Change, Ejection, Health, Outcome};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +54,8 @@ pub struct Target {
     /// own name rather than the client's (see docs/configuration.md,
     /// "HTTPS upstreams").
     pub host: Option<HeaderValue>,
+    /// Its place in the rotation (passive health).
+    pub health: Health,
 }
 
 impl Target {
@@ -61,6 +65,7 @@ impl Target {
             authority,
             tls_name: None,
             host: None,
+            health: Health::default(),
         }
     }
 
@@ -72,7 +77,11 @@ impl Target {
         let host = authority.host().trim_start_matches('[').trim_end_matches(']');
         let name = server_name.unwrap_or(host);
         let tls_name = ServerName::try_from(name.to_string()).ok()?;
-        let name_in_host = if name.contains(':') { format!("[{name}]") } else { name.to_string() };
+        let name_in_host = if name.contains(':') {
+            format!("[{name}]")
+        } else {
+            name.to_string()
+        };
         let host_value = match authority.port_u16() {
             Some(443) | None => name_in_host,
             Some(p) => format!("{name_in_host}:{p}"),
@@ -81,6 +90,7 @@ impl Target {
             host: HeaderValue::from_str(&host_value).ok(),
             authority,
             tls_name: Some(tls_name),
+            health: Health::default(),
         })
     }
 
@@ -106,8 +116,12 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Requests forwarded at once, from admission to the response body's end.
     pub max_in_flight: usize,
+    /// `eject_after`, `eject_ms`.
+    pub ejection: Ejection,
     in_flight: AtomicUsize,
     next: AtomicUsize,
+    /// Targets out of the rotation now.
+    out: AtomicUsize,
     id: u64,
 }
 
@@ -187,8 +201,10 @@ impl Upstream {
             pool_max_idle_per_host,
             idle_timeout: Limits::default().idle_timeout,
             max_in_flight: Limits::default().max_in_flight,
+            ejection: Ejection::default(),
             in_flight: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
+            out: AtomicUsize::new(0),
             id,
         }
     }
@@ -219,15 +235,69 @@ impl Upstream {
         self.id
     }
 
-    /// The next target in round-robin order. `targets` is never empty (the
-    /// config refuses an upstream without targets); `None` is only a guard.
-    pub fn pick(&self) -> Option<(usize, &Target)> {
-        let i = match self.targets.len() {
+    pub fn with_ejection(mut self, ejection: Ejection) -> Self {
+        self.ejection = ejection;
+        self
+    }
+
+    /// The next target in round-robin order that is in the rotation (or
+    /// due its trial), skipping `tried`. With none in the rotation (the
+    /// others ejected, a trial out) the first try takes the next target
+    /// all the same; a retry gives up.
+    pub fn pick(&self, now: u64, tried: &[usize]) -> Option<(usize, &Target)> {
+        let n = self.targets.len();
+        let start = match n {
             0 => return None,
             1 => 0,
             n => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
-        self.targets.get(i).map(|t| (i, t))
+        // A trial whose request never reported (dropped) is given again
+        // after this long.
+        let stale_ms = (self.connect_timeout + self.request_timeout).as_millis() as u64;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if tried.contains(&i) {
+                continue;
+            }
+            let Some(t) = self.targets.get(i) else { continue };
+            match t.health.admit(now, stale_ms) {
+                Admit::Yes | Admit::Trial => return Some((i, t)),
+                Admit::No => {}
+            }
+        }
+        if tried.is_empty() {
+            return self.targets.get(start).map(|t| (start, t));
+        }
+        None
+    }
+
+    /// Records how a request to target `index` went.
+    pub fn report(&self, index: usize, outcome: Outcome, now: u64) -> Option<Change> {
+        let t = self.targets.get(index)?;
+        t.health
+            .report(outcome, now, &self.ejection, &self.out, self.targets.len())
+    }
+
+    /// Takes over the health of `old`'s targets that this upstream keeps
+    /// (a reload): an ejected target stays out.
+    pub fn inherit_health(&self, old: &Upstream) {
+        let mut out = 0;
+        for t in &self.targets {
+            if let Some(o) = old.targets.iter().find(|o| o.authority == t.authority) {
+                t.health.inherit(&o.health);
+            }
+            if !t.health.in_rotation() {
+                out += 1;
+            }
+        }
+        // Fewer targets than before: never all of them out.
+        if out >= self.targets.len() {
+            for t in &self.targets {
+                t.health.inherit(&Health::default());
+            }
+            out = 0;
+        }
+        self.out.store(out, Ordering::Relaxed);
     }
 }
 
@@ -244,17 +314,42 @@ mod tests {
     #[test]
     fn round_robin_visits_every_target_in_turn() {
         let u = upstream(&["a:1", "b:2", "c:3"]);
-        let seen: Vec<_> = (0..6).map(|_| u.pick().unwrap().1.as_str().to_string()).collect();
+        let seen: Vec<_> = (0..6).map(|_| u.pick(1, &[]).unwrap().1.as_str().to_string()).collect();
         assert_eq!(seen, ["a:1", "b:2", "c:3", "a:1", "b:2", "c:3"]);
-        assert_eq!(upstream(&["x:1"]).pick().unwrap().0, 0);
-        assert!(upstream(&[]).pick().is_none());
+        assert_eq!(upstream(&["x:1"]).pick(1, &[]).unwrap().0, 0);
+        assert!(upstream(&[]).pick(1, &[]).is_none());
+    }
+
+    #[test]
+    fn an_ejected_target_is_skipped_and_a_retry_takes_another() {
+        let u = upstream(&["a:1", "b:2", "c:3"]);
+        for _ in 0..5 {
+            u.report(1, Outcome::Failure, 10);
+        }
+        let seen: Vec<_> = (0..6).map(|_| u.pick(20, &[]).unwrap().0).collect();
+        assert!(!seen.contains(&1), "{seen:?}");
+        assert!(u.pick(20, &[0, 2]).is_none());
+        assert_eq!(u.pick(20, &[0]).unwrap().0, 2);
+        // After the backoff, one trial.
+        let after = 10 + u.ejection.first.as_millis() as u64;
+        let seen: Vec<_> = (0..6).map(|_| u.pick(after, &[]).unwrap().0).collect();
+        assert_eq!(seen.iter().filter(|&&i| i == 1).count(), 1, "{seen:?}");
+        // A reload keeps it out.
+        let again = upstream(&["a:1", "b:2", "c:3"]);
+        u.report(1, Outcome::Failure, after);
+        again.inherit_health(&u);
+        let seen: Vec<_> = (0..6).map(|_| again.pick(after + 1, &[]).unwrap().0).collect();
+        assert!(!seen.contains(&1), "{seen:?}");
     }
 
     #[test]
     fn a_tls_target_is_sent_its_own_name() {
         let t = Target::tls("api.example.com:443".parse().unwrap(), None).unwrap();
         assert_eq!(t.host.unwrap(), "api.example.com");
-        assert_eq!(format!("{:?}", t.tls_name.unwrap()), format!("{:?}", ServerName::try_from("api.example.com").unwrap()));
+        assert_eq!(
+            format!("{:?}", t.tls_name.unwrap()),
+            format!("{:?}", ServerName::try_from("api.example.com").unwrap())
+        );
         let t = Target::tls("10.0.0.5:8443".parse().unwrap(), Some("api.internal")).unwrap();
         assert_eq!(t.host.unwrap(), "api.internal:8443");
         let t = Target::tls("127.0.0.1:9443".parse().unwrap(), None).unwrap();

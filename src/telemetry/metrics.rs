@@ -53,6 +53,13 @@ pub struct UpstreamTlsLabels {
     pub reason: &'static str,
 }
 
+/// `leasegate_upstream_target_up`: one series per target of each upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamTargetLabels {
+    pub upstream: String,
+    pub target: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub limit: String,
@@ -329,6 +336,8 @@ pub struct Metrics {
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     /// TLS handshakes with an upstream's target that failed, by reason.
     pub upstream_tls_failures: Family<UpstreamTlsLabels, Counter>,
+    /// 1: the target is in its upstream's rotation; 0: ejected.
+    pub upstream_target_up: Family<UpstreamTargetLabels, Gauge>,
     pub decisions: Family<DecisionLabels, StripedCounter>,
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
@@ -417,6 +426,12 @@ impl Metrics {
             "leasegate_upstream_tls_handshake_failures",
             "TLS handshakes with an upstream's target that failed, by upstream and reason",
             upstream_tls_failures.clone(),
+        );
+        let upstream_target_up = Family::default();
+        registry.register(
+            "leasegate_upstream_target_up",
+            "1 while an upstream's target is in the rotation, 0 while it is ejected (passive health)",
+            upstream_target_up.clone(),
         );
         let decisions = Family::default();
         registry.register(
@@ -553,6 +568,7 @@ impl Metrics {
             tls_handshake_failures,
             upstream_errors,
             upstream_tls_failures,
+            upstream_target_up,
             decisions,
             bypassed,
             lease_keys,

@@ -142,12 +142,16 @@ async fn mtls_to_the_upstream_presents_the_gateways_certificate() {
 
 #[test]
 fn https_keys_are_checked() {
-    let base = "[listeners]\nhttp = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n\n";
+    let base =
+        "[listeners]\nhttp = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n\n";
     let (code, _, stderr, _dir) = support::check(&format!(
         "{base}[[upstreams]]\nname = \"u\"\ntargets = [\"http://127.0.0.1:9\"]\nca = \"ca.pem\"\nprotocol = \"h3\"\n"
     ));
     assert_ne!(code, 0);
-    assert!(stderr.contains("upstreams[0].ca") && stderr.contains("https:// targets only"), "{stderr}");
+    assert!(
+        stderr.contains("upstreams[0].ca") && stderr.contains("https:// targets only"),
+        "{stderr}"
+    );
     assert!(stderr.contains("unknown protocol \"h3\""), "{stderr}");
     let (code, _, stderr, _dir) = support::check(&format!(
         "{base}[[upstreams]]\nname = \"u\"\ntargets = [\"https://127.0.0.1:9\", \"http://127.0.0.1:10\"]\ntls_cert = \"c.pem\"\n"

@@ -171,7 +171,12 @@ pub(super) fn identity(
 }
 
 /// The CA certificates in `v`'s PEM file, as trust roots.
-pub(super) fn roots(c: &mut Check, base: &Path, v: &Spanned<String>, name: &str) -> Option<(PathBuf, Arc<RootCertStore>)> {
+pub(super) fn roots(
+    c: &mut Check,
+    base: &Path,
+    v: &Spanned<String>,
+    name: &str,
+) -> Option<(PathBuf, Arc<RootCertStore>)> {
     let path = resolve(base, v.get_ref());
     let certs: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&path) {
         Ok(it) => it.collect(),

@@ -12,6 +12,7 @@ use toml::Spanned;
 use super::listeners::{identity, provider, roots};
 use super::{choice, in_range, Check};
 use crate::config::raw;
+use crate::proxy::health::Ejection;
 use crate::proxy::upstream::{Protocol, Target, Upstream, UpstreamTls};
 
 /// Upstreams in file order.
@@ -104,6 +105,7 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
         let request = ms(&u.request_timeout_ms, "request_timeout_ms", 30_000);
         let idle = ms(&u.pool_idle_timeout_ms, "pool_idle_timeout_ms", 90_000);
         let body_idle = ms(&u.idle_timeout_ms, "idle_timeout_ms", 60_000);
+        let eject_ms = ms(&u.eject_ms, "eject_ms", 10_000);
         let max_idle = in_range(
             c,
             &u.pool_max_idle_per_host,
@@ -127,12 +129,18 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
                 format!("duplicate upstream name {name:?}"),
             );
         }
+        let ejection = Ejection {
+            after: in_range(c, &u.eject_after, &format!("{key}.eject_after"), 0, 1_000, 5),
+            first: eject_ms,
+        };
         let limits = crate::proxy::upstream::Limits {
             idle_timeout: body_idle,
             max_in_flight,
         };
         out.push(Arc::new(
-            Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle).with_limits(limits),
+            Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
+                .with_limits(limits)
+                .with_ejection(ejection),
         ));
     }
     out
@@ -260,7 +268,10 @@ mod tests {
         assert_eq!(t("http://127.0.0.1:9000").unwrap(), ("127.0.0.1:9000".into(), false));
         assert_eq!(t("http://backend").unwrap(), ("backend:80".into(), false));
         assert_eq!(t("http://backend/").unwrap(), ("backend:80".into(), false));
-        assert_eq!(t("https://api.example.com").unwrap(), ("api.example.com:443".into(), true));
+        assert_eq!(
+            t("https://api.example.com").unwrap(),
+            ("api.example.com:443".into(), true)
+        );
         assert_eq!(t("https://10.0.0.1:8443/").unwrap(), ("10.0.0.1:8443".into(), true));
         assert!(target("ftp://backend:21").is_err());
         assert!(target("http://backend:80/api").unwrap_err().contains("no path"));

@@ -41,7 +41,9 @@ impl Drop for TlsUpstream {
 
 /// The DER of a PEM certificate, to compare with what the upstream saw.
 pub fn der(cert: &TestCert) -> Vec<u8> {
-    CertificateDer::from_pem_slice(cert.cert_pem.as_bytes()).unwrap().to_vec()
+    CertificateDer::from_pem_slice(cert.cert_pem.as_bytes())
+        .unwrap()
+        .to_vec()
 }
 
 /// Serves TLS with `cert` (ALPN `h2`, `http/1.1`); with `client_ca`, a
@@ -122,7 +124,10 @@ async fn serve(acceptor: Option<tokio_rustls::TlsAcceptor>) -> TlsUpstream {
 }
 
 /// `{version, host, authority, path, alpn}` of the request as it arrived.
-async fn answer(req: Request<Incoming>, alpn: Option<String>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    alpn: Option<String>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let body = serde_json::json!({
         "version": format!("{:?}", req.version()),
         "host": req.headers().get("host").and_then(|h| h.to_str().ok()),
