@@ -129,7 +129,9 @@ pub async fn forward(
                 failure
             }
             Ok(Err(Attempt::Failed(e))) => {
-                if e.upstream_fault().is_some() {
+                // A client body that stalled or broke is no fault of the
+                // target's.
+                if matches!(e, ForwardError::UpstreamFailed { .. }) {
                     note(upstream, index, Outcome::Failure, metrics);
                 }
                 e
@@ -279,7 +281,12 @@ fn connect_error(upstream: &Upstream, target: &Target, e: ConnectError, metrics:
     }
     let target = target.as_str().to_string();
     match e {
-        ConnectError::Timeout(ms) => ForwardError::UpstreamTimeout {
+        ConnectError::Timeout(ms)
+        | ConnectError::Tls {
+            reason: "timeout",
+            timeout_ms: ms,
+            ..
+        } => ForwardError::UpstreamTimeout {
             upstream: upstream.name.clone(),
             target,
             timeout_ms: ms,

@@ -94,9 +94,14 @@ pub enum ConnectError {
     Timeout(u128),
     #[error("{0}")]
     Io(#[from] io::Error),
-    /// The TLS handshake failed; `reason` is the metric's label.
+    /// The TLS handshake failed; `reason` is the metric's label
+    /// (`timeout`: within `timeout_ms`, the connect timeout).
     #[error("TLS handshake: {error}")]
-    Tls { reason: &'static str, error: String },
+    Tls {
+        reason: &'static str,
+        error: String,
+        timeout_ms: u128,
+    },
     #[error("HTTP handshake: {0}")]
     Handshake(#[from] hyper::Error),
 }
@@ -186,10 +191,12 @@ impl Slot {
                     .map_err(|_| ConnectError::Tls {
                         reason: "timeout",
                         error: format!("no answer within {} ms", timeout.as_millis()),
+                        timeout_ms: timeout.as_millis(),
                     })?
                     .map_err(|e| ConnectError::Tls {
                         reason: tls_reason(&e),
                         error: e.to_string(),
+                        timeout_ms: timeout.as_millis(),
                     })?;
                 if upstream.protocol == Protocol::H2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
                     // Its first bytes would be an HTTP/2 preface to a
@@ -197,6 +204,7 @@ impl Slot {
                     return Err(ConnectError::Tls {
                         reason: "alpn",
                         error: "the target did not agree to h2 (ALPN)".into(),
+                        timeout_ms: timeout.as_millis(),
                     });
                 }
                 handshake(stream, upstream.protocol).await?
