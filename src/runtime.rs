@@ -90,6 +90,7 @@ impl Runtime {
         let events = start_events(&config, &metrics, None);
         let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);
         let snapshot = Snapshot::new(config, &metrics);
+        target_gauges(&metrics, None, &snapshot.config);
         Runtime {
             share,
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -141,6 +142,12 @@ impl Runtime {
         }
         let snapshot = Snapshot::new(config, &self.metrics);
         let old = self.snapshot.load_full();
+        for u in &snapshot.config.upstreams {
+            if let Some(o) = old.config.upstreams.iter().find(|o| o.name == u.name) {
+                u.inherit_health(o);
+            }
+        }
+        target_gauges(&self.metrics, Some(&old.config), &snapshot.config);
         // A limit changed when it is gone or its quota (any plan's) differs.
         let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share());
         let changed: std::collections::HashSet<String> = old
@@ -205,6 +212,38 @@ fn start_events(config: &Config, metrics: &Metrics, running: Option<Arc<Emitter>
     match running {
         Some(e) if e.runs(settings, instance) => Some(e),
         _ => Emitter::start(settings, instance, metrics).map(Arc::new),
+    }
+}
+
+/// `leasegate_upstream_target_up` for every target of `new`'s upstreams
+/// (1 in the rotation, 0 ejected), and no series for a target `old` had
+/// and `new` has not.
+fn target_gauges(metrics: &Metrics, old: Option<&Config>, new: &Config) {
+    use crate::telemetry::metrics::UpstreamTargetLabels;
+    let labels = |c: &Config| -> Vec<(UpstreamTargetLabels, bool)> {
+        c.upstreams
+            .iter()
+            .flat_map(|u| {
+                u.targets.iter().map(|t| {
+                    let labels = UpstreamTargetLabels {
+                        upstream: u.name.clone(),
+                        target: t.as_str().to_string(),
+                    };
+                    (labels, t.health.in_rotation())
+                })
+            })
+            .collect()
+    };
+    let now = labels(new);
+    if let Some(old) = old {
+        for (l, _) in labels(old) {
+            if !now.iter().any(|(n, _)| *n == l) {
+                metrics.upstream_target_up.remove(&l);
+            }
+        }
+    }
+    for (l, up) in now {
+        metrics.upstream_target_up.get_or_create(&l).set(i64::from(up));
     }
 }
 

@@ -424,8 +424,8 @@ impl Config {
         )
     }
 
-    /// Every certificate, key and CA file: `[tls]`'s, `[rls]`'s and the
-    /// region link's, in that order.
+    /// Every certificate, key and CA file: `[tls]`'s, `[rls]`'s, the
+    /// region link's and the upstreams', in that order.
     pub fn tls_files(&self) -> Vec<&Path> {
         let mut files: Vec<&Path> = Vec::new();
         if let Some(t) = &self.tls {
@@ -437,6 +437,11 @@ impl Config {
         }
         if let Some(t) = self.region.as_ref().and_then(|r| r.tls.as_ref()) {
             files.extend(t.files());
+        }
+        for u in &self.upstreams {
+            if let Some(t) = &u.tls {
+                files.extend(t.files.iter().map(PathBuf::as_path));
+            }
         }
         files
     }

@@ -166,6 +166,15 @@ pub struct Upstream {
     pub pool_max_idle_per_host: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
     pub max_in_flight: Option<Spanned<i64>>,
+    /// `https://` targets: a private CA (PEM) instead of the system roots.
+    pub ca: Option<Spanned<String>>,
+    pub server_name: Option<Spanned<String>>,
+    pub tls_cert: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
+    /// `"http1"` | `"h2"`.
+    pub protocol: Option<Spanned<String>>,
+    pub eject_after: Option<Spanned<i64>>,
+    pub eject_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

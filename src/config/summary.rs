@@ -50,8 +50,14 @@ impl Config {
         let store = self.store_shown();
         let _ = writeln!(s, "store     {store}, timeout {} ms", self.store.timeout.as_millis());
         for u in &self.upstreams {
-            let targets: Vec<_> = u.targets.iter().map(|t| t.as_str()).collect();
-            let _ = writeln!(s, "upstream  {} -> {}", u.name, targets.join(", "));
+            let scheme = if u.tls.is_some() { "https://" } else { "" };
+            let targets: Vec<_> = u.targets.iter().map(|t| format!("{scheme}{}", t.as_str())).collect();
+            let h2 = if u.protocol == crate::proxy::upstream::Protocol::H2 {
+                " (h2)"
+            } else {
+                ""
+            };
+            let _ = writeln!(s, "upstream  {} -> {}{h2}", u.name, targets.join(", "));
         }
         for r in self.routes.iter() {
             let target = match &r.action {

@@ -594,6 +594,7 @@ mod tests {
         assert_eq!(
             RequestError::from(ForwardError::UpstreamUnreachable {
                 upstream: u(),
+                target: "127.0.0.1:1".into(),
                 reason: "refused".into()
             })
             .status(),
@@ -601,6 +602,7 @@ mod tests {
         );
         let t = RequestError::from(ForwardError::UpstreamTimeout {
             upstream: u(),
+            target: "127.0.0.1:1".into(),
             timeout_ms: 5,
         });
         assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);

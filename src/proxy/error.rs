@@ -5,12 +5,25 @@
 /// A forwarded request that got no response.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    #[error("upstream {upstream:?} is unreachable: {reason}")]
-    UpstreamUnreachable { upstream: String, reason: String },
-    #[error("upstream {upstream:?} did not answer within {timeout_ms} ms")]
-    UpstreamTimeout { upstream: String, timeout_ms: u128 },
-    #[error("upstream {upstream:?} failed: {reason}")]
-    UpstreamFailed { upstream: String, reason: String },
+    /// `target`: the `host:port` tried last, named in the log line.
+    #[error("upstream {upstream:?} target {target} is unreachable: {reason}")]
+    UpstreamUnreachable {
+        upstream: String,
+        target: String,
+        reason: String,
+    },
+    #[error("upstream {upstream:?} target {target} did not answer within {timeout_ms} ms")]
+    UpstreamTimeout {
+        upstream: String,
+        target: String,
+        timeout_ms: u128,
+    },
+    #[error("upstream {upstream:?} target {target} failed: {reason}")]
+    UpstreamFailed {
+        upstream: String,
+        target: String,
+        reason: String,
+    },
     /// The client's request body broke off while it was being forwarded:
     /// malformed chunked framing (a chunk size that is not hex, or above
     /// 2^64), or a client that went away mid-body. Its fault, not ours.

@@ -3,10 +3,12 @@
 //! Bodies stream both ways and are never buffered whole. Hop-by-hop headers
 //! are dropped; `x-forwarded-*` and `x-request-id` are set; client-sent
 //! `x-leasegate-*` headers are removed. HTTP/1.1 upgrades (WebSocket) are
-//! tunnelled. Each worker thread keeps its own connection pool per upstream.
+//! tunnelled. Targets are spoken to in HTTP/1.1 or h2, in the clear or
+//! over TLS. Each worker thread keeps its own connection pool per upstream.
 
 pub mod body;
 pub mod error;
+pub mod health;
 pub mod idle;
 pub mod pool;
 pub mod upstream;
@@ -17,13 +19,16 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
+use crate::clock;
 use crate::connection::ConnInfo;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, UpstreamTargetLabels, UpstreamTlsLabels};
 use body::{Body, RequestBody};
 pub use error::ForwardError;
+use health::{Change, Outcome};
 use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
-use upstream::Upstream;
+use smallvec::SmallVec;
+use upstream::{Protocol, Target, Upstream};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -50,10 +55,14 @@ pub async fn forward(
         max: upstream.max_in_flight,
     })?;
     let mut req = req.map(|body| Timed::new(body, upstream.idle_timeout));
-    let (index, target) = upstream.pick().ok_or_else(|| ForwardError::UpstreamUnreachable {
-        upstream: upstream.name.clone(),
-        reason: "no targets".into(),
-    })?;
+    let (mut index, mut target) =
+        upstream
+            .pick(clock::coarse_now_ms(), &[])
+            .ok_or_else(|| ForwardError::UpstreamUnreachable {
+                upstream: upstream.name.clone(),
+                target: String::new(),
+                reason: "no targets".into(),
+            })?;
     // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
     if !req.headers().contains_key(header::HOST) {
         if let Some(value) = req
@@ -64,14 +73,16 @@ pub async fn forward(
             req.headers_mut().insert(header::HOST, value);
         }
     }
-    let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
+    let h2 = upstream.protocol == Protocol::H2;
+    // An h2 stream cannot be taken over by another protocol.
+    let upgrade = !h2 && req.version() == Version::HTTP_11 && is_upgrade(req.headers());
     // The upstream gets origin-form: the path as routed (normalised by
     // the gateway), with its query.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req.uri().path_and_query().cloned();
         *req.uri_mut() = path.map_or_else(|| Uri::from_static("/"), Uri::from);
     }
-    *req.version_mut() = Version::HTTP_11;
+    *req.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
 
     let headers = req.headers_mut();
     remove_hop_by_hop(headers, upgrade);
@@ -97,65 +108,54 @@ pub async fn forward(
     }
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let slot = Slot::new(upstream, index);
-    let exchange = async {
-        // A pooled connection that turns out closed before the request was
-        // written hands the request back: send it once more, on a new one.
-        let mut req = req;
-        let mut fresh = false;
-        loop {
-            let reused = if fresh { None } else { slot.reuse().await };
-            let mut sender = match reused {
-                Some(s) => s,
-                None => {
-                    fresh = true;
-                    // Boxed: a new connection is rare, and its future
-                    // (connect, handshake) would otherwise be part of
-                    // every request's.
-                    Box::pin(slot.connect(target, upstream.connect_timeout))
-                        .await
-                        .map_err(|e| connect_error(upstream, e))?
-                }
-            };
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, sender)),
-                Err(mut e) => match e.take_message() {
-                    Some(back) if !fresh => {
-                        fresh = true;
-                        req = back;
+    // One deadline for the response head, whichever targets it takes.
+    let deadline = tokio::time::Instant::now() + upstream.request_timeout;
+    let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+    let (mut resp, sender, slot) = loop {
+        address(&mut req, upstream, target);
+        let slot = Slot::new(upstream, index);
+        let failure = match tokio::time::timeout_at(deadline, exchange(&slot, upstream, target, req)).await {
+            Ok(Ok((resp, sender))) => {
+                let outcome = match resp.status() {
+                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+                        Outcome::Failure
                     }
-                    _ => {
-                        // The connection is never checked back in: hyper shut
-                        // it down, and one whose request broke off mid-body
-                        // must not carry another.
-                        drop(sender);
-                        let e = e.into_error();
-                        if stalled_body(&e) {
-                            return Err(ForwardError::UpstreamTimeout {
-                                upstream: upstream.name.clone(),
-                                timeout_ms: upstream.idle_timeout.as_millis(),
-                            });
-                        }
-                        return Err(match client_body_error(&e) {
-                            Some(reason) => ForwardError::BadRequestBody { reason },
-                            None => ForwardError::UpstreamFailed {
-                                upstream: upstream.name.clone(),
-                                reason: e.to_string(),
-                            },
-                        });
-                    }
-                },
+                    _ => Outcome::Success,
+                };
+                note(upstream, index, outcome, metrics);
+                break (resp, sender, slot);
             }
-        }
-    };
-    let (mut resp, sender) = match tokio::time::timeout(upstream.request_timeout, exchange).await {
-        Ok(result) => result?,
-        Err(_) => {
-            return Err(ForwardError::UpstreamTimeout {
-                upstream: upstream.name.clone(),
-                timeout_ms: upstream.request_timeout.as_millis(),
-            })
-        }
+            Ok(Err(Attempt::Connect(e, back))) => {
+                note(upstream, index, Outcome::Failure, metrics);
+                let failure = connect_error(upstream, target, e, metrics);
+                tried.push(index);
+                // Nothing was sent: the next target in the rotation may
+                // have it at once.
+                if let Some((next, t)) = upstream.pick(clock::coarse_now_ms(), &tried) {
+                    tracing::warn!(error = %failure, next = t.as_str(), "upstream connect failed; retried on another target");
+                    (index, target, req) = (next, t, *back);
+                    continue;
+                }
+                failure
+            }
+            Ok(Err(Attempt::Failed(e))) => {
+                // A client body that stalled or broke is no fault of the
+                // target's.
+                if matches!(e, ForwardError::UpstreamFailed { .. }) {
+                    note(upstream, index, Outcome::Failure, metrics);
+                }
+                e
+            }
+            Err(_) => {
+                note(upstream, index, Outcome::Failure, metrics);
+                ForwardError::UpstreamTimeout {
+                    upstream: upstream.name.clone(),
+                    target: target.as_str().to_string(),
+                    timeout_ms: upstream.request_timeout.as_millis(),
+                }
+            }
+        };
+        return Err(failure);
     };
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -181,16 +181,165 @@ pub async fn forward(
     Ok(resp.map(|body| Body::Streamed(UpstreamBody::new(body, slot, sender, place, metrics))))
 }
 
-fn connect_error(upstream: &Upstream, e: ConnectError) -> ForwardError {
+type Req = Request<Timed<RequestBody>>;
+
+/// Why one target gave no response.
+enum Attempt {
+    /// No connection: the request, never sent, is handed back (boxed: a
+    /// failed connect is rare, the result of every exchange is not).
+    Connect(ConnectError, Box<Req>),
+    Failed(ForwardError),
+}
+
+/// The request sent to `target` on a pooled connection, or a new one.
+async fn exchange(
+    slot: &Slot,
+    upstream: &Upstream,
+    target: &Target,
+    mut req: Req,
+) -> Result<(Response<hyper::body::Incoming>, pool::Sender), Attempt> {
+    // A pooled connection that turns out closed before the request was
+    // written hands the request back: send it once more, on a new one.
+    let mut fresh = false;
+    loop {
+        let reused = if fresh { None } else { slot.reuse().await };
+        let mut sender = match reused {
+            Some(s) => s,
+            None => {
+                fresh = true;
+                // Boxed: a new connection is rare, and its future
+                // (connect, handshake) would otherwise be part of
+                // every request's.
+                match Box::pin(slot.connect(upstream, target)).await {
+                    Ok(s) => s,
+                    Err(e) => return Err(Attempt::Connect(e, Box::new(req))),
+                }
+            }
+        };
+        match sender.try_send_request(req).await {
+            Ok(resp) => return Ok((resp, sender)),
+            Err(mut e) => match e.take_message() {
+                Some(back) if !fresh => {
+                    fresh = true;
+                    req = back;
+                }
+                _ => {
+                    // The connection is never checked back in: hyper shut
+                    // it down, and one whose request broke off mid-body
+                    // must not carry another.
+                    drop(sender);
+                    let e = e.into_error();
+                    let target = target.as_str().to_string();
+                    if stalled_body(&e) {
+                        return Err(Attempt::Failed(ForwardError::UpstreamTimeout {
+                            upstream: upstream.name.clone(),
+                            target,
+                            timeout_ms: upstream.idle_timeout.as_millis(),
+                        }));
+                    }
+                    return Err(Attempt::Failed(match client_body_error(&e) {
+                        Some(reason) => ForwardError::BadRequestBody { reason },
+                        None => ForwardError::UpstreamFailed {
+                            upstream: upstream.name.clone(),
+                            target,
+                            reason: e.to_string(),
+                        },
+                    }));
+                }
+            },
+        }
+    }
+}
+
+/// Records how a request to target `index` went; a target that leaves or
+/// rejoins the rotation is logged and its gauge set.
+fn note(upstream: &Upstream, index: usize, outcome: Outcome, metrics: &Metrics) {
+    let Some(change) = upstream.report(index, outcome, clock::coarse_now_ms()) else {
+        return;
+    };
+    let Some(target) = upstream.targets.get(index) else {
+        return;
+    };
+    let up = metrics.upstream_target_up.get_or_create(&UpstreamTargetLabels {
+        upstream: upstream.name.clone(),
+        target: target.as_str().to_string(),
+    });
+    match change {
+        Change::Ejected { for_ms } => {
+            up.set(0);
+            tracing::warn!(upstream = %upstream.name, target = %target.as_str(), for_ms, "upstream target ejected");
+        }
+        Change::Restored => {
+            up.set(1);
+            tracing::info!(upstream = %upstream.name, target = %target.as_str(), "upstream target back in the rotation");
+        }
+    }
+}
+
+/// A connect that failed, as the request's error (logged with the target
+/// and the low-level reason); a failed TLS handshake is also counted by
+/// its reason.
+fn connect_error(upstream: &Upstream, target: &Target, e: ConnectError, metrics: &Metrics) -> ForwardError {
+    if let Some(reason) = e.tls_reason() {
+        metrics
+            .upstream_tls_failures
+            .get_or_create(&UpstreamTlsLabels {
+                upstream: upstream.name.clone(),
+                reason,
+            })
+            .inc();
+    }
+    let target = target.as_str().to_string();
     match e {
-        ConnectError::Timeout(ms) => ForwardError::UpstreamTimeout {
+        ConnectError::Timeout(ms)
+        | ConnectError::Tls {
+            reason: "timeout",
+            timeout_ms: ms,
+            ..
+        } => ForwardError::UpstreamTimeout {
             upstream: upstream.name.clone(),
+            target,
             timeout_ms: ms,
         },
         e => ForwardError::UpstreamUnreachable {
             upstream: upstream.name.clone(),
+            target,
             reason: e.to_string(),
         },
+    }
+}
+
+/// Addresses `req` to `target`. Over TLS the target is sent its own name
+/// as `Host`: a hosted API (a CDN, a SaaS) routes and checks by the name
+/// it is reached at, and answers the gateway's own host with a 421 or a
+/// 404; in the clear the client's `Host` passes as it came (an internal
+/// service may route by it). h2 carries the host in `:authority`, from
+/// the absolute URI, and no `Host` (RFC 9113 §8.3.1).
+fn address(req: &mut Req, upstream: &Upstream, target: &Target) {
+    if let Some(host) = &target.host {
+        req.headers_mut().insert(header::HOST, host.clone());
+    }
+    if upstream.protocol != Protocol::H2 {
+        return;
+    }
+    let authority = match req.headers_mut().remove(header::HOST) {
+        Some(host) => http::uri::Authority::try_from(host.as_bytes()).ok(),
+        None => None,
+    }
+    .unwrap_or_else(|| target.authority.clone());
+    let scheme = if upstream.tls.is_some() {
+        http::uri::Scheme::HTTPS
+    } else {
+        http::uri::Scheme::HTTP
+    };
+    let mut parts = std::mem::take(req.uri_mut()).into_parts();
+    parts.scheme = Some(scheme);
+    parts.authority = Some(authority);
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
     }
 }
 

@@ -11,30 +11,71 @@ use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::Authority;
+use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2, TrySendError};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::{timeout_at, Instant};
 
 use super::body::RequestBody;
 use super::idle::{BodyError, IdleTimer, Timed};
 use crate::clock;
 use crate::int_hash::IntMap;
-use crate::proxy::upstream::{InFlight, Upstream};
+use crate::proxy::upstream::{InFlight, Protocol, Target, Upstream};
 use crate::telemetry::metrics::{Metrics, UpstreamErrorLabels};
 use std::sync::Arc;
 
 /// (upstream id, target index): one pool per target of each compiled upstream.
 type Key = (u64, usize);
-pub type Sender = SendRequest<Timed<RequestBody>>;
+type Req = Request<Timed<RequestBody>>;
+
+/// A connection to a target, ready for a request: HTTP/1.1 carries one
+/// request at a time and is checked out of its pool; h2 carries many, and
+/// its one connection per target and thread is shared.
+pub enum Sender {
+    H1(http1::SendRequest<Timed<RequestBody>>),
+    H2(http2::SendRequest<Timed<RequestBody>>),
+}
+
+impl Sender {
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_ready(),
+            Sender::H2(s) => s.is_ready(),
+        }
+    }
+
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match self {
+            Sender::H1(s) => s.ready().await,
+            Sender::H2(s) => s.ready().await,
+        }
+    }
+
+    /// Sends `req`; a request the connection could not take (closed before
+    /// it was written) comes back in the error.
+    pub async fn try_send_request(&mut self, req: Req) -> Result<Response<Incoming>, TrySendError<Req>> {
+        match self {
+            Sender::H1(s) => s.try_send_request(req).await,
+            Sender::H2(s) => s.try_send_request(req).await,
+        }
+    }
+}
 
 struct Idle {
-    sender: Sender,
+    sender: http1::SendRequest<Timed<RequestBody>>,
     /// When it was checked in, on the coarse clock (ms): an idle timeout
     /// needs no nanoseconds, and the coarse clock is a load, not a syscall.
     since_ms: u64,
@@ -42,6 +83,9 @@ struct Idle {
 
 thread_local! {
     static IDLE: RefCell<IntMap<Key, VecDeque<Idle>>> = RefCell::default();
+    /// The h2 connection of each target on this thread, shared by every
+    /// request to it until it closes.
+    static SHARED: RefCell<IntMap<Key, http2::SendRequest<Timed<RequestBody>>>> = RefCell::default();
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +94,27 @@ pub enum ConnectError {
     Timeout(u128),
     #[error("{0}")]
     Io(#[from] io::Error),
-    #[error("HTTP/1.1 handshake: {0}")]
+    /// The TLS handshake failed; `reason` is the metric's label
+    /// (`timeout`: within `timeout_ms`, the connect timeout).
+    #[error("TLS handshake: {error}")]
+    Tls {
+        reason: &'static str,
+        error: String,
+        timeout_ms: u128,
+    },
+    #[error("HTTP handshake: {0}")]
     Handshake(#[from] hyper::Error),
+}
+
+impl ConnectError {
+    /// `leasegate_upstream_tls_handshake_failures`'s `reason`, if the TLS
+    /// handshake is what failed.
+    pub fn tls_reason(&self) -> Option<&'static str> {
+        match self {
+            ConnectError::Tls { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
 }
 
 /// Where a checked-out connection returns to.
@@ -59,6 +122,7 @@ pub struct Slot {
     key: Key,
     max_idle: usize,
     idle_timeout_ms: u64,
+    shared: bool,
 }
 
 impl Slot {
@@ -67,11 +131,26 @@ impl Slot {
             key: (upstream.id(), target),
             max_idle: upstream.pool_max_idle_per_host,
             idle_timeout_ms: upstream.pool_idle_timeout.as_millis().try_into().unwrap_or(u64::MAX),
+            shared: upstream.protocol == Protocol::H2,
         }
     }
 
     /// A pooled connection ready for a request, if one is idle and alive.
     pub async fn reuse(&self) -> Option<Sender> {
+        if self.shared {
+            let mut sender = SHARED.with(|m| {
+                let mut m = m.borrow_mut();
+                match m.get(&self.key) {
+                    Some(s) if !s.is_closed() => Some(s.clone()),
+                    Some(_) => {
+                        m.remove(&self.key);
+                        None
+                    }
+                    None => None,
+                }
+            })?;
+            return sender.ready().await.is_ok().then_some(Sender::H2(sender));
+        }
         loop {
             let mut sender = IDLE.with(|m| {
                 let mut m = m.borrow_mut();
@@ -79,7 +158,7 @@ impl Slot {
                 let now = clock::coarse_now_ms();
                 while let Some(idle) = list.pop_back() {
                     if !idle.sender.is_closed() && now.saturating_sub(idle.since_ms) < self.idle_timeout_ms {
-                        return Some(idle.sender);
+                        return Some(Sender::H1(idle.sender));
                     }
                 }
                 None
@@ -92,25 +171,56 @@ impl Slot {
         }
     }
 
-    /// A new connection to `authority`.
-    pub async fn connect(&self, authority: &Authority, timeout: Duration) -> Result<Sender, ConnectError> {
+    /// A new connection to `target`: TCP, then TLS if the upstream has
+    /// it, all within `connect_timeout`; then the HTTP handshake.
+    pub async fn connect(&self, upstream: &Upstream, target: &Target) -> Result<Sender, ConnectError> {
+        let timeout = upstream.connect_timeout;
+        let deadline = Instant::now() + timeout;
+        let authority = &target.authority;
         let port = authority.port_u16().unwrap_or(80);
         let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+        let stream = timeout_at(deadline, TcpStream::connect((host, port)))
             .await
             .map_err(|_| ConnectError::Timeout(timeout.as_millis()))??;
         stream.set_nodelay(true)?;
-        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
+        let sender = match (&upstream.tls, &target.tls_name) {
+            (Some(tls), Some(name)) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+                let stream = timeout_at(deadline, connector.connect(name.clone(), stream))
+                    .await
+                    .map_err(|_| ConnectError::Tls {
+                        reason: "timeout",
+                        error: format!("no answer within {} ms", timeout.as_millis()),
+                        timeout_ms: timeout.as_millis(),
+                    })?
+                    .map_err(|e| ConnectError::Tls {
+                        reason: tls_reason(&e),
+                        error: e.to_string(),
+                        timeout_ms: timeout.as_millis(),
+                    })?;
+                if upstream.protocol == Protocol::H2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                    // Its first bytes would be an HTTP/2 preface to a
+                    // server that did not agree to HTTP/2.
+                    return Err(ConnectError::Tls {
+                        reason: "alpn",
+                        error: "the target did not agree to h2 (ALPN)".into(),
+                        timeout_ms: timeout.as_millis(),
+                    });
+                }
+                handshake(stream, upstream.protocol).await?
             }
-        });
+            _ => handshake(stream, upstream.protocol).await?,
+        };
+        if let Sender::H2(s) = &sender {
+            SHARED.with(|m| m.borrow_mut().insert(self.key, s.clone()));
+        }
         Ok(sender)
     }
 
     /// Returns a connection whose exchange is complete.
     fn check_in(self, sender: Sender) {
+        // An h2 connection never left the pool.
+        let Sender::H1(sender) = sender else { return };
         if sender.is_closed() || self.max_idle == 0 {
             return;
         }
@@ -127,6 +237,56 @@ impl Slot {
             }
             list.push_back(Idle { sender, since_ms: now });
         });
+    }
+}
+
+/// The HTTP handshake on a connected (and maybe encrypted) stream; the
+/// connection is driven by a task of its own.
+async fn handshake<I>(io: I, protocol: Protocol) -> Result<Sender, ConnectError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match protocol {
+        Protocol::Http1 => {
+            let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.with_upgrades().await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+            Ok(Sender::H1(sender))
+        }
+        Protocol::H2 => {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .handshake(TokioIo::new(io))
+                .await?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream h2 connection ended with an error");
+                }
+            });
+            Ok(Sender::H2(sender))
+        }
+    }
+}
+
+/// A bounded label for why a TLS handshake with an upstream failed.
+fn tls_reason(e: &io::Error) -> &'static str {
+    use rustls::CertificateError as C;
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
+        return "closed";
+    };
+    match tls {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer | C::BadSignature => "unknown_ca",
+            C::NotValidForName | C::NotValidForNameContext { .. } => "bad_name",
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => "expired",
+            C::Revoked => "revoked",
+            _ => "bad_certificate",
+        },
+        rustls::Error::AlertReceived(_) => "alert",
+        rustls::Error::NoApplicationProtocol => "alpn",
+        _ => "protocol",
     }
 }
 

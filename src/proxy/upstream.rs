@@ -1,16 +1,112 @@
-//! An upstream: the targets a route forwards to, their timeouts, and the
-//! round-robin choice between them. Pure data; the sockets live in `proxy`.
+//! An upstream: the targets a route forwards to, how they are spoken to
+//! (plain or TLS, HTTP/1.1 or h2), their timeouts, and the round-robin
+//! choice between them. Pure data; the sockets live in `proxy`.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::health::{Admit, Change, Ejection, Health, Outcome};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::Authority;
+use http::HeaderValue;
+use rustls_pki_types::ServerName;
+
+/// How requests are written to an upstream's targets (`protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Protocol {
+    #[default]
+    Http1,
+    /// HTTP/2: by ALPN over TLS, by prior knowledge (h2c) in the clear.
+    H2,
+}
+
+/// TLS to an upstream's `https://` targets.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// Roots (the system's or `ca`), the client certificate if any, ALPN.
+    pub config: Arc<rustls::ClientConfig>,
+    /// `ca`, `tls_cert`, `tls_key` as given: reloaded like the listener's.
+    pub files: Vec<PathBuf>,
+    /// SHA-256 of those files' bytes: part of the pool key, so new
+    /// certificates never ride on connections made with the old ones.
+    pub digest: [u8; 32],
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One target of an upstream.
+#[derive(Debug)]
+pub struct Target {
+    /// `host:port`, the port always explicit.
+    pub authority: Authority,
+    /// Over TLS: the name sent as SNI and required in the certificate
+    /// (`server_name`, else the target's host).
+    pub tls_name: Option<ServerName<'static>>,
+    /// Over TLS: the `Host` (h2: `:authority`) the target is sent, its
+    /// own name rather than the client's (see docs/configuration.md,
+    /// "HTTPS upstreams").
+    pub host: Option<HeaderValue>,
+    /// Its place in the rotation (passive health).
+    pub health: Health,
+}
+
+impl Target {
+    /// A plain `http://` target.
+    pub fn plain(authority: Authority) -> Target {
+        Target {
+            authority,
+            tls_name: None,
+            host: None,
+            health: Health::default(),
+        }
+    }
+
+    /// An `https://` target: SNI and certificate name `server_name`, else
+    /// the target's host. The `Host` it is sent is that name, with the
+    /// port unless it is 443. `None`: the name is not a DNS name or an IP
+    /// address.
+    pub fn tls(authority: Authority, server_name: Option<&str>) -> Option<Target> {
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let name = server_name.unwrap_or(host);
+        let tls_name = ServerName::try_from(name.to_string()).ok()?;
+        let name_in_host = if name.contains(':') {
+            format!("[{name}]")
+        } else {
+            name.to_string()
+        };
+        let host_value = match authority.port_u16() {
+            Some(443) | None => name_in_host,
+            Some(p) => format!("{name_in_host}:{p}"),
+        };
+        Some(Target {
+            host: HeaderValue::from_str(&host_value).ok(),
+            authority,
+            tls_name: Some(tls_name),
+            health: Health::default(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.authority.as_str()
+    }
+}
 
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
-    /// `host:port` of each target, all plain `http`.
-    pub targets: Vec<Authority>,
+    /// Never empty (the config refuses an upstream without targets).
+    pub targets: Vec<Target>,
+    /// `Some`: every target is `https://`.
+    pub tls: Option<UpstreamTls>,
+    pub protocol: Protocol,
     pub connect_timeout: Duration,
     /// Time allowed from sending the request until the response head arrives.
     pub request_timeout: Duration,
@@ -20,8 +116,12 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Requests forwarded at once, from admission to the response body's end.
     pub max_in_flight: usize,
+    /// `eject_after`, `eject_ms`.
+    pub ejection: Ejection,
     in_flight: AtomicUsize,
     next: AtomicUsize,
+    /// Targets out of the rotation now.
+    out: AtomicUsize,
     id: u64,
 }
 
@@ -45,7 +145,7 @@ impl Default for Limits {
 /// One request's place among an upstream's `max_in_flight`, given back on
 /// drop.
 #[derive(Debug)]
-pub struct InFlight(std::sync::Arc<Upstream>);
+pub struct InFlight(Arc<Upstream>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -62,7 +162,8 @@ impl InFlight {
 impl Upstream {
     pub fn new(
         name: String,
-        targets: Vec<Authority>,
+        targets: Vec<Target>,
+        (tls, protocol): (Option<UpstreamTls>, Protocol),
         connect_timeout: Duration,
         request_timeout: Duration,
         pool_idle_timeout: Duration,
@@ -76,7 +177,10 @@ impl Upstream {
             std::hash::Hash::hash(
                 &(
                     &name,
-                    targets.iter().map(Authority::as_str).collect::<Vec<_>>(),
+                    targets.iter().map(Target::as_str).collect::<Vec<_>>(),
+                    targets.iter().map(|t| format!("{:?}", t.tls_name)).collect::<Vec<_>>(),
+                    tls.as_ref().map(|t| t.digest),
+                    protocol,
                     connect_timeout,
                     request_timeout,
                     pool_idle_timeout,
@@ -89,14 +193,18 @@ impl Upstream {
         Upstream {
             name,
             targets,
+            tls,
+            protocol,
             connect_timeout,
             request_timeout,
             pool_idle_timeout,
             pool_max_idle_per_host,
             idle_timeout: Limits::default().idle_timeout,
             max_in_flight: Limits::default().max_in_flight,
+            ejection: Ejection::default(),
             in_flight: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
+            out: AtomicUsize::new(0),
             id,
         }
     }
@@ -109,7 +217,7 @@ impl Upstream {
 
     /// A place among the requests in flight, or `None` when all
     /// `max_in_flight` are taken.
-    pub fn enter(self: &std::sync::Arc<Self>) -> Option<InFlight> {
+    pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
         let was = self.in_flight.fetch_add(1, Ordering::Relaxed);
         if was >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -127,15 +235,69 @@ impl Upstream {
         self.id
     }
 
-    /// The next target in round-robin order. `targets` is never empty (the
-    /// config refuses an upstream without targets); `None` is only a guard.
-    pub fn pick(&self) -> Option<(usize, &Authority)> {
-        let i = match self.targets.len() {
+    pub fn with_ejection(mut self, ejection: Ejection) -> Self {
+        self.ejection = ejection;
+        self
+    }
+
+    /// The next target in round-robin order that is in the rotation (or
+    /// due its trial), skipping `tried`. With none in the rotation (the
+    /// others ejected, a trial out) the first try takes the next target
+    /// all the same; a retry gives up.
+    pub fn pick(&self, now: u64, tried: &[usize]) -> Option<(usize, &Target)> {
+        let n = self.targets.len();
+        let start = match n {
             0 => return None,
             1 => 0,
             n => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
-        self.targets.get(i).map(|t| (i, t))
+        // A trial whose request never reported (dropped) is given again
+        // after this long.
+        let stale_ms = (self.connect_timeout + self.request_timeout).as_millis() as u64;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if tried.contains(&i) {
+                continue;
+            }
+            let Some(t) = self.targets.get(i) else { continue };
+            match t.health.admit(now, stale_ms) {
+                Admit::Yes | Admit::Trial => return Some((i, t)),
+                Admit::No => {}
+            }
+        }
+        if tried.is_empty() {
+            return self.targets.get(start).map(|t| (start, t));
+        }
+        None
+    }
+
+    /// Records how a request to target `index` went.
+    pub fn report(&self, index: usize, outcome: Outcome, now: u64) -> Option<Change> {
+        let t = self.targets.get(index)?;
+        t.health
+            .report(outcome, now, &self.ejection, &self.out, self.targets.len())
+    }
+
+    /// Takes over the health of `old`'s targets that this upstream keeps
+    /// (a reload): an ejected target stays out.
+    pub fn inherit_health(&self, old: &Upstream) {
+        let mut out = 0;
+        for t in &self.targets {
+            if let Some(o) = old.targets.iter().find(|o| o.authority == t.authority) {
+                t.health.inherit(&o.health);
+            }
+            if !t.health.in_rotation() {
+                out += 1;
+            }
+        }
+        // Fewer targets than before: never all of them out.
+        if out >= self.targets.len() {
+            for t in &self.targets {
+                t.health.inherit(&Health::default());
+            }
+            out = 0;
+        }
+        self.out.store(out, Ordering::Relaxed);
     }
 }
 
@@ -144,23 +306,62 @@ mod tests {
     use super::*;
 
     fn upstream(targets: &[&str]) -> Upstream {
-        let t = targets.iter().map(|t| t.parse().unwrap()).collect();
+        let t = targets.iter().map(|t| Target::plain(t.parse().unwrap())).collect();
         let d = Duration::from_secs(1);
-        Upstream::new("u".into(), t, d, d, d, 1)
+        Upstream::new("u".into(), t, (None, Protocol::Http1), d, d, d, 1)
     }
 
     #[test]
     fn round_robin_visits_every_target_in_turn() {
         let u = upstream(&["a:1", "b:2", "c:3"]);
-        let seen: Vec<_> = (0..6).map(|_| u.pick().unwrap().1.as_str().to_string()).collect();
+        let seen: Vec<_> = (0..6).map(|_| u.pick(1, &[]).unwrap().1.as_str().to_string()).collect();
         assert_eq!(seen, ["a:1", "b:2", "c:3", "a:1", "b:2", "c:3"]);
-        assert_eq!(upstream(&["x:1"]).pick().unwrap(), (0, &"x:1".parse().unwrap()));
-        assert!(upstream(&[]).pick().is_none());
+        assert_eq!(upstream(&["x:1"]).pick(1, &[]).unwrap().0, 0);
+        assert!(upstream(&[]).pick(1, &[]).is_none());
+    }
+
+    #[test]
+    fn an_ejected_target_is_skipped_and_a_retry_takes_another() {
+        let u = upstream(&["a:1", "b:2", "c:3"]);
+        for _ in 0..5 {
+            u.report(1, Outcome::Failure, 10);
+        }
+        let seen: Vec<_> = (0..6).map(|_| u.pick(20, &[]).unwrap().0).collect();
+        assert!(!seen.contains(&1), "{seen:?}");
+        assert!(u.pick(20, &[0, 2]).is_none());
+        assert_eq!(u.pick(20, &[0]).unwrap().0, 2);
+        // After the backoff, one trial.
+        let after = 10 + u.ejection.first.as_millis() as u64;
+        let seen: Vec<_> = (0..6).map(|_| u.pick(after, &[]).unwrap().0).collect();
+        assert_eq!(seen.iter().filter(|&&i| i == 1).count(), 1, "{seen:?}");
+        // A reload keeps it out.
+        let again = upstream(&["a:1", "b:2", "c:3"]);
+        u.report(1, Outcome::Failure, after);
+        again.inherit_health(&u);
+        let seen: Vec<_> = (0..6).map(|_| again.pick(after + 1, &[]).unwrap().0).collect();
+        assert!(!seen.contains(&1), "{seen:?}");
+    }
+
+    #[test]
+    fn a_tls_target_is_sent_its_own_name() {
+        let t = Target::tls("api.example.com:443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "api.example.com");
+        assert_eq!(
+            format!("{:?}", t.tls_name.unwrap()),
+            format!("{:?}", ServerName::try_from("api.example.com").unwrap())
+        );
+        let t = Target::tls("10.0.0.5:8443".parse().unwrap(), Some("api.internal")).unwrap();
+        assert_eq!(t.host.unwrap(), "api.internal:8443");
+        let t = Target::tls("127.0.0.1:9443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "127.0.0.1:9443");
+        let t = Target::tls("[::1]:9443".parse().unwrap(), None).unwrap();
+        assert_eq!(t.host.unwrap(), "[::1]:9443");
+        assert!(Target::tls("a:1".parse().unwrap(), Some("not a name!")).is_none());
     }
 
     #[test]
     fn in_flight_places_are_bounded_and_given_back() {
-        let u = std::sync::Arc::new(upstream(&["a:1"]).with_limits(Limits {
+        let u = Arc::new(upstream(&["a:1"]).with_limits(Limits {
             max_in_flight: 2,
             ..Limits::default()
         }));

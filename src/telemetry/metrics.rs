@@ -45,6 +45,21 @@ pub struct UpstreamErrorLabels {
     pub kind: &'static str,
 }
 
+/// `leasegate_upstream_tls_handshake_failures`: by upstream and a bounded
+/// reason (`unknown_ca`, `bad_name`, `expired`, `alert`, `alpn`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamTlsLabels {
+    pub upstream: String,
+    pub reason: &'static str,
+}
+
+/// `leasegate_upstream_target_up`: one series per target of each upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamTargetLabels {
+    pub upstream: String,
+    pub target: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub limit: String,
@@ -319,6 +334,10 @@ pub struct Metrics {
     pub connections_idle_closed: Counter,
     pub tls_handshake_failures: Family<ReasonLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    /// TLS handshakes with an upstream's target that failed, by reason.
+    pub upstream_tls_failures: Family<UpstreamTlsLabels, Counter>,
+    /// 1: the target is in its upstream's rotation; 0: ejected.
+    pub upstream_target_up: Family<UpstreamTargetLabels, Gauge>,
     pub decisions: Family<DecisionLabels, StripedCounter>,
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
@@ -401,6 +420,18 @@ impl Metrics {
             "leasegate_upstream_errors",
             "Requests that got no upstream response, by upstream and kind",
             upstream_errors.clone(),
+        );
+        let upstream_tls_failures = Family::default();
+        registry.register(
+            "leasegate_upstream_tls_handshake_failures",
+            "TLS handshakes with an upstream's target that failed, by upstream and reason",
+            upstream_tls_failures.clone(),
+        );
+        let upstream_target_up = Family::default();
+        registry.register(
+            "leasegate_upstream_target_up",
+            "1 while an upstream's target is in the rotation, 0 while it is ejected (passive health)",
+            upstream_target_up.clone(),
         );
         let decisions = Family::default();
         registry.register(
@@ -536,6 +567,8 @@ impl Metrics {
             connections_idle_closed,
             tls_handshake_failures,
             upstream_errors,
+            upstream_tls_failures,
+            upstream_target_up,
             decisions,
             bypassed,
             lease_keys,

@@ -36,4 +36,6 @@ mod rlqs;
 mod rls;
 mod sentinel;
 mod store_link;
+mod upstream_health;
+mod upstream_tls;
 mod usage;

@@ -121,14 +121,14 @@ fn admin_token(c: &mut Check, a: &Spanned<raw::Admin>, base: &Path) -> Option<Ad
 
 /// A certificate chain and its private key, read from `cert` and `key`
 /// (keys `<section>.<cert_key>` and `<section>.<key_key>` in problems).
-struct Identity {
-    cert: PathBuf,
-    key: PathBuf,
-    chain: Vec<CertificateDer<'static>>,
-    private: PrivateKeyDer<'static>,
+pub(super) struct Identity {
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
+    pub(super) chain: Vec<CertificateDer<'static>>,
+    pub(super) private: PrivateKeyDer<'static>,
 }
 
-fn identity(
+pub(super) fn identity(
     c: &mut Check,
     base: &Path,
     (cert_v, cert_name): (&Spanned<String>, &str),
@@ -171,7 +171,12 @@ fn identity(
 }
 
 /// The CA certificates in `v`'s PEM file, as trust roots.
-fn roots(c: &mut Check, base: &Path, v: &Spanned<String>, name: &str) -> Option<(PathBuf, Arc<RootCertStore>)> {
+pub(super) fn roots(
+    c: &mut Check,
+    base: &Path,
+    v: &Spanned<String>,
+    name: &str,
+) -> Option<(PathBuf, Arc<RootCertStore>)> {
     let path = resolve(base, v.get_ref());
     let certs: Result<Vec<CertificateDer<'static>>, _> = match CertificateDer::pem_file_iter(&path) {
         Ok(it) => it.collect(),
@@ -197,7 +202,7 @@ fn roots(c: &mut Check, base: &Path, v: &Spanned<String>, name: &str) -> Option<
     Some((path, Arc::new(store)))
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(super) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 

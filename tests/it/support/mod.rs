@@ -9,6 +9,7 @@ pub mod promql;
 pub mod redis;
 pub mod relay;
 pub mod scripted;
+pub mod tls_upstream;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};
