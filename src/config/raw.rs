@@ -171,6 +171,8 @@ pub struct Upstream {
 pub struct Route {
     pub name: Spanned<String>,
     pub path_prefix: Spanned<String>,
+    /// `false`: `path_prefix` matches without ASCII case.
+    pub case_sensitive: Option<Spanned<bool>>,
     pub host: Option<Spanned<String>>,
     pub methods: Option<Spanned<Vec<String>>>,
     pub upstream: Option<Spanned<String>>,
