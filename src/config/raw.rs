@@ -56,6 +56,8 @@ pub struct Gateway {
     pub idle_timeout_ms: Option<Spanned<i64>>,
     pub rate_limit_headers: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
+    /// `true`: refuse `[rls]` or the region link open beyond loopback.
+    pub strict: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -150,10 +150,10 @@ impl Config {
     /// fallback is bounded by twice what the fleet was admitting, so it is
     /// never named here.
     pub fn warnings(&self) -> Vec<String> {
+        let mut out = self.open_planes();
         if self.store.backend == StoreBackend::Memory {
-            return Vec::new();
+            return out;
         }
-        let mut out = Vec::new();
         for (i, lim) in self.limits.iter().enumerate() {
             let Some(fallback) = lim.fallback_rate else { continue };
             if matches!(lim.mode, Mode::Shadow | Mode::Soft) {
