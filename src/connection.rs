@@ -74,11 +74,15 @@ impl ConnInfo {
 }
 
 /// Places per client address: open connections (`server::door`), request
-/// bodies read whole to price them (`gateway::cost`).
+/// bodies read whole to price them (`gateway::cost`). An address counts
+/// with the others of its network: an IPv4 address at `ipv4_prefix`, an
+/// IPv6 one at `ipv6_prefix` (by default itself, and its /64).
 #[derive(Debug)]
 pub struct PerIp {
     max: usize,
     exempt: Vec<IpNet>,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -102,10 +106,19 @@ impl Drop for Place {
 }
 
 impl PerIp {
+    /// IPv4 clients by address, IPv6 clients by their /64.
     pub fn new(max: usize, exempt: Vec<IpNet>) -> Arc<PerIp> {
+        PerIp::grouped(max, exempt, 32, 64)
+    }
+
+    /// Clients grouped by their network at these prefix lengths (clamped to
+    /// 32 and 128).
+    pub fn grouped(max: usize, exempt: Vec<IpNet>, ipv4_prefix: u8, ipv6_prefix: u8) -> Arc<PerIp> {
         Arc::new(PerIp {
             max,
             exempt,
+            ipv4_prefix: ipv4_prefix.min(32),
+            ipv6_prefix: ipv6_prefix.min(128),
             open: Mutex::new(HashMap::new()),
         })
     }
@@ -118,7 +131,7 @@ impl PerIp {
         if self.exempt.iter().any(|n| n.contains(&peer)) {
             return Ok(None);
         }
-        let key = key(peer);
+        let key = self.key(peer);
         let mut open = self.open.lock().recover();
         let n = open.entry(key).or_insert(0);
         if *n >= self.max {
@@ -131,20 +144,19 @@ impl PerIp {
         }))
     }
 
-    /// Addresses with a connection open now.
+    /// Addresses (networks) with a connection open now.
     pub fn addresses(&self) -> usize {
         self.open.lock().recover().len()
     }
-}
 
-/// An IPv4 address itself; an IPv6 address's /64.
-fn key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
-        }
+    /// The network `ip` (canonical) counts in: its first address.
+    fn key(&self, ip: IpAddr) -> IpAddr {
+        let prefix = if ip.is_ipv4() {
+            self.ipv4_prefix
+        } else {
+            self.ipv6_prefix
+        };
+        IpNet::new(ip, prefix).map_or(ip, |n| n.network())
     }
 }
 
@@ -183,6 +195,34 @@ mod tests {
         let _p = t.admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
         assert!(t.admit("2001:db8:1:2:ffff::9".parse().unwrap()).is_err());
         assert!(t.admit("2001:db8:1:3::1".parse().unwrap()).unwrap().is_some());
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_per_network_at_the_prefix_given() {
+        // 40 /64s of one /48 were 40 shares at /64; at /48 they are one.
+        let t = PerIp::grouped(2, vec![], 32, 48);
+        let _a = t.admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
+        let _b = t.admit("2001:db8:1:3::1".parse().unwrap()).unwrap();
+        assert!(t.admit("2001:db8:1:ffff::9".parse().unwrap()).is_err());
+        assert!(
+            t.admit("2001:db8:2::1".parse().unwrap()).unwrap().is_some(),
+            "another /48"
+        );
+        // IPv4 as given: by address here, by /24 at 24.
+        let _c = t.admit("192.0.2.1".parse().unwrap()).unwrap();
+        let _d = t.admit("192.0.2.1".parse().unwrap()).unwrap();
+        assert!(t.admit("192.0.2.2".parse().unwrap()).unwrap().is_some());
+        let by24 = PerIp::grouped(1, vec![], 24, 64);
+        let _e = by24.admit("192.0.2.1".parse().unwrap()).unwrap();
+        assert!(by24.admit("192.0.2.200".parse().unwrap()).is_err());
+        assert!(
+            by24.admit("::ffff:192.0.2.7".parse().unwrap()).is_err(),
+            "mapped is IPv4"
+        );
+        // Out-of-range prefixes are clamped, not refused.
+        let wide = PerIp::grouped(1, vec![], 99, 200);
+        let _f = wide.admit("2001:db8::1".parse().unwrap()).unwrap();
+        assert!(wide.admit("2001:db8::2".parse().unwrap()).unwrap().is_some());
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //!   slashes, RFC 3986 remove_dot_segments) sees `..` climb above the root,
 //!   `path` refuses;
 //! - routes the same: the reference normaliser gives the same path for the
-//!   original and for `path`'s result.
+//!   original (its segments that are only `;` parameters emptied, as
+//!   `path` reads them) and for `path`'s result.
 //!
-//! `match_path` of a normal path has no `;`, is a fixed point and starts
-//! with `/`. `host` returns a prefix of its input. `target` on a request
+//! `match_path` of a normal path has no `;`, is a fixed point, starts
+//! with `/` and is normal; it is what Tomcat maps (parameters cut from
+//! every segment first, then the reference), and when that climbs above
+//! the root, `path` refuses. `host` returns a prefix of its input. `target` on a request
 //! built from the input never panics and, when it accepts, leaves a normal
 //! path (the one `path` gives), the query untouched and a Host header equal
 //! to the target's authority when it has one.
@@ -121,6 +124,22 @@ fn reference(p: &str) -> Option<(String, bool)> {
     Some(remove_dot_segments(&ref_merge(&ref_decode(p)?)))
 }
 
+/// Each segment of `p` cut at its first `;` (`all`), or only those that are
+/// empty once cut (`!all`).
+fn cut_parameters(p: &str, all: bool) -> String {
+    p.split('/')
+        .map(|seg| {
+            let bare = seg.split(';').next().unwrap_or("");
+            if all || bare.is_empty() {
+                bare
+            } else {
+                seg
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 fn check_path(p: &str) {
     let Ok(ours) = path(p) else {
         return;
@@ -137,7 +156,7 @@ fn check_path(p: &str) {
         !ours.split('/').any(|s| s == "." || s == ".."),
         "{p:?} -> {ours:?} keeps a dot segment"
     );
-    if let Some((upstream, climbed)) = reference(p) {
+    if let Some((upstream, climbed)) = reference(&cut_parameters(p, false)) {
         assert!(!climbed, "{p:?} climbs above the root (upstream sees {upstream:?}) but was accepted as {ours:?}");
         let (of_ours, _) = reference(ours).expect("a normal path has only valid escapes");
         assert_eq!(
@@ -149,6 +168,11 @@ fn check_path(p: &str) {
     assert!(m.starts_with('/'), "match_path({ours:?}) = {m:?}");
     assert!(!m.contains(';'), "match_path({ours:?}) = {m:?}");
     assert!(matches!(match_path(&m), Cow::Borrowed(_)));
+    assert!(matches!(path(&m), Ok(Cow::Borrowed(_))), "match_path({ours:?}) = {m:?} is not normal");
+    if let Some((tomcat, climbed)) = reference(&cut_parameters(p, true)) {
+        assert!(!climbed, "{p:?} climbs above the root in Tomcat's reading but was accepted as {ours:?}");
+        assert_eq!(tomcat, m, "{p:?}: Tomcat maps {tomcat:?} but the gateway matches {m:?}");
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -9,6 +9,7 @@
 pub mod admin;
 mod compile;
 pub mod error;
+mod open_planes;
 pub mod peer_tls;
 pub mod raw;
 pub mod rls;
@@ -120,7 +121,8 @@ pub struct Gateway {
     pub max_header_bytes: usize,
     /// A client must finish sending its request head within this time.
     pub header_read_timeout: Duration,
-    /// Open connections from one client address (an IPv6 client: its /64);
+    /// Open connections from one client address (an IPv6 client: its
+    /// network at `[identity] ipv6_prefix`);
     /// `trusted_proxies` are exempt.
     pub max_connections_per_ip: usize,
     /// An HTTP/1.1 connection with no request in flight, an HTTP/2
@@ -135,6 +137,8 @@ pub struct Gateway {
     pub rate_limit_headers: HeaderStyle,
     /// What becomes of `x-request-id`, on the way up and back.
     pub request_id: RequestIds,
+    /// `true`: what `check` would warn of as an open plane is refused.
+    pub strict: bool,
     /// One line per request on stdout.
     pub access_log: AccessLog,
 }

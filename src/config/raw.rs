@@ -58,6 +58,8 @@ pub struct Gateway {
     /// `"generate"` | `"forward"` | `"off"`: what becomes of `x-request-id`.
     pub request_id: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
+    /// `true`: refuse `[rls]` or the region link open beyond loopback.
+    pub strict: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,6 +184,8 @@ pub struct Upstream {
 pub struct Route {
     pub name: Spanned<String>,
     pub path_prefix: Spanned<String>,
+    /// `false`: `path_prefix` matches without ASCII case.
+    pub case_sensitive: Option<Spanned<bool>>,
     pub host: Option<Spanned<String>>,
     pub methods: Option<Spanned<Vec<String>>>,
     pub upstream: Option<Spanned<String>>,

@@ -66,6 +66,7 @@ impl Config {
                 crate::route::Action::Usage(_) => "answers usage".to_string(),
             };
             let host = r.host.as_deref().map(|h| format!(" host {h}")).unwrap_or_default();
+            let case = if r.case_sensitive { "" } else { " (any case)" };
             let limits = if r.limits.is_empty() {
                 String::new()
             } else {
@@ -77,7 +78,11 @@ impl Config {
                     .collect();
                 format!(", limits {}", names.join(", "))
             };
-            let _ = writeln!(s, "route     {} {}{host} -> {target}{limits}", r.name, r.path_prefix);
+            let _ = writeln!(
+                s,
+                "route     {} {}{case}{host} -> {target}{limits}",
+                r.name, r.path_prefix
+            );
         }
         for lim in &self.limits {
             if lim.algorithm == crate::quota::Algorithm::Concurrency {
@@ -156,7 +161,8 @@ impl Config {
     /// fallback is bounded by twice what the fleet was admitting, so it is
     /// never named here.
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = self.llm_warnings();
+        let mut out = self.open_planes();
+        out.extend(self.llm_warnings());
         if self.store.backend == StoreBackend::Memory {
             return out;
         }

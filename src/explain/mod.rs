@@ -128,6 +128,8 @@ pub struct Explanation {
 pub struct RouteFacts {
     pub name: String,
     pub path_prefix: String,
+    /// `false`: the prefix matched without ASCII case.
+    pub case_sensitive: bool,
     pub host: Option<String>,
     /// `upstream NAME` or `responds STATUS`.
     pub action: String,
@@ -198,6 +200,7 @@ pub fn explain(config: &Config, probe: &Probe, now_secs: u64) -> Explanation {
     out.route = Some(RouteFacts {
         name: route.name.clone(),
         path_prefix: route.path_prefix.clone(),
+        case_sensitive: route.case_sensitive,
         host: route.host.clone(),
         action: match &route.action {
             Action::Forward(u) => format!("upstream {}", u.name),

@@ -21,9 +21,10 @@ impl Explanation {
             return s;
         };
         let host = route.host.as_deref().map(|h| format!(", host {h}")).unwrap_or_default();
+        let case = if route.case_sensitive { "" } else { " in any case" };
         let _ = writeln!(
             s,
-            "route     {} (path_prefix {}{host}; {}; on_store_failure {})",
+            "route     {} (path_prefix {}{case}{host}; {}; on_store_failure {})",
             route.name, route.path_prefix, route.action, route.on_store_failure
         );
         let _ = writeln!(s, "request   x-request-id {}", request_id_text(self.request_id));
@@ -128,6 +129,7 @@ impl Explanation {
             "route_detail": self.route.as_ref().map(|r| json!({
                 "name": r.name,
                 "path_prefix": r.path_prefix,
+                "case_sensitive": r.case_sensitive,
                 "host": r.host,
                 "action": r.action,
                 "on_store_failure": r.on_store_failure,

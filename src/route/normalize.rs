@@ -13,14 +13,18 @@
 //!    §6.2.2.2) and the others upper-cased (§6.2.2.1); an escaped `/`, `\`
 //!    or NUL, a bare `\`, or a `%` not followed by two hex digits is refused:
 //!    upstreams disagree on what they mean;
-//! 2. repeated slashes are merged;
+//! 2. repeated slashes are merged, and a segment that is only `;`
+//!    parameters (`/;x/`) counts as empty: merged away, parameters and all
+//!    (Tomcat and Spring cut parameters before they merge slashes, so
+//!    `/v1/;x/login` is their `/v1/login`; matching `/v1//login` instead
+//!    would let it walk past a `/v1/login` route);
 //! 3. dot segments are removed (§5.2.4); `..` that would climb above the
 //!    root is refused, and so is a segment that is a dot segment only once
 //!    its `;` parameters are dropped (`..;x`: Tomcat reads `..`, nginx a
 //!    name).
 //!
-//! `;` parameters stay in the forwarded path (matrix parameters belong to
-//! the upstream) but not in the path that routing matches: Tomcat, Jetty and
+//! Other `;` parameters stay in the forwarded path (matrix parameters
+//! belong to the upstream) but not in the path that routing matches: Tomcat, Jetty and
 //! Spring serve `/v1/login;jsessionid=x` and `/v1;x/login` as `/v1/login`,
 //! so matching without them puts those requests under the stricter route.
 //! nginx and Envoy keep them literal, which lets `/v1;x/login` walk past a
@@ -134,8 +138,12 @@ pub fn path(path: &str) -> Result<Cow<'_, str>, TargetError> {
         let last = segments.peek().is_none();
         let bare = seg.split(';').next().unwrap_or("");
         match seg {
-            "" => {
-                // `//` merged; a trailing '/' kept.
+            // `//` merged; a trailing '/' kept. A segment that is empty but
+            // for its parameters (`/;x/`) is an empty segment too, dropped
+            // with its parameters: Tomcat and Spring cut the parameters
+            // first and then merge what is left, so `/v1/;x/login` is their
+            // `/v1/login`, and `/v1/x/;y/../login` is too.
+            _ if bare.is_empty() => {
                 if last && !out.ends_with('/') {
                     out.push('/');
                 }
@@ -243,7 +251,8 @@ fn valid_host(h: &[u8]) -> bool {
 }
 
 /// True when `path` has nothing to normalise: no `%` but upper-case escapes
-/// of characters that stay escaped, no `\`, no `//`, no dot segment.
+/// of characters that stay escaped, no `\`, no `//`, no segment of
+/// parameters only, no dot segment.
 fn is_normal(p: &[u8]) -> bool {
     let mut prev_slash = false;
     for (i, &b) in p.iter().enumerate() {
@@ -262,7 +271,8 @@ fn is_normal(p: &[u8]) -> bool {
                     return false;
                 }
             }
-            b'/' if prev_slash => return false,
+            // `//`, or a segment that is only parameters (`/;x`).
+            b'/' | b';' if prev_slash => return false,
             b'.' if prev_slash => {
                 // `/.` then end, `/`, `;` or `.` (then end, `/` or `;`): a dot segment, bare or with parameters.
                 let rest = p.get(i + 1..).unwrap_or(&[]);
@@ -414,6 +424,25 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_of_parameters_only_is_an_empty_segment() {
+        for p in [
+            "/v1/;x/login",
+            "/;/v1/login",
+            "/;x=1;y/v1/;/login",
+            "/v1/x/;y/../login",
+            "/v1/;x/;y/login",
+        ] {
+            let once = norm(p).unwrap();
+            assert_eq!(once, "/v1/login", "{p}");
+            assert_eq!(match_path(&once), "/v1/login", "{p}");
+        }
+        assert_eq!(norm("/v1/login/;x").unwrap(), "/v1/login/");
+        assert_eq!(norm("/;x").unwrap(), "/");
+        assert_eq!(norm("/;x/.."), Err(TargetError::AboveRoot), "Tomcat: //.. climbs");
+        assert_eq!(norm("/v1;a/;b/login;c").unwrap(), "/v1;a/login;c");
+    }
+
+    #[test]
     fn hosts_with_empty_labels_or_stray_colons_are_refused() {
         for bad in [
             "api.example.com..",
@@ -477,6 +506,49 @@ mod tests {
                 proptest::prop_assert!(once.starts_with('/'));
                 proptest::prop_assert!(!once.contains("//"));
                 proptest::prop_assert!(!once.split('/').any(|s| s == "." || s == ".."));
+                // What routing matches is a normal path too: cutting the
+                // parameters leaves no `//` and no dot segment.
+                let m = match_path(&once);
+                proptest::prop_assert!(matches!(path(&m), Ok(Cow::Borrowed(_))), "{} -> {}", once, m);
+                proptest::prop_assert!(!m.contains(';'));
+            }
+        }
+
+        /// `;` parameters never change the route: a path with parameters on
+        /// any segment (an empty one included, as in `/v1/;x/login`) is
+        /// refused or accepted as the same path without them is, and then
+        /// matched as it. Tomcat's reading: parameters cut first, then
+        /// slashes merged and dot segments removed. Dot segments get none:
+        /// `..;x` is refused on purpose.
+        #[test]
+        fn parameters_never_change_the_route(
+            segments in proptest::collection::vec(
+                (
+                    proptest::prop_oneof!["", "\\.", "\\.\\.", "[a-zA-Z0-9_~-]{1,3}"],
+                    proptest::option::of(";[a-z0-9=;]{0,4}"),
+                ),
+                0..8,
+            )
+        ) {
+            let mut with = String::new();
+            let mut without = String::new();
+            for (name, params) in &segments {
+                with.push('/');
+                with.push_str(name);
+                without.push('/');
+                without.push_str(name);
+                if let (Some(params), false) = (params, name == "." || name == "..") {
+                    with.push_str(params);
+                }
+            }
+            if with.is_empty() {
+                with.push('/');
+                without.push('/');
+            }
+            match (path(&with), path(&without)) {
+                (Ok(a), Ok(b)) => proptest::prop_assert_eq!(&*match_path(&a), &*b, "{}", with),
+                (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b, "{}", with),
+                (a, b) => proptest::prop_assert!(false, "{} gave {:?}, {} gave {:?}", with, a, without, b),
             }
         }
     }

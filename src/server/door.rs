@@ -1,6 +1,12 @@
 //! No single client holds the door: at most `max_connections_per_ip` open
-//! connections per client address (an IPv6 client counts per /64, the
-//! smallest network one subscriber is usually given), checked at accept;
+//! connections per client address, checked at accept. An IPv6 client
+//! counts with its network at `[identity] ipv6_prefix` (default /64, the
+//! smallest network a subscriber is given; one is often given a /48 or a
+//! /56, whose /64s would each get a share): the network the identity sees
+//! as one client is one client here. An IPv4 client counts by its address,
+//! not at `ipv4_prefix`: a /24 is often many unrelated clients (a carrier's
+//! NAT, an office), the door refuses without a word, and an attacker pays
+//! for each IPv4 address it holds.
 //! an idle connection closed after `idle_timeout_ms`, and so is one whose
 //! client stopped taking its response for that long.
 //!
@@ -13,9 +19,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::clock;
+use crate::config::Config;
 pub use crate::connection::{PerIp, Place};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+
+/// The door's places per client for `config`: `max_connections_per_ip`,
+/// `trusted_proxies` exempt, IPv6 clients by their network at
+/// `[identity] ipv6_prefix`, IPv4 clients by address (see above for why).
+pub fn per_ip(config: &Config) -> Arc<PerIp> {
+    PerIp::grouped(
+        config.gateway.max_connections_per_ip,
+        config.identity.trusted_proxies.clone(),
+        32,
+        config.identity.ipv6_prefix,
+    )
+}
 
 /// What one connection is doing, for its idle timeout: requests in flight
 /// (an HTTP/1.1 exchange, an HTTP/2 stream) and when the last one ended.
@@ -148,6 +167,24 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_door_groups_ipv6_clients_as_the_identity_does() {
+        let text = "[listeners]\nhttp = \"127.0.0.1:0\"\n[gateway]\nmax_connections_per_ip = 1\n\
+                    [identity]\nipv4_prefix = 16\nipv6_prefix = 48\n";
+        let config = crate::config::parse(std::path::Path::new("g.toml"), text).unwrap();
+        let door = per_ip(&config);
+        let _held = door.admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
+        assert!(
+            door.admit("2001:db8:1:3::1".parse().unwrap()).is_err(),
+            "another /64 of the same /48"
+        );
+        assert!(door.admit("2001:db8:2::1".parse().unwrap()).unwrap().is_some());
+        // IPv4 by address, whatever ipv4_prefix says.
+        let _v4 = door.admit("192.0.2.1".parse().unwrap()).unwrap();
+        assert!(door.admit("192.0.3.1".parse().unwrap()).unwrap().is_some());
+        assert!(door.admit("192.0.2.1".parse().unwrap()).is_err());
+    }
 
     #[test]
     fn a_connection_is_idle_only_with_nothing_in_flight() {

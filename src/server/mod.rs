@@ -358,10 +358,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let connect_timeout = config.store.connect_timeout;
     let store_name = store.name();
     let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
-    let per_ip = door::PerIp::new(
-        config.gateway.max_connections_per_ip,
-        config.identity.trusted_proxies.clone(),
-    );
+    let per_ip = door::per_ip(&config);
     let config_instance_id = config.gateway.instance_id.clone();
     let rls_threads = config.rls.as_ref().map(|r| r.workers);
     let runtime = Arc::new(Runtime::new(config, metrics, store).with_store_link(store_link.clone()));

@@ -260,6 +260,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         "[identity] trusted_proxies changed: identities use the new list now; the per-address connection cap's exemptions apply after a restart",
     );
     warn(
+        old.identity.ipv6_prefix != new.identity.ipv6_prefix,
+        "[identity] ipv6_prefix changed: identities use it now; the per-address connection cap's grouping applies after a restart",
+    );
+    warn(
         old.tls.as_ref().map(|t| t.client_hello_timeout) != new.tls.as_ref().map(|t| t.client_hello_timeout),
         "[tls] client_hello_timeout_ms changed: it applies after a restart",
     );

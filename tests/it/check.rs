@@ -741,3 +741,71 @@ fn the_planes_tls_and_secrets_are_checked() {
     let err = check("\n[identity]\norder = [\"key\", \"key\", \"subnet\"]\n").unwrap_err();
     assert!(err.contains("\"key\" is listed twice"), "{err}");
 }
+
+#[test]
+fn an_open_plane_is_named_and_strict_refuses_it() {
+    let ca = support::TestCa::new("check CA");
+    let cert = ca.issue("gw.test");
+    let dir = TempDir::new();
+    dir.write("gw.pem", &cert.cert_pem);
+    dir.write("gw.key", &cert.key_pem);
+    dir.write("ca.pem", &ca.cert_pem);
+    dir.write("ratelimit.yaml", "domain: d\n");
+    let check = |extra: &str| support::check_path(&dir.write("gateway.toml", &format!("{BASE}{extra}")));
+    let rls = |listen: &str| format!("\n[rls]\nlisten = \"{listen}\"\nconfig = \"ratelimit.yaml\"\n");
+
+    // Cleartext RLS on every address: a warning, exit 0.
+    let (code, stdout, stderr) = check(&rls("0.0.0.0:8081"));
+    assert_eq!(code, 0, "a warning, not an error: {stderr}");
+    let warnings: Vec<&str> = stdout.lines().filter(|l| l.starts_with("warning")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "warning   rls: [rls] listen 0.0.0.0:8081 is beyond loopback, cleartext and unauthenticated: whoever \
+          reaches it is served; set tls_cert, tls_key and client_ca, or listen on a loopback address \
+          ([gateway] strict = true refuses this)"
+        ],
+        "{stdout}"
+    );
+    // Encrypted, but any peer: still open.
+    let (_, stdout, _) = check(&format!(
+        "{}tls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\n",
+        rls("0.0.0.0:8081")
+    ));
+    assert!(
+        stdout.contains(
+            "warning   rls: [rls] listen 0.0.0.0:8081 is beyond loopback, unauthenticated (TLS without client_ca)"
+        ),
+        "{stdout}"
+    );
+    // Peers verified, or loopback: nothing to say.
+    let mtls = "tls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\n";
+    for extra in [format!("{}{mtls}", rls("0.0.0.0:8081")), rls("127.0.0.1:8081")] {
+        let (code, stdout, stderr) = check(&extra);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(!stdout.contains("warning"), "{extra}: {stdout}");
+    }
+    // The region link too.
+    let region = "\n[region]\nname = \"eu\"\nshare = 0.5\nlink = \"0.0.0.0:9911\"\n";
+    let (code, stdout, _) = check(region);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(
+            "warning   region link: [region] link 0.0.0.0:9911 is beyond loopback, cleartext and unauthenticated"
+        ),
+        "{stdout}"
+    );
+    // strict = true: refused, at the address's line, nothing applied.
+    let (code, stdout, stderr) = check(&format!("\n[gateway]\nstrict = true\n{}", rls("0.0.0.0:8081")));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stderr.contains(
+            "gateway.toml:22: rls.listen: 0.0.0.0:8081 is beyond loopback, cleartext and unauthenticated, \
+             and [gateway] strict = true refuses an open plane"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("invalid, nothing applied"), "{stderr}");
+    let (code, _, stderr) = check(&format!("\n[gateway]\nstrict = true\n{}{mtls}", rls("0.0.0.0:8081")));
+    assert_eq!(code, 0, "{stderr}");
+}

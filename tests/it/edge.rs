@@ -1,5 +1,6 @@
 //! The edge holds: a limit cannot be walked around by a request the
-//! upstream would treat as the same one (paths, hosts, absolute form), and
+//! upstream would treat as the same one (paths, path parameters, case where
+//! the route says so, HEAD for GET, hosts, absolute form), and
 //! no single client holds the door (connections per address, idle and
 //! stalled connections, an upstream's requests in flight). Against the real
 //! binary, a real upstream and raw clients.
@@ -88,6 +89,81 @@ async fn paths_an_upstream_reads_as_the_limited_one_are_limited_by_it() {
     let answer = raw(addr, &get("/v1//y/./../%68eaders?a=%2f", "open.example")).await;
     assert_eq!(status(&answer), 200, "{answer}");
     assert!(answer.contains(r#""path":"/v1/headers?a=%2f""#), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_of_path_parameters_only_does_not_walk_past_the_route() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&walkaround_config(&up.target()));
+    let addr = gw.http();
+    for _ in 0..2 {
+        assert_eq!(status(&raw(addr, &get("/v1/login", "open.example")).await), 200);
+    }
+    // Tomcat and Spring cut parameters, then merge slashes: each of these
+    // is their /v1/login, so it is limited as /v1/login, not served by the
+    // catch-all.
+    for path in [
+        "/v1/;x/login",
+        "/;/v1/login",
+        "/v1/x/;y/../login",
+        "/;a=1/v1/;b;c/login;d",
+    ] {
+        let answer = raw(addr, &get(path, "open.example")).await;
+        assert_eq!(status(&answer), 429, "{path}: {answer}");
+    }
+    // The upstream gets the normal form: the segments are gone.
+    let answer = raw(addr, &get("/;x/v1/;/headers?q=%2f", "open.example")).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(answer.contains(r#""path":"/v1/headers?q=%2f""#), "{answer}");
+}
+
+/// `/v1/login` limited (2/min) by route without case, `/v1/items` limited
+/// for GET only, everything else open.
+fn case_and_head_config(target: &str) -> Toml {
+    Toml::new()
+        .upstream("backend", target)
+        .forward("login", "/v1/login", "backend")
+        .with("case_sensitive = false\nlimits = [\"login\"]")
+        .forward("items", "/v1/items", "backend")
+        .with("methods = [\"GET\"]\nlimits = [\"items\"]")
+        .forward("open", "/", "backend")
+        .limit("login", "2/min")
+        .with("by = [\"route\"]")
+        .limit("items", "2/min")
+        .with("by = [\"route\"]")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_without_case_counts_every_spelling_on_one_limit() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&case_and_head_config(&up.target()));
+    let addr = gw.http();
+    assert_eq!(status(&raw(addr, &get("/V1/LOGIN", "a")).await), 200);
+    assert_eq!(status(&raw(addr, &get("/v1/Login", "a")).await), 200);
+    for path in ["/v1/login", "/V1/LOGIN", "/v1/lOGIN/x"] {
+        let answer = raw(addr, &get(path, "a")).await;
+        assert_eq!(status(&answer), 429, "{path}: {answer}");
+    }
+    // Other routes still mind case (the default).
+    assert_eq!(status(&raw(addr, &get("/V1/ITEMS", "a")).await), 200);
+    assert_eq!(status(&raw(addr, &get("/V1/ITEMS", "a")).await), 200);
+    assert_eq!(status(&raw(addr, &get("/V1/ITEMS", "a")).await), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_on_a_get_only_route_counts_against_its_limit() {
+    let up = upstream::start("a").await;
+    let gw = Gateway::start(&case_and_head_config(&up.target()));
+    let addr = gw.http();
+    let head = "HEAD /v1/items HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&raw(addr, head).await), 200, "HEAD takes a token");
+    assert_eq!(status(&raw(addr, &get("/v1/items", "a")).await), 200);
+    assert_eq!(status(&raw(addr, &get("/v1/items", "a")).await), 429);
+    let answer = raw(addr, head).await;
+    assert_eq!(status(&answer), 429, "HEAD after GETs drained the limit: {answer}");
+    // Other methods are still not the route's.
+    let post = "POST /v1/items HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&raw(addr, post).await), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

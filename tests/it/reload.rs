@@ -231,6 +231,7 @@ fn restart_edit(section: &str, key: &str) -> Option<Vec<(&'static str, &'static 
             "[store]\nbackend",
             "[identity]\ntrusted_proxies = [\"10.0.0.0/8\"]\n\n[store]\nbackend",
         )],
+        ("[identity]", "ipv6_prefix") => vec![("[store]\nbackend", "[identity]\nipv6_prefix = 48\n\n[store]\nbackend")],
         ("[gateway]", "access_log") => vec![("access_log = \"json\"", "access_log = \"text\"")],
         ("[store]", "backend") => vec![
             ("backend = \"redis\"", "backend = \"memory\""),

@@ -109,6 +109,13 @@ pub(super) fn compile(
     let routes = routes(&mut c, raw.routes, &upstreams, &limits);
     let events = raw.events.as_ref().and_then(|e| events::events(&mut c, e));
     let rls = raw.rls.as_ref().and_then(|r| rls::rls(&mut c, r, base));
+    if gateway.strict {
+        refuse_open_planes(
+            &mut c,
+            (raw.rls.as_ref(), rls.as_ref()),
+            (raw.region.as_ref(), region.as_ref()),
+        );
+    }
 
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid(c.problems));
@@ -148,6 +155,35 @@ pub(super) fn compile(
     let files = config.tls_files();
     config.tls_files_sha256 = (!files.is_empty()).then(|| super::tls_files_digest(&files));
     Ok(config)
+}
+
+/// `[gateway] strict = true`: a plane that `check` would warn of as open
+/// is a problem at its address.
+fn refuse_open_planes(
+    c: &mut Check,
+    rls: (Option<&Spanned<raw::Rls>>, Option<&super::Rls>),
+    region: (Option<&Spanned<raw::Region>>, Option<&super::Region>),
+) {
+    use super::open_planes::{openness, REMEDY};
+    use super::peer_tls::PeerTls;
+    let mut refuse = |span: Range<usize>, key: &str, addr: std::net::SocketAddr, tls: Option<&PeerTls>| {
+        if let Some(why) = openness(addr, tls) {
+            c.at(
+                span,
+                key,
+                format!(
+                    "{addr} is beyond loopback, {why}, and [gateway] strict = true refuses an open plane: {REMEDY}"
+                ),
+            );
+        }
+    };
+    if let (Some(written), Some(r)) = rls {
+        let span = written.get_ref().listen.as_ref().map_or(written.span(), Spanned::span);
+        refuse(span, "rls.listen", r.listen, r.tls.as_ref());
+    }
+    if let (Some(written), Some(r)) = region {
+        refuse(written.get_ref().link.span(), "region.link", r.link, r.tls.as_ref());
+    }
 }
 
 fn host_name() -> String {
@@ -237,6 +273,7 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             1 << 20,
             65_536,
         ),
+        strict: g.strict.as_ref().is_some_and(|s| *s.get_ref()),
         rate_limit_headers: choice(
             c,
             g.rate_limit_headers.as_ref(),

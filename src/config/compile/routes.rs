@@ -62,6 +62,8 @@ pub(super) fn routes(
                 ),
             }
         }
+        // Envoy's default: a prefix means its bytes.
+        let case_sensitive = r.case_sensitive.as_ref().is_none_or(|c| *c.get_ref());
         // Compared as requests' hosts are: lower case, no trailing dot.
         let host = r.host.as_ref().map(|h| {
             let h = h.get_ref().trim().to_ascii_lowercase();
@@ -191,9 +193,17 @@ pub(super) fn routes(
             &[("allow", StoreFailure::Allow), ("deny", StoreFailure::Deny)],
             StoreFailure::Allow,
         );
+        let same_prefix = |o: &Route| {
+            o.case_sensitive == case_sensitive
+                && if case_sensitive {
+                    o.path_prefix == prefix
+                } else {
+                    o.path_prefix.eq_ignore_ascii_case(&prefix)
+                }
+        };
         if let Some(other) = out
             .iter()
-            .find(|o| o.path_prefix == prefix && o.host == host && same_methods(&o.methods, &methods))
+            .find(|o| same_prefix(o) && o.host == host && same_methods(&o.methods, &methods))
         {
             c.at(
                 r.path_prefix.span(),
@@ -208,6 +218,7 @@ pub(super) fn routes(
             out.push(Arc::new(Route {
                 name,
                 path_prefix: prefix,
+                case_sensitive,
                 host,
                 methods,
                 action,
@@ -357,6 +368,53 @@ fn direct_response(c: &mut Check, r: Spanned<raw::DirectResponse>, key: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BASE: &str = "[listeners]\nhttp = \"127.0.0.1:0\"\n";
+
+    fn route(lines: &str) -> String {
+        format!("[[routes]]\nresponse = {{ status = 200 }}\n{lines}\n")
+    }
+
+    #[test]
+    fn case_sensitive_defaults_to_true_and_shows_when_off() {
+        let text = format!(
+            "{BASE}{}{}",
+            route("name = \"a\"\npath_prefix = \"/v1/login\"\ncase_sensitive = false"),
+            route("name = \"b\"\npath_prefix = \"/v1/other\"")
+        );
+        let c = crate::config::parse(std::path::Path::new("g.toml"), &text).unwrap();
+        let by_name = |n: &str| c.routes.iter().find(|r| r.name == n).map(|r| r.case_sensitive);
+        assert_eq!(by_name("a"), Some(false));
+        assert_eq!(by_name("b"), Some(true));
+        let summary = c.summary();
+        assert!(
+            summary.contains("route     a /v1/login (any case) -> responds 200"),
+            "{summary}"
+        );
+        assert!(summary.contains("route     b /v1/other -> responds 200"), "{summary}");
+    }
+
+    #[test]
+    fn two_routes_without_case_on_one_prefix_are_refused() {
+        let text = format!(
+            "{BASE}{}{}{}",
+            route("name = \"a\"\npath_prefix = \"/v1/Login\"\ncase_sensitive = false"),
+            route("name = \"b\"\npath_prefix = \"/v1/login\""),
+            route("name = \"c\"\npath_prefix = \"/V1/login\"\ncase_sensitive = false"),
+        );
+        let Err(crate::config::ConfigError::Invalid(problems)) =
+            crate::config::parse(std::path::Path::new("g.toml"), &text)
+        else {
+            panic!("accepted");
+        };
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .reason
+                .contains("route \"c\" matches exactly what route \"a\" matches"),
+            "{problems:?}"
+        );
+    }
 
     #[test]
     fn method_sets_compare_without_order() {
