@@ -243,7 +243,7 @@ pub(super) struct Watcher {
     /// name and its rules, should the cost never come), and the prompt
     /// estimate an unsettled cost's estimate starts from (`None`: a
     /// request its preset does not price, whose reserve stands).
-    settling: smallvec::SmallVec<[(Meter, Settlement, Arc<LimitRuntime>, Option<u64>); 1]>,
+    settling: smallvec::SmallVec<[Settling; 1]>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     /// The response was an upstream's error (status 400 or more): a cost
@@ -251,6 +251,10 @@ pub(super) struct Watcher {
     /// costs what the limit's `errors` says.
     failed: bool,
 }
+
+/// One limit's part of a [`Watcher`]: its meter, its reserve, the limit,
+/// and the prompt estimate.
+type Settling = (Meter, Settlement, Arc<LimitRuntime>, Option<u64>);
 
 impl Watcher {
     /// `resp`, its body watched when it holds slots or reserves to settle.

@@ -309,10 +309,9 @@ impl Cost {
             None => String::new(),
         };
         out.push_str(&format!("reserve {}", self.reserve.describe()));
-        if self.reserve.needs_body() || matches!(self.reserve, Reserve::Header(_)) {
-            if self.api.is_some() || self.reserve_default != 1 {
-                out.push_str(&format!(" (absent: {})", self.reserve_default));
-            }
+        let reads = self.reserve.needs_body() || matches!(self.reserve, Reserve::Header(_));
+        if reads && (self.api.is_some() || self.reserve_default != 1) {
+            out.push_str(&format!(" (absent: {})", self.reserve_default));
         }
         if let Some(s) = &self.settle {
             out.push_str(&format!(", settle {}", s.describe()));
