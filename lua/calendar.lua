@@ -18,6 +18,20 @@ local function idiv(a, b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
+-- The civil year and month of the day `t` (ms) falls on.
+local function year_month(t)
+  local z = idiv(t, DAY) + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp - 9
+  if mp < 10 then m = mp + 3 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
 local function window_of(now, p, cal)
   if cal == 1 then
     local day = idiv(now, DAY)
@@ -33,35 +47,13 @@ local function window_of(now, p, cal)
       local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + idiv(153 * mp + 2, 5) + d - 1
       return era * 146097 + doe - 719468
     end
-    local z = idiv(now, DAY) + 719468
-    local era = idiv(z, 146097)
-    local doe = z - era * 146097
-    local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-    local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-    local mp = idiv(5 * doy + 2, 153)
-    local m = mp - 9
-    if mp < 10 then m = mp + 3 end
-    local y = yoe + era * 400
-    if m <= 2 then y = y + 1 end
+    local y, m = year_month(now)
     local ny, nm = y, m + 1
     if nm > 12 then ny, nm = y + 1, 1 end
     return days_from_civil(y, m, 1) * DAY, days_from_civil(ny, nm, 1) * DAY
   end
   local start = now - now % p
   return start, start + p
-end
-local function year_month(t)
-  local z = idiv(t, DAY) + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  local m = mp - 9
-  if mp < 10 then m = mp + 3 end
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return y, m
 end
 local function turns_of(from, to, p, cal)
   if cal == 1 then return idiv(to - from, 7 * DAY) end
