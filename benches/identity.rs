@@ -3,7 +3,7 @@
 //! token, and ClientHello parsing with JA4.
 //!
 //! Run: `cargo bench --bench identity`. Figures in docs/benchmarks.md.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::hint::black_box;
 use std::sync::Arc;

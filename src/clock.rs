@@ -1,6 +1,12 @@
 //! The clocks the gateway reads, as shareable functions returning
 //! milliseconds: [`monotonic_clock`] for leases, blocks and the breaker,
-//! [`system_clock`] (Unix time) for the embedded store's windows.
+//! [`system_clock`] (Unix time) for the embedded store's windows,
+//! [`coarse_wall`] (Unix time, a tick stale) for what the request path
+//! compares with a date (an override's expiry, a calendar month's length).
+//!
+//! This is the one module that reads the wall clock: `clippy.toml` bans
+//! `SystemTime::now` everywhere else, so the decision rooms (`quota`,
+//! `limit`) take their time as an argument and a test can move it.
 //!
 //! The monotonic clock is coarse. Reading the system clock costs ~36 ns on this class of machine (kvm
 //! guests), more than the rest of a rate-limit decision. Leases and local
@@ -25,11 +31,40 @@ pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 /// Milliseconds since the Unix epoch; windows align to wall-clock minutes
 /// and hours, as they do in Redis (which uses its own `TIME`).
 pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    })
+    Arc::new(unix_ms)
+}
+
+/// The wall clock, now: the gateway's one reading of it.
+#[allow(clippy::disallowed_methods)]
+pub fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+/// Milliseconds since the Unix epoch of `t` (0 before it).
+pub fn unix_ms_of(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Milliseconds since the Unix epoch, now (a precise read, ~36 ns).
+pub fn unix_ms() -> u64 {
+    unix_ms_of(wall_now())
+}
+
+/// Unix milliseconds as of the clock thread's last tick (one atomic load;
+/// at most a tick stale, and it follows the wall clock's steps).
+pub fn coarse_unix_ms() -> u64 {
+    let t = ticker();
+    if t.live.load(Ordering::Relaxed) {
+        t.unix_ms.load(Ordering::Relaxed)
+    } else {
+        unix_ms()
+    }
+}
+
+/// [`coarse_unix_ms`] as a shareable function: the limiter's wall clock.
+pub fn coarse_wall() -> Clock {
+    ticker();
+    Arc::new(coarse_unix_ms)
 }
 
 /// Milliseconds on a monotonic clock (never 0), for leases, blocks and the
@@ -44,6 +79,8 @@ pub const BUSY_TICK: Duration = Duration::from_millis(10);
 
 struct Ticker {
     now_ms: AtomicU64,
+    /// Unix milliseconds at the last tick.
+    unix_ms: AtomicU64,
     /// Set by [`publish`], cleared by each tick.
     published: std::sync::atomic::AtomicBool,
     start: Instant,
@@ -58,6 +95,7 @@ fn ticker() -> &'static Ticker {
         let start = Instant::now();
         let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
             now_ms: AtomicU64::new(1),
+            unix_ms: AtomicU64::new(unix_ms()),
             published: std::sync::atomic::AtomicBool::new(false),
             start,
             live: std::sync::atomic::AtomicBool::new(true),
@@ -68,6 +106,7 @@ fn ticker() -> &'static Ticker {
                 ticker
                     .now_ms
                     .fetch_max(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                ticker.unix_ms.store(unix_ms(), Ordering::Relaxed);
                 let busy = ticker.published.swap(false, Ordering::Relaxed);
                 std::thread::sleep(if busy { BUSY_TICK } else { Duration::from_millis(1) });
             });
@@ -154,10 +193,25 @@ mod tests {
     }
 
     #[test]
+    fn the_coarse_wall_clock_follows_the_wall_clock() {
+        let before = unix_ms();
+        std::thread::sleep(Duration::from_millis(30));
+        // A tick comes within milliseconds; a loaded machine may delay it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while coarse_unix_ms() <= before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let coarse = coarse_unix_ms();
+        let after = unix_ms();
+        assert!(coarse > before && coarse <= after, "{before} < {coarse} <= {after}");
+    }
+
+    #[test]
     fn published_instants_move_the_clock_and_never_back() {
         let start = Instant::now();
         let t = Ticker {
             now_ms: AtomicU64::new(1),
+            unix_ms: AtomicU64::new(0),
             published: std::sync::atomic::AtomicBool::new(false),
             start,
             live: std::sync::atomic::AtomicBool::new(true),

@@ -265,9 +265,7 @@ pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize>
 /// for cached JWTs, so a request without `Authorization` does not read it.
 pub fn identity_clock(headers: &HeaderMap) -> u64 {
     if headers.contains_key(header::AUTHORIZATION) {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
+        crate::clock::unix_ms() / 1000
     } else {
         0
     }

@@ -392,7 +392,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let source = Source {
         path: path.to_path_buf(),
         sha256: Sha256::digest(text.as_bytes()).into(),
-        loaded_at: SystemTime::now(),
+        loaded_at: crate::clock::wall_now(),
     };
     compile::compile(raw, source, &file, text, &base)
 }

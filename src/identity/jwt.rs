@@ -276,10 +276,7 @@ mod tests {
     use serde_json::json;
 
     fn now() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
+        crate::clock::unix_ms() / 1000
     }
 
     fn hs(algorithms: &[Algorithm]) -> Verifier {

@@ -49,11 +49,7 @@ fn bearer(claims: serde_json::Value) -> HeaderMap {
 
 #[test]
 fn a_verified_jwt_wins_and_a_bad_one_falls_through_or_is_refused() {
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
+    let exp = (crate::clock::unix_ms() / 1000) + 600;
     let r = resolver();
     let id = r
         .resolve(

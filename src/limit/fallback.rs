@@ -128,7 +128,7 @@ impl Limiter {
             limit: i,
             outcome,
             quota: fallback.count,
-            window_secs: fallback.window_secs(),
+            window_secs: self.window_secs(&fallback),
             remaining: grant.remaining.min(fallback.count),
             reset_ms,
             retry_after_ms: grant.retry_after_ms,

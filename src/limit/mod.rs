@@ -95,7 +95,8 @@ impl LimitRuntime {
             sliced,
             name_id: key::name_id(&config.name),
             enforcing: stage::canary_enforces(instance_id, config.canary_percent),
-            policy: headers::Policy::new(&config.name, sliced.count, sliced.window_secs()),
+            // A calendar window's length changes; its responses make their own item.
+            policy: headers::Policy::new(&config.name, sliced.count, sliced.period_ms().div_ceil(1000).max(1)),
             counters: [
                 counter(Outcome::Admitted),
                 counter(Outcome::Limited),
@@ -230,6 +231,9 @@ pub struct Limiter {
     releases: sweep::Releases,
     settings: arc_swap::ArcSwap<Settings>,
     clock: Clock,
+    /// Unix milliseconds, for what is compared with a date: an override's
+    /// expiry, a calendar month's length.
+    wall: Clock,
     /// The live count of instances, from the store's heartbeats.
     fleet: fleet::Fleet,
     /// Refused keys the sweeper forgot in their window (the status page).
@@ -242,6 +246,11 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
+        Self::with_wall_clock(store, settings, clock, crate::clock::coarse_wall())
+    }
+
+    /// [`Limiter::new`] with its wall clock (Unix milliseconds) given too.
+    pub fn with_wall_clock(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock, wall: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
             fallback: crate::store::memory::MemoryStore::new(settings.max_keys),
@@ -249,6 +258,7 @@ impl Limiter {
             releases: sweep::Releases::new(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             clock,
+            wall,
             fleet: fleet::Fleet::default(),
             forgotten: forgotten::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
@@ -266,6 +276,17 @@ impl Limiter {
 
     pub fn now_ms(&self) -> u64 {
         (self.clock)()
+    }
+
+    /// Unix milliseconds on the limiter's wall clock.
+    pub fn wall_ms(&self) -> u64 {
+        (self.wall)()
+    }
+
+    /// `spec`'s advertised window in seconds, now.
+    #[inline]
+    pub(crate) fn window_secs(&self, spec: &Spec) -> u64 {
+        spec.window_secs(|| self.wall_ms())
     }
 
     /// The store's name (`memory`, `redis`).
@@ -338,7 +359,9 @@ impl Limiter {
             let n = verdict.cost_of(i).clamp(1, spec.capacity.max(1));
             if let Some((remaining, reset_ms)) = self.take_local(h, spec, n, now) {
                 verdict.taken.push(self, h, n, i);
-                verdict.limits.push(admitted(i, &spec, remaining, reset_ms));
+                verdict
+                    .limits
+                    .push(admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms));
                 continue;
             }
             // As the slow path would find it: blocked, and marked in use.
@@ -492,14 +515,14 @@ impl Limiter {
                 match self.take_local(h, spec, n, now) {
                     Some((remaining, reset_ms)) => {
                         verdict.taken.push(self, h, n, i);
-                        admitted(i, &spec, remaining, reset_ms)
+                        admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms)
                     }
                     None => {
                         let key = Self::key_string(limit, facts, shard);
                         match self.slow_path(h, &key, &spec, n, &settings).await {
                             Ok(Some((remaining, reset_ms))) => {
                                 verdict.taken.push(self, h, n, i);
-                                admitted(i, &spec, remaining, reset_ms)
+                                admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms)
                             }
                             Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
                             // A limit that cannot refuse here cannot fail the
@@ -567,7 +590,7 @@ impl Limiter {
             limit: i,
             outcome,
             quota: spec.count,
-            window_secs: spec.window_secs(),
+            window_secs: self.window_secs(spec),
             remaining: remaining.min(spec.count),
             // A refused client is told the time it may retry.
             reset_ms: if outcome == Outcome::Limited {

@@ -214,12 +214,6 @@ pub(super) struct Overrides {
     changed: Arc<tokio::sync::Notify>,
 }
 
-fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Limiter {
     /// The quota of `limit`'s key for `facts`, its sub-bucket, and the
     /// override in force for the caller (its identity's, else its
@@ -239,7 +233,7 @@ impl Limiter {
     pub fn override_for(&self, limit: &str, facts: &Facts<'_>) -> Option<Override> {
         let table = self.overrides.table.load();
         let of_limit = table.get(limit)?;
-        let now = now_unix_ms();
+        let now = self.wall_ms();
         let found = of_limit.get(facts.identity).filter(|o| o.in_force(now));
         found.copied().or_else(|| {
             let tenant = facts.tenant?;
@@ -279,7 +273,7 @@ impl Limiter {
             who.push('=');
             descriptor_part(&mut who, v);
         }
-        let o = of_domain.get(&who).filter(|o| o.in_force(now_unix_ms()))?;
+        let o = of_domain.get(&who).filter(|o| o.in_force(self.wall_ms()))?;
         let burst = match rule.algorithm {
             Algorithm::TokenBucket => o.burst,
             _ => o.rate.count,
@@ -289,7 +283,7 @@ impl Limiter {
 
     /// Every override in force: (limit, who, override), sorted.
     pub fn overrides(&self) -> Vec<(String, String, Override)> {
-        let now = now_unix_ms();
+        let now = self.wall_ms();
         let mut all: Vec<_> = self
             .overrides
             .table
@@ -344,7 +338,7 @@ impl Limiter {
             return Ok(false);
         }
         let loaded = self.store.overrides(OverrideOp::Load(limits)).await?;
-        let now = now_unix_ms();
+        let now = self.wall_ms();
         let mut table = Table::new();
         let mut expired = Vec::new();
         for (limit, who, value) in loaded.entries {

@@ -42,7 +42,7 @@ impl Limiter {
             limit: spec.count,
             remaining: spec.count,
             reset: 0,
-            window: spec.window_secs(),
+            window: self.window_secs(&spec),
             debt: 0,
             stale: false,
         };

@@ -170,12 +170,12 @@ impl Drop for Taken<'_> {
     }
 }
 
-pub(super) fn admitted(i: usize, spec: &Spec, remaining: u64, reset_ms: u64) -> LimitVerdict {
+pub(super) fn admitted(i: usize, spec: &Spec, window_secs: u64, remaining: u64, reset_ms: u64) -> LimitVerdict {
     LimitVerdict {
         limit: i,
         outcome: Outcome::Admitted,
         quota: spec.count,
-        window_secs: spec.window_secs(),
+        window_secs,
         // A burst above the rate may hold more: never advertise more than q.
         remaining: remaining.min(spec.count),
         reset_ms,

@@ -160,22 +160,21 @@ impl Spec {
         }
     }
 
-    /// The window advertised in `RateLimit-Policy`, in whole seconds (≥ 1).
-    /// A calendar window's is the length of the current one (28 to 31
-    /// days for a month), read from the wall clock.
-    pub fn window_secs(&self) -> u64 {
+    /// The window advertised in `RateLimit-Policy`, in whole seconds (≥ 1),
+    /// at `now_ms` (Unix milliseconds): a calendar window's is the length
+    /// of the current one (28 to 31 days for a month).
+    pub fn window_secs_at(&self, now_ms: u64) -> u64 {
+        self.window_secs(|| now_ms)
+    }
+
+    /// [`Spec::window_secs_at`], reading the time only for a calendar
+    /// window (an epoch window's length needs none).
+    #[inline]
+    pub fn window_secs(&self, now_ms: impl FnOnce() -> u64) -> u64 {
         if self.calendar == Calendar::Epoch {
             return self.period_ms.div_ceil(1000).max(1);
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.window_secs_at(now)
-    }
-
-    /// [`Spec::window_secs`] at `now_ms` (Unix milliseconds).
-    pub fn window_secs_at(&self, now_ms: u64) -> u64 {
-        let (start, end) = self.calendar.window(now_ms, self.period_ms);
+        let (start, end) = self.calendar.window(now_ms(), self.period_ms);
         (end - start).div_ceil(1000).max(1)
     }
 }

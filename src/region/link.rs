@@ -134,9 +134,7 @@ impl LinkService {
         let service = service_fn(move |req| {
             let (grantor, budget) = (grantor.clone(), budget.clone());
             async move {
-                let now_s = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+                let now_s = crate::clock::unix_ms() / 1000;
                 if req.method() == Method::POST && !budget.take(peer.ip(), now_s) {
                     tracing::debug!(%peer, "region link: transfer budget spent");
                     return Ok(reply(

@@ -96,9 +96,7 @@ pub async fn serve(req: Request<Incoming>, runtime: &Runtime) -> Response<Body> 
             Ok(Err(_)) => return bad(&format!("the body must be at most {MAX_BODY} bytes of JSON")),
             Err(_) => return bad("the body did not come within 10 s"),
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = crate::clock::unix_ms();
         match Override::from_request(&body, algorithm, now) {
             Ok(o) => Some(o),
             Err(e) => return bad(&e.to_string()),

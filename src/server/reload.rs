@@ -93,7 +93,7 @@ impl Reloader {
                 self.remember(self.hash());
                 tracing::error!(?trigger, error = %e, "config reload failed: keeping the config in force");
                 self.runtime.reload_failed(Some(crate::runtime::ReloadFailure {
-                    at: std::time::SystemTime::now(),
+                    at: crate::clock::wall_now(),
                     why: e.to_string(),
                 }));
                 "error"

@@ -195,7 +195,7 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     let requests = sum("leasegate_requests_total", &|_| true);
     let bypassed = sum("rate_limit_bypassed_total", &|_| true);
     let circuit_open = sum("leasegate_circuit_open", &|_| true) >= 1.0;
-    let now_ms = unix_ms(SystemTime::now());
+    let now_ms = unix_ms(crate::clock::wall_now());
 
     let mut h = String::with_capacity(16 * 1024);
     let instance = escape(&config.gateway.instance_id);
@@ -399,7 +399,7 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
         h,
         "<footer>leasegate {} · generated {} · refreshes every {REFRESH_SECS} s · <a href=\"/metrics\">/metrics</a> · <a href=\"/config\">/config</a></footer></body></html>",
         env!("CARGO_PKG_VERSION"),
-        humantime::format_rfc3339_seconds(SystemTime::now())
+        humantime::format_rfc3339_seconds(crate::clock::wall_now())
     );
     h
 }

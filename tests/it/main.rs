@@ -2,7 +2,7 @@
 //! feature (as cargo's and linkerd's suites are laid out): the real
 //! `leasegate` binary, real upstreams, real Redis processes and real
 //! clients, all on 127.0.0.1. One feature: `cargo test --test it edge::`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::disallowed_methods)]
 
 mod support;
 

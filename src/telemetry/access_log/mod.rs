@@ -299,7 +299,7 @@ fn append(write: impl FnOnce(&mut Vec<u8>)) {
 
 /// Logs one request in JSON (the format must be [`Format::Json`]).
 pub fn record_json(line: &Line<'_>) {
-    append(|out| write_json(out, line, SystemTime::now()));
+    append(|out| write_json(out, line, crate::clock::wall_now()));
 }
 
 /// A `tracing` writer into this thread's batch, for the text format: the

@@ -245,7 +245,7 @@ fn batches_are_written_when_due_and_a_stuck_stdout_drops_lines_without_blocking(
             batch_this_thread();
             let per_line = {
                 let mut one = Vec::new();
-                write_json(&mut one, &line, SystemTime::now());
+                write_json(&mut one, &line, crate::clock::wall_now());
                 one.len()
             };
             for _ in 0..BATCH_BYTES / per_line + 1 {
@@ -280,7 +280,7 @@ fn batches_are_written_when_due_and_a_stuck_stdout_drops_lines_without_blocking(
 
 fn written_len(line: &Line<'_>) -> usize {
     let mut one = Vec::new();
-    write_json(&mut one, line, SystemTime::now());
+    write_json(&mut one, line, crate::clock::wall_now());
     one.len()
 }
 
@@ -382,7 +382,7 @@ fn json_lines_are_what_the_tracing_layer_wrote() {
         for &m in &micros {
             let line = Line { micros: m, ..line };
             let mut ours = Vec::new();
-            write_json(&mut ours, &line, SystemTime::now());
+            write_json(&mut ours, &line, crate::clock::wall_now());
             let ours = String::from_utf8(ours).unwrap();
             let theirs = tracing_json(&line);
             assert_eq!(without_time(&ours), without_time(&theirs), "micros {m}");
