@@ -6,12 +6,11 @@
 /// The max-min fair share of `rate` for a stream wanting `own` (requests
 /// per second, headroom included) beside streams wanting `others`: a stream that wants less
 /// than an equal split gets what it wants, and the rest is split equally
-/// among the others. A lone stream gets all of `rate`; the shares of all
-/// streams add up to at most `rate`.
+/// among the others. A lone stream gets what it wants, up to `rate`, as
+/// it would beside streams that all want less than their split (the water
+/// fill has no special case, as `lua/fair_share.lua` has none); the shares
+/// of all streams add up to at most `rate`.
 pub fn max_min_share(own: f64, others: &[f64], rate: f64) -> f64 {
-    if others.is_empty() {
-        return rate;
-    }
     let clean = |d: f64| if d.is_finite() && d > 0.0 { d } else { 0.0 };
     let mut all: Vec<f64> = others.iter().map(|d| clean(*d)).collect();
     let own = clean(own);
@@ -41,7 +40,8 @@ mod tests {
 
     #[test]
     fn fair_shares_split_what_busy_streams_want() {
-        assert_eq!(max_min_share(80.0, &[], 100.0), 100.0, "alone: all of it");
+        assert_eq!(max_min_share(80.0, &[], 100.0), 80.0, "alone: what it wants");
+        assert_eq!(max_min_share(120.0, &[], 100.0), 100.0, "alone: up to the rate");
         assert_eq!(max_min_share(80.0, &[80.0], 100.0), 50.0);
         assert_eq!(
             max_min_share(10.0, &[80.0], 100.0),
@@ -63,7 +63,7 @@ mod tests {
             for (i, d) in demands.iter().enumerate() {
                 let others: Vec<f64> = demands.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, x)| *x).collect();
                 let share = max_min_share(*d, &others, rate);
-                prop_assert!(share <= d.max(0.0) + 1e-9 || others.is_empty(), "{share} > demand {d}");
+                prop_assert!(share <= d.max(0.0) + 1e-9, "{share} > demand {d}");
                 sum += share;
             }
             prop_assert!(sum <= rate + 1e-6, "{sum} > {rate}: {demands:?}");

@@ -36,6 +36,7 @@ mod rlqs;
 mod rls;
 mod sentinel;
 mod store_link;
+mod store_parity;
 mod upstream_health;
 mod upstream_tls;
 mod usage;

@@ -12,7 +12,7 @@ use leasegate::store::{QuotaStore, StoreError, Unspent};
 use crate::support;
 use crate::support::redis::Redis;
 
-fn spec(algorithm: Algorithm, rate: &str, capacity: u64) -> Spec {
+pub(crate) fn spec(algorithm: Algorithm, rate: &str, capacity: u64) -> Spec {
     let rate: Rate = rate.parse().unwrap();
     Spec::new(algorithm, rate, capacity)
 }
@@ -49,7 +49,7 @@ async fn acquire_retrying(store: &RedisStore, key: &str, spec: &Spec, want: u64,
 }
 
 /// [`acquire_retrying`], reserving (`acquire_or_reserve`) when `reserve`.
-async fn reserve_retrying(
+pub(crate) async fn reserve_retrying(
     store: &RedisStore,
     key: &str,
     spec: &Spec,
@@ -463,99 +463,6 @@ async fn window_scripts_carry_an_overshoot_into_the_next_windows() {
         .await
         .unwrap();
     assert_eq!(m.owed, 12);
-}
-
-/// Random acquires (with and without give-backs) and releases, the same on
-/// both stores: with a quota that refills too slowly to move during the
-/// test, every grant must match. Give-backs and releases go to the window
-/// the tokens came from, or on purpose to an older, the previous or a later
-/// window.
-#[tokio::test]
-async fn redis_and_memory_stores_agree_decision_for_decision() {
-    let redis = Redis::start();
-    let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
-    let memory = MemoryStore::new(10_000);
-    let specs = [
-        spec(Algorithm::TokenBucket, "50/day", 20),
-        spec(Algorithm::TokenBucket, "1000/day", 1000),
-        spec(Algorithm::SlidingWindow, "30/day", 30),
-        spec(Algorithm::FixedWindow, "40/day", 40),
-        // Calendar quotas: the scripts' civil dates against the Rust ones.
-        spec(Algorithm::FixedWindow, "40/month", 40),
-        spec(Algorithm::FixedWindow, "25/week", 25),
-    ];
-    // Tokens each key holds, by the window they were granted in.
-    let mut held: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
-    let mut rng = fastrand::Rng::with_seed(7);
-    for step in 0..800 {
-        let which = rng.usize(..specs.len());
-        let spec = &specs[which];
-        let key = format!("rl:{{diff:{which}:{}}}", rng.u8(..3));
-        let lots = held.entry(key.clone()).or_default();
-        let unspent = match (rng.u8(..3), lots.pop()) {
-            (0, _) | (_, None) => Unspent::default(),
-            (_, Some((window_ms, n))) => {
-                let tokens = rng.u64(1..=n + 2);
-                if n > tokens {
-                    lots.push((window_ms, n - tokens));
-                }
-                let p = spec.period_ms();
-                let window_ms = match rng.u8(..6) {
-                    0 => window_ms.saturating_sub(2 * p),
-                    1 => window_ms.saturating_sub(p),
-                    2 => window_ms + p,
-                    _ => window_ms,
-                };
-                Unspent {
-                    tokens,
-                    window_ms,
-                    ..Unspent::default()
-                }
-            }
-        };
-        if rng.u8(..4) == 0 && unspent.tokens > 0 {
-            store.release(&key, spec, unspent).await.unwrap();
-            memory.release(&key, spec, unspent).await.unwrap();
-            continue;
-        }
-        let want = rng.u64(0..12);
-        // A third of the asks may reserve (a drained token bucket then
-        // goes into debt, alike on both).
-        let reserve = rng.u8(..3) == 0;
-        // Some carry a cost's charge (the key may go into debt), and some
-        // need several tokens at once or nothing.
-        let mut unspent = unspent;
-        if rng.u8(..4) == 0 {
-            unspent.charge = rng.u64(1..30);
-        }
-        if rng.u8(..3) == 0 {
-            unspent.need = rng.u64(0..=want.max(1));
-        }
-        let r = reserve_retrying(&store, &key, spec, want, unspent, reserve).await;
-        let m = if reserve {
-            memory.acquire_or_reserve(&key, spec, want, unspent).await.unwrap()
-        } else {
-            memory.acquire(&key, spec, want, unspent).await.unwrap()
-        };
-        assert_eq!(
-            (r.granted, r.remaining, r.window_ms, r.reserved, r.owed),
-            (m.granted, m.remaining, m.window_ms, m.reserved, m.owed),
-            "step {step}: {key} want {want} reserve {reserve} {unspent:?}: redis {r:?} memory {m:?}"
-        );
-        if m.granted + m.reserved > 0 {
-            held.entry(key).or_default().push((m.window_ms, m.granted + m.reserved));
-        }
-        // Times differ only by the milliseconds between the two calls.
-        let close = |a: u64, b: u64| a.abs_diff(b) <= 2_000;
-        assert!(close(r.reset_ms, m.reset_ms), "step {step}: {r:?} {m:?}");
-        assert!(close(r.retry_after_ms, m.retry_after_ms), "step {step}: {r:?} {m:?}");
-        if r.granted > 0 || unspent.need <= 1 || want == 0 {
-            assert_eq!(r.retry_after_ms == 0, r.remaining > 0, "step {step}: {r:?}");
-        } else {
-            // Refused for want of `need`: the wait until they fit.
-            assert!(r.granted == 0 && r.retry_after_ms > 0, "step {step}: {r:?} {unspent:?}");
-        }
-    }
 }
 
 #[tokio::test]

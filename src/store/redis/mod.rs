@@ -49,8 +49,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
-mod beside;
 mod calls;
+mod fleet_tables;
 mod node;
 mod overrides;
 mod persistence;
@@ -409,7 +409,7 @@ pub(super) fn not_connected() -> StoreError {
 /// zone away cannot make within the call's deadline).
 fn scripts() -> Vec<&'static Script> {
     let mut all = vec![&*TOKEN_BUCKET, &*SLIDING_WINDOW, &*FIXED_WINDOW, &*RELEASE, &*FLEET];
-    all.extend(beside::scripts());
+    all.extend(fleet_tables::scripts());
     all.extend(overrides::scripts());
     all.extend(region::scripts());
     all

@@ -1,4 +1,4 @@
-//! The memory store's tables beside its buckets, as the Redis scripts keep
+//! The memory store's fleet tables beside its buckets, as the Redis scripts keep
 //! them: RLQS streams' demands (`lua/fair_share.lua`), concurrency limits'
 //! slots per member (`lua/slots.lua`) and the overrides
 //! (`lua/overrides.lua`). The fleet is this instance.
