@@ -25,7 +25,7 @@ use leasegate::limit::{LimitRuntime, Limiter, Settings};
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};
 use leasegate::store::memory::MemoryStore;
-use leasegate::store::{QuotaStore, Unspent};
+use leasegate::store::{Acquire as _, FleetStore, Unspent};
 use leasegate::telemetry::metrics::Metrics;
 
 /// Polls a future that must be ready at once.
@@ -37,7 +37,7 @@ fn now<F: Future>(f: F) -> F::Output {
     }
 }
 
-fn guarded(store: Arc<dyn QuotaStore>) -> Arc<dyn QuotaStore> {
+fn guarded(store: Arc<dyn FleetStore>) -> Arc<dyn FleetStore> {
     Arc::new(Guarded::new(
         store,
         Duration::from_millis(5),
@@ -50,7 +50,7 @@ fn guarded(store: Arc<dyn QuotaStore>) -> Arc<dyn QuotaStore> {
     ))
 }
 
-fn limiter(store: Arc<dyn QuotaStore>) -> Arc<Limiter> {
+fn limiter(store: Arc<dyn FleetStore>) -> Arc<Limiter> {
     let settings = Settings {
         sizing: Sizing {
             min: 1,
@@ -79,7 +79,7 @@ fn bench(c: &mut Criterion) {
     let spec = Spec::new(Algorithm::TokenBucket, rate, 1_000_000_000);
 
     let mut group = c.benchmark_group("store acquire");
-    let plain: Arc<dyn QuotaStore> = Arc::new(MemoryStore::new(1_000));
+    let plain: Arc<dyn FleetStore> = Arc::new(MemoryStore::new(1_000));
     let wrapped = guarded(Arc::new(MemoryStore::new(1_000)));
     group.bench_function("memory", |b| {
         b.iter(|| black_box(now(plain.acquire("rl:{k}", &spec, 1, Unspent::default()))))
@@ -103,7 +103,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("decision, every request a store call");
     for (name, store) in [
-        ("memory", Arc::new(MemoryStore::new(1_000)) as Arc<dyn QuotaStore>),
+        ("memory", Arc::new(MemoryStore::new(1_000)) as Arc<dyn FleetStore>),
         ("memory behind the guard", guarded(Arc::new(MemoryStore::new(1_000)))),
     ] {
         let l = limiter(store);

@@ -23,7 +23,7 @@ use crate::identity::{Identity, Tier};
 use crate::limit::key::Facts;
 use crate::limit::{LimitRuntime, Limiter, Settings};
 use crate::route::{Route, RouteTable};
-use crate::store::QuotaStore;
+use crate::store::FleetStore;
 use crate::sync::Recover;
 use crate::telemetry::metrics::{Metrics, RouteMetrics};
 
@@ -85,7 +85,7 @@ pub struct Runtime {
 impl Runtime {
     /// A runtime on `store`, whose link is taken to be up (the embedded
     /// store's); [`Runtime::with_store_link`] for one that is dialled.
-    pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn QuotaStore>) -> Self {
+    pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn FleetStore>) -> Self {
         let limiter = Limiter::new(store, config.limiter_settings(), crate::clock::monotonic_clock());
         let events = start_events(&config, &metrics, None);
         let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{blocked, Limiter};
 use crate::quota::{Grant, Spec, Unspent};
-use crate::store::StoreError;
+use crate::store::{Acquire as _, StoreError};
 
 /// The answer for one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +104,8 @@ impl Limiter {
     }
 
     /// A stream's max-min fair share beside the fleet's other demands for
-    /// its bucket ([`crate::store::QuotaStore::fair_share`]).
-    pub async fn fair_share(&self, d: crate::store::Demand<'_>) -> Result<Option<u64>, StoreError> {
+    /// its bucket ([`crate::store::FleetTables::fair_share`]).
+    pub async fn fair_share(&self, d: crate::store::Demand<'_>) -> Result<u64, StoreError> {
         self.store.fair_share(d).await
     }
 

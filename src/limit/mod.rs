@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::quota::{Algorithm, Spec};
-use crate::store::{QuotaStore, StoreError};
+use crate::store::{FleetStore, StoreError};
 use crate::telemetry::metrics::{DecisionLabels, Metrics, StripedCounter};
 use key::Facts;
 use lease::Sizing;
@@ -222,7 +222,7 @@ impl std::fmt::Debug for Limiter {
 
 /// The decision engine shared by every worker.
 pub struct Limiter {
-    store: Arc<dyn QuotaStore>,
+    store: Arc<dyn FleetStore>,
     /// Local buckets that decide for fail-open routes while the store is
     /// away; bounded like the embedded store.
     fallback: crate::store::memory::MemoryStore,
@@ -245,12 +245,12 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
+    pub fn new(store: Arc<dyn FleetStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
         Self::with_wall_clock(store, settings, clock, crate::clock::coarse_wall())
     }
 
     /// [`Limiter::new`] with its wall clock (Unix milliseconds) given too.
-    pub fn with_wall_clock(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock, wall: Clock) -> Arc<Limiter> {
+    pub fn with_wall_clock(store: Arc<dyn FleetStore>, settings: Settings, clock: Clock, wall: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
             fallback: crate::store::memory::MemoryStore::new(settings.max_keys),

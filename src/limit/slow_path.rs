@@ -22,7 +22,7 @@ use super::lease::{Due, Granted, Lease, RefillSlot};
 use super::sweep::Release;
 use super::{Limiter, Settings};
 use crate::quota::{Grant, Spec};
-use crate::store::{StoreError, Unspent};
+use crate::store::{Acquire as _, StoreError, Unspent};
 
 /// Who a store call is for.
 #[derive(Clone, Copy, PartialEq, Eq)]

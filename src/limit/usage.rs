@@ -9,6 +9,7 @@
 use super::key::Facts;
 use super::{LimitRuntime, Limiter};
 use crate::quota::{Algorithm, Unspent};
+use crate::store::Acquire as _;
 
 /// One limit's state for a caller.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::quota::Share;
-use crate::store::{QuotaStore, RegionStore};
+use crate::store::{FleetStore, RegionStore};
 use crate::telemetry::metrics::{Metrics, RegionLabels, ResultLabels};
 use coordinator::{Coordinator, LinkMetrics};
 use link::{Grantor, LinkClient, LINK_TIMEOUT};
@@ -70,9 +70,9 @@ impl Region {
     /// hot keys; the primary uses its store as it is.
     pub fn wrap(
         settings: Settings,
-        store: Arc<dyn QuotaStore>,
+        store: Arc<dyn FleetStore>,
         credit: Arc<dyn RegionStore>,
-    ) -> (Region, Arc<dyn QuotaStore>) {
+    ) -> (Region, Arc<dyn FleetStore>) {
         if settings.primary.is_none() {
             return (Region { settings, asks: None }, store);
         }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::threshold;
 use crate::quota::{Grant, Spec, Unspent};
-use crate::store::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError};
+use crate::store::{Acquire as _, BoxFuture, Credit, FleetStore, FleetTables, QuotaStore, RegionStore, StoreError};
 
 /// A key that crossed `rebalance_at` of its slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct Ask {
 pub const ASK_QUEUE: usize = 1_024;
 
 pub struct Rebalancing {
-    inner: Arc<dyn QuotaStore>,
+    inner: Arc<dyn FleetStore>,
     /// The same store's region calls: the credit spent after the bucket.
     credit: Arc<dyn RegionStore>,
     rebalance_at: f64,
@@ -38,7 +38,7 @@ pub struct Rebalancing {
 
 impl Rebalancing {
     pub fn new(
-        inner: Arc<dyn QuotaStore>,
+        inner: Arc<dyn FleetStore>,
         credit: Arc<dyn RegionStore>,
         rebalance_at: f64,
         asks: mpsc::Sender<Ask>,
@@ -72,7 +72,7 @@ impl Rebalancing {
 /// is dropped before it answers (its caller's deadline passed while the
 /// credit was being spent): taken for nobody, they would be lost.
 struct GiveBack<'a> {
-    store: &'a Arc<dyn QuotaStore>,
+    store: &'a Arc<dyn FleetStore>,
     key: &'a str,
     spec: &'a Spec,
     unspent: Unspent,
@@ -182,12 +182,14 @@ impl QuotaStore for Rebalancing {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.ping()
     }
+}
 
+impl FleetTables for Rebalancing {
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         self.inner.heartbeat(member, ttl_ms)
     }
 
-    fn fair_share<'a>(&'a self, d: crate::store::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn fair_share<'a>(&'a self, d: crate::store::Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.inner.fair_share(d)
     }
 

@@ -71,7 +71,7 @@ struct StreamSlot {
     /// This stream's buckets, as counted in the totals.
     buckets: usize,
     /// This stream among the fleet's demands for a bucket
-    /// ([`crate::store::QuotaStore::fair_share`]).
+    /// ([`crate::store::FleetTables::fair_share`]).
     id: u64,
 }
 
@@ -358,8 +358,7 @@ impl StreamState {
             ttl_ms: 2 * interval_ms,
         };
         let share = match runtime.limiter.fair_share(demand_of_stream).await {
-            Ok(Some(share)) => share as f64 / 1_000.0,
-            Ok(None) => rate,
+            Ok(share) => share as f64 / 1_000.0,
             Err(e) => {
                 tracing::debug!(key, error = %e, "rlqs: the fleet's demands are out of reach");
                 rate

@@ -81,7 +81,7 @@ use crate::store::guard::{Deadlined, Guarded};
 use crate::store::link::StoreLink;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSetupError, RedisStore, Target};
-use crate::store::{NoRegions, QuotaStore, RegionStore};
+use crate::store::{FleetStore, NoRegions, RegionStore};
 use crate::telemetry::metrics::Metrics;
 use reload::{Reloader, Trigger};
 use worker::{worker, Listeners, Shared};
@@ -194,7 +194,7 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
     let redis = redis_target(config);
     // Redis serves both the quota and the region calls; the memory store
     // has no region calls.
-    let (inner, regional, link): (Arc<dyn QuotaStore>, Arc<dyn RegionStore>, _) = match redis {
+    let (inner, regional, link): (Arc<dyn FleetStore>, Arc<dyn RegionStore>, _) = match redis {
         None => (
             Arc::new(MemoryStore::new(config.store.max_keys)),
             Arc::new(NoRegions),
@@ -244,7 +244,7 @@ fn store(config: &Config, metrics: &Arc<Metrics>, runtime: &RuntimeCell) -> Resu
 /// guard itself (it follows the link), how the store's link stands, the
 /// region calls (under the deadline), and `[region]`'s background side.
 struct Stores {
-    quota: Arc<dyn QuotaStore>,
+    quota: Arc<dyn FleetStore>,
     guard: Arc<Guarded>,
     link: Arc<StoreLink>,
     regional: Arc<dyn RegionStore>,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 pub use super::breaker::{Admission, Breaker, BreakerSettings, Watch};
 use super::link::StoreLink;
-use super::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError, Unspent};
+use super::{Acquire as _, BoxFuture, Credit, FleetStore, FleetTables, QuotaStore, RegionStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::quota::{Grant, Spec};
 use crate::telemetry::metrics::{Metrics, StoreCallLabels};
@@ -43,7 +43,7 @@ pub struct Guarded {
 /// What a guarded call and the background prober share. The prober holds
 /// it weakly.
 struct Core {
-    inner: Arc<dyn QuotaStore>,
+    inner: Arc<dyn FleetStore>,
     deadline: Duration,
     breaker: Breaker,
     clock: Clock,
@@ -87,7 +87,7 @@ pub async fn within<T>(
 
 impl Guarded {
     pub fn new(
-        inner: Arc<dyn QuotaStore>,
+        inner: Arc<dyn FleetStore>,
         deadline: Duration,
         breaker: BreakerSettings,
         clock: Clock,
@@ -392,6 +392,14 @@ impl QuotaStore for Guarded {
         self.core.inner.name()
     }
 
+    /// The inner store's ping under the deadline; the breaker is left alone.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let core = &self.core;
+        Box::pin(within(core.deadline, core.inner.ping()))
+    }
+}
+
+impl FleetTables for Guarded {
     /// The inner store's heartbeat under the deadline, as a ping: the
     /// breaker is left alone, and it is not a store call of the metrics.
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -419,14 +427,8 @@ impl QuotaStore for Guarded {
     }
 
     /// The inner store's fair share under the deadline, as a heartbeat is.
-    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(within(self.core.deadline, self.core.inner.fair_share(d)))
-    }
-
-    /// The inner store's ping under the deadline; the breaker is left alone.
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        let core = &self.core;
-        Box::pin(within(core.deadline, core.inner.ping()))
     }
 }
 

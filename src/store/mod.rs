@@ -76,8 +76,38 @@ impl StoreError {
     }
 }
 
-/// Shared quota, keyed by `rl:{<limit>:<parts>}`.
+/// Shared quota, keyed by `rl:{<limit>:<parts>}`: what every store is.
+/// Four calls; [`Acquire`] names the two kinds of [`QuotaStore::grant`].
 pub trait QuotaStore: Send + Sync + 'static {
+    /// Gives back `unspent` first (when tokens > 0), then takes up to
+    /// `want`: one atomic step. With `reserve`, a token bucket with no
+    /// whole token to grant reserves up to `want` of its refill to come
+    /// ([`Acquire::acquire_or_reserve`]); the windows ignore it.
+    fn grant<'a>(
+        &'a self,
+        key: &'a str,
+        spec: &'a Spec,
+        want: u64,
+        unspent: Unspent,
+        reserve: bool,
+    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
+
+    /// Gives back `unspent` tokens (a lease's), clamped to capacity. A
+    /// sliding window takes them off the window they were taken in while it
+    /// still counts (current or previous), and nowhere once it is older.
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// A short name for logs and metrics.
+    fn name(&self) -> &'static str;
+
+    /// Whether the store answers, at the cost of one round trip and no
+    /// quota: the guard's background probe while its circuit is open.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// The two ways to ask a [`QuotaStore`] for tokens, by name; every quota
+/// store has them.
+pub trait Acquire: QuotaStore {
     /// Gives back `unspent` first (when tokens > 0), then takes up to `want`: one atomic step.
     ///
     /// The grant is `min(want, available)`; whenever it leaves no whole
@@ -96,7 +126,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         self.grant(key, spec, want, unspent, false)
     }
 
-    /// [`QuotaStore::acquire`], except that a token bucket with no whole
+    /// [`Acquire::acquire`], except that a token bucket with no whole
     /// token to grant reserves up to `want` tokens of its refill to come
     /// ([`Grant::reserved`], [`crate::quota::token_bucket::acquire_or_reserve`]):
     /// the caller spends them as they become due instead of asking again,
@@ -111,26 +141,16 @@ pub trait QuotaStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Grant, StoreError>> {
         self.grant(key, spec, want, unspent, true)
     }
+}
 
-    /// What every store implements: [`QuotaStore::acquire`], or with
-    /// `reserve` [`QuotaStore::acquire_or_reserve`].
-    fn grant<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        want: u64,
-        unspent: Unspent,
-        reserve: bool,
-    ) -> BoxFuture<'a, Result<Grant, StoreError>>;
+impl<S: QuotaStore + ?Sized> Acquire for S {}
 
-    /// Gives back `unspent` tokens (a lease's), clamped to capacity. A
-    /// sliding window takes them off the window they were taken in while it
-    /// still counts (current or previous), and nowhere once it is older.
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// A short name for logs and metrics.
-    fn name(&self) -> &'static str;
-
+/// What a fleet shares beside its quota: its heartbeats, its RLQS streams'
+/// demands, its concurrency limits' slots and its overrides. The memory
+/// store keeps them for a fleet of one, Redis for a fleet. A front that
+/// needs them takes a [`FleetStore`], so a store without them does not
+/// compile into its place.
+pub trait FleetTables: Send + Sync + 'static {
     /// The fleet's heartbeat: marks `member` (this instance) live for
     /// `ttl_ms` (0: gone) and answers how many instances are live, itself
     /// included. What the local fallback divides a quota by while the
@@ -140,52 +160,38 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// Records a stream's [`Demand`] for its `ttl_ms`, and answers its
     /// max-min fair share of the `rate` (the same unit) among the demands
     /// of every stream heard within theirs: the fleet's on Redis, this
-    /// instance's on the memory store (the fleet is this instance). `None`:
-    /// a store that keeps no demands (a test double); the rate bounds the
-    /// stream then. A `ttl_ms` of 0 ([`Demand::leave`]) deletes the
-    /// stream's demand at once and answers 0.
-    fn fair_share<'a>(&'a self, _d: Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
+    /// instance's on the memory store (the fleet is this instance). A
+    /// `ttl_ms` of 0 ([`Demand::leave`]) deletes the stream's demand at
+    /// once and answers 0.
+    fn fair_share<'a>(&'a self, d: Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Sets `h.member`'s in-flight slots of a concurrency limit's key to
     /// `h.hold` and grants up to `h.want` more, as many as fit under
     /// `h.max` beside every other member's unexpired slots; the member's
     /// slots then live `h.ttl_ms` (`lua/slots.lua`). `hold` is absolute, so
     /// a call whose answer was lost is corrected by the next.
-    fn hold_slots<'a>(&'a self, _h: Hold<'a>) -> BoxFuture<'a, Result<Slots, StoreError>> {
-        Box::pin(std::future::ready(Err(StoreError::Failed(format!(
-            "the {} store holds no in-flight slots",
-            self.name()
-        )))))
-    }
+    fn hold_slots<'a>(&'a self, h: Hold<'a>) -> BoxFuture<'a, Result<Slots, StoreError>>;
 
     /// Per-tenant overrides of limits, shared by the fleet
     /// (`lua/overrides.lua` on Redis; in memory on the memory store): read
     /// the version, load every override of some limits, or change one,
     /// which bumps the version.
-    fn overrides<'a>(&'a self, _op: OverrideOp<'a>) -> BoxFuture<'a, Result<Overridden, StoreError>> {
-        Box::pin(std::future::ready(Err(StoreError::Failed(format!(
-            "the {} store keeps no overrides",
-            self.name()
-        )))))
-    }
+    fn overrides<'a>(&'a self, op: OverrideOp<'a>) -> BoxFuture<'a, Result<Overridden, StoreError>>;
 
     /// Wakes `wake` whenever another instance changes an override (Redis
     /// pub/sub), for as long as the store lives; the poll is the fallback.
     /// A store whose fleet is this instance has nothing to hear.
-    fn watch_overrides(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
-
-    /// Whether the store answers, at the cost of one round trip and no
-    /// quota: the guard's background probe while its circuit is open. The
-    /// embedded store always answers.
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
+    fn watch_overrides(&self, wake: std::sync::Arc<tokio::sync::Notify>);
 }
 
+/// A store a fleet shares: its quota and its tables. What the limiter runs
+/// on.
+pub trait FleetStore: QuotaStore + FleetTables {}
+
+impl<S: QuotaStore + FleetTables + ?Sized> FleetStore for S {}
+
 /// One instance's slots of a concurrency limit's key, as
-/// [`QuotaStore::hold_slots`] sets them.
+/// [`FleetTables::hold_slots`] sets them.
 #[derive(Debug, Clone, Copy)]
 pub struct Hold<'a> {
     /// The limit's store key (`rl:{<limit>:<parts>}`).
@@ -202,7 +208,7 @@ pub struct Hold<'a> {
     pub ttl_ms: u64,
 }
 
-/// What [`QuotaStore::hold_slots`] answered.
+/// What [`FleetTables::hold_slots`] answered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Slots {
     /// Slots granted beyond `hold`.
@@ -211,7 +217,7 @@ pub struct Slots {
     pub held: u64,
 }
 
-/// A call on the fleet's overrides ([`QuotaStore::overrides`]).
+/// A call on the fleet's overrides ([`FleetTables::overrides`]).
 #[derive(Debug, Clone, Copy)]
 pub enum OverrideOp<'a> {
     /// The version only: what an instance polls.
@@ -228,7 +234,7 @@ pub enum OverrideOp<'a> {
     Delete { limit: &'a str, who: &'a str },
 }
 
-/// What [`QuotaStore::overrides`] answered: the version after the call,
+/// What [`FleetTables::overrides`] answered: the version after the call,
 /// and for a load each override as (limit, who, value).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overridden {
@@ -242,7 +248,7 @@ pub struct Overridden {
 /// store refuses one more): every instance loads them all.
 pub const MAX_OVERRIDES_PER_LIMIT: u64 = 10_000;
 
-/// One RLQS stream's demand for a bucket, as [`QuotaStore::fair_share`]
+/// One RLQS stream's demand for a bucket, as [`FleetTables::fair_share`]
 /// records it.
 #[derive(Debug, Clone, Copy)]
 pub struct Demand<'a> {

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::memory::MemoryStore;
-use super::{BoxFuture, Credit, QuotaStore, RegionStore, StoreError, Unspent};
+use super::{BoxFuture, Credit, FleetTables, QuotaStore, RegionStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::quota::{Grant, Spec};
 use crate::sync::Recover;
@@ -27,6 +27,9 @@ pub enum Call {
     SpendCredit,
     Claim,
     Unclaim,
+    /// The fleet's tables: fair shares, slots, overrides (the heartbeat
+    /// answers as a ping).
+    Fleet,
 }
 
 /// How a kind of call answers.
@@ -277,7 +280,9 @@ impl QuotaStore for Scripted {
         self.pings.fetch_add(1, Ordering::SeqCst);
         self.respond(Call::Ping, || Ok(()))
     }
+}
 
+impl FleetTables for Scripted {
     /// Answers `fleet` live instances (1 unless a test set it), as a ping
     /// is answered.
     fn heartbeat(&self, _member: u64, _ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -285,6 +290,22 @@ impl QuotaStore for Scripted {
         let live = self.fleet.load(Ordering::SeqCst).max(1);
         self.respond(Call::Ping, move || Ok(live))
     }
+
+    /// The memory store's tables, answered as scripted.
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.respond(Call::Fleet, move || Ok(self.memory.fair_share_now(d)))
+    }
+
+    fn hold_slots<'a>(&'a self, h: super::Hold<'a>) -> BoxFuture<'a, Result<super::Slots, StoreError>> {
+        self.respond(Call::Fleet, move || Ok(self.memory.hold_slots_now(h)))
+    }
+
+    fn overrides<'a>(&'a self, op: super::OverrideOp<'a>) -> BoxFuture<'a, Result<super::Overridden, StoreError>> {
+        self.respond(Call::Fleet, move || Ok(self.memory.overrides_now(op)))
+    }
+
+    /// One instance's fake: nobody else changes an override.
+    fn watch_overrides(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
 }
 
 impl RegionStore for Scripted {
@@ -368,6 +389,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::quota::{Algorithm, Rate};
+    use crate::store::Acquire as _;
 
     fn spec() -> Spec {
         Spec::new(Algorithm::TokenBucket, "10/s".parse::<Rate>().unwrap(), 10)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use leasegate::quota::{self, Algorithm, Grant, Rate, Spec};
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
-use leasegate::store::{QuotaStore, StoreError, Unspent};
+use leasegate::store::{Acquire as _, StoreError, Unspent};
 
 use crate::support;
 use crate::support::redis::Redis;

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use leasegate::quota::Algorithm;
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
-use leasegate::store::{Demand, Hold, Overridden, OverrideOp, QuotaStore, Unspent};
+use leasegate::store::{
+    Acquire as _, Demand, FleetTables as _, Hold, Overridden, OverrideOp, QuotaStore as _, Unspent,
+};
 
 use crate::redis_store::{reserve_retrying, spec};
 use crate::support::redis::Redis;
@@ -226,8 +228,8 @@ async fn expired_slots_and_demands_leave_both_tables() {
         rate: 1_000,
         ttl_ms,
     };
-    assert_eq!(store.fair_share(demand(1, 900, 100)).await.unwrap(), Some(900));
-    assert_eq!(memory.fair_share(demand(1, 900, 100)).await.unwrap(), Some(900));
+    assert_eq!(store.fair_share(demand(1, 900, 100)).await.unwrap(), 900);
+    assert_eq!(memory.fair_share(demand(1, 900, 100)).await.unwrap(), 900);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Member 1's slots and stream 1's demand have expired on both sides.
     let (r, m) = both(hold(2, 1, 4, 60_000)).await;
@@ -235,5 +237,5 @@ async fn expired_slots_and_demands_leave_both_tables() {
     assert_eq!((r.granted, r.held), (4, 5));
     let r = store.fair_share(demand(2, 900, 60_000)).await.unwrap();
     let m = memory.fair_share(demand(2, 900, 60_000)).await.unwrap();
-    assert_eq!((r, m), (Some(900), Some(900)));
+    assert_eq!((r, m), (900, 900));
 }

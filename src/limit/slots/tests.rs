@@ -7,7 +7,7 @@ use crate::limit::policy::{Draft, Limit, Mode, StoreFailure};
 use crate::limit::{Decision, LimitRuntime, Limiter, Settings};
 use crate::quota::{Algorithm, Rate};
 use crate::store::memory::MemoryStore;
-use crate::store::QuotaStore;
+use crate::store::FleetStore;
 use crate::telemetry::metrics::Metrics;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -48,7 +48,7 @@ fn fleet(n: usize) -> (Arc<AtomicU64>, Arc<MemoryStore>, Vec<Arc<Limiter>>) {
     let clock: Clock = Arc::new(move || read.load(Ordering::SeqCst));
     let store = Arc::new(MemoryStore::with_clock(1_000, clock.clone()));
     let limiters = (0..n)
-        .map(|_| Limiter::new(store.clone() as Arc<dyn QuotaStore>, settings(), clock.clone()))
+        .map(|_| Limiter::new(store.clone() as Arc<dyn FleetStore>, settings(), clock.clone()))
         .collect();
     (now, store, limiters)
 }
@@ -182,11 +182,13 @@ async fn shadow_admits_without_a_slot_and_leaving_gives_every_idle_slot_back() {
     assert_eq!(fleet[0].slot_keys(), 0, "nothing held: forgotten");
 }
 
-/// A store that holds no slots fails every call: a fail-open route runs
-/// on this instance's part of max.
+/// A store whose slot calls fail: a fail-open route runs on this
+/// instance's part of max.
 #[tokio::test]
 async fn while_the_store_is_away_an_instance_runs_its_part_of_max() {
-    let store = Arc::new(crate::store::testing::Scripted::new());
+    use crate::store::testing::{Answer, Call, Scripted};
+    let store = Arc::new(Scripted::new());
+    store.answer(Call::Fleet, Answer::Fail(StoreError::Unavailable("down".into())));
     let l = Limiter::new(store, settings(), crate::clock::monotonic_clock());
     let limits = [concurrency(2, Mode::Enforce)];
     let (d, a, _) = ask(&l, &limits).await;

@@ -390,7 +390,7 @@ async fn the_run_loop_handles_a_key_once_per_window_here() {
 async fn credit_granted_is_spent_whatever_the_primary_does_next() {
     use crate::region::rebalancing::Rebalancing;
     use crate::store::memory::MemoryStore;
-    use crate::store::{QuotaStore, Unspent};
+    use crate::store::{Acquire as _, Unspent};
 
     let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;

@@ -26,7 +26,7 @@ impl MemoryStore {
     /// Records a stream's demand and answers its max-min fair share, or
     /// deletes it when the stream leaves, as `lua/fair_share.lua` does on
     /// Redis.
-    pub(super) fn fair_share_now(&self, d: crate::store::Demand<'_>) -> u64 {
+    pub(crate) fn fair_share_now(&self, d: crate::store::Demand<'_>) -> u64 {
         let now = (self.clock)();
         let mut all = self.demands.lock().recover();
         if d.leaves() {

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 mod fleet_tables;
 
-use super::{BoxFuture, QuotaStore, StoreError, Unspent};
+use super::{BoxFuture, FleetTables, QuotaStore, StoreError, Unspent};
 use crate::clock::{system_clock, Clock};
 use crate::quota::{self, Grant, Spec, State};
 use crate::sync::Recover;
@@ -274,9 +274,25 @@ impl QuotaStore for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
+    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
+        let result = self.release_now(key, spec, unspent);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    /// The embedded store always answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl FleetTables for MemoryStore {
     /// The fleet is this instance: its streams' demands, in memory.
-    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
-        Box::pin(std::future::ready(Ok(Some(self.fair_share_now(d)))))
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.fair_share_now(d))))
     }
 
     /// The fleet is this instance: its overrides, in memory (gone with it).
@@ -289,19 +305,13 @@ impl QuotaStore for MemoryStore {
         Box::pin(std::future::ready(Ok(self.hold_slots_now(h))))
     }
 
-    fn release<'a>(&'a self, key: &'a str, spec: &'a Spec, unspent: Unspent) -> BoxFuture<'a, Result<(), StoreError>> {
-        let result = self.release_now(key, spec, unspent);
-        Box::pin(std::future::ready(result))
-    }
-
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
     /// Nobody else can share this store: the fleet is this instance.
     fn heartbeat(&self, _member: u64, _ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(std::future::ready(Ok(1)))
     }
+
+    /// The fleet is this instance: no other changes an override.
+    fn watch_overrides(&self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
 }
 
 #[cfg(test)]

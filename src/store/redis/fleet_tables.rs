@@ -37,12 +37,12 @@ impl RedisStore {
 
     /// `lua/fair_share.lua` on a hash beside the bucket (outside its
     /// braces: the same Cluster slot).
-    pub(super) fn fair_share_call<'a>(&'a self, d: Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    pub(super) fn fair_share_call<'a>(&'a self, d: Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         let call = self.call_keys(
             &FAIR_SHARE,
             vec![format!("{}:demand", d.key)],
             vec![d.member, d.demand, d.rate, d.ttl_ms],
         );
-        Box::pin(async move { call.await.map(|r| Some(r[0])) })
+        Box::pin(async move { call.await.map(|r| r[0]) })
     }
 }

@@ -61,7 +61,7 @@ mod sentinel;
 pub use persistence::warn_unless_persistent;
 
 use super::link::StoreLink;
-use super::{BoxFuture, QuotaStore, StoreError, Unspent};
+use super::{BoxFuture, FleetTables, QuotaStore, StoreError, Unspent};
 use crate::quota::{Algorithm, Grant, Spec};
 use node::{Address, Connection, Link, Node};
 use sentinel::{follow_master, is_master, watch_switches, Sentinel};
@@ -599,7 +599,9 @@ impl QuotaStore for RedisStore {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.ping_on_io()
     }
+}
 
+impl FleetTables for RedisStore {
     fn heartbeat(&self, member: u64, ttl_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let call = self.call_keys(&FLEET, vec![FLEET_KEY.to_string()], vec![member, ttl_ms]);
         Box::pin(async move { call.await.map(|r| r[0]) })
@@ -617,7 +619,7 @@ impl QuotaStore for RedisStore {
         self.slots_call(h)
     }
 
-    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn fair_share<'a>(&'a self, d: super::Demand<'a>) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.fair_share_call(d)
     }
 }
