@@ -67,6 +67,10 @@ pub struct Runtime {
     snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
     pub limiter: Arc<Limiter>,
+    /// Loads the fleet's overrides into the limiter's table and makes this
+    /// instance's changes (the admin API); its task is started by the
+    /// server.
+    pub overrides: Arc<crate::limit::overrides::OverridesFollower>,
     /// `[events]`, when configured: swapped when a reload changes it.
     events: ArcSwapOption<Emitter>,
     draining: AtomicBool,
@@ -87,6 +91,7 @@ impl Runtime {
     /// store's); [`Runtime::with_store_link`] for one that is dialled.
     pub fn new(config: Config, metrics: Arc<Metrics>, store: Arc<dyn FleetStore>) -> Self {
         let limiter = Limiter::new(store, config.limiter_settings(), crate::clock::monotonic_clock());
+        let overrides = Arc::new(crate::limit::overrides::OverridesFollower::of(&limiter));
         let events = start_events(&config, &metrics, None);
         let share = config.region.as_ref().map_or(crate::quota::Share::WHOLE, |r| r.share);
         let snapshot = Snapshot::new(config, &metrics);
@@ -96,6 +101,7 @@ impl Runtime {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             limiter,
+            overrides,
             events: ArcSwapOption::new(events),
             draining: AtomicBool::new(false),
             reload_failure: std::sync::Mutex::new(None),

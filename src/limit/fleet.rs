@@ -7,8 +7,11 @@
 //! fallback needs it) it stays what it was before the outage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::Limiter;
+use crate::clock::Clock;
+use crate::store::{FleetStore, StoreError};
 
 /// How often an instance renews its heartbeat.
 pub const HEARTBEAT_EVERY_MS: u64 = 2_000;
@@ -17,7 +20,8 @@ pub const HEARTBEAT_EVERY_MS: u64 = 2_000;
 /// no longer counted.
 pub const HEARTBEAT_TTL_MS: u64 = 3 * HEARTBEAT_EVERY_MS;
 
-/// The live count, as of the store's last heartbeat answer.
+/// The live count, as of the store's last heartbeat answer: written by
+/// the [`Heartbeat`], read by the limiter.
 #[derive(Debug, Default)]
 pub(super) struct Fleet {
     /// Live instances, 0 until the store first answered.
@@ -51,39 +55,82 @@ pub fn divisor(live: Option<u64>, configured: Option<u64>) -> u64 {
     .max(1)
 }
 
-impl Limiter {
-    /// Renews this instance's heartbeat (`member`) in the store and keeps
-    /// the live count it answers. A failed heartbeat keeps the last count.
-    pub async fn heartbeat(&self, member: u64) -> Result<u64, crate::store::StoreError> {
-        let live = self.store.heartbeat(member, HEARTBEAT_TTL_MS).await?;
+impl Fleet {
+    fn live(&self) -> Option<u64> {
+        match self.live.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+}
+
+/// This instance's heartbeat in the fleet's table: a task of its own,
+/// started by the composition root, that writes the live count the
+/// limiter's fallback reads.
+pub struct Heartbeat {
+    store: Arc<dyn FleetStore>,
+    fleet: Arc<Fleet>,
+    clock: Clock,
+    member: u64,
+}
+
+impl Heartbeat {
+    /// The heartbeat of `member` (this instance: random per process,
+    /// unique in the fleet) for `limiter`'s store and count.
+    pub fn of(limiter: &Limiter, member: u64) -> Heartbeat {
+        Heartbeat {
+            store: limiter.store.clone(),
+            fleet: limiter.fleet.clone(),
+            clock: limiter.clock.clone(),
+            member,
+        }
+    }
+
+    /// Renews the heartbeat in the store and keeps the live count it
+    /// answers. A failed heartbeat keeps the last count.
+    pub async fn beat(&self) -> Result<u64, StoreError> {
+        let live = self.store.heartbeat(self.member, HEARTBEAT_TTL_MS).await?;
         self.fleet.live.store(live.max(1), Ordering::Relaxed);
-        self.fleet.counted_at.store(self.now_ms(), Ordering::Relaxed);
+        self.fleet.counted_at.store((self.clock)(), Ordering::Relaxed);
         Ok(live)
     }
 
     /// This instance leaves the fleet (shutdown): the others stop counting
     /// it at once rather than when its heartbeat expires.
-    pub async fn leave_fleet(&self, member: u64) {
-        if let Err(e) = self.store.heartbeat(member, 0).await {
+    pub async fn leave(&self) {
+        if let Err(e) = self.store.heartbeat(self.member, 0).await {
             tracing::debug!(error = %e, "leaving the fleet's heartbeats failed; they expire on their own");
         }
     }
 
+    /// Beats every [`HEARTBEAT_EVERY_MS`] for as long as the task runs,
+    /// logging the live count when it changes.
+    pub async fn run(self: Arc<Self>) {
+        let every = std::time::Duration::from_millis(HEARTBEAT_EVERY_MS);
+        let mut last = None;
+        loop {
+            match self.beat().await {
+                Ok(live) if last != Some(live) => {
+                    tracing::info!(live, "fleet: instances live by their heartbeats");
+                    last = Some(live);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "fleet heartbeat failed; the last count stands"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+impl Limiter {
     /// What the fallback divides a quota by now.
     pub(super) fn fleet_divisor(&self, settings: &super::Settings) -> u64 {
-        divisor(self.live(), settings.fleet_size)
-    }
-
-    fn live(&self) -> Option<u64> {
-        match self.fleet.live.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(n),
-        }
+        divisor(self.fleet.live(), settings.fleet_size)
     }
 
     /// The fleet as counted now.
     pub fn fleet(&self) -> FleetView {
-        let live = self.live();
+        let live = self.fleet.live();
         let configured = self.settings().fleet_size;
         FleetView {
             live,

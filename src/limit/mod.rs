@@ -229,19 +229,19 @@ pub struct Limiter {
     leases: LeaseTable,
     /// The bound on tokens going back in the background.
     releases: sweep::Releases,
-    settings: arc_swap::ArcSwap<Settings>,
+    settings: Arc<arc_swap::ArcSwap<Settings>>,
     clock: Clock,
     /// Unix milliseconds, for what is compared with a date: an override's
     /// expiry, a calendar month's length.
     wall: Clock,
     /// The live count of instances, from the store's heartbeats.
-    fleet: fleet::Fleet,
+    fleet: Arc<fleet::Fleet>,
     /// Refused keys the sweeper forgot in their window (the status page).
     forgotten: forgotten::Forgotten,
     /// Concurrency limits' slots held on this instance.
     slots: Arc<slots::SlotTable>,
     /// The fleet's per-caller overrides, as last loaded from the store.
-    overrides: overrides::Overrides,
+    overrides: Arc<overrides::Overrides>,
 }
 
 impl Limiter {
@@ -256,13 +256,13 @@ impl Limiter {
             fallback: crate::store::memory::MemoryStore::new(settings.max_keys),
             leases: LeaseTable::new(settings.max_keys),
             releases: sweep::Releases::new(),
-            settings: arc_swap::ArcSwap::from_pointee(settings),
+            settings: Arc::new(arc_swap::ArcSwap::from_pointee(settings)),
             clock,
             wall,
-            fleet: fleet::Fleet::default(),
+            fleet: Arc::default(),
             forgotten: forgotten::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
-            overrides: overrides::Overrides::default(),
+            overrides: Arc::default(),
         })
     }
 

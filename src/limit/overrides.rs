@@ -3,12 +3,12 @@
 //! of a tenant) its own rate and burst under one limit, until it is
 //! deleted or expires.
 //!
-//! Overrides live in the store ([`QuotaStore::overrides`]: one hash per
+//! Overrides live in the store ([`crate::store::FleetTables::overrides`]: one hash per
 //! limit and a version on Redis, so they outlive restarts and reach the
 //! whole fleet; in memory on the memory store). Each instance loads them
 //! all when the version moved: at once when the store announces a change
 //! (Redis pub/sub), and at the latest at its poll each second
-//! ([`Limiter::keep_overrides`]), so a notice lost to a reconnect costs a
+//! ([`OverridesFollower::run`]), so a notice lost to a reconnect costs a
 //! second, not the change. The request path
 //! reads a table swapped in whole: with no override at all, one relaxed
 //! load per limit.
@@ -23,8 +23,9 @@ use arc_swap::ArcSwap;
 use super::key::Facts;
 use super::policy::fits;
 use super::{LimitRuntime, Limiter};
+use crate::clock::Clock;
 use crate::quota::{Algorithm, Rate, Spec};
-use crate::store::{OverrideOp, StoreError};
+use crate::store::{FleetStore, OverrideOp, StoreError};
 use crate::sync::Recover as _;
 
 /// How often an instance asks the store for the overrides' version.
@@ -298,13 +299,34 @@ impl Limiter {
         all.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         all
     }
+}
+
+/// The overrides follower: a task of its own, started by the composition
+/// root, that loads the fleet's overrides into the table the limiter reads
+/// (at each change notice, and at the latest every [`POLL_MS`]), and makes
+/// this instance's own changes (the admin API).
+pub struct OverridesFollower {
+    store: Arc<dyn FleetStore>,
+    overrides: Arc<Overrides>,
+    wall: Clock,
+}
+
+impl OverridesFollower {
+    /// The follower of `limiter`'s store, filling its table.
+    pub fn of(limiter: &Limiter) -> OverridesFollower {
+        OverridesFollower {
+            store: limiter.store.clone(),
+            overrides: limiter.overrides.clone(),
+            wall: limiter.wall.clone(),
+        }
+    }
 
     /// Sets (`Some`) or drops `limit`'s override for `who` in the store,
     /// then loads the fleet's overrides at once, so this instance applies
     /// it before answering (if that load fails, the poll brings it: the
     /// change is made). `limits`: every limit of the config in force.
     /// `Ok(None)`: refused, the limit holds its most overrides already.
-    pub async fn change_override(
+    pub async fn change(
         &self,
         limits: &[String],
         limit: &str,
@@ -320,7 +342,7 @@ impl Limiter {
         if answer.full {
             return Ok(None);
         }
-        if let Err(e) = self.poll_overrides(limits).await {
+        if let Err(e) = self.poll(limits).await {
             tracing::debug!(error = %e, "overrides: loading after a change failed; the poll brings it");
         }
         Ok(Some(answer.version))
@@ -331,14 +353,14 @@ impl Limiter {
     /// store that never had an override (version 0, reloaded at each poll)
     /// is no news. Expired overrides are dropped from the store as they
     /// are met.
-    pub async fn poll_overrides(&self, limits: &[String]) -> Result<bool, StoreError> {
+    pub async fn poll(&self, limits: &[String]) -> Result<bool, StoreError> {
         let version = self.store.overrides(OverrideOp::Version).await?.version;
         let same_limits = *self.overrides.loaded_for.lock().recover() == limits;
         if same_limits && version == self.overrides.version.load(Ordering::Acquire) && version != 0 {
             return Ok(false);
         }
         let loaded = self.store.overrides(OverrideOp::Load(limits)).await?;
-        let now = self.wall_ms();
+        let now = (self.wall)();
         let mut table = Table::new();
         let mut expired = Vec::new();
         for (limit, who, value) in loaded.entries {
@@ -372,7 +394,7 @@ impl Limiter {
         if changed {
             tracing::info!(
                 version = loaded.version,
-                overrides = self.overrides().len(),
+                overrides = table.values().map(HashMap::len).sum::<usize>(),
                 "overrides loaded"
             );
         }
@@ -381,11 +403,11 @@ impl Limiter {
 
     /// The poller, for as long as the process runs: `limits` names the
     /// limits of the config in force at each poll.
-    pub async fn keep_overrides(self: Arc<Self>, limits: impl Fn() -> Vec<String> + Send + Sync) {
+    pub async fn run(self: Arc<Self>, limits: impl Fn() -> Vec<String> + Send + Sync) {
         self.store.watch_overrides(self.overrides.changed.clone());
         let mut failing = false;
         loop {
-            match self.poll_overrides(&limits()).await {
+            match self.poll(&limits()).await {
                 Ok(_) => failing = false,
                 Err(e) => {
                     if !failing {

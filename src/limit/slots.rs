@@ -7,7 +7,7 @@
 //! a store call. A slot that comes back stays held, idle, for the next
 //! request, and goes back to the store when the key is contended (the
 //! store last said every slot was taken) or after a lease TTL unused. The
-//! renewer ([`Limiter::renew_slots`]) keeps the held ones alive every third
+//! renewer ([`SlotRenewer`]) keeps the held ones alive every third
 //! of a TTL, so an instance that dies takes its slots with it within
 //! `[leasing] ttl_ms`.
 //!
@@ -410,24 +410,47 @@ impl super::Limiter {
     pub fn slot_keys(&self) -> usize {
         self.slots.len()
     }
+}
+
+/// The slot renewer: a task of its own, started by the composition root,
+/// that keeps this instance's slots alive in the store every third of a
+/// lease TTL, gives back the idle ones of a contended key at once, and
+/// forgets keys with nothing held.
+pub struct SlotRenewer {
+    store: Arc<dyn crate::store::FleetStore>,
+    slots: Arc<SlotTable>,
+    settings: Arc<arc_swap::ArcSwap<super::Settings>>,
+    clock: crate::clock::Clock,
+}
+
+impl SlotRenewer {
+    /// The renewer of `limiter`'s slots.
+    pub fn of(limiter: &super::Limiter) -> SlotRenewer {
+        SlotRenewer {
+            store: limiter.store.clone(),
+            slots: limiter.slots.clone(),
+            settings: limiter.settings.clone(),
+            clock: limiter.clock.clone(),
+        }
+    }
 
     /// Renews every key's slots in the store, giving back the idle ones of
     /// a contended key and those unused for a TTL, and forgets keys with
     /// nothing held. `leaving`: gives every idle slot back (shutdown).
-    pub async fn renew_slots(&self, leaving: bool) {
-        self.renew(leaving, false).await;
+    pub async fn renew(&self, leaving: bool) {
+        self.renew_keys(leaving, false).await;
     }
 
-    /// [`Limiter::renew_slots`]; `only_contended`: just the keys the store
+    /// [`SlotRenewer::renew`]; `only_contended`: just the keys the store
     /// last said were full (a slot came back on one), not every key.
-    async fn renew(&self, leaving: bool, only_contended: bool) {
-        let ttl_ms = self.settings().sizing.ttl_ms;
+    async fn renew_keys(&self, leaving: bool, only_contended: bool) {
+        let ttl_ms = self.settings.load().sizing.ttl_ms;
         for k in self.slots.all() {
             if only_contended && k.state.lock().recover().held_total < k.max() {
                 continue;
             }
             let _calling = k.calling.lock().await;
-            let now = self.now_ms();
+            let now = (self.clock)();
             let hold = {
                 let mut s = k.state.lock().recover();
                 let idle_long = now.saturating_sub(s.used_at) >= ttl_ms;
@@ -462,7 +485,7 @@ impl super::Limiter {
                 }
             }
         }
-        let now = self.now_ms();
+        let now = (self.clock)();
         for shard in self.slots.shards.iter() {
             shard.lock().recover().retain(|_, k| !k.forgettable(now));
         }
@@ -470,18 +493,18 @@ impl super::Limiter {
 
     /// The renewer: every third of a lease TTL, or at once when a
     /// contended key has a slot to give back.
-    pub async fn keep_slots(self: Arc<Self>) {
-        let every = || std::time::Duration::from_millis((self.settings().sizing.ttl_ms / 3).clamp(20, 2_000));
+    pub async fn run(self: Arc<Self>) {
+        let every = || std::time::Duration::from_millis((self.settings.load().sizing.ttl_ms / 3).clamp(20, 2_000));
         let mut next = tokio::time::Instant::now() + every();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {
-                    self.renew(false, false).await;
+                    self.renew_keys(false, false).await;
                     next = tokio::time::Instant::now() + every();
                 }
                 // A slot came back on a full key: give that key's idle
                 // slots back now; the others wait for their renewal.
-                _ = self.slots.wake.notified() => self.renew(false, true).await,
+                _ = self.slots.wake.notified() => self.renew_keys(false, true).await,
             }
         }
     }

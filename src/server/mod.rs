@@ -75,6 +75,8 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::config::{Config, StoreBackend};
 use crate::gateway::Gateway;
+use crate::limit::fleet::Heartbeat;
+use crate::limit::slots::SlotRenewer;
 use crate::region::Region;
 use crate::runtime::Runtime;
 use crate::store::guard::{Deadlined, Guarded};
@@ -293,24 +295,6 @@ fn fleet_member(instance_id: &str) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one((instance_id, std::process::id()))
 }
 
-/// Keeps this instance counted in the fleet's heartbeats, for as long as
-/// the process runs: the live count the fallback divides quotas by.
-async fn heartbeat(runtime: Arc<Runtime>, member: u64) {
-    let every = Duration::from_millis(crate::limit::fleet::HEARTBEAT_EVERY_MS);
-    let mut last = None;
-    loop {
-        match runtime.limiter.heartbeat(member).await {
-            Ok(live) if last != Some(live) => {
-                tracing::info!(live, "fleet: instances live by their heartbeats");
-                last = Some(live);
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "fleet heartbeat failed; the last count stands"),
-        }
-        tokio::time::sleep(every).await;
-    }
-}
-
 fn bind(listener: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
     let err = |source| ServeError::Bind { listener, addr, source };
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).map_err(err)?;
@@ -479,17 +463,19 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         drop((http, https));
         tokio::spawn(sweep_leases(shared.runtime.clone()));
-        tokio::spawn(shared.runtime.limiter.clone().keep_slots());
+        let slot_renewer = Arc::new(SlotRenewer::of(&shared.runtime.limiter));
+        tokio::spawn(slot_renewer.clone().run());
         let in_force = shared.runtime.clone();
         tokio::spawn(
             shared
                 .runtime
-                .limiter
+                .overrides
                 .clone()
-                .keep_overrides(move || overrides::overridable(&in_force.config())),
+                .run(move || overrides::overridable(&in_force.config())),
         );
         let member = fleet_member(&config_instance_id);
-        let heartbeats = tokio::spawn(heartbeat(shared.runtime.clone(), member));
+        let heartbeat = Arc::new(Heartbeat::of(&shared.runtime.limiter, member));
+        let heartbeats = tokio::spawn(heartbeat.clone().run());
         let reloader = Arc::new(Reloader::new(config_path.clone(), shared.runtime.clone()));
         tokio::spawn(reloader.clone().watch());
         tracing::info!(workers, store = store_name, "leasegate ready");
@@ -529,10 +515,10 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         }
         // Idle in-flight slots go back too (in flight ones ended with the
         // connections).
-        let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.renew_slots(true)).await;
+        let _ = tokio::time::timeout(Duration::from_millis(500), slot_renewer.renew(true)).await;
         // No heartbeat after leaving: it would count this instance again.
         heartbeats.abort();
-        let _ = tokio::time::timeout(Duration::from_millis(500), shared.runtime.limiter.leave_fleet(member)).await;
+        let _ = tokio::time::timeout(Duration::from_millis(500), heartbeat.leave()).await;
         Ok(())
     });
     if let Some(rls_runtime) = rls_runtime {

@@ -105,7 +105,7 @@ pub async fn serve(req: Request<Incoming>, runtime: &Runtime) -> Response<Body> 
         None
     };
     let limits = overridable(&config);
-    match runtime.limiter.change_override(&limits, &limit, &who, to).await {
+    match runtime.overrides.change(&limits, &limit, &who, to).await {
         Ok(None) => bad(&crate::limit::overrides::OverrideError::Full.to_string()),
         Ok(Some(version)) => {
             let mut body = match &to {

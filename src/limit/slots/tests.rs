@@ -125,7 +125,7 @@ async fn an_idle_slot_of_a_contended_key_goes_back_for_another_instance() {
     assert_eq!(d, Decision::Refuse, "both slots are instance 0's");
     drop(a1);
     // Instance 0 keeps it idle until its renewer gives it back: contended.
-    fleet[0].renew_slots(false).await;
+    SlotRenewer::of(&fleet[0]).renew(false).await;
     // Instance 1's refusal is remembered for FULL_MS: move past it.
     _now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
     let (d, b1, _) = ask(&fleet[1], &limits).await;
@@ -156,14 +156,14 @@ async fn renewals_keep_a_long_requests_slot_past_the_ttl() {
     let (_, held, _) = ask(&fleet[0], &limits).await;
     for _ in 0..10 {
         now.fetch_add(300, Ordering::SeqCst);
-        fleet[0].renew_slots(false).await;
+        SlotRenewer::of(&fleet[0]).renew(false).await;
     }
     assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Refuse, "still held");
     drop(held);
-    fleet[0].renew_slots(false).await;
+    SlotRenewer::of(&fleet[0]).renew(false).await;
     now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
     assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Admit);
-    fleet[1].renew_slots(true).await;
+    SlotRenewer::of(&fleet[1]).renew(true).await;
     assert_eq!(fleet[1].slot_keys(), 1, "a key in use is kept");
 }
 
@@ -176,9 +176,9 @@ async fn shadow_admits_without_a_slot_and_leaving_gives_every_idle_slot_back() {
     let (d, none, _) = ask(&fleet[0], &shadow).await;
     assert_eq!((d, none.len()), (Decision::Admit, 0), "counted, not refused");
     drop(held);
-    fleet[0].renew_slots(true).await;
+    SlotRenewer::of(&fleet[0]).renew(true).await;
     now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
-    fleet[0].renew_slots(false).await;
+    SlotRenewer::of(&fleet[0]).renew(false).await;
     assert_eq!(fleet[0].slot_keys(), 0, "nothing held: forgotten");
 }
 
@@ -237,4 +237,30 @@ async fn a_lower_max_after_a_reload_holds_for_a_key_with_idle_slots() {
     );
     drop(a);
     assert_eq!(ask(&fleet[0], &lower).await.0, Decision::Admit);
+}
+
+/// The renewer's task keeps a slot in use alive in the store past its TTL
+/// (renewed every third of one): another instance finds no room. Without
+/// it, the slot lapses after a TTL and the other instance takes it.
+#[tokio::test(start_paused = true)]
+async fn the_renewer_task_keeps_a_slot_in_use_alive_past_its_ttl() {
+    for renewing in [true, false] {
+        let (now, _store, fleet) = fleet(2);
+        let limits = [concurrency(1, Mode::Enforce)];
+        let (d, held, _) = ask(&fleet[0], &limits).await;
+        assert_eq!(d, Decision::Admit);
+        let task = renewing.then(|| tokio::spawn(Arc::new(SlotRenewer::of(&fleet[0])).run()));
+        let ttl_ms = settings().sizing.ttl_ms;
+        for _ in 0..6 {
+            now.fetch_add(ttl_ms / 4, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(ttl_ms / 4)).await;
+        }
+        let (d, _, _) = ask(&fleet[1], &limits).await;
+        let expected = if renewing { Decision::Refuse } else { Decision::Admit };
+        assert_eq!(d, expected, "renewing: {renewing}");
+        if let Some(t) = task {
+            t.abort();
+        }
+        drop(held);
+    }
 }

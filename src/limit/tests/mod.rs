@@ -11,6 +11,7 @@ use std::time::Duration;
 mod costs;
 mod hard_paths;
 mod reservations;
+mod tasks;
 mod try_check;
 
 /// A store that fails after a moment (3 ms, on tokio's paused clock).
@@ -575,32 +576,4 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
         t.await.unwrap();
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
-}
-
-/// An override's expiry is read on the limiter's wall clock (an argument,
-/// not the system's), so it lapses when that clock says so.
-#[tokio::test(start_paused = true)]
-async fn an_override_lapses_on_the_limiters_wall_clock() {
-    let day = 86_400_000;
-    let (wall, wall_clock) = manual_clock(crate::clock::days_from_civil(2027, 1, 30) * day);
-    let store = Arc::new(MemoryStore::new(1_000));
-    let limiter = Limiter::with_wall_clock(store, test_settings(), monotonic_clock(), wall_clock);
-    let limits = ["api".to_string()];
-    let o = overrides::Override::from_request(
-        br#"{"rate": "5/s", "expires": "2027-01-31T00:00:00Z"}"#,
-        Algorithm::TokenBucket,
-        limiter.wall_ms(),
-    )
-    .unwrap();
-    assert!(limiter
-        .change_override(&limits, "api", "key:a", Some(o))
-        .await
-        .unwrap()
-        .is_some());
-    let h = http::HeaderMap::new();
-    assert_eq!(limiter.override_for("api", &facts("key:a", &h)), Some(o));
-    assert_eq!(limiter.overrides().len(), 1);
-    wall.store(crate::clock::days_from_civil(2027, 1, 31) * day, Ordering::SeqCst);
-    assert_eq!(limiter.override_for("api", &facts("key:a", &h)), None);
-    assert!(limiter.overrides().is_empty());
 }
