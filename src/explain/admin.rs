@@ -2,17 +2,19 @@
 //! printed, asked of a running gateway's admin listener
 //! (`GET /limits/state?key=K&key=K2`, JSON).
 //!
-//! A tiny blocking HTTP/1.1 client over a `TcpStream`: one request, one
-//! answer read to the end (`Connection: close`), both bounded in time and
-//! size. The request building and the answer parsing are pure functions,
-//! tested apart from the socket. Plain HTTP only: the admin listener serves
-//! no TLS.
+//! One request on hyper's HTTP/1.1 client (the one the proxy uses), on a
+//! runtime of its own for the command, bounded in time (each step) and in
+//! size (the answer). The request target and the answer's JSON are pure
+//! functions, tested apart from the socket. Plain HTTP only: the admin
+//! listener serves no TLS.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 
 /// The admin path that answers the live state of store keys.
@@ -131,85 +133,14 @@ pub fn encode_query_value(v: &str) -> String {
     out
 }
 
-/// The bytes of `GET /limits/state?key=K...` for `keys`.
-pub fn state_request(url: &AdminUrl, keys: &[&str], whos: &[&str], bearer: Option<&str>) -> String {
+/// The request target of `GET /limits/state?key=K...&who=W...`.
+pub fn state_target(url: &AdminUrl, keys: &[&str], whos: &[&str]) -> String {
     let query: Vec<String> = keys
         .iter()
         .map(|k| format!("key={}", encode_query_value(k)))
         .chain(whos.iter().map(|w| format!("who={}", encode_query_value(w))))
         .collect();
-    let authorization = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    format!(
-        "GET {}{STATE_PATH}?{} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: leasegate-explain/{}\r\n{authorization}Connection: close\r\n\r\n",
-        url.base_path,
-        query.join("&"),
-        url.authority,
-        env!("CARGO_PKG_VERSION"),
-    )
-}
-
-/// Reads a whole HTTP/1.1 answer: its status code and line, and its body
-/// (by `Content-Length`, chunked, or to the end).
-pub fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
-    let head_end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer ended before its head did")?;
-    let head = std::str::from_utf8(&raw[..head_end]).map_err(|_| "the answer's head is not text")?;
-    let body = &raw[head_end + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or("");
-    let code: u16 = parts
-        .next()
-        .and_then(|c| c.parse().ok())
-        .filter(|_| version.starts_with("HTTP/1."))
-        .ok_or_else(|| format!("not an HTTP/1.1 status line: {status_line:?}"))?;
-    let mut length = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
-            );
-        } else if name.eq_ignore_ascii_case("transfer-encoding") && value.to_ascii_lowercase().contains("chunked") {
-            chunked = true;
-        }
-    }
-    let body = if chunked {
-        dechunk(body)?
-    } else if let Some(n) = length {
-        body.get(..n).ok_or("the answer ended before its body did")?.to_vec()
-    } else {
-        body.to_vec()
-    };
-    Ok((code, status_line.trim().to_string(), body))
-}
-
-fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("a chunked body ended early")?;
-        let size_text = std::str::from_utf8(&rest[..line_end]).map_err(|_| "bad chunk size")?;
-        let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| format!("bad chunk size {size_text:?}"))?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(rest.get(..size).ok_or("a chunked body ended early")?);
-        rest = rest.get(size + 2..).ok_or("a chunked body ended early")?;
-    }
+    format!("{}{STATE_PATH}?{}", url.base_path, query.join("&"))
 }
 
 /// The key states in a `/limits/state` body.
@@ -244,35 +175,74 @@ pub fn fetch_state(
         .to_socket_addrs()
         .map_err(|e| unreachable(e.to_string()))?
         .collect();
-    let mut last = String::from("the name resolves to no address");
-    let mut stream = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+    let mut request = http::Request::get(state_target(url, keys, whos))
+        .header(http::header::HOST, url.authority.as_str())
+        .header(http::header::ACCEPT, "application/json")
+        .header(
+            http::header::USER_AGENT,
+            concat!("leasegate-explain/", env!("CARGO_PKG_VERSION")),
+        );
+    if let Some(token) = bearer {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| unreachable(e.to_string()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| unreachable(e.to_string()))?;
+    let (code, status, body) = runtime.block_on(async {
+        let step = |what: &'static str| move |_| format!("no answer within {} ms ({what})", timeout.as_millis());
+        let mut last = String::from("the name resolves to no address");
+        let mut stream = None;
+        for addr in addrs {
+            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    stream = Some(s);
+                    break;
+                }
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = format!("connecting took over {} ms", timeout.as_millis()),
             }
-            Err(e) => last = e.to_string(),
         }
-    }
-    let mut stream = stream.ok_or_else(|| unreachable(last))?;
-    let io = |e: std::io::Error| unreachable(e.to_string());
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    stream
-        .write_all(state_request(url, keys, whos, bearer).as_bytes())
-        .map_err(io)?;
-    let mut raw = Vec::new();
-    stream.take(MAX_ANSWER as u64 + 1).read_to_end(&mut raw).map_err(io)?;
-    if raw.len() > MAX_ANSWER {
-        return Err(AdminError::NotHttp {
-            url: shown,
-            reason: format!("the answer is over {MAX_ANSWER} bytes"),
-        });
-    }
-    let (code, status, body) = parse_response(&raw).map_err(|reason| AdminError::NotHttp {
-        url: shown.clone(),
-        reason,
+        let stream = stream.ok_or_else(|| unreachable(last))?;
+        let not_http = |reason: String| AdminError::NotHttp {
+            url: shown.clone(),
+            reason,
+        };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        // The connection is driven here: it ends with the exchange.
+        let exchange = async move {
+            let answer = tokio::time::timeout(timeout, sender.send_request(request))
+                .await
+                .map_err(step("the head"))?
+                .map_err(|e| e.to_string())?;
+            let status = answer.status();
+            let body = tokio::time::timeout(timeout, Limited::new(answer.into_body(), MAX_ANSWER).collect())
+                .await
+                .map_err(step("the body"))?
+                .map_err(|e| match e.downcast::<http_body_util::LengthLimitError>() {
+                    Ok(_) => format!("the answer is over {MAX_ANSWER} bytes"),
+                    Err(e) => e.to_string(),
+                })?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        let mut exchange = std::pin::pin!(exchange);
+        let mut conn = std::pin::pin!(conn);
+        let (status, body) = tokio::select! {
+            biased;
+            r = &mut exchange => r.map_err(not_http)?,
+            c = &mut conn => match c {
+                Err(e) => return Err(not_http(e.to_string())),
+                Ok(()) => exchange.await.map_err(not_http)?,
+            },
+        };
+        let line = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or_default());
+        Ok::<_, AdminError>((status.as_u16(), line, body.to_vec()))
     })?;
     let excerpt = |b: &[u8]| {
         let text = String::from_utf8_lossy(b);
@@ -285,7 +255,7 @@ pub fn fetch_state(
     if code != 200 {
         return Err(AdminError::Status {
             url: shown,
-            status: status.trim_start_matches(|c: char| c != ' ').trim().to_string(),
+            status: status.trim().to_string(),
             hint: match code {
                 404 => " (is this a leasegate admin listener with /limits/state?)",
                 401 => " (the gateway wants its [admin] token_file's token: explain sends the one its --config names)",
@@ -351,70 +321,22 @@ mod tests {
     #[test]
     fn the_request_asks_for_each_key_encoded() {
         let url = AdminUrl::parse("http://127.0.0.1:9901").unwrap();
-        let req = state_request(
-            &url,
-            &["rl:{per_client:key:acme}", "rl:{per_subnet:198.51.100.0/24:s02}"],
-            &["key:acme"],
-            None,
-        );
-        let mut lines = req.split("\r\n");
         assert_eq!(
-            lines.next(),
-            Some(
-                "GET /limits/state?key=rl%3A%7Bper_client%3Akey%3Aacme%7D&key=rl%3A%7Bper_subnet%3A198.51.100.0%2F24%3As02%7D&who=key%3Aacme HTTP/1.1"
-            )
-        );
-        assert!(req.contains("\r\nHost: 127.0.0.1:9901\r\n"), "{req}");
-        assert!(req.contains("\r\nConnection: close\r\n"), "{req}");
-        assert!(req.ends_with("\r\n\r\n"), "{req}");
-        assert!(!req.contains("Authorization"), "{req}");
-        let with_token = state_request(&url, &["k"], &[], Some("0123456789abcdef"));
-        assert!(
-            with_token.contains("\r\nAuthorization: Bearer 0123456789abcdef\r\n"),
-            "{with_token}"
+            state_target(
+                &url,
+                &["rl:{per_client:key:acme}", "rl:{per_subnet:198.51.100.0/24:s02}"],
+                &["key:acme"],
+            ),
+            "/limits/state?key=rl%3A%7Bper_client%3Akey%3Aacme%7D&key=rl%3A%7Bper_subnet%3A198.51.100.0%2F24%3As02%7D&who=key%3Aacme"
         );
         let behind = AdminUrl::parse("http://gw:80/admin/").unwrap();
-        assert!(state_request(&behind, &["k"], &[], None).starts_with("GET /admin/limits/state?key=k HTTP/1.1\r\n"));
+        assert_eq!(state_target(&behind, &["k"], &[]), "/admin/limits/state?key=k");
         // Spaces, percent signs and non-ASCII bytes are encoded too.
         assert_eq!(encode_query_value("a b%c/é"), "a%20b%25c%2F%C3%A9");
         assert_eq!(encode_query_value("Az09-._~"), "Az09-._~");
     }
 
     const ANSWER: &str = r#"{"keys":[{"key":"rl:{per_client:key:acme}","tracked":true,"tokens_at_hand":4,"blocked_for_ms":0,"retry_after_ms":0,"store_remaining":95,"reset_ms":1200,"last_store_failure":null}]}"#;
-
-    #[test]
-    fn answers_parse_by_length_chunks_or_close() {
-        let by_length = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}trailing",
-            ANSWER.len()
-        );
-        let (code, status, body) = parse_response(by_length.as_bytes()).unwrap();
-        assert_eq!(
-            (code, status.as_str(), body.as_slice()),
-            (200, "HTTP/1.1 200 OK", ANSWER.as_bytes())
-        );
-        let (a, b) = ANSWER.split_at(20);
-        let chunked = format!(
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:X};ext=1\r\n{b}\r\n0\r\n\r\n",
-            a.len(),
-            b.len()
-        );
-        assert_eq!(parse_response(chunked.as_bytes()).unwrap().2, ANSWER.as_bytes());
-        let to_close = format!("HTTP/1.0 200 OK\r\n\r\n{ANSWER}");
-        assert_eq!(parse_response(to_close.as_bytes()).unwrap().2, ANSWER.as_bytes());
-        let not_found = "HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\nnot found\n";
-        assert_eq!(parse_response(not_found.as_bytes()).unwrap().0, 404);
-        for bad in [
-            "",
-            "HTTP/1.1 200 OK\r\n",
-            "SSH-2.0-OpenSSH\r\n\r\n",
-            "HTTP/1.1 abc OK\r\n\r\n",
-            "HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\nshort",
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
-        ] {
-            assert!(parse_response(bad.as_bytes()).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn key_states_parse_leniently_but_need_keys() {
