@@ -24,20 +24,20 @@ pub mod blocked;
 pub mod cost;
 mod fallback;
 pub mod fleet;
-mod forgotten;
 pub mod headers;
 pub mod key;
 pub mod keyed;
 pub mod lease;
-mod near;
 pub mod overrides;
 pub mod policy;
+mod recent_refusals;
 pub mod report;
 pub mod slots;
 mod slow_path;
 pub mod stage;
 mod sweep;
 pub mod table;
+mod thread_cache;
 pub mod usage;
 mod verdict;
 
@@ -237,7 +237,7 @@ pub struct Limiter {
     /// The live count of instances, from the store's heartbeats.
     fleet: Arc<fleet::Fleet>,
     /// Refused keys the sweeper forgot in their window (the status page).
-    forgotten: forgotten::Forgotten,
+    forgotten: recent_refusals::Forgotten,
     /// Concurrency limits' slots held on this instance.
     slots: Arc<slots::SlotTable>,
     /// The fleet's per-caller overrides, as last loaded from the store.
@@ -260,7 +260,7 @@ impl Limiter {
             clock,
             wall,
             fleet: Arc::default(),
-            forgotten: forgotten::Forgotten::default(),
+            forgotten: recent_refusals::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
             overrides: Arc::default(),
         })

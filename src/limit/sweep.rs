@@ -146,7 +146,7 @@ impl Limiter {
             // does one with reserved tokens still to come (expired ones
             // were taken above): forgotten, they would be lost.
             let forgettable = idle && lease.available() == 0 && !lease.has_reservation();
-            let kept = !forgettable || super::near::is_held(lease);
+            let kept = !forgettable || super::thread_cache::is_held(lease);
             if !kept {
                 // Refused in a window still open: the status page keeps
                 // showing it for that window.
@@ -159,9 +159,9 @@ impl Limiter {
         });
         // Only the most refused can stay (the table holds a few): a flood
         // of keys refused once costs one sort here, not a table walk each.
-        if refused.len() > super::forgotten::KEPT {
-            refused.select_nth_unstable_by(super::forgotten::KEPT, |a, b| b.1.cmp(&a.1));
-            refused.truncate(super::forgotten::KEPT);
+        if refused.len() > super::recent_refusals::KEPT {
+            refused.select_nth_unstable_by(super::recent_refusals::KEPT, |a, b| b.1.cmp(&a.1));
+            refused.truncate(super::recent_refusals::KEPT);
         }
         for (key, refusals, until) in refused {
             self.forgotten.keep(key, refusals, until, now);

@@ -22,7 +22,7 @@
 use std::sync::{Arc, RwLock};
 
 use super::lease::Lease;
-use super::near;
+use super::thread_cache;
 use crate::sync::Recover;
 
 pub const SHARDS: usize = 64;
@@ -65,7 +65,7 @@ pub type Evicted = Vec<Arc<Lease>>;
 impl LeaseTable {
     pub fn new(max_keys: usize) -> LeaseTable {
         LeaseTable {
-            id: super::near::new_table_id(),
+            id: super::thread_cache::new_table_id(),
             shards: (0..SHARDS).map(|_| RwLock::new(Maps::default())).collect(),
             key_seed: fastrand::u64(..),
             hasher: foldhash::fast::RandomState::default(),
@@ -101,7 +101,7 @@ impl LeaseTable {
     #[inline]
     pub fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
         let mut f = Some(f);
-        if let Some(t) = near::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {
+        if let Some(t) = thread_cache::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {
             return Some(t);
         }
         // Taken only by a hit, which returned.
@@ -109,10 +109,10 @@ impl LeaseTable {
         let (t, keep) = {
             let shard = self.shard(h).read().recover();
             let lease = shard.leases.get(&h)?;
-            (f(lease), near::wants(self.id, h).then(|| lease.clone()))
+            (f(lease), thread_cache::wants(self.id, h).then(|| lease.clone()))
         };
         if let Some(lease) = keep {
-            near::keep(self.id, h, lease);
+            thread_cache::keep(self.id, h, lease);
         }
         Some(t)
     }
@@ -136,7 +136,7 @@ impl LeaseTable {
             let mut victims: Vec<u64> = shard
                 .leases
                 .iter()
-                .filter(|(_, l)| l.available() == 0 && !near::is_held(l))
+                .filter(|(_, l)| l.available() == 0 && !thread_cache::is_held(l))
                 .map(|(k, _)| *k)
                 .take(batch)
                 .collect();

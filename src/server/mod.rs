@@ -54,8 +54,8 @@ pub(crate) use delegate_async_write;
 
 pub mod accept;
 pub mod admin;
-pub mod door;
-pub mod opening;
+pub mod connection_cap;
+pub mod opening_deadline;
 mod overrides;
 pub mod ping_store;
 pub mod prefixed;
@@ -342,7 +342,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
     let connect_timeout = config.store.connect_timeout;
     let store_name = store.name();
     let connections = Arc::new(Semaphore::new(config.gateway.max_connections));
-    let per_ip = door::per_ip(&config);
+    let per_ip = connection_cap::per_ip(&config);
     let config_instance_id = config.gateway.instance_id.clone();
     let rls_threads = config.rls.as_ref().map(|r| r.workers);
     let runtime = Arc::new(Runtime::new(config, metrics, store).with_store_link(store_link.clone()));

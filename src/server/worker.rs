@@ -19,8 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use super::opening::Opening;
-use super::{door, tls};
+use super::opening_deadline::Opening;
+use super::{connection_cap, tls};
 use crate::config::Config;
 use crate::connection::{ConnInfo, Guard};
 use crate::gateway::Gateway;
@@ -35,7 +35,7 @@ pub(super) struct Shared {
     pub(super) gateway: Arc<Gateway>,
     pub(super) connections: Arc<Semaphore>,
     /// `max_connections_per_ip`, bound at start like `max_connections`.
-    pub(super) per_ip: Arc<door::PerIp>,
+    pub(super) per_ip: Arc<connection_cap::PerIp>,
     /// `[tls]` as started (the ClientHello deadline is bound at start);
     /// each handshake takes the certificate of the config in force.
     pub(super) tls: Option<crate::config::Tls>,
@@ -216,7 +216,7 @@ impl Builders {
 struct Held {
     metrics: Arc<Metrics>,
     _permit: OwnedSemaphorePermit,
-    _place: Option<door::Place>,
+    _place: Option<connection_cap::Place>,
     _drain: mpsc::Sender<()>,
 }
 
@@ -290,7 +290,7 @@ impl Connection {
         let gateway = self.shared.gateway.clone();
         let idle = conn.idle_timeout;
         let conn = Arc::new(conn);
-        let activity = Arc::new(door::Activity::default());
+        let activity = Arc::new(connection_cap::Activity::default());
         let active = activity.clone();
         let service = service_fn(move |req| {
             let busy = active.begin();
@@ -299,7 +299,7 @@ impl Connection {
             // outside and moved in, it would be copied once more per request.
             async move {
                 let resp = gateway.handle(req, conn).await?;
-                Ok::<_, std::convert::Infallible>(resp.map(|body| door::Tracked::new(body, busy)))
+                Ok::<_, std::convert::Infallible>(resp.map(|body| connection_cap::Tracked::new(body, busy)))
             }
         });
         let served = builder.serve_connection_with_upgrades(io, service);

@@ -3,7 +3,7 @@
 
 use redis::Script;
 
-use super::{phases, RedisStore, RELEASE};
+use super::{call_phases, RedisStore, RELEASE};
 use crate::quota::Grant;
 use crate::store::{BoxFuture, StoreError};
 
@@ -25,8 +25,8 @@ impl RedisStore {
         };
         let key = key.to_owned();
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let stamps = phases::Stamps::new();
-        let mut watch = phases::PhaseWatch {
+        let stamps = call_phases::Stamps::new();
+        let mut watch = call_phases::PhaseWatch {
             stamps: stamps.clone(),
             metrics: self.metrics.clone(),
             result: None,

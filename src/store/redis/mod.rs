@@ -49,12 +49,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 use tokio::sync::watch;
 
+mod call_phases;
 mod calls;
 mod fleet_tables;
 mod node;
 mod overrides;
 mod persistence;
-mod phases;
 mod region;
 mod sentinel;
 
