@@ -11,13 +11,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use super::admin_response::{json, text};
 use crate::proxy::body::Body;
 use crate::runtime::Runtime;
 
@@ -48,18 +48,6 @@ pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
         }
     })
     .await;
-}
-
-pub(super) fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
-    let mut resp = Response::new(Body::full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
-}
-
-pub(super) fn json(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    text(status, "application/json", format!("{body}\n"))
 }
 
 /// The 401 for a request without the admin token, when one is set.

@@ -54,6 +54,7 @@ pub(crate) use delegate_async_write;
 
 pub mod accept;
 pub mod admin;
+mod admin_response;
 pub mod connection_cap;
 pub mod opening_deadline;
 mod overrides;

@@ -9,7 +9,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::admin::{json, text};
+use super::admin_response::{json, text};
 use crate::limit::overrides::{valid_descriptor, valid_who, Override};
 use crate::proxy::body::Body;
 use crate::runtime::Runtime;

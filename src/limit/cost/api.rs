@@ -146,7 +146,7 @@ pub struct ApiRequest {
 /// read: an unreadable body still reserves its size).
 pub fn read_request(api: Api, endpoint: Endpoint, body: Option<&[u8]>, len: u64, reserve_default: u64) -> ApiRequest {
     let prompt = len.div_ceil(BYTES_PER_TOKEN);
-    let doc = body.map(skip_bom);
+    let doc = body.map(super::rewrite::skip_bom);
     let output = if endpoint == Endpoint::Embeddings {
         Some(0)
     } else {
@@ -166,12 +166,6 @@ pub fn read_request(api: Api, endpoint: Endpoint, body: Option<&[u8]>, len: u64,
         prompt,
         add_usage,
     }
-}
-
-/// A JSON document without its UTF-8 byte order mark, which serde_json
-/// refuses and upstreams skip.
-pub fn skip_bom(doc: &[u8]) -> &[u8] {
-    doc.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(doc)
 }
 
 /// Where a preset's responses report their usage: the fields of a JSON

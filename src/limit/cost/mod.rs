@@ -236,7 +236,7 @@ impl Reserve {
                     .and_then(|s| s.trim().parse::<u64>().ok())
                     .ok_or_else(|| ReserveError::NotANumber(name.clone()))?,
             },
-            Reserve::Json(fields) => body.and_then(|b| fields.read(api::skip_bom(b))).unwrap_or(default),
+            Reserve::Json(fields) => body.and_then(|b| fields.read(rewrite::skip_bom(b))).unwrap_or(default),
             Reserve::Api(_) => default,
         };
         Ok(n.clamp(1, capacity.max(1)))

@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 /// last of duplicate keys counts, as in the upstream's parser.
 pub fn lacks_usage(doc: &[u8]) -> bool {
     // JSON is UTF-8 (serde skips a string it ignores without checking).
-    let Ok(text) = std::str::from_utf8(super::api::skip_bom(doc)) else {
+    let Ok(text) = std::str::from_utf8(skip_bom(doc)) else {
         return false;
     };
     if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
@@ -331,6 +331,12 @@ fn is_usage_chunk(event: &[u8]) -> bool {
         usage: Option<serde::de::IgnoredAny>,
     }
     serde_json::from_slice::<Chunk>(&data).is_ok_and(|c| c.choices.is_some_and(|ch| ch.is_empty()) && c.usage.is_some())
+}
+
+/// A JSON document without its UTF-8 byte order mark, which serde_json
+/// refuses and upstreams skip.
+pub fn skip_bom(doc: &[u8]) -> &[u8] {
+    doc.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(doc)
 }
 
 #[cfg(test)]
