@@ -37,6 +37,8 @@ mod slow_path;
 pub mod stage;
 mod sweep;
 pub mod table;
+#[cfg(test)]
+pub(crate) mod testing;
 mod thread_cache;
 pub mod usage;
 mod verdict;

@@ -211,38 +211,14 @@ mod tests {
 
     use super::*;
     use crate::clock::monotonic_clock;
-    use crate::limit::key::Facts;
-    use crate::limit::lease::Sizing;
     use crate::limit::policy::{Draft, Limit, StoreFailure};
-    use crate::limit::{LimitRuntime, Settings};
+    use crate::limit::testing::{facts, settings};
+    use crate::limit::LimitRuntime;
     use crate::store::memory::MemoryStore;
     use crate::telemetry::metrics::Metrics;
 
-    fn settings() -> Settings {
-        Settings {
-            sizing: Sizing::default(),
-            max_block_ms: 5_000,
-            reserve: true,
-            max_keys: 100_000,
-            fleet_size: None,
-            deadline_ms: 1_000,
-        }
-    }
-
     fn limiter() -> Arc<Limiter> {
         Limiter::new(Arc::new(MemoryStore::new(10_000)), settings(), monotonic_clock())
-    }
-
-    fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
-        Facts {
-            identity,
-            tenant: None,
-            plan: None,
-            rates: &[],
-            route: "r",
-            ip: "127.0.0.1".parse().unwrap(),
-            headers,
-        }
     }
 
     #[tokio::test]

@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::clock::Clock;
-use crate::limit::key::Facts;
 use crate::limit::policy::{Draft, Limit, Mode, StoreFailure};
-use crate::limit::{Decision, LimitRuntime, Limiter, Settings};
+use crate::limit::testing::{facts, settings};
+use crate::limit::{Decision, LimitRuntime, Limiter};
 use crate::quota::{Algorithm, Rate};
 use crate::store::memory::MemoryStore;
 use crate::store::FleetStore;
@@ -31,17 +31,6 @@ fn concurrency(max: u64, mode: Mode) -> Arc<LimitRuntime> {
     Arc::new(LimitRuntime::new(config, "test", &Metrics::new()))
 }
 
-fn settings() -> Settings {
-    Settings {
-        sizing: crate::limit::lease::Sizing::default(),
-        max_block_ms: 5_000,
-        reserve: true,
-        max_keys: 1_000,
-        fleet_size: None,
-        deadline_ms: 1_000,
-    }
-}
-
 fn fleet(n: usize) -> (Arc<AtomicU64>, Arc<MemoryStore>, Vec<Arc<Limiter>>) {
     let now = Arc::new(AtomicU64::new(1_000_000));
     let read = now.clone();
@@ -53,22 +42,10 @@ fn fleet(n: usize) -> (Arc<AtomicU64>, Arc<MemoryStore>, Vec<Arc<Limiter>>) {
     (now, store, limiters)
 }
 
-fn facts(headers: &http::HeaderMap) -> Facts<'_> {
-    Facts {
-        identity: "acme",
-        tenant: None,
-        plan: None,
-        rates: &[],
-        route: "r",
-        ip: "127.0.0.1".parse().unwrap(),
-        headers,
-    }
-}
-
 /// Checks one request: its decision, and the slots it holds.
 async fn ask(l: &Arc<Limiter>, limits: &[Arc<LimitRuntime>]) -> (Decision, Vec<Held>, u64) {
     let h = http::HeaderMap::new();
-    let mut v = l.check(limits, &[0], &facts(&h), StoreFailure::Allow).await;
+    let mut v = l.check(limits, &[0], &facts("acme", &h), StoreFailure::Allow).await;
     let retry = v
         .refused
         .and_then(|i| v.limits.get(i))
@@ -207,7 +184,7 @@ async fn a_slot_coming_back_wakes_whoever_waits_for_it() {
     let limits = [concurrency(1, Mode::Enforce)];
     let (_, held, _) = ask(&fleet[0], &limits).await;
     let h = http::HeaderMap::new();
-    let freed = fleet[0].slot_freed(&limits[0], &facts(&h));
+    let freed = fleet[0].slot_freed(&limits[0], &facts("acme", &h));
     tokio::pin!(freed);
     assert!(
         tokio::time::timeout(Duration::from_millis(20), &mut freed)

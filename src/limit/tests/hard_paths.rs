@@ -61,7 +61,7 @@ async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
 #[tokio::test(start_paused = true)]
 async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
     let store = failing();
-    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store, settings(), monotonic_clock());
     let canary = {
         let rate: Rate = "1/h".parse().unwrap();
         let config = Arc::new(
@@ -100,7 +100,7 @@ async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
 #[tokio::test(start_paused = true)]
 async fn a_cold_burst_costs_a_couple_of_store_calls() {
     let store = slow(10);
-    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), settings(), monotonic_clock());
     let limits = Arc::new(vec![limit("route", "10000/min", None, Mode::Enforce)]);
     let tasks: Vec<_> = (0..50)
         .map(|_| {
@@ -141,7 +141,7 @@ fn stingy() -> Arc<Scripted> {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_at_most_one_deadline_in_all() {
-    let limiter = Limiter::new(stingy(), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(stingy(), settings(), monotonic_clock());
     limiter.set_settings(Settings {
         deadline_ms: 50,
         ..limiter.settings()
@@ -248,7 +248,7 @@ async fn the_warning_measures_how_far_over_across_the_window() {
 fn switchable() -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
     let (now, clock) = manual_clock(T0);
     let store = Arc::new(Scripted::with_memory(MemoryStore::with_clock(1_000, clock.clone())));
-    let limiter = Limiter::new(store.clone(), test_settings(), clock);
+    let limiter = Limiter::new(store.clone(), settings(), clock);
     (now, store, limiter)
 }
 
@@ -393,7 +393,7 @@ async fn background_releases_past_their_bound_are_dropped_not_queued() {
     // A store whose releases never answer.
     let store = Arc::new(Scripted::new());
     store.answer(Call::Release, Answer::Hang);
-    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store, settings(), monotonic_clock());
     let limits = vec![limit("l", "1000000/min", None, Mode::Enforce)];
     one(&limiter, &limits, "a").await;
     let lease = limiter.leases.get(limiter_hash(&limiter, &limits[0], "a")).unwrap();
@@ -410,7 +410,7 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
     let store = slow(20);
     let settings = Settings {
         max_keys: 512, // 8 leases per shard
-        ..test_settings()
+        ..settings()
     };
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("l", "1000000/min", None, Mode::Enforce)]);

@@ -1,6 +1,7 @@
 use super::*;
 use crate::clock::monotonic_clock;
 use crate::limit::policy::{Draft, KeyPart, Mode, StoreFailure};
+use crate::limit::testing::{facts, settings};
 use crate::quota::{Grant, Rate};
 use crate::store::memory::MemoryStore;
 use crate::store::testing::{Answer, Call, Scripted};
@@ -45,7 +46,7 @@ fn limit(name: &str, rate: &str, burst: Option<u64>, mode: Mode) -> Arc<LimitRun
 
 fn setup() -> (Arc<Scripted>, Arc<Limiter>) {
     let store = Arc::new(Scripted::new());
-    (store.clone(), Limiter::new(store, test_settings(), monotonic_clock()))
+    (store.clone(), Limiter::new(store, settings(), monotonic_clock()))
 }
 
 // Every test here runs on tokio's paused clock: a store's latency, a
@@ -64,33 +65,8 @@ fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
 fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
     let (now, clock) = manual_clock(start_ms);
     let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let limiter = Limiter::new(store.clone(), test_settings(), clock);
+    let limiter = Limiter::new(store.clone(), settings(), clock);
     (now, store, limiter)
-}
-
-/// The limiter's settings in these tests: default sizing, a generous
-/// deadline (the stores here answer at once or after a set delay).
-fn test_settings() -> Settings {
-    Settings {
-        sizing: Sizing::default(),
-        max_block_ms: 5_000,
-        reserve: true,
-        max_keys: 100_000,
-        fleet_size: None,
-        deadline_ms: 1_000,
-    }
-}
-
-fn facts<'a>(identity: &'a str, headers: &'a http::HeaderMap) -> Facts<'a> {
-    Facts {
-        identity,
-        tenant: None,
-        plan: None,
-        rates: &[],
-        route: "r",
-        ip: "127.0.0.1".parse().unwrap(),
-        headers,
-    }
 }
 
 /// One request of `id` through `limiter`, served.
@@ -113,7 +89,7 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
             min: 50,
             ..Sizing::default()
         },
-        ..test_settings()
+        ..settings()
     };
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
@@ -151,7 +127,7 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
         monotonic_clock(),
         Arc::new(Metrics::new()),
     ));
-    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store, settings(), monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
     let first = {
         let (limiter, limits) = (limiter.clone(), limits.clone());
@@ -182,7 +158,7 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
 #[tokio::test(start_paused = true)]
 async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_again() {
     let store = failing();
-    let settings = test_settings();
+    let settings = settings();
     let limiter = Limiter::new(store.clone(), settings, monotonic_clock());
     let limits = Arc::new(vec![limit("big", "1000000/s", None, Mode::Enforce)]);
     let mut tasks = Vec::new();
@@ -215,7 +191,7 @@ fn one_lease_drains_the_bucket() -> (Arc<AtomicU64>, Arc<Limiter>, Vec<Arc<Limit
             ttl_ms: 50,
             ..Sizing::default()
         },
-        ..test_settings()
+        ..settings()
     });
     (now, limiter, vec![limit("three", "3/h", None, Mode::Enforce)])
 }
@@ -278,7 +254,7 @@ async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
 #[tokio::test(start_paused = true)]
 async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
     let store = failing();
-    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), settings(), monotonic_clock());
     let limits = vec![
         limit("a", "1000000/s", None, Mode::Enforce),
         limit("b", "1000000/s", None, Mode::Enforce),
@@ -306,7 +282,7 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
 #[tokio::test(start_paused = true)]
 async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
     let store = failing();
-    let limiter = Limiter::new(store, test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store, settings(), monotonic_clock());
     let rate: Rate = "40/h".parse().unwrap();
     let config = Arc::new(
         Limit::try_new(Draft {
@@ -337,7 +313,7 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_request_frees_its_keys_store_call_slot() {
     let store = slow(10);
-    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), settings(), monotonic_clock());
     let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
     // A client that goes away while its store call is in flight...
@@ -497,7 +473,7 @@ async fn expired_leases_go_back_to_the_store() {
             ttl_ms: 1,
             ..Sizing::default()
         },
-        ..test_settings()
+        ..settings()
     });
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     let h = http::HeaderMap::new();
@@ -529,7 +505,7 @@ async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
     let settings = Settings {
         max_block_ms: 3_600_000,
         max_keys: 1_024,
-        ..test_settings()
+        ..settings()
     };
     let limiter = Limiter::new(store, settings, monotonic_clock());
     let limits = vec![limit("one", "1/h", None, Mode::Enforce)];

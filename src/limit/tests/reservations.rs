@@ -18,7 +18,7 @@ async fn drained_hot_key(n: usize, secs: u64) -> (u64, u64) {
             max: 10,
             ..Sizing::default()
         },
-        ..test_settings()
+        ..settings()
     };
     let fleet: Vec<_> = (0..n)
         .map(|_| Limiter::new(store.clone(), settings, clock.clone()))
@@ -92,7 +92,7 @@ fn drained(rate: &str, burst: u64, reserve: bool) -> Drained {
             ..Sizing::default()
         },
         reserve,
-        ..test_settings()
+        ..settings()
     };
     let limits = vec![limit("hot", rate, Some(burst), Mode::Enforce)];
     let h = http::HeaderMap::new();

@@ -11,7 +11,7 @@ use crate::limit::overrides::{OverridesFollower, POLL_MS};
 async fn the_heartbeat_counts_the_fleet_the_limiter_divides_by_and_leaves_it() {
     let store = Arc::new(Scripted::new());
     store.fleet.store(3, Ordering::SeqCst);
-    let limiter = Limiter::new(store.clone(), test_settings(), monotonic_clock());
+    let limiter = Limiter::new(store.clone(), settings(), monotonic_clock());
     assert_eq!(limiter.fleet().live, None, "not counted before a heartbeat");
     let heartbeat = Arc::new(Heartbeat::of(&limiter, 7));
     let task = tokio::spawn(heartbeat.clone().run());
@@ -45,8 +45,8 @@ async fn the_heartbeat_counts_the_fleet_the_limiter_divides_by_and_leaves_it() {
 async fn the_follower_brings_another_instances_change_within_a_poll() {
     // Two instances of one fleet on one store that sends no change notices.
     let store = Arc::new(MemoryStore::new(1_000));
-    let a = Limiter::new(store.clone(), test_settings(), monotonic_clock());
-    let b = Limiter::new(store, test_settings(), monotonic_clock());
+    let a = Limiter::new(store.clone(), settings(), monotonic_clock());
+    let b = Limiter::new(store, settings(), monotonic_clock());
     let limits = vec!["api".to_string()];
     let b_follows = Arc::new(OverridesFollower::of(&b));
     let listed = limits.clone();
@@ -74,7 +74,7 @@ async fn an_override_lapses_on_the_limiters_wall_clock() {
     let day = 86_400_000;
     let (wall, wall_clock) = manual_clock(crate::clock::days_from_civil(2027, 1, 30) * day);
     let store = Arc::new(MemoryStore::new(1_000));
-    let limiter = Limiter::with_wall_clock(store, test_settings(), monotonic_clock(), wall_clock);
+    let limiter = Limiter::with_wall_clock(store, settings(), monotonic_clock(), wall_clock);
     let limits = ["api".to_string()];
     let o = overrides::Override::from_request(
         br#"{"rate": "5/s", "expires": "2027-01-31T00:00:00Z"}"#,
