@@ -537,6 +537,62 @@ impl fmt::Display for Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Any of the three algorithms at a random quota.
+    fn any_spec() -> impl Strategy<Value = Spec> {
+        (
+            prop_oneof![
+                Just(Algorithm::TokenBucket),
+                Just(Algorithm::SlidingWindow),
+                Just(Algorithm::FixedWindow),
+            ],
+            1u64..50,
+            10u64..100_000,
+            1u64..100,
+        )
+            .prop_map(|(algorithm, count, period_ms, capacity)| {
+                let rate = Rate {
+                    count,
+                    period: Duration::from_millis(period_ms),
+                };
+                let capacity = if algorithm == Algorithm::TokenBucket {
+                    capacity
+                } else {
+                    count
+                };
+                Spec::new(algorithm, rate, capacity)
+            })
+    }
+
+    proptest! {
+        /// For every algorithm, whenever a grant leaves no whole token
+        /// (refused or not), over any history of requests and clock steps
+        /// back and forth: coming back exactly retry_after later is
+        /// admitted, a millisecond earlier is not; with room left, no wait
+        /// is told.
+        #[test]
+        fn every_full_grant_says_exactly_when_to_retry(
+            s in any_spec(),
+            steps in prop::collection::vec((clock_step(), 0u64..20), 1..80),
+        ) {
+            let (mut state, mut now) = (None, 10_000_000u64);
+            for (dt, want) in steps {
+                now = now.saturating_add_signed(dt);
+                let (st, g) = acquire(state, &s, now, want);
+                state = Some(st);
+                if g.remaining > 0 {
+                    prop_assert_eq!(g.retry_after_ms, 0);
+                    continue;
+                }
+                prop_assert!(g.retry_after_ms >= 1);
+                let (_, later) = acquire(state, &s, now + g.retry_after_ms, 1);
+                prop_assert_eq!(later.granted, 1, "{:?} at +{}", s.algorithm, g.retry_after_ms);
+                let (_, early) = acquire(state, &s, now + g.retry_after_ms - 1, 1);
+                prop_assert_eq!(early.granted, 0, "{:?} at +{} - 1", s.algorithm, g.retry_after_ms);
+            }
+        }
+    }
 
     fn rate(s: &str) -> Result<Rate, RateError> {
         s.parse()

@@ -423,31 +423,6 @@ mod tests {
     }
 
     proptest! {
-        /// Whenever a grant leaves no room (refused or not), over any
-        /// history of requests and clock steps: coming back exactly
-        /// retry_after later is admitted, a millisecond earlier is not.
-        #[test]
-        fn every_full_grant_says_exactly_when_to_retry(
-            limit in 1u64..50, period_ms in 10u64..100_000,
-            steps in prop::collection::vec((clock_step(), 0u64..5), 1..80),
-        ) {
-            let s = spec(limit, period_ms);
-            let (mut st, mut now) = (None, 10_000_000u64);
-            for (dt, want) in steps {
-                now = now.saturating_add_signed(dt);
-                let (n, g) = acquire(st, &s, now, want);
-                st = Some(n);
-                if g.remaining > 0 {
-                    prop_assert_eq!(g.retry_after_ms, 0);
-                    continue;
-                }
-                prop_assert!(g.retry_after_ms >= 1);
-                let (_, later) = acquire(st, &s, now + g.retry_after_ms, 1);
-                prop_assert_eq!(later.granted, 1, "at +{}", g.retry_after_ms);
-                let (_, early) = acquire(st, &s, now + g.retry_after_ms - 1, 1);
-                prop_assert_eq!(early.granted, 0, "at +{} - 1", g.retry_after_ms);
-            }
-        }
 
         /// No stall: whatever the clock did (steps back of up to an hour
         /// included), two periods after the latest call a request fits, as

@@ -411,29 +411,6 @@ mod tests {
     }
 
     proptest! {
-        /// After any grant, refused or not, with no whole token left:
-        /// retry_after is the exact wait for one, over any history of
-        /// requests and clock steps (back and forth).
-        #[test]
-        fn every_empty_grant_says_exactly_when_to_retry(
-            count in 1u64..1_000, period_ms in 1u64..100_000, capacity in 1u64..100,
-            steps in prop::collection::vec((clock_step(), 0u64..20), 1..60),
-        ) {
-            let s = spec(count, period_ms, capacity);
-            let (mut state, mut now) = (None, 10_000_000u64);
-            for (dt, want) in steps {
-                now = now.saturating_add_signed(dt);
-                let (st, g) = acquire(state, &s, now, want);
-                state = Some(st);
-                if g.remaining > 0 {
-                    prop_assert_eq!(g.retry_after_ms, 0);
-                    continue;
-                }
-                prop_assert!(g.retry_after_ms >= 1);
-                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms, 1).1.granted, 1);
-                prop_assert_eq!(acquire(state, &s, now + g.retry_after_ms - 1, 1).1.granted, 0);
-            }
-        }
 
         /// No stall: whatever the clock did before (steps back of up to an
         /// hour included), one period after the latest call a token is
