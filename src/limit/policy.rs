@@ -5,6 +5,7 @@
 
 use crate::identity::Tier;
 use crate::quota::{Algorithm, Rate, Share, Spec, MAX_UNITS};
+use crate::spelling::spellings;
 
 /// The rollout stage of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,17 +16,12 @@ pub enum Mode {
     Enforce,
 }
 
-impl Mode {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Shadow => "shadow",
-            Mode::Soft => "soft",
-            Mode::Canary => "canary",
-            Mode::Enforce => "enforce",
-        }
-    }
-}
+spellings!(Mode {
+    Shadow => "shadow",
+    Soft => "soft",
+    Canary => "canary",
+    Enforce => "enforce",
+});
 
 /// Which rate-limit headers responses carry (`[gateway] rate_limit_headers`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +33,13 @@ pub enum HeaderStyle {
     Legacy,
     None,
 }
+
+spellings!(HeaderStyle {
+    All => "all",
+    Ietf => "ietf",
+    Legacy => "legacy",
+    None => "none",
+});
 
 /// Which responses show a limit's `RateLimit*` fields (`[[limits]]
 /// headers`); the style of those fields is `[gateway] rate_limit_headers`'.
@@ -52,22 +55,13 @@ pub enum LimitHeaders {
     None,
 }
 
+spellings!(LimitHeaders {
+    All => "all",
+    Refusals => "refusals",
+    None => "none",
+});
+
 impl LimitHeaders {
-    pub const SPELLINGS: [(&'static str, LimitHeaders); 3] = [
-        ("all", LimitHeaders::All),
-        ("refusals", LimitHeaders::Refusals),
-        ("none", LimitHeaders::None),
-    ];
-
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LimitHeaders::All => "all",
-            LimitHeaders::Refusals => "refusals",
-            LimitHeaders::None => "none",
-        }
-    }
-
     /// Whether a response shows the limit's fields: `refusal` for a 429.
     pub fn shown(self, refusal: bool) -> bool {
         match self {
@@ -103,15 +97,10 @@ pub enum ShardBy {
     Identity,
 }
 
-impl ShardBy {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShardBy::Ip => "ip",
-            ShardBy::Identity => "identity",
-        }
-    }
-}
+spellings!(ShardBy {
+    Ip => "ip",
+    Identity => "identity",
+});
 
 /// What a route does while the store is away (`on_store_failure`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,15 +111,10 @@ pub enum StoreFailure {
     Deny,
 }
 
-impl StoreFailure {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreFailure::Allow => "allow",
-            StoreFailure::Deny => "deny",
-        }
-    }
-}
+spellings!(StoreFailure {
+    Allow => "allow",
+    Deny => "deny",
+});
 
 /// Most sub-buckets one key may be split into.
 pub const MAX_SHARDS: u32 = 1_000;

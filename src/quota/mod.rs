@@ -36,17 +36,12 @@ pub enum Algorithm {
     Concurrency,
 }
 
-impl Algorithm {
-    /// As written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::Concurrency => "concurrency",
-        }
-    }
-}
+crate::spelling::spellings!(Algorithm {
+    TokenBucket => "token_bucket",
+    SlidingWindow => "sliding_window",
+    FixedWindow => "fixed_window",
+    Concurrency => "concurrency",
+});
 
 /// Everything a store needs to decide for one key: the algorithm and its
 /// parameters. One store serves many limits.

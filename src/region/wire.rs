@@ -113,13 +113,12 @@ impl TransferRequest {
     /// The key's quota in a region of `share`: what that region's limiter
     /// uses for the key.
     pub fn spec(&self, share: Share) -> Result<Spec, BadRequest> {
-        let algorithm = match self.algorithm.as_str() {
-            "token_bucket" => Algorithm::TokenBucket,
-            "sliding_window" => Algorithm::SlidingWindow,
-            // The store transfers out of a fixed window too
-            // (TRANSFER_OUT_FIXED): the algorithm of the RLS rules.
-            "fixed_window" => Algorithm::FixedWindow,
-            other => return Err(BadRequest::Algorithm(other.to_string())),
+        // The store transfers out of a fixed window too
+        // (TRANSFER_OUT_FIXED): the algorithm of the RLS rules. A
+        // concurrency limit holds slots, not tokens to transfer.
+        let algorithm = match Algorithm::from_spelling(&self.algorithm) {
+            Some(a) if a != Algorithm::Concurrency => a,
+            _ => return Err(BadRequest::Algorithm(self.algorithm.clone())),
         };
         let ok = self.count >= 1
             && self.capacity >= 1

@@ -72,7 +72,7 @@ pub(super) fn limits(
                 c,
                 l.headers.as_ref(),
                 &format!("{key}.headers"),
-                &LimitHeaders::SPELLINGS,
+                LimitHeaders::SPELLINGS,
                 LimitHeaders::All,
             ),
             // `[region]` sets this region's slice once both are compiled.
@@ -92,12 +92,7 @@ fn algorithm(c: &mut Check, l: &raw::Limit, key: &str) -> Algorithm {
         c,
         l.algorithm.as_ref(),
         &format!("{key}.algorithm"),
-        &[
-            ("token_bucket", Algorithm::TokenBucket),
-            ("sliding_window", Algorithm::SlidingWindow),
-            ("fixed_window", Algorithm::FixedWindow),
-            ("concurrency", Algorithm::Concurrency),
-        ],
+        Algorithm::SPELLINGS,
         Algorithm::TokenBucket,
     )
 }
@@ -283,7 +278,7 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
             c,
             Some(a),
             &format!("{key}.cost.api"),
-            &crate::limit::cost::Api::SPELLINGS,
+            crate::limit::cost::Api::SPELLINGS,
             crate::limit::cost::Api::OpenAi,
         )
     });
@@ -305,7 +300,7 @@ fn cost(c: &mut Check, l: &raw::Limit, key: &str, algorithm: Algorithm) -> Optio
         c,
         r.errors.as_ref(),
         &format!("{key}.cost.errors"),
-        &crate::limit::cost::OnError::SPELLINGS,
+        crate::limit::cost::OnError::SPELLINGS,
         crate::limit::cost::OnError::Free,
     );
     let reserve_default = match &r.reserve_default {
@@ -414,12 +409,7 @@ fn mode(c: &mut Check, l: &raw::Limit, key: &str) -> Mode {
         c,
         l.mode.as_ref(),
         &format!("{key}.mode"),
-        &[
-            ("shadow", Mode::Shadow),
-            ("soft", Mode::Soft),
-            ("canary", Mode::Canary),
-            ("enforce", Mode::Enforce),
-        ],
+        Mode::SPELLINGS,
         Mode::Enforce,
     )
 }
@@ -464,7 +454,7 @@ fn shard_by(c: &mut Check, l: &raw::Limit, key: &str, shards: u32) -> ShardBy {
         c,
         l.shard_by.as_ref(),
         &format!("{key}.shard_by"),
-        &[("ip", ShardBy::Ip), ("identity", ShardBy::Identity)],
+        ShardBy::SPELLINGS,
         ShardBy::Ip,
     );
     if let (Some(sb), 1) = (&l.shard_by, shards) {

@@ -278,12 +278,7 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             c,
             g.rate_limit_headers.as_ref(),
             "gateway.rate_limit_headers",
-            &[
-                ("all", HeaderStyle::All),
-                ("ietf", HeaderStyle::Ietf),
-                ("legacy", HeaderStyle::Legacy),
-                ("none", HeaderStyle::None),
-            ],
+            HeaderStyle::SPELLINGS,
             HeaderStyle::All,
         ),
         request_id: choice(

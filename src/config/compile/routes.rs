@@ -190,7 +190,7 @@ pub(super) fn routes(
             c,
             r.on_store_failure.as_ref(),
             &format!("{key}.on_store_failure"),
-            &[("allow", StoreFailure::Allow), ("deny", StoreFailure::Deny)],
+            StoreFailure::SPELLINGS,
             StoreFailure::Allow,
         );
         let same_prefix = |o: &Route| {

@@ -506,11 +506,10 @@ impl Compiler<'_> {
                 ok = false;
             }
         }
-        let algorithm = match r.algorithm.as_deref() {
-            None | Some("fixed_window") => Algorithm::FixedWindow,
-            Some("token_bucket") => Algorithm::TokenBucket,
-            Some("sliding_window") => Algorithm::SlidingWindow,
-            Some(other) => {
+        let algorithm = match r.algorithm.as_deref().map(|a| (a, Algorithm::from_spelling(a))) {
+            None => Algorithm::FixedWindow,
+            Some((_, Some(a))) if a != Algorithm::Concurrency => a,
+            Some((other, _)) => {
                 self.problem(
                     &format!("{at}.algorithm"),
                     Some(&format!("algorithm: {other}")),

@@ -60,21 +60,13 @@ pub const CONTENT_KEYS: [&str; 10] = [
     "delta",
 ];
 
+crate::spelling::spellings!(Api {
+    OpenAi => "openai",
+    Anthropic => "anthropic",
+    Ollama => "ollama",
+});
+
 impl Api {
-    pub const SPELLINGS: [(&'static str, Api); 3] = [
-        ("openai", Api::OpenAi),
-        ("anthropic", Api::Anthropic),
-        ("ollama", Api::Ollama),
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Api::OpenAi => "openai",
-            Api::Anthropic => "anthropic",
-            Api::Ollama => "ollama",
-        }
-    }
-
     /// What a request whose output field is absent reserves by default,
     /// beside its prompt estimate: about a long answer of each API's
     /// common models (documented with the presets).

@@ -116,16 +116,10 @@ pub enum OnError {
     Reserve,
 }
 
-impl OnError {
-    pub const SPELLINGS: [(&'static str, OnError); 2] = [("free", OnError::Free), ("reserve", OnError::Reserve)];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnError::Free => "free",
-            OnError::Reserve => "reserve",
-        }
-    }
-}
+crate::spelling::spellings!(OnError {
+    Free => "free",
+    Reserve => "reserve",
+});
 
 /// What a request reserves at admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
