@@ -71,6 +71,7 @@ pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<R
         base,
         ("rls", r.span()),
         [raw.tls_cert.as_ref(), raw.tls_key.as_ref(), raw.client_ca.as_ref()],
+        raw.allow_subjects.as_ref(),
         &[b"h2"],
         false,
     );
