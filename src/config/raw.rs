@@ -278,6 +278,8 @@ pub struct Rls {
     pub client_ca: Option<Spanned<String>>,
     pub workers: Option<Spanned<i64>>,
     pub allow_overrides: Option<Spanned<bool>>,
+    pub max_override_values: Option<Spanned<i64>>,
+    pub max_hits_fraction: Option<Spanned<f64>>,
     pub allow_subjects: Option<Spanned<Vec<String>>>,
 }
 
