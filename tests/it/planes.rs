@@ -471,6 +471,19 @@ async fn the_region_link_refuses_a_signed_certificate_whose_subject_is_not_liste
         "{member:?}\n{}",
         primary.log()
     );
+    // A transfer is logged at DEBUG, never at INFO: the peer's strings
+    // cannot fill the log.
+    assert!(
+        primary.wait_for_log("region transfer answered", Duration::from_secs(5)),
+        "{}",
+        primary.log()
+    );
+    let log = primary.log();
+    let info: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("INFO") && l.contains("transfer"))
+        .collect();
+    assert!(info.is_empty(), "{info:?}");
     // Signed by the fleet's CA, but an Envoy's: not a region.
     let envoy = post_transfer(link, client_config(&ca, Some(&rls_cert), b"http/1.1")).await;
     assert!(envoy.is_err(), "an unlisted subject got {envoy:?}");
