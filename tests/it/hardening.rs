@@ -49,3 +49,28 @@ async fn connection_cannot_strip_what_the_request_was_keyed_or_priced_by() {
         "a field of the client's own is still hop-by-hop: {body}"
     );
 }
+
+/// The admin listener's 256 connections all held (idle clients, slow
+/// scrapes, a flood): a health check still gets its answer, on a place
+/// kept for probes, which serves nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_every_admin_connection_is_held() {
+    let gw = Gateway::start(&Toml::new().respond("all", "/", &[]));
+    let admin = gw.admin();
+    let mut held = Vec::new();
+    for _ in 0..256 {
+        let mut s = TcpStream::connect(admin).await.unwrap();
+        // A head begun and never finished: the connection holds its place.
+        s.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    let health = raw(admin, &get("/healthz")).await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
+    let ready = raw(admin, &get("/readyz")).await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready:?}");
+    let metrics = raw(admin, &get("/metrics")).await;
+    assert!(metrics.starts_with("HTTP/1.1 503"), "{metrics:?}");
+    drop(held);
+}
