@@ -103,8 +103,19 @@ fn the_shipped_configs_are_valid() {
     for f in ["dev.crt", "dev.key"] {
         std::fs::copy(root.join("certs").join(f), dir.path().join("certs").join(f)).unwrap();
     }
-    // And the admin token next to it.
-    std::fs::copy(root.join("docker/admin.token"), dir.path().join("admin.token")).unwrap();
+    // And the admin token compose makes at the first start, in the volume
+    // mounted at secrets/ (none is committed).
+    assert!(
+        !root.join("docker/admin.token").exists(),
+        "an admin token is committed in docker/: compose makes one at the first start"
+    );
+    let compose = std::fs::read_to_string(root.join("docker/docker-compose.yml")).unwrap();
+    assert!(
+        compose.contains("/dev/urandom") && compose.contains("admin-token:/etc/leasegate/secrets:ro"),
+        "{compose}"
+    );
+    std::fs::create_dir(dir.path().join("secrets")).unwrap();
+    dir.write("secrets/admin.token", "0123456789abcdef0123456789abcdef\n");
     let docker = std::fs::read_to_string(root.join("docker/gateway.toml")).unwrap();
     valid(&dir.write("gateway.toml", &docker));
 }
