@@ -820,3 +820,14 @@ fn an_open_plane_is_named_and_strict_refuses_it() {
     let (code, _, stderr) = check(&format!("\n[gateway]\nstrict = true\n{}{mtls}", rls("0.0.0.0:8081")));
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// `allow_subjects` names the certificates a plane accepts: without
+/// `client_ca` there is no verified certificate to read a name from.
+#[test]
+fn allow_subjects_needs_a_client_ca() {
+    let text = format!(
+        "{BASE}\n[region]\nname = \"eu\"\nshare = 0.5\nlink = \"127.0.0.1:9911\"\nallow_subjects = [\"us-east.link\"]\n"
+    );
+    let line = text.lines().position(|l| l.starts_with("allow_subjects")).unwrap() + 1;
+    check_refuses(&text, line, "region.allow_subjects", "needs client_ca");
+}
