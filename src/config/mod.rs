@@ -70,6 +70,13 @@ pub struct Rls {
     /// Whether a descriptor's own `limit` (RateLimitOverride) is obeyed;
     /// its unit is capped at the longest unit of the YAML.
     pub allow_overrides: bool,
+    /// Most distinct overrides (requests per unit and unit) obeyed per
+    /// domain; a descriptor carrying another is matched against the YAML.
+    pub max_override_values: usize,
+    /// Largest `hits_addend` one descriptor may carry, as a fraction of
+    /// its limit's capacity (at least 1 hit); above it the call is
+    /// `INVALID_ARGUMENT`.
+    pub max_hits_fraction: f64,
 }
 
 /// What ShouldRateLimit answers when the store fails.

@@ -20,6 +20,10 @@ pub struct PeerTls {
     pub key: PathBuf,
     /// `None`: the plane is encrypted but any peer may connect.
     pub client_ca: Option<PathBuf>,
+    /// `allow_subjects`, lowercased: the names a peer's certificate must
+    /// carry one of (its subject's common name or a subjectAltName DNS
+    /// name). Empty: any certificate `client_ca` signed.
+    pub allow_subjects: Vec<String>,
     /// The server side: presents `cert`, asks for and verifies the peer's
     /// certificate against `client_ca`.
     pub server: Arc<rustls::ServerConfig>,
@@ -40,6 +44,15 @@ impl PeerTls {
         .flatten()
     }
 
+    /// Whether a verified peer known by `names` (its certificate's common
+    /// name and DNS names) may use the plane: exact, ignoring ASCII case.
+    pub fn allows(&self, names: &[String]) -> bool {
+        self.allow_subjects.is_empty()
+            || names
+                .iter()
+                .any(|n| self.allow_subjects.iter().any(|a| a.eq_ignore_ascii_case(n)))
+    }
+
     /// Whether peers must present a certificate.
     pub fn verifies_peers(&self) -> bool {
         self.client_ca.is_some()
@@ -52,6 +65,7 @@ impl std::fmt::Debug for PeerTls {
             .field("cert", &self.cert)
             .field("key", &self.key)
             .field("client_ca", &self.client_ca)
+            .field("allow_subjects", &self.allow_subjects)
             .finish_non_exhaustive()
     }
 }

@@ -278,6 +278,9 @@ pub struct Rls {
     pub client_ca: Option<Spanned<String>>,
     pub workers: Option<Spanned<i64>>,
     pub allow_overrides: Option<Spanned<bool>>,
+    pub max_override_values: Option<Spanned<i64>>,
+    pub max_hits_fraction: Option<Spanned<f64>>,
+    pub allow_subjects: Option<Spanned<Vec<String>>>,
 }
 
 /// `[region]`: this gateway's region and its quota slice.
@@ -293,5 +296,6 @@ pub struct Region {
     pub tls_cert: Option<Spanned<String>>,
     pub tls_key: Option<Spanned<String>>,
     pub client_ca: Option<Spanned<String>>,
+    pub allow_subjects: Option<Spanned<Vec<String>>>,
     pub id_secret_file: Option<Spanned<String>>,
 }

@@ -58,6 +58,92 @@ fn subject(cert: &[u8]) -> Option<&[u8]> {
     Some(&rest[..rest.len() - after.len()])
 }
 
+/// The DER certificate's TBSCertificate fields after the subject: the
+/// subjectPublicKeyInfo, then the optional unique ids and extensions.
+fn after_subject(cert: &[u8]) -> Option<&[u8]> {
+    let (SEQUENCE, certificate, _) = element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = element(certificate)? else {
+        return None;
+    };
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = element(rest)?.2;
+    }
+    // serialNumber, signature, issuer, validity, subject.
+    for _ in 0..5 {
+        rest = element(rest)?.2;
+    }
+    Some(rest)
+}
+
+/// `id-ce-subjectAltName`, 2.5.29.17.
+const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+/// The dNSName entries of the certificate's subjectAltName extension.
+fn dns_names(cert: &[u8]) -> Option<Vec<String>> {
+    let mut rest = after_subject(cert)?;
+    // subjectPublicKeyInfo, then [1] and [2] unique ids when present.
+    rest = element(rest)?.2;
+    let mut extensions = None;
+    while !rest.is_empty() {
+        let (tag, contents, next) = element(rest)?;
+        if tag == 0xa3 {
+            extensions = Some(contents);
+        }
+        rest = next;
+    }
+    let (SEQUENCE, mut list, _) = element(extensions?)? else {
+        return None;
+    };
+    let mut out = Vec::new();
+    while !list.is_empty() {
+        let (SEQUENCE, extension, next) = element(list)? else {
+            return None;
+        };
+        list = next;
+        let (0x06, oid, mut rest) = element(extension)? else {
+            return None;
+        };
+        if oid != SUBJECT_ALT_NAME {
+            continue;
+        }
+        // critical, when present.
+        if rest.first() == Some(&0x01) {
+            rest = element(rest)?.2;
+        }
+        let (0x04, value, _) = element(rest)? else {
+            return None;
+        };
+        let (SEQUENCE, mut names, _) = element(value)? else {
+            return None;
+        };
+        while !names.is_empty() {
+            let (tag, name, next) = element(names)?;
+            names = next;
+            // dNSName: [2] IA5String, implicit.
+            if tag == 0x82 {
+                if let Ok(text) = std::str::from_utf8(name) {
+                    if !text.is_empty() && text.chars().all(|c| c.is_ascii_graphic()) {
+                        out.push(text.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The names a verified peer certificate (DER) is known by, for a plane's
+/// `allow_subjects`: its subject's common name, then every dNSName of its
+/// subjectAltName. Empty for bytes that are not such a certificate.
+pub fn subject_names(cert: &[u8]) -> Vec<String> {
+    let mut out: Vec<String> = subject(cert).and_then(common_name).into_iter().collect();
+    out.extend(dns_names(cert).unwrap_or_default());
+    out
+}
+
 /// The first common name of a subject Name element, as text.
 fn common_name(subject: &[u8]) -> Option<String> {
     let (_, mut rdns, _) = element(subject)?;
@@ -121,6 +207,23 @@ mod tests {
     }
 
     #[test]
+    fn subject_names_are_the_common_name_and_the_san_dns_names() {
+        let mut p = rcgen::CertificateParams::new(vec![
+            "envoy-1.edge".to_string(),
+            "127.0.0.1".to_string(),
+            "alt.edge".to_string(),
+        ])
+        .unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(rcgen::DnType::CommonName, "envoy-cn");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = p.self_signed(&key).unwrap().der().to_vec();
+        assert_eq!(subject_names(&der), ["envoy-cn", "envoy-1.edge", "alt.edge"]);
+        assert_eq!(subject_names(&cert(&[])), ["localhost"]);
+        assert!(subject_names(&[0x30, 0x00]).is_empty());
+    }
+
+    #[test]
     fn garbage_gives_none_and_never_panics() {
         for bytes in [
             &[][..],
@@ -140,6 +243,7 @@ mod tests {
                 })
                 .collect();
             let _ = identity_of(&bytes);
+            let _ = subject_names(&bytes);
         }
     }
 }

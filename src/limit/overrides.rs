@@ -62,6 +62,10 @@ pub enum OverrideError {
     Full,
 }
 
+/// 9999-12-31T23:59:59.999Z: the latest expiry an RFC 3339 time can say
+/// (humantime's formatting panics past it).
+const MAX_EXPIRES_MS: u64 = 253_402_300_799_999;
+
 /// The admin API's body.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,7 +109,7 @@ impl Override {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_err(|_| OverrideError::Expires(text.clone()))?
                     .as_millis() as u64;
-                if ms <= now_unix_ms {
+                if ms <= now_unix_ms || ms > MAX_EXPIRES_MS {
                     return Err(OverrideError::Expires(text));
                 }
                 Some(ms)
@@ -128,10 +132,15 @@ impl Override {
         .unwrap_or_default()
     }
 
-    /// From the store; `None` for what this version cannot read.
+    /// From the store; `None` for what this version cannot read (among it
+    /// an `expires_ms` past the last second of year 9999, which no admin
+    /// request can set and no RFC 3339 time can show).
     pub fn decode(text: &str) -> Option<Override> {
         let s: Stored = serde_json::from_str(text).ok()?;
         let rate: Rate = s.rate.parse().ok()?;
+        if s.expires_ms.is_some_and(|e| e > MAX_EXPIRES_MS) {
+            return None;
+        }
         (s.burst > 0 && fits(s.burst, &rate)).then_some(Override {
             rate,
             burst: s.burst,
@@ -151,7 +160,8 @@ impl Override {
             "rate": self.rate.to_string(),
             "burst": self.burst,
             "expires": self.expires_ms.map(|ms| {
-                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+                let at = std::time::UNIX_EPOCH + Duration::from_millis(ms.min(MAX_EXPIRES_MS));
+                humantime::format_rfc3339_seconds(at).to_string()
             }),
         })
     }
@@ -443,6 +453,20 @@ fn overridden(limit: &LimitRuntime, o: &Override, shard: Option<u32>) -> Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `expires_ms` planted in the store (no admin request can set
+    /// one past year 9999) is not read, and showing one never panics.
+    #[test]
+    fn a_planted_far_expiry_is_ignored_and_never_panics() {
+        let planted = r#"{"rate":"1/s","burst":1,"expires_ms":18446744073709551615}"#;
+        assert_eq!(Override::decode(planted), None);
+        let last = r#"{"rate":"1/s","burst":1,"expires_ms":253402300799999}"#;
+        let o = Override::decode(last).unwrap();
+        assert_eq!(o.json("l", "key:a")["expires"], "9999-12-31T23:59:59Z");
+        let mut far = o;
+        far.expires_ms = Some(u64::MAX);
+        assert_eq!(far.json("l", "key:a")["expires"], "9999-12-31T23:59:59Z");
+    }
 
     #[test]
     fn requests_are_checked_and_round_trip_through_the_store_form() {

@@ -85,7 +85,7 @@ pub async fn forward(
     *req.version_mut() = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
 
     let headers = req.headers_mut();
-    remove_hop_by_hop(headers, upgrade);
+    remove_hop_by_hop_keeping(headers, upgrade, &upstream.kept_headers);
     remove_internal(headers);
     let ja4 = conn.tls.as_ref().and_then(|t| t.ja4.clone());
     // The fields set below, so the map grows at most once (a client's own
@@ -396,6 +396,12 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 /// any header the `Connection` header names. An upgrade keeps `Connection:
 /// upgrade` and `Upgrade`, which the next hop needs.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    remove_hop_by_hop_keeping(headers, keep_upgrade, &[]);
+}
+
+/// [`remove_hop_by_hop`], except that `Connection` cannot name the fields
+/// of `kept` (those the gateway read the request by) to strip them.
+pub fn remove_hop_by_hop_keeping(headers: &mut HeaderMap, keep_upgrade: bool, kept: &[HeaderName]) {
     // Most messages carry none of these, or only `Connection: keep-alive`:
     // one pass over the names finds which are present, and only those are
     // looked up and removed; no allocation unless `Connection` names a
@@ -424,6 +430,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
                 // A client may not strip what routing read or what the
                 // gateway sets (`Connection: host`).
                 if PROTECTED.iter().any(|h| h.as_str().eq_ignore_ascii_case(token))
+                    || kept.iter().any(|h| h.as_str().eq_ignore_ascii_case(token))
                     || token.get(..12).is_some_and(|p| p.eq_ignore_ascii_case("x-leasegate-"))
                 {
                     continue;

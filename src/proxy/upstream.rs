@@ -118,6 +118,10 @@ pub struct Upstream {
     pub max_in_flight: usize,
     /// `eject_after`, `eject_ms`.
     pub ejection: Ejection,
+    /// Request fields the gateway reads (identity, limit keys, costs): a
+    /// client's `Connection` may not name them to strip them, so the
+    /// upstream sees what the request was keyed and priced by.
+    pub kept_headers: Arc<[http::HeaderName]>,
     in_flight: AtomicUsize,
     next: AtomicUsize,
     /// Targets out of the rotation now.
@@ -202,6 +206,7 @@ impl Upstream {
             idle_timeout: Limits::default().idle_timeout,
             max_in_flight: Limits::default().max_in_flight,
             ejection: Ejection::default(),
+            kept_headers: Arc::from(Vec::new()),
             in_flight: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
             out: AtomicUsize::new(0),
@@ -237,6 +242,11 @@ impl Upstream {
 
     pub fn with_ejection(mut self, ejection: Ejection) -> Self {
         self.ejection = ejection;
+        self
+    }
+
+    pub fn with_kept_headers(mut self, kept: Arc<[http::HeaderName]>) -> Self {
+        self.kept_headers = kept;
         self
     }
 

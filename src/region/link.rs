@@ -209,7 +209,8 @@ async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration
     let spec = match resolve(&t, &g.quotas, g.share) {
         Ok(s) => s,
         Err(why) => {
-            tracing::warn!(region = %t.region, key = %t.key, error = %why, "region transfer refused");
+            // The peer's strings, escaped (`?`): never a line of their own.
+            tracing::warn!(region = ?t.region, key = ?t.key, error = %why, "region transfer refused");
             return reply(StatusCode::UNPROCESSABLE_ENTITY, error_json(&why.to_string()));
         }
     };
@@ -222,7 +223,9 @@ async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration
     let remember = t.window_ms.min(g.window_ms).saturating_mul(2);
     match g.store.transfer_out(&t.key, &spec, t.id, want, keep, remember).await {
         Ok(granted) => {
-            tracing::info!(region = %t.region, key = %t.key, id = t.id, want, keep, granted, "region transfer answered");
+            // Every transfer: DEBUG (the counters tell how many), so a busy
+            // or hostile peer cannot fill the log.
+            tracing::debug!(region = ?t.region, key = ?t.key, id = t.id, want, keep, granted, "region transfer answered");
             let answer = TransferAnswer { id: t.id, granted };
             match serde_json::to_vec(&answer) {
                 Ok(b) => reply(StatusCode::OK, b),
@@ -230,7 +233,7 @@ async fn transfer(req: Request<Incoming>, g: &Grantor, request_timeout: Duration
             }
         }
         Err(e) => {
-            tracing::warn!(region = %t.region, key = %t.key, error = %e, "region transfer: store failed");
+            tracing::warn!(region = ?t.region, key = ?t.key, error = %e, "region transfer: store failed");
             reply(StatusCode::SERVICE_UNAVAILABLE, error_json(&e.to_string()))
         }
     }

@@ -54,15 +54,27 @@ const MAX_INTERVAL_SECS: u64 = 3_600;
 /// Most RLQS streams open at once, over every connection; one more is
 /// refused `RESOURCE_EXHAUSTED` (an Envoy holds one per filter config).
 pub const MAX_STREAMS: usize = 1_000;
-/// Most buckets tracked over every stream; past it, new buckets get
-/// `ALLOW_ALL` (as past [`MAX_BUCKETS_PER_STREAM`]) until some go.
+/// Most buckets tracked over every stream, paid ones and idle `ALLOW_ALL`
+/// ones alike; past it, new buckets get `ALLOW_ALL` (as past
+/// [`MAX_BUCKETS_PER_STREAM`]) and are not tracked until some go.
 pub const MAX_BUCKETS: usize = 100_000;
+/// Largest bucket id, its keys and values together, in bytes: a larger one
+/// (a header value an attacker chose, as a rule keyed on it makes) is
+/// refused, `DENY_ALL`, and nothing of it is kept.
+pub const MAX_BUCKET_ID_BYTES: usize = 4 * 1024;
+/// Most bytes of bucket ids one stream holds; past it, new buckets get
+/// `ALLOW_ALL` untracked, as past [`MAX_BUCKETS_PER_STREAM`].
+pub const MAX_STREAM_ID_BYTES: usize = 1024 * 1024;
+/// Most bytes of bucket ids held over every stream.
+pub const MAX_ID_BYTES: usize = 64 * 1024 * 1024;
 
 /// Streams and buckets open over the whole service.
 #[derive(Default)]
 struct Totals {
     streams: AtomicUsize,
     buckets: AtomicUsize,
+    /// Bytes of the buckets' ids.
+    bytes: AtomicUsize,
 }
 
 /// A stream's place in [`Totals`], given back when the stream ends.
@@ -70,6 +82,8 @@ struct StreamSlot {
     totals: Arc<Totals>,
     /// This stream's buckets, as counted in the totals.
     buckets: usize,
+    /// Their ids' bytes, as counted in the totals.
+    bytes: usize,
     /// This stream among the fleet's demands for a bucket
     /// ([`crate::store::FleetTables::fair_share`]).
     id: u64,
@@ -83,30 +97,55 @@ impl StreamSlot {
         taken.is_ok().then(|| StreamSlot {
             totals: totals.clone(),
             buckets: 0,
+            bytes: 0,
             // Random: the fleet's streams meet in the store's demands.
             id: fastrand::u64(..),
         })
     }
 
-    /// Buckets the other streams hold (as last counted).
-    fn others(&self) -> usize {
-        self.totals.buckets.load(Ordering::Relaxed).saturating_sub(self.buckets)
+    /// Buckets and id bytes the other streams hold (as last counted).
+    fn others(&self) -> Footprint {
+        Footprint {
+            buckets: self.totals.buckets.load(Ordering::Relaxed).saturating_sub(self.buckets),
+            bytes: self.totals.bytes.load(Ordering::Relaxed).saturating_sub(self.bytes),
+        }
     }
 
-    /// Counts this stream's buckets as `now`.
-    fn count(&mut self, now: usize) {
-        if now >= self.buckets {
-            self.totals.buckets.fetch_add(now - self.buckets, Ordering::Relaxed);
-        } else {
-            self.totals.buckets.fetch_sub(self.buckets - now, Ordering::Relaxed);
+    /// Counts this stream's buckets and id bytes as `now`.
+    fn count(&mut self, now: Footprint) {
+        fn set(total: &AtomicUsize, mine: &mut usize, now: usize) {
+            if now >= *mine {
+                total.fetch_add(now - *mine, Ordering::Relaxed);
+            } else {
+                total.fetch_sub(*mine - now, Ordering::Relaxed);
+            }
+            *mine = now;
         }
-        self.buckets = now;
+        set(&self.totals.buckets, &mut self.buckets, now.buckets);
+        set(&self.totals.bytes, &mut self.bytes, now.bytes);
+    }
+}
+
+/// Buckets tracked, and the bytes of their ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Footprint {
+    buckets: usize,
+    bytes: usize,
+}
+
+impl Footprint {
+    /// Whether one more bucket of `size` bytes fits beside `others`.
+    fn fits(self, others: Footprint, size: usize) -> bool {
+        self.buckets < MAX_BUCKETS_PER_STREAM
+            && others.buckets + self.buckets < MAX_BUCKETS
+            && self.bytes + size <= MAX_STREAM_ID_BYTES
+            && others.bytes + self.bytes + size <= MAX_ID_BYTES
     }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.count(0);
+        self.count(Footprint::default());
         self.totals.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -149,7 +188,7 @@ impl RateLimitQuotaService for QuotaService {
                     Ok(None) | Err(_) => break,
                 };
                 let reply = stream.on_reports(&runtime, reports, &slot).await;
-                slot.count(stream.buckets.len());
+                slot.count(stream.held());
                 if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
                     break;
                 }
@@ -203,6 +242,7 @@ impl StreamState {
         slot: &StreamSlot,
     ) -> RateLimitQuotaResponse {
         let others = slot.others();
+        let mut held = self.held();
         if !reports.domain.is_empty() {
             self.domain = reports.domain;
         }
@@ -230,10 +270,33 @@ impl StreamState {
         let domain = config.rls.as_ref().and_then(|r| r.rules.domains.get(&self.domain));
         let mut actions = Vec::with_capacity(usages.len());
         for (id, entries, usage) in usages {
+            let size = id_bytes(&entries);
+            if size > MAX_BUCKET_ID_BYTES {
+                // Refused, and nothing of it kept: its requests are denied.
+                tracing::debug!(
+                    bytes = size,
+                    "rlqs: a bucket id over {MAX_BUCKET_ID_BYTES} bytes refused"
+                );
+                actions.push(BucketAction {
+                    bucket_id: Some(id),
+                    bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+                        assignment_time_to_live: Some(secs(ALLOW_ALL_TTL_SECS)),
+                        rate_limit_strategy: Some(blanket(BlanketRule::DenyAll)),
+                    })),
+                });
+                continue;
+            }
             let borrowed: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let matched = domain.and_then(|d| matcher::find(d, &borrowed));
-            let n = self.buckets.len();
-            let room = (n < MAX_BUCKETS_PER_STREAM && others + n < MAX_BUCKETS) || self.buckets.contains_key(&entries);
+            let known = self.buckets.contains_key(&entries) || self.allowed_idle_since.contains_key(&entries);
+            // A new bucket is counted as held here, whether it ends up
+            // paid or idle-allowed (over-counting one that is neither
+            // until the report's end, when `held` is counted again).
+            let room = known || held.fits(others, size);
+            if room && !known {
+                held.buckets += 1;
+                held.bytes += size;
+            }
             let action = match matched {
                 Some(m) if !m.limit.unlimited && room => {
                     let key = matcher::store_key(&self.domain, &borrowed, m.shared_pattern);
@@ -247,7 +310,7 @@ impl StreamState {
                 _ => {
                     self.buckets.remove(&entries);
                     let used = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
-                    if self.idle_allowed(entries, used, now, interval_ms) {
+                    if self.idle_allowed(entries, used, now, interval_ms, room) {
                         Some(Action::AbandonAction(AbandonAction {}))
                     } else {
                         Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
@@ -280,14 +343,26 @@ impl StreamState {
         }
     }
 
+    /// Buckets this stream tracks, paid and idle-allowed, and their ids'
+    /// bytes.
+    fn held(&self) -> Footprint {
+        let ids = self.buckets.keys().chain(self.allowed_idle_since.keys());
+        Footprint {
+            buckets: self.buckets.len() + self.allowed_idle_since.len(),
+            bytes: ids.map(id_bytes).sum(),
+        }
+    }
+
     /// Whether an `ALLOW_ALL` bucket has been idle for long enough to be
-    /// abandoned (then forgotten); tracks at most `MAX_BUCKETS_PER_STREAM`.
-    fn idle_allowed(&mut self, entries: Entries, used: u64, now: u64, interval_ms: u64) -> bool {
+    /// abandoned (then forgotten); a new one is tracked only with `room`
+    /// (within the stream's and the service's caps), else it is allowed
+    /// untracked.
+    fn idle_allowed(&mut self, entries: Entries, used: u64, now: u64, interval_ms: u64, room: bool) -> bool {
         if used > 0 {
             self.allowed_idle_since.remove(&entries);
             return false;
         }
-        if !self.allowed_idle_since.contains_key(&entries) && self.allowed_idle_since.len() >= MAX_BUCKETS_PER_STREAM {
+        if !self.allowed_idle_since.contains_key(&entries) && !room {
             return false;
         }
         let since = *self.allowed_idle_since.entry(entries.clone()).or_insert(now);
@@ -440,6 +515,11 @@ fn token_bucket(s: Refill) -> RateLimitStrategy {
 /// A bucket id's entries sorted by key name: the descriptor it is matched as.
 type Entries = Vec<(String, String)>;
 
+/// The bytes of a bucket id: its keys and values.
+fn id_bytes(entries: &Entries) -> usize {
+    entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
 /// `id`'s [`Entries`].
 fn sorted(id: &BucketId) -> Entries {
     let mut entries: Entries = id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -457,12 +537,26 @@ mod tests {
         let mut slots: Vec<StreamSlot> = (0..MAX_STREAMS).map(|_| StreamSlot::take(&totals).unwrap()).collect();
         assert!(StreamSlot::take(&totals).is_none(), "one stream past the cap");
         // Buckets: one stream's count moves the total both ways.
-        slots[0].count(MAX_BUCKETS - 10);
-        slots[1].count(5);
-        assert_eq!(slots[1].others(), MAX_BUCKETS - 10);
-        assert_eq!(slots[0].others(), 5);
-        slots[1].count(2);
+        let n = |buckets: usize| Footprint {
+            buckets,
+            bytes: buckets * 10,
+        };
+        slots[0].count(n(MAX_BUCKETS - 10));
+        slots[1].count(n(5));
+        assert_eq!(slots[1].others(), n(MAX_BUCKETS - 10));
+        assert_eq!(slots[0].others(), n(5));
+        slots[1].count(n(2));
         assert_eq!(totals.buckets.load(Ordering::Relaxed), MAX_BUCKETS - 8);
+        assert_eq!(totals.bytes.load(Ordering::Relaxed), (MAX_BUCKETS - 8) * 10);
+        // The caps: buckets per stream and over all, bytes per stream and
+        // over all.
+        assert!(n(2).fits(n(MAX_BUCKETS - 10), 10));
+        assert!(!n(8).fits(n(MAX_BUCKETS - 8), 10));
+        assert!(!n(MAX_BUCKETS_PER_STREAM).fits(n(0), 10));
+        let bytes = |bytes: usize| Footprint { buckets: 1, bytes };
+        assert!(bytes(MAX_STREAM_ID_BYTES - 10).fits(bytes(0), 10));
+        assert!(!bytes(MAX_STREAM_ID_BYTES - 9).fits(bytes(0), 10));
+        assert!(!bytes(0).fits(bytes(MAX_ID_BYTES), 1));
         // A stream that ends gives back its place and its buckets.
         drop(slots.swap_remove(0));
         assert_eq!(totals.buckets.load(Ordering::Relaxed), 2);

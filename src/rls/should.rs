@@ -69,12 +69,57 @@ fn over_a_cap(req: &RateLimitRequest) -> Option<Status> {
 /// The RLS v3 service over the runtime's limiter and config.
 pub struct ShouldRateLimit {
     runtime: Arc<Runtime>,
+    overrides_seen: std::sync::Mutex<OverridesSeen>,
 }
 
 impl ShouldRateLimit {
     pub fn new(runtime: Arc<Runtime>) -> ShouldRateLimit {
-        ShouldRateLimit { runtime }
+        ShouldRateLimit {
+            runtime,
+            overrides_seen: std::sync::Mutex::default(),
+        }
     }
+}
+
+/// The distinct overrides (requests per unit, unit) obeyed so far in each
+/// domain, for `[rls] max_override_values`: each one is a key family of
+/// its own in the store, so a caller cycling `requests_per_unit` would
+/// otherwise make a fresh, full quota per value. Forgotten at a reload
+/// that changes the YAML (a new set of rules).
+#[derive(Default)]
+pub struct OverridesSeen {
+    /// The rules the sets were counted under (their address).
+    rules: usize,
+    domains: std::collections::HashMap<String, std::collections::HashSet<(u32, Unit)>>,
+}
+
+impl OverridesSeen {
+    /// Whether the override `(requests_per_unit, unit)` in `domain` is
+    /// obeyed: one seen before, or a new one within `max` per domain.
+    pub fn admit(&mut self, rules: usize, domain: &str, value: (u32, Unit), max: usize) -> bool {
+        if self.rules != rules {
+            self.rules = rules;
+            self.domains.clear();
+        }
+        let seen = match self.domains.get_mut(domain) {
+            Some(s) => s,
+            None => self.domains.entry(domain.to_string()).or_default(),
+        };
+        if seen.contains(&value) {
+            return true;
+        }
+        if seen.len() >= max {
+            return false;
+        }
+        seen.insert(value);
+        true
+    }
+}
+
+/// The largest `hits_addend` a descriptor may carry against a limit of
+/// `capacity`: `fraction` of it, at least 1.
+pub fn max_hits(capacity: u64, fraction: f64) -> u64 {
+    ((capacity as f64 * fraction).floor() as u64).max(1)
 }
 
 /// What one descriptor is checked against.
@@ -112,7 +157,10 @@ impl RateLimitService for ShouldRateLimit {
             .descriptors
             .iter()
             .map(|d| match (domain, rls) {
-                (Some(level), Some(rls)) => check_for(&req.domain, level, d, overrides(rls)),
+                (Some(level), Some(rls)) => {
+                    let allowed = self.override_allowed(rls, &req.domain, d);
+                    check_for(&req.domain, level, d, if allowed { overrides(rls) } else { None })
+                }
                 _ => Check::None,
             })
             .collect();
@@ -121,23 +169,43 @@ impl RateLimitService for ShouldRateLimit {
         let limiter = &self.runtime.limiter;
         // In a region, each region's store holds its slice, as for HTTP.
         let share = self.runtime.share();
+        // Each limited descriptor's hits and quota, all checked against
+        // `max_hits_fraction` before any is counted: a refused call takes
+        // nothing.
+        let fraction = rls.map_or(0.1, |r| r.max_hits_fraction);
+        let mut plans = Vec::with_capacity(checks.len());
+        for (check, d) in checks.iter().zip(&req.descriptors) {
+            let Check::Limit { limit, .. } = check else {
+                plans.push(None);
+                continue;
+            };
+            let hits = match &d.hits_addend {
+                Some(h) => h.value,
+                None => u64::from(req.hits_addend.max(1)),
+            };
+            let rule = limit.spec();
+            let overridden = limiter
+                .has_overrides()
+                .then(|| limiter.rls_override(&req.domain, &entries_of(d), &rule, share))
+                .flatten();
+            let spec = overridden.unwrap_or_else(|| rule.slice(share));
+            let most = max_hits(spec.capacity, fraction);
+            if limit.requests_per_unit > 0 && hits > most {
+                return Err(Status::invalid_argument(format!(
+                    "hits_addend {hits} is above {most}, the most one call may take of this limit's {} \
+                     ([rls] max_hits_fraction = {fraction})",
+                    spec.capacity
+                )));
+            }
+            plans.push(Some((hits, spec)));
+        }
         let mut statuses = Vec::with_capacity(checks.len());
         let mut quota_over = (0usize, 0usize); // (quota-mode descriptors, of which over)
-        for (check, d) in checks.iter().zip(&req.descriptors) {
-            let status = match check {
-                Check::None => status(Code::Ok, None, 0, 0),
-                Check::Unlimited => status(Code::Ok, None, u64::from(u32::MAX), 0),
-                Check::Limit { limit, key } => {
-                    let hits = match &d.hits_addend {
-                        Some(h) => h.value,
-                        None => u64::from(req.hits_addend.max(1)),
-                    };
-                    let rule = limit.spec();
-                    let overridden = limiter
-                        .has_overrides()
-                        .then(|| limiter.rls_override(&req.domain, &entries_of(d), &rule, share))
-                        .flatten();
-                    let spec = overridden.unwrap_or_else(|| rule.slice(share));
+        for (check, plan) in checks.iter().zip(plans) {
+            let status = match (check, plan) {
+                (Check::None, _) | (Check::Limit { .. }, None) => status(Code::Ok, None, 0, 0),
+                (Check::Unlimited, _) => status(Code::Ok, None, u64::from(u32::MAX), 0),
+                (Check::Limit { limit, key }, Some((hits, spec))) => {
                     let decision = if limit.requests_per_unit == 0 || hits > spec.capacity {
                         // Nothing is ever allowed (no limit, or more hits
                         // than the whole quota): no store call to make, and
@@ -208,6 +276,38 @@ impl RateLimitService for ShouldRateLimit {
             statuses,
             ..RateLimitResponse::default()
         }))
+    }
+}
+
+impl ShouldRateLimit {
+    /// Whether `d`'s own `limit`, if any, may be obeyed: overrides are on
+    /// and it is one of the first `max_override_values` distinct ones of
+    /// its domain (past them, the descriptor is matched against the YAML).
+    fn override_allowed(&self, rls: &crate::config::Rls, domain: &str, d: &RateLimitDescriptor) -> bool {
+        let (Some(o), true) = (&d.limit, rls.allow_overrides) else {
+            return true;
+        };
+        let (Some(unit), Some(cap)) = (unit_of(o.unit), rls.rules.longest_unit) else {
+            return true;
+        };
+        let rules = Arc::as_ptr(&rls.rules) as usize;
+        let admitted = match self.overrides_seen.lock() {
+            Ok(mut seen) => seen.admit(
+                rules,
+                domain,
+                (o.requests_per_unit, unit.min(cap)),
+                rls.max_override_values,
+            ),
+            Err(_) => false,
+        };
+        if !admitted {
+            tracing::debug!(
+                domain,
+                max = rls.max_override_values,
+                "rls override past max_override_values: the YAML's rules apply"
+            );
+        }
+        admitted
     }
 }
 

@@ -23,11 +23,24 @@ use crate::runtime::Runtime;
 
 /// Most admin connections at once (scrapers, health checks, operators).
 const MAX_CONNECTIONS: usize = 256;
+/// Connections beyond [`MAX_CONNECTIONS`] kept for health checks: while
+/// the others are all taken (slow scrapes, idle clients, a flood), a
+/// probe still gets `/healthz` and `/readyz` on one of these. Each serves
+/// one request, whose head must come within [`PROBE_HEAD_TIMEOUT`], and
+/// only those two paths (any other is `503`).
+const PROBE_CONNECTIONS: usize = 32;
+const PROBE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
-    super::accept::serve_each(listener, "admin", MAX_CONNECTIONS, move |stream, _peer| {
+    let general = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let total = MAX_CONNECTIONS + PROBE_CONNECTIONS;
+    super::accept::serve_each(listener, "admin", total, move |stream, _peer| {
         let runtime = runtime.clone();
+        let place = general.clone().try_acquire_owned();
         async move {
+            let Ok(_place) = place else {
+                return serve_probe(stream, runtime).await;
+            };
             let service = service_fn(move |req: Request<Incoming>| {
                 let runtime = runtime.clone();
                 async move {
@@ -48,6 +61,30 @@ pub async fn serve(listener: TcpListener, runtime: Arc<Runtime>) {
         }
     })
     .await;
+}
+
+/// A connection on one of the [`PROBE_CONNECTIONS`]: one request, and
+/// only a health check.
+async fn serve_probe(stream: tokio::net::TcpStream, runtime: Arc<Runtime>) {
+    let service = service_fn(move |req: Request<Incoming>| {
+        let runtime = runtime.clone();
+        async move {
+            if matches!(req.uri().path(), "/healthz" | "/readyz") {
+                return Ok::<_, Infallible>(handle(&req, &runtime));
+            }
+            Ok(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "every admin connection is taken: only /healthz and /readyz are served now\n".into(),
+            ))
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(PROBE_HEAD_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 /// The 401 for a request without the admin token, when one is set.

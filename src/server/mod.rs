@@ -418,8 +418,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             let runtime = shared.runtime.clone();
             let quotas: crate::region::Quotas = Arc::new(move |name: &str| limit_quotas(&runtime.config(), name));
             let link = region.start(region_store, quotas, &shared.runtime.metrics);
-            let tls = PlaneTls::of(&shared.runtime, "region_link", |c| {
-                c.region.as_ref()?.tls.as_ref().map(|t| t.server.clone())
+            let tls = PlaneTls::of(&shared.runtime, ("region_link", "region_link_subject"), |c| {
+                c.region.as_ref()?.tls.as_ref()
             });
             tokio::spawn(accept::serve_each(
                 listener,
@@ -440,8 +440,8 @@ pub fn run(config: Config) -> Result<(), ServeError> {
             let listener = TcpListener::from_std(rls).map_err(ServeError::Runtime)?;
             announce("rls", &listener);
             let service = crate::rls::RlsService::new(shared.runtime.clone());
-            let tls = PlaneTls::of(&shared.runtime, "rls", |c| {
-                c.rls.as_ref()?.tls.as_ref().map(|t| t.server.clone())
+            let tls = PlaneTls::of(&shared.runtime, ("rls", "rls_subject"), |c| {
+                c.rls.as_ref()?.tls.as_ref()
             });
             rls_runtime.spawn(accept::serve_each(
                 listener,
@@ -608,23 +608,34 @@ struct PlaneTls {
     runtime: Arc<Runtime>,
     /// `reason` of `leasegate_tls_handshake_failures_total`.
     plane: &'static str,
-    at_start: Arc<rustls::ServerConfig>,
-    current: fn(&Config) -> Option<Arc<rustls::ServerConfig>>,
+    /// Its `reason` for a verified certificate not in `allow_subjects`.
+    unlisted: &'static str,
+    at_start: crate::config::PeerTls,
+    current: fn(&Config) -> Option<&crate::config::PeerTls>,
 }
 
 impl PlaneTls {
     fn of(
         runtime: &Arc<Runtime>,
-        plane: &'static str,
-        current: fn(&Config) -> Option<Arc<rustls::ServerConfig>>,
+        (plane, unlisted): (&'static str, &'static str),
+        current: fn(&Config) -> Option<&crate::config::PeerTls>,
     ) -> Option<PlaneTls> {
-        let at_start = current(&runtime.config())?;
+        let at_start = current(&runtime.config())?.clone();
         Some(PlaneTls {
             runtime: runtime.clone(),
             plane,
+            unlisted,
             at_start,
             current,
         })
+    }
+
+    fn count(&self, reason: &'static str) {
+        self.runtime
+            .metrics
+            .tls_handshake_failures
+            .get_or_create(&crate::telemetry::metrics::ReasonLabels { reason })
+            .inc();
     }
 
     /// A plane's connection as its service reads it: the TCP stream
@@ -639,21 +650,43 @@ impl PlaneTls {
 
     /// The handshake; `None` (counted, logged at DEBUG) when the peer
     /// failed it: no certificate, one the CA did not sign, or too slow.
+    /// A certificate the CA signed whose names are not in the plane's
+    /// `allow_subjects` is refused right after the handshake, before a
+    /// byte of gRPC or HTTP is read: counted under its own reason and
+    /// logged at WARN (an insider's certificate used on the wrong plane).
     async fn accept(
         &self,
         stream: tokio::net::TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-        let config = (self.current)(&self.runtime.config()).unwrap_or_else(|| self.at_start.clone());
-        match tls::accept_peer(stream, config).await {
-            Ok(s) => Some(s),
+        let config = self.runtime.config();
+        let current = (self.current)(&config).unwrap_or(&self.at_start);
+        match tls::accept_peer(stream, current.server.clone()).await {
+            Ok(s) => {
+                let names = s
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|leaf| crate::identity::client_cert::subject_names(leaf))
+                    .unwrap_or_default();
+                if current.allows(&names) {
+                    return Some(s);
+                }
+                // The names are the peer's own text: a few, each cut short
+                // and escaped by `?`.
+                let shown: Vec<&str> = names
+                    .iter()
+                    .take(4)
+                    .map(|n| n.get(..n.len().min(64)).unwrap_or_default())
+                    .collect();
+                tracing::warn!(plane = self.plane, %peer, names = ?shown, "certificate not in allow_subjects: connection refused");
+                self.count(self.unlisted);
+                None
+            }
             Err(e) => {
                 tracing::debug!(plane = self.plane, %peer, error = %e, "TLS connection dropped");
-                self.runtime
-                    .metrics
-                    .tls_handshake_failures
-                    .get_or_create(&crate::telemetry::metrics::ReasonLabels { reason: self.plane })
-                    .inc();
+                self.count(self.plane);
                 None
             }
         }

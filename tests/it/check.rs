@@ -103,8 +103,19 @@ fn the_shipped_configs_are_valid() {
     for f in ["dev.crt", "dev.key"] {
         std::fs::copy(root.join("certs").join(f), dir.path().join("certs").join(f)).unwrap();
     }
-    // And the admin token next to it.
-    std::fs::copy(root.join("docker/admin.token"), dir.path().join("admin.token")).unwrap();
+    // And the admin token compose makes at the first start, in the volume
+    // mounted at secrets/ (none is committed).
+    assert!(
+        !root.join("docker/admin.token").exists(),
+        "an admin token is committed in docker/: compose makes one at the first start"
+    );
+    let compose = std::fs::read_to_string(root.join("docker/docker-compose.yml")).unwrap();
+    assert!(
+        compose.contains("/dev/urandom") && compose.contains("admin-token:/etc/leasegate/secrets:ro"),
+        "{compose}"
+    );
+    std::fs::create_dir(dir.path().join("secrets")).unwrap();
+    dir.write("secrets/admin.token", "0123456789abcdef0123456789abcdef\n");
     let docker = std::fs::read_to_string(root.join("docker/gateway.toml")).unwrap();
     valid(&dir.write("gateway.toml", &docker));
 }
@@ -808,4 +819,15 @@ fn an_open_plane_is_named_and_strict_refuses_it() {
     assert!(stderr.contains("invalid, nothing applied"), "{stderr}");
     let (code, _, stderr) = check(&format!("\n[gateway]\nstrict = true\n{}{mtls}", rls("0.0.0.0:8081")));
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// `allow_subjects` names the certificates a plane accepts: without
+/// `client_ca` there is no verified certificate to read a name from.
+#[test]
+fn allow_subjects_needs_a_client_ca() {
+    let text = format!(
+        "{BASE}\n[region]\nname = \"eu\"\nshare = 0.5\nlink = \"127.0.0.1:9911\"\nallow_subjects = [\"us-east.link\"]\n"
+    );
+    let line = text.lines().position(|l| l.starts_with("allow_subjects")).unwrap() + 1;
+    check_refuses(&text, line, "region.allow_subjects", "needs client_ca");
 }

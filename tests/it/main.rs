@@ -19,6 +19,7 @@ mod events;
 mod explain;
 mod fingerprint;
 mod fleet;
+mod hardening;
 mod headers;
 mod identity;
 mod key_churn;

@@ -257,8 +257,13 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
 
 /// A `[region]` with the link over mutual TLS.
 fn region_toml(redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>) -> Toml {
+    region_toml_with(redis, name, share, primary, "")
+}
+
+/// [`region_toml`] with `extra` lines in `[region]`.
+fn region_toml_with(redis: &Redis, name: &str, share: f64, primary: Option<SocketAddr>, extra: &str) -> Toml {
     let mut region = format!(
-        "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_window_ms = 20000\ntls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\nid_secret_file = \"id.secret\""
+        "name = \"{name}\"\nshare = {share}\nlink = \"127.0.0.1:0\"\nrebalance_window_ms = 20000\ntls_cert = \"gw.pem\"\ntls_key = \"gw.key\"\nclient_ca = \"ca.pem\"\nid_secret_file = \"id.secret\"{extra}"
     );
     if let Some(p) = primary {
         region.push_str(&format!("\nprimary = \"https://{p}\""));
@@ -372,6 +377,122 @@ async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
         assert!(Instant::now() < deadline, "{m}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits (5 s at most) until `gw` counted `want` or more handshake
+/// failures of `reason`.
+async fn counted(gw: &Gateway, reason: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = gw.metrics().await;
+        if sample(
+            &m,
+            &format!("leasegate_tls_handshake_failures_total{{reason=\"{reason}\"}}"),
+        ) >= want
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `allow_subjects`: of the certificates the plane's CA signed, only those
+/// whose common name (or a SAN DNS name) is listed use the plane; another
+/// is refused before its first request, logged and counted.
+#[tokio::test]
+async fn rls_refuses_a_signed_certificate_whose_subject_is_not_listed() {
+    let ca = TestCa::new("leasegate test CA");
+    let server = ca.issue("rls.leasegate.test");
+    let (listed, unlisted) = (ca.issue("envoy-1"), ca.issue("region-eu.link"));
+    let toml = Toml::new()
+        .gateway("workers = 1")
+        .table(
+            "rls",
+            "listen = \"127.0.0.1:0\"\nconfig = \"ratelimit.yaml\"\ntls_cert = \"rls.pem\"\ntls_key = \"rls.key\"\nclient_ca = \"ca.pem\"\nallow_subjects = [\"ENVOY-1\", \"envoy-2\"]",
+        )
+        .respond("all", "/", &[]);
+    let gw = Gateway::start_with(
+        &toml,
+        &[
+            ("ratelimit.yaml", YAML),
+            ("rls.pem", &server.cert_pem),
+            ("rls.key", &server.key_pem),
+            ("ca.pem", &ca.cert_pem),
+        ],
+    );
+    let addr = gw.addr("rls");
+    assert_eq!(
+        rls_answers(addr, client_config(&ca, Some(&listed), b"h2")).await,
+        Ok(Code::Ok)
+    );
+    let refused = rls_answers(addr, client_config(&ca, Some(&unlisted), b"h2")).await;
+    assert!(refused.is_err(), "an unlisted subject was answered: {refused:?}");
+    counted(&gw, "rls_subject", 1.0).await;
+    assert!(
+        gw.wait_for_log("certificate not in allow_subjects", Duration::from_secs(5)),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("region-eu.link"), "{}", gw.log());
+    assert_eq!(
+        rls_answers(addr, client_config(&ca, Some(&listed), b"h2")).await,
+        Ok(Code::Ok)
+    );
+}
+
+#[tokio::test]
+async fn the_region_link_refuses_a_signed_certificate_whose_subject_is_not_listed() {
+    let redis = Redis::start();
+    let ca = TestCa::new("leasegate regions CA");
+    let (us_cert, eu_cert, rls_cert) = (
+        ca.issue("us-east.link"),
+        ca.issue("eu-central.link"),
+        ca.issue("envoy-1"),
+    );
+    let files = [
+        ("gw.pem", us_cert.cert_pem.as_str()),
+        ("gw.key", us_cert.key_pem.as_str()),
+        ("ca.pem", ca.cert_pem.as_str()),
+        ("id.secret", "0123456789abcdef0123456789abcdef"),
+    ];
+    let toml = region_toml_with(
+        &redis,
+        "us-east",
+        0.5,
+        None,
+        "\nallow_subjects = [\"us-east.link\", \"eu-central.link\"]",
+    );
+    let primary = Gateway::start_with(&toml, &files);
+    let link = primary.addr("link");
+    let member = post_transfer(link, client_config(&ca, Some(&eu_cert), b"http/1.1")).await;
+    assert!(
+        member.as_deref().is_ok_and(|l| l.starts_with("HTTP/1.1 ")),
+        "{member:?}\n{}",
+        primary.log()
+    );
+    // A transfer is logged at DEBUG, never at INFO: the peer's strings
+    // cannot fill the log.
+    assert!(
+        primary.wait_for_log("region transfer answered", Duration::from_secs(5)),
+        "{}",
+        primary.log()
+    );
+    let log = primary.log();
+    let info: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("INFO") && l.contains("transfer"))
+        .collect();
+    assert!(info.is_empty(), "{info:?}");
+    // Signed by the fleet's CA, but an Envoy's: not a region.
+    let envoy = post_transfer(link, client_config(&ca, Some(&rls_cert), b"http/1.1")).await;
+    assert!(envoy.is_err(), "an unlisted subject got {envoy:?}");
+    counted(&primary, "region_link_subject", 1.0).await;
+    assert!(
+        primary.log().contains("certificate not in allow_subjects"),
+        "{}",
+        primary.log()
+    );
 }
 
 /// GETs `path` on the gateway's http listener; the status.

@@ -455,3 +455,92 @@ async fn a_stream_holds_a_bounded_number_of_buckets_and_survives_absurd_reports(
     let again = envoy.report(&[(many[1].0.clone(), 1, 0)], 1).await;
     assert!(token_bucket(&again[&k(&many[1].0)]).is_some());
 }
+
+/// Bucket ids are bounded in bytes: one over 4 KiB is refused (`DENY_ALL`,
+/// nothing of it kept), and past 1 MiB of ids on one stream new buckets
+/// get `ALLOW_ALL` untracked, so one stream cannot pin gigabytes.
+#[tokio::test]
+async fn oversized_bucket_ids_are_refused_and_a_stream_holds_a_bounded_number_of_bytes() {
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let mut envoy = Envoy::connect(&gw).await;
+    let fits = "f".repeat(4 * 1024 - "tenant".len());
+    let over = "o".repeat(4 * 1024 - "tenant".len() + 1);
+    let answer = envoy
+        .report(
+            &[
+                (bucket(&[("tenant", fits.as_str())]), 1, 0),
+                (bucket(&[("tenant", over.as_str())]), 1, 0),
+            ],
+            0,
+        )
+        .await;
+    assert!(token_bucket(&answer[&k(&bucket(&[("tenant", fits.as_str())]))]).is_some());
+    assert_eq!(
+        blanket(&answer[&k(&bucket(&[("tenant", over.as_str())]))]),
+        Some(BlanketRule::DenyAll),
+        "4 KiB + 1 byte"
+    );
+    // 4 000-byte ids, in reports under the 1 MiB message cap: the 262nd
+    // (1 MiB / 4 000, beside the first) is the last one tracked.
+    let ids: Vec<BucketId> = (0..300)
+        .map(|i| bucket(&[("tenant", format!("{i:04}{}", "x".repeat(4_000 - 6 - 4)).as_str())]))
+        .collect();
+    let mut answers = HashMap::new();
+    for chunk in ids.chunks(100) {
+        let usages: Vec<(BucketId, u64, u64)> = chunk.iter().map(|id| (id.clone(), 1, 0)).collect();
+        answers.extend(envoy.report(&usages, 0).await);
+    }
+    let tracked = ids
+        .iter()
+        .take_while(|id| token_bucket(&answers[&k(id)]).is_some())
+        .count();
+    assert!(
+        (250..=262).contains(&tracked),
+        "{tracked} buckets of 4 000 bytes tracked"
+    );
+    for id in &ids[tracked..] {
+        assert_eq!(blanket(&answers[&k(id)]), Some(BlanketRule::AllowAll));
+    }
+}
+
+/// Idle `ALLOW_ALL` buckets are state too: they count in the service's
+/// cap of 100 000 buckets, so ten streams of 10 000 idle unmatched buckets
+/// leave no room for an eleventh stream's new bucket (`ALLOW_ALL`,
+/// untracked) instead of growing the state past the cap.
+#[tokio::test]
+async fn idle_allow_all_buckets_count_in_the_global_bucket_cap() {
+    let gw = Gateway::start_with(&gateway_toml(""), &[("ratelimit.yaml", YAML)]);
+    let mut streams = Vec::new();
+    for s in 0..10 {
+        let mut envoy = Envoy::connect(&gw).await;
+        let idle: Vec<(BucketId, u64, u64)> = (0..10_000)
+            .map(|i| (bucket(&[("path", &format!("/s{s}/{i}"))]), 0, 0))
+            .collect();
+        let answer = envoy.report(&idle, 0).await;
+        assert_eq!(answer.len(), 10_000);
+        streams.push(envoy);
+    }
+    let mut last = Envoy::connect(&gw).await;
+    let acme = bucket(&[("tenant", "acme")]);
+    let answer = last.report(&[(acme.clone(), 1, 0)], 0).await;
+    assert_eq!(
+        blanket(&answer[&k(&acme)]),
+        Some(BlanketRule::AllowAll),
+        "the cap is full of idle buckets"
+    );
+    // One stream closes: its buckets leave the cap, and a new bucket is
+    // paid for again.
+    drop(streams.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = last.report(&[(bucket(&[("tenant", "beta")]), 1, 0)], 0).await;
+        if token_bucket(&answer[&k(&bucket(&[("tenant", "beta")]))]).is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed stream's buckets never left the cap"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -254,7 +254,10 @@ async fn bad_requests_are_invalid_argument() {
 #[tokio::test]
 async fn replaces_hits_addend_and_overrides() {
     clear_of_the_hour();
-    let gw = memory_gateway();
+    let gw = Gateway::start_with(
+        &gateway_toml("", "allow_overrides = true\nmax_hits_fraction = 1.0"),
+        &[("ratelimit.yaml", YAML)],
+    );
     let mut c = client(&gw).await;
     // acme's limit replaces the tenant-wide one when both match.
     let both = || {
@@ -329,13 +332,11 @@ fn current_limit(r: &RateLimitResponse) -> (u32, i32) {
     (current.requests_per_unit, current.unit)
 }
 
+/// Off by default (each distinct override is a fresh quota of its own).
 #[tokio::test]
 async fn with_allow_overrides_off_a_descriptor_s_own_limit_is_ignored() {
     clear_of_the_minute();
-    let gw = Gateway::start_with(
-        &gateway_toml("", "allow_overrides = false"),
-        &[("ratelimit.yaml", YAML)],
-    );
+    let gw = memory_gateway();
     let mut c = client(&gw).await;
     let mut d = descriptor(&[("minute", "m")]);
     d.limit = Some(RateLimitOverride {
@@ -613,10 +614,85 @@ async fn a_dead_store_answers_unavailable_or_ok_as_configured_within_the_deadlin
     }
 }
 
+/// `allow_overrides = true` obeys at most `max_override_values` distinct
+/// overrides per domain; a descriptor carrying another is matched against
+/// the YAML, so a caller cycling `requests_per_unit` cannot mint a fresh
+/// quota per value.
+#[tokio::test]
+async fn overrides_are_bounded_in_distinct_values_per_domain() {
+    clear_of_the_minute();
+    let gw = Gateway::start_with(
+        &gateway_toml("", "allow_overrides = true\nmax_override_values = 2"),
+        &[("ratelimit.yaml", YAML)],
+    );
+    let mut c = client(&gw).await;
+    let with = |rpu: u32| {
+        let mut d = descriptor(&[("minute", "m")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: rpu,
+            unit: Unit::Minute as i32,
+        });
+        d
+    };
+    for rpu in [100, 200, 100] {
+        let r = ask_with(&mut c, with(rpu)).await;
+        assert_eq!(current_limit(&r), (rpu, Unit::Minute as i32), "{r:?}");
+    }
+    // A third distinct value: the YAML's 5 per minute, every time.
+    let mut outs = Vec::new();
+    for rpu in 300..306 {
+        let r = ask_with(&mut c, with(rpu)).await;
+        assert_eq!(current_limit(&r), (5, Unit::Minute as i32), "{r:?}");
+        outs.push(code(&r));
+    }
+    assert_eq!(outs, [OK, OK, OK, OK, OK, Over]);
+    // The two first ones are still obeyed.
+    let r = ask_with(&mut c, with(200)).await;
+    assert_eq!(current_limit(&r), (200, Unit::Minute as i32), "{r:?}");
+}
+
+/// A `hits_addend` above `max_hits_fraction` (default a tenth) of the
+/// limit's capacity is INVALID_ARGUMENT, and the call takes nothing from
+/// any of its descriptors: one call cannot drain a key.
+#[tokio::test]
+async fn an_addend_above_the_hits_fraction_is_refused_and_takes_nothing() {
+    clear_of_the_hour();
+    let gw = memory_gateway();
+    let mut c = client(&gw).await;
+    // weights: 10 per hour, so at most 1 hit per call by default.
+    let mut two = request(
+        "edge",
+        vec![descriptor(&[("weights", "a")]), descriptor(&[("weights", "b")])],
+    );
+    two.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
+    let e = c.should_rate_limit(two).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("max_hits_fraction"), "{e}");
+    let r = ask(&mut c, "edge", &[("weights", "a")]).await;
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, 9), "{r:?}");
+    let mut equal = request("edge", vec![descriptor(&[("weights", "c")])]);
+    equal.hits_addend = 10;
+    let e = c.should_rate_limit(equal).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+
+    let half = Gateway::start_with(
+        &gateway_toml("", "max_hits_fraction = 0.5"),
+        &[("ratelimit.yaml", YAML)],
+    );
+    let mut c = client(&half).await;
+    let mut five = request("edge", vec![descriptor(&[("weights", "w")])]);
+    five.hits_addend = 5;
+    let r = c.should_rate_limit(five.clone()).await.unwrap().into_inner();
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (OK, 5), "{r:?}");
+    five.hits_addend = 6;
+    let e = c.should_rate_limit(five).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+}
+
 /// Bounded work per call: each cap answers INVALID_ARGUMENT (an oversized
 /// message, OUT_OF_RANGE from the decoder) and the service goes on; a
-/// `hits_addend` above the whole quota is OVER_LIMIT and takes nothing,
-/// so it cannot drain a key for every later caller.
+/// `hits_addend` above the quota's `max_hits_fraction` is refused and
+/// takes nothing, so it cannot drain a key for every later caller.
 #[tokio::test]
 async fn caps_refuse_what_is_too_big_and_an_absurd_addend_takes_nothing() {
     clear_of_the_hour();
@@ -644,11 +720,11 @@ async fn caps_refuse_what_is_too_big_and_an_absurd_addend_takes_nothing() {
     d.entries[0].value = huge;
     let e = c.should_rate_limit(request("edge", vec![d])).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
-    // 2^32 - 1 hits on a 10/hour descriptor: over, and nothing taken.
+    // 2^32 - 1 hits on a 10/hour descriptor: refused, and nothing taken.
     let mut absurd = request("edge", vec![descriptor(&[("weights", "drain")])]);
     absurd.hits_addend = u32::MAX;
-    let r = c.should_rate_limit(absurd).await.unwrap().into_inner();
-    assert_eq!(code(&r), Over, "{r:?}");
+    let e = c.should_rate_limit(absurd).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     let r = ask(&mut c, "edge", &[("weights", "drain")]).await;
     assert_eq!(
         (code(&r), r.statuses[0].limit_remaining),

@@ -16,6 +16,28 @@ use crate::quota::Rate;
 /// duplicate name) here, one helper per field, and the rules every limit
 /// obeys by [`Draft::problems`], located at the key they are about
 /// ([`report`]). The drafts become limits once the whole file is valid.
+/// The request fields the gateway reads a request by: the credentials
+/// (`Authorization`, `X-Api-Key`), every `header:NAME` key part and every
+/// `header:NAME` cost reserve. A client's `Connection` may not name them
+/// to strip them before the upstream, which would then see a request
+/// other than the one that was keyed and priced.
+pub(super) fn read_headers(drafts: &[Draft]) -> std::sync::Arc<[HeaderName]> {
+    let mut out = vec![http::header::AUTHORIZATION, HeaderName::from_static("x-api-key")];
+    for d in drafts {
+        for part in &d.by {
+            if let KeyPart::Header(h) = part {
+                out.push(h.clone());
+            }
+        }
+        if let Some(crate::limit::cost::Reserve::Header(h)) = d.cost.as_ref().map(|c| &c.reserve) {
+            out.push(h.clone());
+        }
+    }
+    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    out.dedup();
+    out.into()
+}
+
 pub(super) fn limits(
     c: &mut Check,
     list: Vec<Spanned<raw::Limit>>,

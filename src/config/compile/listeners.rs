@@ -271,19 +271,22 @@ pub(super) fn tls(c: &mut Check, t: &Spanned<raw::Tls>, base: &Path) -> Option<T
 }
 
 /// `tls_cert`, `tls_key` and `client_ca` of `[rls]` or `[region]`
-/// (`section`): `None` when none is set. `alpn`: the protocols the plane
-/// speaks. `client_side`: the plane also calls its peers (the region
-/// link), with the same certificate, trusting `client_ca` alone.
+/// (`section`): `None` when none is set. `allow`: `allow_subjects`.
+/// `alpn`: the protocols the plane speaks. `client_side`: the plane also
+/// calls its peers (the region link), with the same certificate, trusting
+/// `client_ca` alone.
 pub(super) fn peer_tls(
     c: &mut Check,
     base: &Path,
     section: (&str, std::ops::Range<usize>),
     files: [Option<&Spanned<String>>; 3],
+    allow: Option<&Spanned<Vec<String>>>,
     alpn: &[&[u8]],
     client_side: bool,
 ) -> Option<PeerTls> {
     let (name, span) = section;
     let [cert, key, ca] = files;
+    let allow_subjects = allow_subjects(c, name, allow, ca.is_some());
     let (cert, key) = match (cert, key) {
         (Some(cert), Some(key)) => (cert, key),
         (None, None) => {
@@ -366,7 +369,60 @@ pub(super) fn peer_tls(
         cert: id.cert,
         key: id.key,
         client_ca: roots.map(|(p, _)| p),
+        allow_subjects: allow_subjects?,
         server: Arc::new(server),
         client,
     })
+}
+
+/// Most names in one plane's `allow_subjects`.
+const MAX_ALLOW_SUBJECTS: usize = 1_000;
+
+/// `allow_subjects` of `[rls]` or `[region]`: the names, lowercased (the
+/// match ignores ASCII case, as DNS names do). Needs `client_ca`: only a
+/// verified certificate has names worth checking.
+fn allow_subjects(
+    c: &mut Check,
+    section: &str,
+    allow: Option<&Spanned<Vec<String>>>,
+    has_ca: bool,
+) -> Option<Vec<String>> {
+    let Some(allow) = allow else {
+        return Some(Vec::new());
+    };
+    let key = format!("{section}.allow_subjects");
+    if !has_ca {
+        c.at(
+            allow.span(),
+            key,
+            "needs client_ca (and tls_cert, tls_key): only a certificate the CA verified has names to check",
+        );
+        return None;
+    }
+    let names = allow.get_ref();
+    if names.is_empty() || names.len() > MAX_ALLOW_SUBJECTS {
+        c.at(
+            allow.span(),
+            key,
+            format!(
+                "lists {} names: list 1 to {MAX_ALLOW_SUBJECTS} (leave the key out to accept every certificate client_ca signed)",
+                names.len()
+            ),
+        );
+        return None;
+    }
+    if let Some(bad) = names
+        .iter()
+        .find(|n| n.is_empty() || n.len() > 255 || !n.chars().all(|ch| ch.is_ascii_graphic() || ch == ' '))
+    {
+        c.at(
+            allow.span(),
+            key,
+            format!(
+                "{bad:?} is not a certificate name: use a common name or DNS name, 1 to 255 printable ASCII characters"
+            ),
+        );
+        return None;
+    }
+    Some(names.iter().map(|n| n.to_ascii_lowercase()).collect())
 }

@@ -98,9 +98,9 @@ pub(super) fn compile(
     let rate_claims = limits::rate_claims(&raw.limits);
     let jwt_configured = raw.identity.jwt.is_some();
     let identity = identity(&mut c, raw.identity, base, &rate_claims);
-    let upstreams = upstreams(&mut c, raw.upstreams, base);
     let region = raw.region.as_ref().and_then(|r| region::region(&mut c, r, base));
     let mut limits = limits(&mut c, raw.limits, &rate_claims, jwt_configured);
+    let upstreams = upstreams(&mut c, raw.upstreams, base, &limits::read_headers(&limits));
     if let Some(r) = &region {
         for l in &mut limits {
             l.share = r.share;

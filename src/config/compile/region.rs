@@ -50,6 +50,7 @@ pub(super) fn region(c: &mut Check, spanned: &Spanned<raw::Region>, base: &Path)
         base,
         ("region", spanned.span()),
         [r.tls_cert.as_ref(), r.tls_key.as_ref(), r.client_ca.as_ref()],
+        r.allow_subjects.as_ref(),
         &[b"http/1.1"],
         true,
     );

@@ -71,11 +71,16 @@ pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<R
         base,
         ("rls", r.span()),
         [raw.tls_cert.as_ref(), raw.tls_key.as_ref(), raw.client_ca.as_ref()],
+        raw.allow_subjects.as_ref(),
         &[b"h2"],
         false,
     );
     let workers: usize = super::in_range(c, &raw.workers, "rls.workers", 1, 64, 1);
-    let allow_overrides = raw.allow_overrides.as_ref().is_none_or(|v| *v.get_ref());
+    // Off unless asked for: each distinct override makes keys of its own.
+    let allow_overrides = raw.allow_overrides.as_ref().is_some_and(|v| *v.get_ref());
+    let max_override_values: usize =
+        super::in_range(c, &raw.max_override_values, "rls.max_override_values", 1, 10_000, 16);
+    let max_hits_fraction = super::in_range(c, &raw.max_hits_fraction, "rls.max_hits_fraction", 0.000_001, 1.0, 0.1);
     Some(Rls {
         listen: listen?,
         config_path: path,
@@ -84,5 +89,7 @@ pub(super) fn rls(c: &mut Check, r: &Spanned<raw::Rls>, base: &Path) -> Option<R
         tls,
         workers,
         allow_overrides,
+        max_override_values,
+        max_hits_fraction,
     })
 }

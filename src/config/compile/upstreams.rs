@@ -16,7 +16,14 @@ use crate::proxy::health::Ejection;
 use crate::proxy::upstream::{Protocol, Target, Upstream, UpstreamTls};
 
 /// Upstreams in file order.
-pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: &Path) -> Vec<Arc<Upstream>> {
+/// `kept`: the request fields the gateway reads, which a client's
+/// `Connection` may not strip on the way to any upstream.
+pub(super) fn upstreams(
+    c: &mut Check,
+    list: Vec<Spanned<raw::Upstream>>,
+    base: &Path,
+    kept: &Arc<[http::HeaderName]>,
+) -> Vec<Arc<Upstream>> {
     let mut out: Vec<Arc<Upstream>> = Vec::new();
     for (n, u) in list.into_iter().enumerate() {
         let u = u.into_inner();
@@ -144,7 +151,8 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
         out.push(Arc::new(
             Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
                 .with_limits(limits)
-                .with_ejection(ejection),
+                .with_ejection(ejection)
+                .with_kept_headers(kept.clone()),
         ));
     }
     out

@@ -192,7 +192,12 @@ impl Lease {
         if rest == 0 {
             return self.debt();
         }
-        self.debt.fetch_add(rest, Ordering::AcqRel) + rest
+        // Saturating: costs come from upstream responses, and an atomic
+        // add wraps (a wrapped debt would be a huge debt forgiven).
+        let add = |d: u64| Some(d.saturating_add(rest));
+        match self.debt.fetch_update(Ordering::AcqRel, Ordering::Acquire, add) {
+            Ok(before) | Err(before) => before.saturating_add(rest),
+        }
     }
 
     /// Tokens owed to the store, not sent yet.
@@ -467,6 +472,18 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Costs are the upstream's numbers: a debt saturates, never wraps
+    /// to a small one (nor panics).
+    #[test]
+    fn a_debt_saturates_and_never_wraps() {
+        let lease = Lease::default();
+        assert_eq!(lease.charge(u64::MAX - 5), u64::MAX - 5);
+        assert_eq!(lease.charge(10), u64::MAX);
+        assert_eq!(lease.charge(u64::MAX), u64::MAX);
+        assert_eq!(lease.take_debt(), u64::MAX);
+        assert_eq!(lease.debt(), 0);
+    }
 
     #[test]
     fn sizes_grow_with_traffic_and_decay_when_it_falls() {

@@ -225,7 +225,7 @@ impl Coordinator {
         match self.store.credit(&ask.key, id, answer.granted, ttl).await {
             Ok(_) => {
                 self.metrics.granted.inc();
-                tracing::info!(key = %ask.key, id, granted = answer.granted, "region: transfer credited");
+                tracing::debug!(key = %ask.key, id, granted = answer.granted, "region: transfer credited");
                 Outcome::Granted(answer.granted)
             }
             Err(e) => {

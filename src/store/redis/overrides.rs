@@ -1,5 +1,6 @@
-//! The fleet's overrides on Redis: `lua/overrides.lua` (a version key and
-//! one hash per limit, all under the `{overrides}` hash tag), and the
+//! The fleet's overrides on Redis: `lua/overrides.lua` (a version key,
+//! `lg:{overrides}`, and one hash per limit, `lg:{overrides}:<limit>`, all
+//! under the `{overrides}` hash tag), and the
 //! change notices it publishes, which wake every instance's poll at once.
 //! The poll (each second) still runs: a notice lost to a reconnect costs a
 //! second, not the change.
@@ -21,6 +22,10 @@ pub(super) fn scripts() -> [&'static Script; 1] {
     [&OVERRIDES]
 }
 
+/// The overrides' version: a counter, beside the limits' hashes
+/// (`lg:{overrides}:<limit>`), never one of them.
+pub const VERSION: &str = "lg:{overrides}";
+
 /// The channel `lua/overrides.lua` publishes each change on.
 pub const CHANGED: &str = "lg:{overrides}:changed";
 
@@ -40,7 +45,9 @@ impl RedisStore {
             return Box::pin(std::future::ready(Err(super::not_connected())));
         };
         let hash = |limit: &str| format!("lg:{{overrides}}:{limit}");
-        let mut keys = vec!["lg:{overrides}:version".to_string()];
+        // The version's key has no `:` after the tag, so no limit's hash
+        // can be it (a limit named `version` once was).
+        let mut keys = vec![VERSION.to_string()];
         let (limits, args): (Vec<String>, Vec<String>) = match op {
             OverrideOp::Version => (vec![], vec!["version".into()]),
             OverrideOp::Load(limits) => {
