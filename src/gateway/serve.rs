@@ -147,7 +147,7 @@ impl Gateway {
             && !route.limits.is_empty()
             && req.headers().contains_key(http::header::AUTHORIZATION)
         {
-            if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, &req, conn) {
+            if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, req.headers(), conn) {
                 request_id.stamp(refusal.headers_mut());
                 return Served::Now(refusal, record);
             }
@@ -247,14 +247,14 @@ impl Gateway {
 
     /// The 429 for a request whose identity-free limit is blocked, if one
     /// is ([`crate::limit::Limiter::refused_before_identity`]).
-    fn refused_before_identity(
+    pub(super) fn refused_before_identity(
         &self,
         snapshot: &Snapshot,
         route: &Route,
-        req: &Request<Incoming>,
+        headers: &HeaderMap,
         conn: &ConnInfo,
     ) -> Option<(Response<crate::proxy::body::Body>, Record)> {
-        let ip = identity::client_ip(conn.peer.ip(), req.headers(), &snapshot.config.identity.trusted_proxies);
+        let ip = identity::client_ip(conn.peer.ip(), headers, &snapshot.config.identity.trusted_proxies);
         let facts = crate::limit::key::Facts {
             identity: "",
             tenant: None,
@@ -262,7 +262,7 @@ impl Gateway {
             rates: &[],
             route: &route.name,
             ip,
-            headers: req.headers(),
+            headers,
         };
         let mut verdict = Verdict::default();
         if !self

@@ -26,6 +26,7 @@ mod limits;
 mod llm;
 mod overrides;
 mod planes;
+mod priced_bodies;
 mod proxy;
 mod queue;
 mod redis_store;
