@@ -171,6 +171,8 @@ pub struct Upstream {
     pub pool_max_idle_per_host: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
     pub max_in_flight: Option<Spanned<i64>>,
+    /// One client's share of `max_in_flight` (default an eighth).
+    pub max_in_flight_per_client: Option<Spanned<i64>>,
     /// `https://` targets: a private CA (PEM) instead of the system roots.
     pub ca: Option<Spanned<String>>,
     pub server_name: Option<Spanned<String>>,

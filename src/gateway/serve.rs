@@ -359,10 +359,13 @@ impl Gateway {
                 (watch(resp, held, settlements), record)
             })),
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
+                // A client's share of the upstream's places: its network
+                // as the connection door counts it (IPv4 by address).
+                let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
                 let result = proxy::forward(
                     req,
                     conn,
-                    upstream,
+                    (upstream, Some(client.network())),
                     request_id.upstream(),
                     Some(&identity.value),
                     &self.runtime.metrics,

@@ -39,18 +39,20 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Forwards `req` to `upstream` and returns its response, or the reason it
-/// could not; `request_id`, if given, is set as its `x-request-id`. The request holds a place among the upstream's
-/// `max_in_flight` until its response body ends; without one it is
-/// refused at once.
+/// could not; `request_id`, if given, is set as its `x-request-id`. The
+/// request holds a place among the upstream's `max_in_flight`, and among
+/// its `client`'s (the client's network) `max_in_flight_per_client`,
+/// until its response body ends (a WebSocket tunnel: until it closes);
+/// without one it is refused at once.
 pub async fn forward(
     req: Request<RequestBody>,
     conn: &ConnInfo,
-    upstream: &Arc<Upstream>,
+    (upstream, client): (&Arc<Upstream>, Option<std::net::IpAddr>),
     request_id: Option<&HeaderValue>,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
 ) -> Result<Response<Body>, ForwardError> {
-    let place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
+    let place = upstream.enter(client).ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
         max: upstream.max_in_flight,
     })?;

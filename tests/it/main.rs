@@ -19,6 +19,7 @@ mod events;
 mod explain;
 mod fingerprint;
 mod fleet;
+mod flow_control;
 mod headers;
 mod identity;
 mod key_churn;

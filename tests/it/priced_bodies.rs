@@ -64,7 +64,11 @@ async fn answer(s: &mut TcpStream, within: Duration) -> (u16, String) {
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
             let len = head
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_string))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_string)
+                })
                 .and_then(|v| v.trim().parse::<usize>().ok());
             if len.is_some_and(|n| body.len() >= n) {
                 break;
@@ -145,7 +149,11 @@ async fn priced_bodies_hold_their_bytes_not_places() {
     let refused = refused_until(1).await;
     assert!(refused.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{refused}");
     assert!(refused.contains("too many request bodies"), "{refused}");
-    assert_eq!(priced_from(&gw, 2, "/p/", 1024).await.0, 200, "another client is served");
+    assert_eq!(
+        priced_from(&gw, 2, "/p/", 1024).await.0,
+        200,
+        "another client is served"
+    );
     for n in 2..=4 {
         full.extend(fill(n).await);
     }
@@ -241,7 +249,8 @@ async fn bodies_in_one_byte_frames_keep_within_the_memory_bound() {
     for n in 1..=4u8 {
         for _ in 0..16 {
             let mut s = connect_from(gw.http(), n).await;
-            let head = "POST /p/ HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+            let head =
+                "POST /p/ HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
             s.write_all(head.as_bytes()).await.unwrap();
             conns.push(s);
         }
@@ -278,7 +287,11 @@ async fn bodies_in_one_byte_frames_keep_within_the_memory_bound() {
     for _ in 0..240 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let now = rss_kib(gw.pid());
-        steady = if now == after && unread(port) == 0 { steady + 1 } else { 0 };
+        steady = if now == after && unread(port) == 0 {
+            steady + 1
+        } else {
+            0
+        };
         after = now;
         if steady >= 8 {
             break;
