@@ -104,3 +104,47 @@ async fn a_zero_window_client_cannot_pin_the_upstream() {
     assert!(!sibling.is_finished(), "the connection lives on");
     sibling.abort();
 }
+
+/// A response whose upstream body has ended gives its place back then,
+/// though its last frame still waits on the client's window: a client
+/// holding 8 such streams (its share: all 8 places here) does not keep a
+/// second client from the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_comes_back_when_the_upstream_body_ends() {
+    let up = upstream::start("u").await;
+    let gw = Gateway::start(
+        &Toml::new()
+            .gateway("workers = 1\naccess_log = \"off\"\nidle_timeout_ms = 10000")
+            .upstream("u", &up.target())
+            .with("max_in_flight = 8\nmax_in_flight_per_client = 8")
+            .forward("all", "/", "u"),
+    );
+    let tcp = tokio::net::TcpStream::connect(gw.http()).await.unwrap();
+    let (mut h2, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let uri = format!("http://{}/small", gw.http());
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        h2 = h2.ready().await.unwrap();
+        let (resp, _) = h2
+            .send_request(Request::get(uri.as_str()).body(()).unwrap(), true)
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        held.push(resp.into_body());
+    }
+    let mut other = client::http1_from("127.0.0.2", gw.http()).await;
+    let (status, _, body) = client::text(client::send(&mut other, client::get("/small")).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, "upstream u ok");
+    drop(held);
+}
