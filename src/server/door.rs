@@ -7,8 +7,9 @@
 //! not at `ipv4_prefix`: a /24 is often many unrelated clients (a carrier's
 //! NAT, an office), the door refuses without a word, and an attacker pays
 //! for each IPv4 address it holds.
-//! an idle connection closed after `idle_timeout_ms`, and so is one whose
-//! client stopped taking its response for that long.
+//! An idle connection is closed after `idle_timeout_ms`, and so is an
+//! HTTP/1.1 one whose client stopped taking its response for that long
+//! (an HTTP/2 stream has its own clock: `super::streams`).
 //!
 //! `trusted_proxies` are exempt from the per-address cap: every client
 //! behind them shares their address.
