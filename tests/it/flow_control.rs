@@ -148,3 +148,61 @@ async fn a_place_comes_back_when_the_upstream_body_ends() {
     assert_eq!(body, "upstream u ok");
     drop(held);
 }
+
+/// A WebSocket upgrade from `127.0.0.N`: the status of its answer, and the
+/// connection (a tunnel while it lives).
+async fn websocket_from(gw: &Gateway, n: u8) -> (u16, tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, n], 0))).unwrap();
+    let mut s = socket.connect(gw.http()).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut byte))
+            .await
+            .unwrap()
+            .unwrap();
+        head.push(byte[0]);
+    }
+    let status = String::from_utf8_lossy(&head[9..12]).parse().unwrap_or(0);
+    (status, s)
+}
+
+/// WebSocket tunnels hold their client's places for their life: a client
+/// holding its share (2 of 16) in tunnels gets `503` for a third, while
+/// another client still opens one; closing a tunnel gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_count_against_their_clients_share() {
+    let up = upstream::start("u").await;
+    let gw = Gateway::start(
+        &Toml::new()
+            .gateway("workers = 1\naccess_log = \"off\"")
+            .upstream("u", &up.target())
+            .with("max_in_flight = 16")
+            .forward("all", "/", "u"),
+    );
+    let (a, ta) = websocket_from(&gw, 1).await;
+    let (b, _tb) = websocket_from(&gw, 1).await;
+    assert_eq!((a, b), (101, 101));
+    let (third, _) = websocket_from(&gw, 1).await;
+    assert_eq!(third, 503, "two tunnels are 127.0.0.1's share of 16");
+    let (other, _to) = websocket_from(&gw, 2).await;
+    assert_eq!(other, 101, "another client opens its own");
+    drop(ta);
+    let mut again = 0;
+    for _ in 0..50 {
+        again = websocket_from(&gw, 1).await.0;
+        if again == 101 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(again, 101, "a closed tunnel gives its place back");
+}
