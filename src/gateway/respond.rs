@@ -90,7 +90,9 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => StatusCode::BAD_REQUEST,
             RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            RequestError::BodySlow(_) | RequestError::BodyTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+            RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
+            | RequestError::Forward(ForwardError::BodyTooSlow { .. }) => StatusCode::REQUEST_TIMEOUT,
             RequestError::BodiesBusy => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::BodyEncoded(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -109,7 +111,9 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
             RequestError::BodyTooLarge(_) => "Payload Too Large",
-            RequestError::BodySlow(_) | RequestError::BodyTooSlow(_) => "Request Timeout",
+            RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
+            | RequestError::Forward(ForwardError::BodyTooSlow { .. }) => "Request Timeout",
             RequestError::BodiesBusy => "Service Unavailable",
             RequestError::BodyEncoded(_) => "Unsupported Media Type",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
@@ -132,7 +136,9 @@ impl RequestError {
             | RequestError::BodiesBusy
             | RequestError::BodyEncoded(_)
             | RequestError::BodyUnread(_)
-            | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
+            | RequestError::Forward(ForwardError::BadRequestBody { .. } | ForwardError::BodyTooSlow { .. }) => {
+                self.to_string()
+            }
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {
                 "the service behind this route is at capacity".into()
             }

@@ -365,7 +365,7 @@ impl Gateway {
                 let result = proxy::forward(
                     req,
                     conn,
-                    (upstream, Some(client.network())),
+                    (upstream, Some(client.network()), snapshot.config.gateway.min_body_rate),
                     request_id.upstream(),
                     Some(&identity.value),
                     &self.runtime.metrics,

@@ -25,6 +25,7 @@ fn config(upstream: &upstream::Upstream, gateway: &str) -> Toml {
         .with("limits = [\"prompt\"]")
         .forward("b", "/b/", "u")
         .with("limits = [\"per_ip\", \"prompt\"]")
+        .forward("s", "/sha256", "u")
         .limit("prompt", "1000000/min")
         .with("by = [\"route\"]\ncost = { reserve = \"json:max_tokens\" }")
         .limit("per_ip", "2/min")
@@ -199,6 +200,39 @@ async fn a_trickled_priced_body_is_answered_408() {
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(4_900), "{waited:?}");
     assert_eq!(priced_from(&gw, 1, "/p/", 1000).await.0, 200);
+}
+
+/// A body streamed to the upstream (no limit reads it) trickled at 2
+/// bytes a second, while the upstream waits for it, is answered 408 once
+/// 5 s of waiting have brought less than the default 500 bytes/s; one
+/// that comes at once is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_streamed_body_is_answered_408() {
+    let up = upstream::start("u").await;
+    let gw = Gateway::start(&config(&up, ""));
+    let mut s = connect_from(gw.http(), 1).await;
+    s.write_all(head("/sha256", 1000).as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let trickle = async {
+        for _ in 0..1000 {
+            if s.write_all(b"x").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(7), trickle).await;
+    let (status, text) = answer(&mut s, Duration::from_secs(3)).await;
+    assert_eq!(status, 408, "{text}");
+    assert!(text.contains("slower than 500 bytes/s"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(4_900),
+        "{:?}",
+        started.elapsed()
+    );
+    let (status, text) = priced_from(&gw, 1, "/sha256", 1000).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with(" 1000"), "{text}");
 }
 
 /// A client that a limit by address refuses is refused before its body
