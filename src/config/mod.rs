@@ -140,6 +140,10 @@ pub struct Gateway {
     /// larger body is refused, 413), and of a response body (or one
     /// event) kept for a `json:` settle.
     pub max_cost_body_bytes: usize,
+    /// Bytes per second a body read to price it must arrive at, averaged
+    /// over each 5 s ([`MIN_BODY_RATE_WINDOW`]); slower is `408`. 0: no
+    /// minimum.
+    pub min_body_rate: u64,
     /// Which rate-limit headers responses carry.
     pub rate_limit_headers: HeaderStyle,
     /// What becomes of `x-request-id`, on the way up and back.
@@ -149,6 +153,9 @@ pub struct Gateway {
     /// One line per request on stdout.
     pub access_log: AccessLog,
 }
+
+/// The window `[gateway] min_body_rate` is averaged over.
+pub const MIN_BODY_RATE_WINDOW: Duration = Duration::from_secs(5);
 
 /// `[gateway] request_id`: who sets a request's `x-request-id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -51,6 +51,9 @@ pub struct Gateway {
     /// Most bytes of a request body read for a `json:` reserve, and of a
     /// response body (or one event) kept for a `json:` settle.
     pub max_cost_body_bytes: Option<Spanned<i64>>,
+    /// Bytes per second a body read to price it must arrive at, averaged
+    /// over 5 s; 0: no minimum.
+    pub min_body_rate: Option<Spanned<i64>>,
     pub header_read_timeout_ms: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
@@ -168,6 +171,8 @@ pub struct Upstream {
     pub pool_max_idle_per_host: Option<Spanned<i64>>,
     pub idle_timeout_ms: Option<Spanned<i64>>,
     pub max_in_flight: Option<Spanned<i64>>,
+    /// One client's share of `max_in_flight` (default an eighth).
+    pub max_in_flight_per_client: Option<Spanned<i64>>,
     /// `https://` targets: a private CA (PEM) instead of the system roots.
     pub ca: Option<Spanned<String>>,
     pub server_name: Option<Spanned<String>>,

@@ -5,12 +5,12 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
-use http_body_util::BodyExt;
 
+use super::budget::Caps;
+use super::priced_body;
 use super::respond::RequestError;
 use super::serve::{Routed, Served};
 use super::Gateway;
@@ -26,15 +26,6 @@ use crate::route::Action;
 use crate::route::Route;
 use crate::runtime::Snapshot;
 use crate::telemetry::metrics::{Metrics, UnsettledLabels};
-
-/// Most request bodies read whole at once to price them, gateway-wide:
-/// with `[gateway] max_cost_body_bytes` each, the memory they hold is
-/// bounded. One more is answered `503` with `Retry-After: 1` at once.
-pub const BODIES_AT_ONCE: usize = 64;
-/// ... and per client address (the identity's client address: behind a
-/// trusted proxy, the client it names), so that a client trickling bodies
-/// holds a quarter of the places at most, never all of them.
-pub const BODIES_PER_CLIENT: usize = BODIES_AT_ONCE / 4;
 
 /// What a request's limits with a `cost` need before its decision.
 #[derive(Debug, Default)]
@@ -148,60 +139,43 @@ pub(super) fn uncompressed(headers: &mut HeaderMap) {
     headers.remove(http::header::ACCEPT_ENCODING);
 }
 
-/// Reads a request body a `json:` reserve prices, up to `max` bytes, each
-/// read within `idle` and the whole within `total`: larger is 413, slower
-/// 408, and nothing is forwarded.
-pub(super) async fn read_body(
-    headers: &HeaderMap,
-    body: RequestBody,
-    max: usize,
-    idle: Duration,
-    total: Duration,
-) -> Result<Bytes, RequestError> {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(RequestError::BodyTooLarge(max));
-    }
-    let limited = http_body_util::Limited::new(crate::proxy::idle::Timed::new(body, idle), max);
-    match tokio::time::timeout(total, limited.collect()).await {
-        Err(_) => Err(RequestError::BodySlow(total.as_millis() as u64)),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(RequestError::BodyTooLarge(max)),
-        Ok(Err(e)) => Err(RequestError::BodyUnread(e.to_string())),
-    }
-}
-
 impl Gateway {
     /// A request priced by its JSON body: the body read (bounded), the
     /// reserves taken from it, then decided and served.
     pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced) -> Served<'a> {
         let (parts, body) =
             std::mem::replace(&mut routed.req, Request::new(RequestBody::read(Bytes::new(), None))).into_parts();
-        let client = self.priced_per_client.admit(routed.identity.client_ip);
-        let (Ok(client), Ok(place)) = (client, self.priced_bodies.clone().try_acquire_owned()) else {
-            let resp = self.finish(
-                routed.snapshot,
-                Some(routed.route),
-                Err(RequestError::BodiesBusy),
-                routed.request_id,
-                None,
-            );
-            return Served::Now(resp, routed.record);
-        };
+        let snapshot = routed.snapshot;
+        // A client an identity-free limit (its address's, its network's)
+        // refuses now is refused before its body is read.
+        if let Some((mut refusal, record)) =
+            self.refused_before_identity(snapshot, routed.route, &parts.headers, routed.conn)
+        {
+            routed.request_id.stamp(refusal.headers_mut());
+            return Served::Now(refusal, record);
+        }
+        let id = &snapshot.config.identity;
+        let mut share = self
+            .priced_bodies
+            .share(routed.identity.client_ip, id.ipv4_prefix, id.ipv6_prefix);
         let (idle, total) = match &routed.route.action {
             Action::Forward(u) => (u.idle_timeout, u.request_timeout),
             Action::Respond(_) | Action::Usage(_) => {
-                let idle = routed.snapshot.config.gateway.idle_timeout;
+                let idle = snapshot.config.gateway.idle_timeout;
                 (idle, idle)
             }
         };
-        let max = routed.snapshot.config.gateway.max_cost_body_bytes;
+        let max = snapshot.config.gateway.max_cost_body_bytes;
+        let bounds = priced_body::Bounds {
+            max,
+            idle,
+            total,
+            min_rate: snapshot.config.gateway.min_body_rate,
+            caps: Caps::for_bodies_of(max),
+        };
         let read = match encoded(&parts.headers) {
             Some(encoding) => Err(RequestError::BodyEncoded(encoding)),
-            None => read_body(&parts.headers, body, max, idle, total).await,
+            None => priced_body::read(&parts.headers, body, bounds, &mut share).await,
         };
         let path = parts.uri.path();
         let priced_read = read.and_then(|bytes| {
@@ -222,7 +196,7 @@ impl Gateway {
                 if let Some(n) = &routed.request_bytes {
                     n.store(bytes.len() as u64, std::sync::atomic::Ordering::Release);
                 }
-                routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some((place, client))));
+                routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some(Box::new(share))));
                 routed.costs = pricing.costs;
                 routed.estimates = pricing.estimates;
                 self.limited(routed)

@@ -15,7 +15,9 @@ use crate::runtime::{facts, Runtime, Snapshot};
 use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
 use respond::{add_warnings, visible_statuses, RequestError};
 
+mod budget;
 mod cost;
+mod priced_body;
 mod queue;
 mod request_id;
 pub mod respond;
@@ -30,14 +32,10 @@ pub struct Gateway {
     runtime: Arc<Runtime>,
     /// The lines of requests waiting for a token (`queue_ms`).
     queues: queue::Queues,
-    /// Places for request bodies read whole to price them (a `json:`
-    /// reserve): at most [`cost::BODIES_AT_ONCE`], so the memory they hold
-    /// is bounded whatever the clients send.
-    priced_bodies: Arc<tokio::sync::Semaphore>,
-    /// ... and at most [`cost::BODIES_PER_CLIENT`] of them per client
-    /// address (an IPv6 client by its /64), so one client cannot take
-    /// them all.
-    priced_per_client: Arc<crate::connection::PerIp>,
+    /// The memory request bodies read whole to price them (a `json:`
+    /// reserve) hold, in all and per client: bounded whatever the
+    /// clients send ([`budget`]).
+    priced_bodies: Arc<budget::Budget>,
 }
 
 impl Gateway {
@@ -45,8 +43,7 @@ impl Gateway {
         Gateway {
             runtime,
             queues: queue::Queues::default(),
-            priced_bodies: Arc::new(tokio::sync::Semaphore::new(cost::BODIES_AT_ONCE)),
-            priced_per_client: crate::connection::PerIp::new(cost::BODIES_PER_CLIENT, Vec::new()),
+            priced_bodies: budget::Budget::new(),
         }
     }
 

@@ -51,9 +51,14 @@ pub enum RequestError {
     /// request timeout.
     #[error("the request body took longer than {0} ms to arrive")]
     BodySlow(u64),
-    /// [`super::cost::BODIES_AT_ONCE`] bodies are being read to price them.
+    /// The bodies being read to price them hold all the memory they may
+    /// ([`super::budget`]), in all or the client's share.
     #[error("too many request bodies are being read to price them; retry shortly")]
     BodiesBusy,
+    /// The body a `json:` cost reserve reads came slower than `[gateway]
+    /// min_body_rate` bytes/s over 5 s.
+    #[error("the request body arrived slower than {0} bytes/s")]
+    BodyTooSlow(u64),
     /// A body a cost reserve reads came with a `Content-Encoding`: its
     /// bytes are not what the upstream reads, so it cannot be priced.
     #[error("a request body this route prices must not be encoded (Content-Encoding {0:?}); send it as it is")]
@@ -68,6 +73,7 @@ impl RequestError {
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
             | RequestError::BodiesBusy
             | RequestError::BodyEncoded(_)
             | RequestError::BodyUnread(_) => Source::Client,
@@ -84,7 +90,9 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => StatusCode::BAD_REQUEST,
             RequestError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            RequestError::BodySlow(_) => StatusCode::REQUEST_TIMEOUT,
+            RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
+            | RequestError::Forward(ForwardError::BodyTooSlow { .. }) => StatusCode::REQUEST_TIMEOUT,
             RequestError::BodiesBusy => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::BodyEncoded(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -103,7 +111,9 @@ impl RequestError {
             | RequestError::BodyUnread(_)
             | RequestError::Forward(ForwardError::BadRequestBody { .. }) => "Bad Request",
             RequestError::BodyTooLarge(_) => "Payload Too Large",
-            RequestError::BodySlow(_) => "Request Timeout",
+            RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
+            | RequestError::Forward(ForwardError::BodyTooSlow { .. }) => "Request Timeout",
             RequestError::BodiesBusy => "Service Unavailable",
             RequestError::BodyEncoded(_) => "Unsupported Media Type",
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => "Upstream busy",
@@ -122,10 +132,13 @@ impl RequestError {
             | RequestError::BadReserve(_)
             | RequestError::BodyTooLarge(_)
             | RequestError::BodySlow(_)
+            | RequestError::BodyTooSlow(_)
             | RequestError::BodiesBusy
             | RequestError::BodyEncoded(_)
             | RequestError::BodyUnread(_)
-            | RequestError::Forward(ForwardError::BadRequestBody { .. }) => self.to_string(),
+            | RequestError::Forward(ForwardError::BadRequestBody { .. } | ForwardError::BodyTooSlow { .. }) => {
+                self.to_string()
+            }
             RequestError::Forward(ForwardError::UpstreamBusy { .. }) => {
                 "the service behind this route is at capacity".into()
             }

@@ -147,7 +147,7 @@ impl Gateway {
             && !route.limits.is_empty()
             && req.headers().contains_key(http::header::AUTHORIZATION)
         {
-            if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, &req, conn) {
+            if let Some((mut refusal, record)) = self.refused_before_identity(snapshot, route, req.headers(), conn) {
                 request_id.stamp(refusal.headers_mut());
                 return Served::Now(refusal, record);
             }
@@ -247,14 +247,14 @@ impl Gateway {
 
     /// The 429 for a request whose identity-free limit is blocked, if one
     /// is ([`crate::limit::Limiter::refused_before_identity`]).
-    fn refused_before_identity(
+    pub(super) fn refused_before_identity(
         &self,
         snapshot: &Snapshot,
         route: &Route,
-        req: &Request<Incoming>,
+        headers: &HeaderMap,
         conn: &ConnInfo,
     ) -> Option<(Response<crate::proxy::body::Body>, Record)> {
-        let ip = identity::client_ip(conn.peer.ip(), req.headers(), &snapshot.config.identity.trusted_proxies);
+        let ip = identity::client_ip(conn.peer.ip(), headers, &snapshot.config.identity.trusted_proxies);
         let facts = crate::limit::key::Facts {
             identity: "",
             tenant: None,
@@ -262,7 +262,7 @@ impl Gateway {
             rates: &[],
             route: &route.name,
             ip,
-            headers: req.headers(),
+            headers,
         };
         let mut verdict = Verdict::default();
         if !self
@@ -359,10 +359,13 @@ impl Gateway {
                 (watch(resp, held, settlements), record)
             })),
             Action::Forward(upstream) => Served::Later(Box::pin(async move {
+                // A client's share of the upstream's places: its network
+                // as the connection door counts it (IPv4 by address).
+                let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
                 let result = proxy::forward(
                     req,
                     conn,
-                    upstream,
+                    (upstream, Some(client.network()), snapshot.config.gateway.min_body_rate),
                     request_id.upstream(),
                     Some(&identity.value),
                     &self.runtime.metrics,

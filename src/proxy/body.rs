@@ -235,8 +235,8 @@ impl http_body::Body for Body {
 /// A request body on its way upstream: the client's as it streams in
 /// (counted, for a limit that settles by `request_bytes`), or one read
 /// already (a `json:` cost reserve read it first), sent as it was, with
-/// the places it holds among the bodies read at once, gateway-wide and
-/// its client's (given back when the bytes are handed on).
+/// the share of memory it holds among the bodies read at once,
+/// gateway-wide and its client's (given back when the bytes are handed on).
 #[derive(Debug)]
 pub enum RequestBody {
     Streamed(Incoming),
@@ -244,9 +244,10 @@ pub enum RequestBody {
     Read(Option<Bytes>, Option<ReadPlaces>),
 }
 
-/// A read body's place among all bodies read at once, and among its
-/// client's (none for an address without a cap).
-pub type ReadPlaces = (tokio::sync::OwnedSemaphorePermit, Option<crate::connection::Place>);
+/// What a read body holds until it is handed on: its bytes' share of the
+/// memory bodies read to price them may hold, in all and its client's.
+/// Opaque here (the gateway keeps the count).
+pub type ReadPlaces = Box<dyn std::any::Any + Send + Sync>;
 
 impl RequestBody {
     /// The client's body, counted into `bytes` as it goes when given.

@@ -29,6 +29,10 @@ pub enum ForwardError {
     /// 2^64), or a client that went away mid-body. Its fault, not ours.
     #[error("the request body could not be read: {reason}")]
     BadRequestBody { reason: String },
+    /// The client's request body came slower than `[gateway]
+    /// min_body_rate` while the upstream waited for it. Its fault.
+    #[error("the request body arrived slower than {rate} bytes/s")]
+    BodyTooSlow { rate: u64 },
     /// The upstream has `max_in_flight` requests in flight already.
     #[error("upstream {upstream:?} has {max} requests in flight")]
     UpstreamBusy { upstream: String, max: usize },
@@ -43,7 +47,7 @@ impl ForwardError {
             ForwardError::UpstreamTimeout { upstream, .. } => Some((upstream, "timeout")),
             ForwardError::UpstreamFailed { upstream, .. } => Some((upstream, "failed")),
             ForwardError::UpstreamBusy { upstream, .. } => Some((upstream, "busy")),
-            ForwardError::BadRequestBody { .. } => None,
+            ForwardError::BadRequestBody { .. } | ForwardError::BodyTooSlow { .. } => None,
         }
     }
 }

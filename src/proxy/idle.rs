@@ -1,7 +1,8 @@
 //! Bodies that may not stall: a request or response body that moves no
 //! byte for the upstream's `idle_timeout_ms` ends the exchange with an
 //! error, so neither a stalled upstream nor a stalled client can hold a
-//! connection (and its place among `max_in_flight`) forever.
+//! connection (and its place among `max_in_flight`) forever; and a request
+//! body must come at `[gateway] min_body_rate` while the upstream waits.
 //!
 //! WebSocket tunnels get the gateway's `idle_timeout_ms` the same way.
 //!
@@ -29,6 +30,51 @@ pub enum BodyError {
     Hyper(#[from] hyper::Error),
     #[error("the body moved no byte for {} ms", .0.as_millis())]
     Idle(Duration),
+    /// A request body came slower than `[gateway] min_body_rate` while the
+    /// upstream waited for it.
+    #[error("the request body arrived slower than {0} bytes/s")]
+    TooSlow(u64),
+}
+
+/// The window a request body's minimum rate is averaged over.
+pub const RATE_WINDOW_MS: u64 = 5_000;
+
+/// A request body's minimum rate, counted over the time spent waiting on
+/// the client only (time the upstream did not ask for more is not the
+/// client's): each [`RATE_WINDOW_MS`] of waiting must bring `rate` bytes a
+/// second, or all that is left when the body's length says less is.
+/// Checked as frames come; a body that sends nothing at all is the idle
+/// timer's.
+#[derive(Debug)]
+struct RateClock {
+    rate: u64,
+    /// When the body began to wait on the client (coarse ms).
+    waiting_since: Option<u64>,
+    waited_ms: u64,
+    bytes: u64,
+    /// Bytes still to come when the window began, if known.
+    remaining: Option<u64>,
+}
+
+impl RateClock {
+    /// A frame of `len` bytes came at `now_ms`: whether the window, if
+    /// over, was fast enough.
+    fn frame(&mut self, len: u64, now_ms: u64) -> bool {
+        if let Some(since) = self.waiting_since.take() {
+            self.waited_ms += now_ms.saturating_sub(since);
+        }
+        self.bytes += len;
+        if self.waited_ms < RATE_WINDOW_MS {
+            return true;
+        }
+        let need = self.rate.saturating_mul(self.waited_ms) / 1_000;
+        let need = self.remaining.map_or(need, |r| r.min(need));
+        let ok = self.bytes >= need;
+        self.remaining = self.remaining.map(|r| r.saturating_sub(self.bytes));
+        self.bytes = 0;
+        self.waited_ms = 0;
+        ok
+    }
 }
 
 /// The idle bound of one body.
@@ -81,19 +127,37 @@ impl IdleTimer {
     }
 }
 
-/// A body with an idle bound: a request body on its way upstream.
+/// A body with an idle bound: a request body on its way upstream; with a
+/// minimum rate when given one.
 #[derive(Debug)]
 pub struct Timed<B> {
     inner: B,
     timer: IdleTimer,
+    rate: Option<RateClock>,
 }
 
-impl<B> Timed<B> {
+impl<B: http_body::Body> Timed<B> {
     pub fn new(inner: B, timeout: Duration) -> Timed<B> {
         Timed {
             inner,
             timer: IdleTimer::new(timeout),
+            rate: None,
         }
+    }
+
+    /// ... that must come at `rate` bytes a second (0: any) while the
+    /// upstream waits for it.
+    pub fn with_min_rate(mut self, rate: u64) -> Timed<B> {
+        if rate > 0 && !self.inner.is_end_stream() {
+            self.rate = Some(RateClock {
+                rate,
+                waiting_since: None,
+                waited_ms: 0,
+                bytes: 0,
+                remaining: self.inner.size_hint().exact(),
+            });
+        }
+        self
     }
 }
 
@@ -109,9 +173,20 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.timer.progress();
+                if let (Some(rate), Some(Ok(f))) = (&mut this.rate, &frame) {
+                    let len = f.data_ref().map_or(0, |d| d.len() as u64);
+                    if !rate.frame(len, clock::coarse_now_ms()) {
+                        return Poll::Ready(Some(Err(BodyError::TooSlow(rate.rate))));
+                    }
+                }
                 Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
             }
-            Poll::Pending => this.timer.poll_expired(cx).map(|e| Some(Err(e))),
+            Poll::Pending => {
+                if let Some(rate) = &mut this.rate {
+                    rate.waiting_since.get_or_insert_with(clock::coarse_now_ms);
+                }
+                this.timer.poll_expired(cx).map(|e| Some(Err(e)))
+            }
         }
     }
 
@@ -216,6 +291,39 @@ mod tests {
         fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
             Poll::Pending
         }
+    }
+
+    #[test]
+    fn a_rate_counts_the_time_spent_waiting_on_the_client() {
+        let mut r = RateClock {
+            rate: 500,
+            waiting_since: None,
+            waited_ms: 0,
+            bytes: 0,
+            remaining: Some(10_000),
+        };
+        // Frames that came at once (the upstream was the one waiting).
+        for _ in 0..100 {
+            assert!(r.frame(1, 1_000_000));
+        }
+        // A byte every 2 s of waiting: the window ends at 6 s, 103 bytes.
+        let mut now = 1_000_000;
+        let mut ok = true;
+        for _ in 0..3 {
+            r.waiting_since = Some(now);
+            now += 2_000;
+            ok = r.frame(1, now);
+        }
+        assert!(!ok, "103 bytes in 6 s of waiting is under 500/s");
+        // 2 500 bytes over 5 s of waiting is enough.
+        let mut r = RateClock {
+            rate: 500,
+            waiting_since: Some(0),
+            waited_ms: 0,
+            bytes: 0,
+            remaining: None,
+        };
+        assert!(r.frame(2_500, 5_000));
     }
 
     #[tokio::test]

@@ -39,22 +39,34 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Forwards `req` to `upstream` and returns its response, or the reason it
-/// could not; `request_id`, if given, is set as its `x-request-id`. The request holds a place among the upstream's
-/// `max_in_flight` until its response body ends; without one it is
-/// refused at once.
+/// could not; `request_id`, if given, is set as its `x-request-id`. The
+/// request holds a place among the upstream's `max_in_flight`, and among
+/// its `client`'s (the client's network) `max_in_flight_per_client`,
+/// until its response body ends (a WebSocket tunnel: until it closes);
+/// without one it is refused at once. A body streamed from the client must
+/// come at `min_body_rate` bytes a second (0: any) while the upstream
+/// waits for it.
 pub async fn forward(
     req: Request<RequestBody>,
     conn: &ConnInfo,
-    upstream: &Arc<Upstream>,
+    (upstream, client, min_body_rate): (&Arc<Upstream>, Option<std::net::IpAddr>, u64),
     request_id: Option<&HeaderValue>,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
 ) -> Result<Response<Body>, ForwardError> {
-    let place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
+    let place = upstream.enter(client).ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
         max: upstream.max_in_flight,
     })?;
-    let mut req = req.map(|body| Timed::new(body, upstream.idle_timeout));
+    let mut req = req.map(|body| {
+        let streamed = !matches!(body, RequestBody::Read(..));
+        let timed = Timed::new(body, upstream.idle_timeout);
+        if streamed {
+            timed.with_min_rate(min_body_rate)
+        } else {
+            timed
+        }
+    });
     let (mut index, mut target) =
         upstream
             .pick(clock::coarse_now_ms(), &[])
@@ -230,6 +242,9 @@ async fn exchange(
                     drop(sender);
                     let e = e.into_error();
                     let target = target.as_str().to_string();
+                    if let Some(rate) = slow_body(&e) {
+                        return Err(Attempt::Failed(ForwardError::BodyTooSlow { rate }));
+                    }
                     if stalled_body(&e) {
                         return Err(Attempt::Failed(ForwardError::UpstreamTimeout {
                             upstream: upstream.name.clone(),
@@ -344,6 +359,18 @@ fn address(req: &mut Req, upstream: &Upstream, target: &Target) {
 }
 
 /// The request body moved no byte for the upstream's idle timeout.
+/// The client's request body came slower than its minimum rate: the rate.
+fn slow_body(e: &hyper::Error) -> Option<u64> {
+    use std::error::Error as _;
+    if !e.is_user() {
+        return None;
+    }
+    match e.source()?.downcast_ref::<BodyError>()? {
+        BodyError::TooSlow(rate) => Some(*rate),
+        _ => None,
+    }
+}
+
 fn stalled_body(e: &hyper::Error) -> bool {
     use std::error::Error as _;
     e.is_user()
@@ -365,8 +392,9 @@ fn client_body_error(e: &hyper::Error) -> Option<String> {
     let body = match e.source()?.downcast_ref::<BodyError>()? {
         BodyError::Hyper(e) => e,
         // A client that stops sending mid-body is the upstream
-        // exchange's timeout, counted as such.
-        BodyError::Idle(_) => return None,
+        // exchange's timeout, counted as such; a slow one is told so
+        // before this is asked.
+        BodyError::Idle(_) | BodyError::TooSlow(_) => return None,
     };
     // The innermost cause says what was wrong ("invalid chunk size: overflow").
     let mut cause: &dyn std::error::Error = body;

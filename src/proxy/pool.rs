@@ -292,14 +292,16 @@ fn tls_reason(e: &io::Error) -> &'static str {
 
 /// An upstream response body that returns its connection to the pool once
 /// read to the end. It holds the request's place among the upstream's
-/// `max_in_flight` until then, and ends with an error when it moves no
+/// `max_in_flight` until then (not until it is dropped: a last frame that
+/// waits on a slow client's window holds no place), and ends with an error when it moves no
 /// byte for the upstream's `idle_timeout_ms` (counted as an upstream
 /// timeout).
 pub struct UpstreamBody {
     inner: Incoming,
     check_in: Option<(Slot, Sender)>,
     timer: IdleTimer,
-    place: InFlight,
+    /// Given back when the body has ended.
+    place: Option<InFlight>,
     /// Where an idle timeout is counted (as the upstream's `timeout`).
     metrics: Arc<Metrics>,
 }
@@ -326,7 +328,7 @@ impl UpstreamBody {
             inner,
             check_in: Some((slot, sender)),
             timer,
-            place,
+            place: Some(place),
             metrics,
         };
         if http_body::Body::is_end_stream(&body.inner) {
@@ -336,9 +338,15 @@ impl UpstreamBody {
     }
 
     fn done(&mut self) {
+        self.place = None;
         if let Some((slot, sender)) = self.check_in.take() {
             slot.check_in(sender);
         }
+    }
+
+    /// The upstream's name, for the log (while the body holds its place).
+    fn upstream(&self) -> &str {
+        self.place.as_ref().map_or("-", |p| p.upstream().name.as_str())
     }
 }
 
@@ -359,7 +367,7 @@ impl http_body::Body for UpstreamBody {
                 return this.timer.poll_expired(cx).map(|e| {
                     // The connection is dropped with the body: never pooled.
                     this.check_in = None;
-                    let upstream = this.place.upstream().name.clone();
+                    let upstream = this.upstream().to_string();
                     this.metrics
                         .upstream_errors
                         .get_or_create(&UpstreamErrorLabels {
@@ -367,7 +375,7 @@ impl http_body::Body for UpstreamBody {
                             kind: "timeout",
                         })
                         .inc();
-                    tracing::debug!(upstream = %this.place.upstream().name, error = %e, "upstream body stalled");
+                    tracing::debug!(upstream = %this.upstream(), error = %e, "upstream body stalled");
                     Some(Err(e))
                 });
             }

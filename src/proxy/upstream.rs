@@ -2,8 +2,13 @@
 //! (plain or TLS, HTTP/1.1 or h2), their timeouts, and the round-robin
 //! choice between them. Pure data; the sockets live in `proxy`.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::sync::Recover;
 
 use super::health::{Admit, Change, Ejection, Health, Outcome};
 use std::sync::Arc;
@@ -116,6 +121,9 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Requests forwarded at once, from admission to the response body's end.
     pub max_in_flight: usize,
+    /// ... and from one client (its network, as the connection door counts
+    /// it), so that no client holds every place.
+    pub max_in_flight_per_client: usize,
     /// `eject_after`, `eject_ms`.
     pub ejection: Ejection,
     /// Request fields the gateway reads (identity, limit keys, costs): a
@@ -123,18 +131,33 @@ pub struct Upstream {
     /// upstream sees what the request was keyed and priced by.
     pub kept_headers: Arc<[http::HeaderName]>,
     in_flight: AtomicUsize,
+    /// Places held per client, striped by the client's hash.
+    per_client: [Mutex<HashMap<IpAddr, usize>>; STRIPES],
     next: AtomicUsize,
     /// Targets out of the rotation now.
     out: AtomicUsize,
     id: u64,
 }
 
-/// What an upstream bounds besides its connections: `idle_timeout_ms` and
-/// `max_in_flight`.
+/// Stripes of the per-client counts: clients on different stripes never
+/// wait for each other.
+const STRIPES: usize = 16;
+
+/// What an upstream bounds besides its connections: `idle_timeout_ms`,
+/// `max_in_flight` and `max_in_flight_per_client`.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub idle_timeout: Duration,
     pub max_in_flight: usize,
+    pub max_in_flight_per_client: usize,
+}
+
+impl Limits {
+    /// A client's share of `max_in_flight` when none is configured: an
+    /// eighth, rounded up.
+    pub fn default_share(max_in_flight: usize) -> usize {
+        max_in_flight.div_ceil(8).max(1)
+    }
 }
 
 impl Default for Limits {
@@ -142,17 +165,27 @@ impl Default for Limits {
         Limits {
             idle_timeout: Duration::from_secs(60),
             max_in_flight: 1_024,
+            max_in_flight_per_client: Limits::default_share(1_024),
         }
     }
 }
 
-/// One request's place among an upstream's `max_in_flight`, given back on
-/// drop.
+/// One request's place among an upstream's `max_in_flight`, and its
+/// client's, given back on drop.
 #[derive(Debug)]
-pub struct InFlight(Arc<Upstream>);
+pub struct InFlight(Arc<Upstream>, Option<IpAddr>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if let Some(client) = self.1 {
+            let mut held = self.0.stripe(client).lock().recover();
+            if let Some(n) = held.get_mut(&client) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    held.remove(&client);
+                }
+            }
+        }
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -205,9 +238,11 @@ impl Upstream {
             pool_max_idle_per_host,
             idle_timeout: Limits::default().idle_timeout,
             max_in_flight: Limits::default().max_in_flight,
+            max_in_flight_per_client: Limits::default().max_in_flight_per_client,
             ejection: Ejection::default(),
             kept_headers: Arc::from(Vec::new()),
             in_flight: AtomicUsize::new(0),
+            per_client: Default::default(),
             next: AtomicUsize::new(0),
             out: AtomicUsize::new(0),
             id,
@@ -217,18 +252,44 @@ impl Upstream {
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.idle_timeout = limits.idle_timeout;
         self.max_in_flight = limits.max_in_flight;
+        self.max_in_flight_per_client = limits.max_in_flight_per_client;
         self
     }
 
-    /// A place among the requests in flight, or `None` when all
-    /// `max_in_flight` are taken.
-    pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
+    /// A place among the requests in flight, for `client` (its network)
+    /// among its own, or `None` when all `max_in_flight` are taken, or
+    /// the client's `max_in_flight_per_client`.
+    pub fn enter(self: &Arc<Self>, client: Option<IpAddr>) -> Option<InFlight> {
         let was = self.in_flight.fetch_add(1, Ordering::Relaxed);
         if was >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        Some(InFlight(self.clone()))
+        // Taken from here on: given back on drop, with the client's place.
+        let mut place = InFlight(self.clone(), None);
+        if let Some(client) = client {
+            let mut held = self.stripe(client).lock().recover();
+            let n = held.entry(client).or_insert(0);
+            if *n >= self.max_in_flight_per_client {
+                return None;
+            }
+            *n += 1;
+            place.1 = Some(client);
+        }
+        Some(place)
+    }
+
+    fn stripe(&self, client: IpAddr) -> &Mutex<HashMap<IpAddr, usize>> {
+        let h = match client {
+            IpAddr::V4(a) => u64::from(u32::from(a)),
+            IpAddr::V6(a) => {
+                let n = u128::from(a);
+                (n as u64) ^ ((n >> 64) as u64)
+            }
+        };
+        let mut hasher = crate::int_hash::IntHasher::default();
+        std::hash::Hasher::write_u64(&mut hasher, h);
+        &self.per_client[(std::hash::Hasher::finish(&hasher) as usize) % STRIPES]
     }
 
     /// Requests in flight now.
@@ -375,13 +436,33 @@ mod tests {
             max_in_flight: 2,
             ..Limits::default()
         }));
-        let a = u.enter().unwrap();
-        let b = u.enter().unwrap();
-        assert!(u.enter().is_none());
+        let a = u.enter(None).unwrap();
+        let b = u.enter(None).unwrap();
+        assert!(u.enter(None).is_none());
         assert_eq!(u.in_flight(), 2);
         drop(a);
-        let _c = u.enter().unwrap();
+        let _c = u.enter(None).unwrap();
         drop(b);
         assert_eq!(u.in_flight(), 1);
+    }
+
+    #[test]
+    fn a_client_holds_its_share_of_the_places_at_most() {
+        let u = Arc::new(upstream(&["a:1"]).with_limits(Limits {
+            max_in_flight: 4,
+            max_in_flight_per_client: 2,
+            ..Limits::default()
+        }));
+        let one: IpAddr = "192.0.2.1".parse().unwrap();
+        let a = u.enter(Some(one)).unwrap();
+        let _b = u.enter(Some(one)).unwrap();
+        assert!(u.enter(Some(one)).is_none(), "its share");
+        assert_eq!(u.in_flight(), 2, "a refusal holds nothing");
+        let _c = u.enter(Some("192.0.2.2".parse().unwrap())).unwrap();
+        drop(a);
+        let _d = u.enter(Some(one)).unwrap();
+        assert_eq!(Limits::default_share(1_024), 128);
+        assert_eq!(Limits::default_share(9), 2);
+        assert_eq!(Limits::default_share(1), 1);
     }
 }

@@ -7,8 +7,9 @@
 //! not at `ipv4_prefix`: a /24 is often many unrelated clients (a carrier's
 //! NAT, an office), the door refuses without a word, and an attacker pays
 //! for each IPv4 address it holds.
-//! an idle connection closed after `idle_timeout_ms`, and so is one whose
-//! client stopped taking its response for that long.
+//! An idle connection is closed after `idle_timeout_ms`, and so is an
+//! HTTP/1.1 one whose client stopped taking its response for that long
+//! (an HTTP/2 stream has its own clock: `super::streams`).
 //!
 //! `trusted_proxies` are exempt from the per-address cap: every client
 //! behind them shares their address.
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::streams::StreamWatch;
 use crate::clock;
 use crate::config::Config;
 pub use crate::connection::{PerIp, Place};
@@ -105,29 +107,36 @@ impl Drop for Busy {
 }
 
 /// A response body that keeps its request counted as in flight until it
-/// has been sent (or dropped), and tells its connection's [`Activity`]
-/// when it waits for the client to take a frame.
+/// has been sent (or dropped), and tells when it waits for the client to
+/// take a frame: its HTTP/2 stream's own [`StreamWatch`] (its last frame
+/// too: hyper holds it until the stream's window lets it go), or, on
+/// HTTP/1.1, its connection's [`Activity`].
 #[derive(Debug)]
 pub struct Tracked<B> {
     inner: B,
     busy: Busy,
     /// Handed a frame over and not asked for the next one yet.
     handed: bool,
+    /// The HTTP/2 stream's stall clock.
+    watch: Option<Arc<StreamWatch>>,
 }
 
 impl<B> Tracked<B> {
-    pub fn new(inner: B, busy: Busy) -> Tracked<B> {
+    pub fn new(inner: B, busy: Busy, watch: Option<Arc<StreamWatch>>) -> Tracked<B> {
         Tracked {
             inner,
             busy,
             handed: false,
+            watch,
         }
     }
 }
 
 impl<B> Drop for Tracked<B> {
     fn drop(&mut self) {
-        if self.handed {
+        if let Some(w) = &self.watch {
+            w.taken();
+        } else if self.handed {
             self.busy.0.waiting_on_client.fetch_sub(1, Ordering::Release);
         }
     }
@@ -142,14 +151,28 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
         let activity = &this.busy.0;
         if this.handed {
             this.handed = false;
-            activity.waiting_on_client.fetch_sub(1, Ordering::Release);
+            match &this.watch {
+                Some(w) => w.taken(),
+                None => {
+                    activity.waiting_on_client.fetch_sub(1, Ordering::Release);
+                }
+            }
         }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(_))) = &polled {
             activity.taken_ms.store(clock::coarse_now_ms(), Ordering::Relaxed);
-            if !this.inner.is_end_stream() {
-                this.handed = true;
-                activity.waiting_on_client.fetch_add(1, Ordering::Release);
+            match &this.watch {
+                // Hyper holds the frame until the stream's window takes
+                // it, the last one too.
+                Some(w) => {
+                    this.handed = true;
+                    w.handed();
+                }
+                None if !this.inner.is_end_stream() => {
+                    this.handed = true;
+                    activity.waiting_on_client.fetch_add(1, Ordering::Release);
+                }
+                None => {}
             }
         }
         polled
@@ -228,7 +251,7 @@ mod tests {
     fn a_body_waits_on_the_client_between_a_frame_and_the_next_ask() {
         use http_body::Body as _;
         let a = Arc::new(Activity::default());
-        let mut body = Tracked::new(Frames(2), a.begin());
+        let mut body = Tracked::new(Frames(2), a.begin(), None);
         let later = clock::coarse_now_ms() + 5_000;
         assert_eq!(a.stalled_for(later), None, "nothing handed over yet");
         let mut cx = Context::from_waker(std::task::Waker::noop());
@@ -238,7 +261,7 @@ mod tests {
         // The last frame: nothing more to wait for.
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
         assert_eq!(a.stalled_for(later), None);
-        let mut dropped = Tracked::new(Frames(5), a.begin());
+        let mut dropped = Tracked::new(Frames(5), a.begin(), None);
         assert!(Pin::new(&mut dropped).poll_frame(&mut cx).is_ready());
         assert!(a.stalled_for(later).is_some());
         drop(dropped);

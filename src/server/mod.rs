@@ -63,6 +63,7 @@ pub mod prefixed;
 pub mod query;
 pub mod reload;
 pub mod status;
+mod streams;
 pub mod tls;
 mod worker;
 

@@ -13,7 +13,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::streams::Executor;
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -166,9 +168,10 @@ async fn accept_loop(
     Ok(())
 }
 
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+fn connection_builder(config: &Config) -> auto::Builder<Executor> {
     let g = &config.gateway;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // HTTP/2 streams run as tasks of their own, each with its stall clock.
+    let mut builder = auto::Builder::new(Executor { idle: g.idle_timeout });
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -190,9 +193,9 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
 /// protocol (HTTP/1.1 or h2c prior knowledge); TLS connections have already
 /// agreed one by ALPN, and a client without ALPN speaks HTTP/1.1.
 struct Builders {
-    sniff: auto::Builder<TokioExecutor>,
-    http1: auto::Builder<TokioExecutor>,
-    http2: auto::Builder<TokioExecutor>,
+    sniff: auto::Builder<Executor>,
+    http1: auto::Builder<Executor>,
+    http2: auto::Builder<Executor>,
     /// A client must send its opening bytes within this time.
     opening: Duration,
     /// A connection with nothing in flight is closed after this long.
@@ -283,7 +286,7 @@ impl Connection {
         }
     }
 
-    async fn http<I>(mut self, builder: &auto::Builder<TokioExecutor>, io: I, conn: ConnInfo)
+    async fn http<I>(mut self, builder: &auto::Builder<Executor>, io: I, conn: ConnInfo)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
@@ -299,7 +302,9 @@ impl Connection {
             // outside and moved in, it would be copied once more per request.
             async move {
                 let resp = gateway.handle(req, conn).await?;
-                Ok::<_, std::convert::Infallible>(resp.map(|body| connection_cap::Tracked::new(body, busy)))
+                // Made inside an HTTP/2 stream's task: its stall clock.
+                let watch = super::streams::current();
+                Ok::<_, std::convert::Infallible>(resp.map(|body| connection_cap::Tracked::new(body, busy, watch)))
             }
         });
         let served = builder.serve_connection_with_upgrades(io, service);

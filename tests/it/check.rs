@@ -230,6 +230,21 @@ fn numbers_out_of_range_say_the_range_in_words() {
             "-2 is out of range: use 1 to 1024",
         ),
         (
+            format!("{BASE}\n[gateway]\nmin_body_rate = -1\n"),
+            19,
+            "gateway.min_body_rate",
+            "-1 is out of range: use 0 to 1073741824",
+        ),
+        (
+            BASE.replace(
+                "name = \"backend\"",
+                "name = \"backend\"\nmax_in_flight = 10\nmax_in_flight_per_client = 11",
+            ),
+            7,
+            "upstreams[0].max_in_flight_per_client",
+            "11 is out of range: use 1 to 10",
+        ),
+        (
             BASE.replace("name = \"backend\"", "name = \"backend\"\nconnect_timeout_ms = -1"),
             6,
             "upstreams[0].connect_timeout_ms",

@@ -331,5 +331,7 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             64 << 20,
             1 << 20,
         ),
+        // Apache's mod_reqtimeout asks 500 bytes/s of a request body.
+        min_body_rate: in_range(c, &g.min_body_rate, "gateway.min_body_rate", 0, 1 << 30, 500),
     }
 }

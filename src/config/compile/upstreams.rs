@@ -133,6 +133,14 @@ pub(super) fn upstreams(
             10_000_000,
             1_024,
         );
+        let max_in_flight_per_client = in_range(
+            c,
+            &u.max_in_flight_per_client,
+            &format!("{key}.max_in_flight_per_client"),
+            1,
+            max_in_flight,
+            crate::proxy::upstream::Limits::default_share(max_in_flight),
+        );
         if out.iter().any(|o| o.name == name) {
             c.at(
                 u.name.span(),
@@ -147,6 +155,7 @@ pub(super) fn upstreams(
         let limits = crate::proxy::upstream::Limits {
             idle_timeout: body_idle,
             max_in_flight,
+            max_in_flight_per_client,
         };
         out.push(Arc::new(
             Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
