@@ -141,6 +141,8 @@ pub struct Gateway {
     pub strict: bool,
     /// One line per request on stdout.
     pub access_log: AccessLog,
+    /// The fields its lines carry (`access_log_fields`).
+    pub access_log_fields: crate::telemetry::access_log::Fields,
 }
 
 /// `[gateway] request_id`: who sets a request's `x-request-id`.

@@ -58,6 +58,8 @@ pub struct Gateway {
     /// `"generate"` | `"forward"` | `"off"`: what becomes of `x-request-id`.
     pub request_id: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
+    /// The access-log fields to keep, or (each `-name`) to drop.
+    pub access_log_fields: Option<Spanned<Vec<String>>>,
     /// `true`: refuse `[rls]` or the region link open beyond loopback.
     pub strict: Option<Spanned<bool>>,
 }

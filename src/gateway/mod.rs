@@ -16,6 +16,7 @@ use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
 use respond::{add_warnings, visible_statuses, RequestError};
 
 mod cost;
+mod logged;
 mod queue;
 mod request_id;
 pub mod respond;

@@ -38,6 +38,16 @@ pub static X_LEASEGATE_IDENTITY: HeaderName = HeaderName::from_static("x-leasega
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// Which target a request reached, for the access log: the one that
+/// answered (or failed last), and the time from the first pick to its
+/// response head.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reached {
+    /// An index into the upstream's targets.
+    pub target: Option<usize>,
+    pub micros: Option<u64>,
+}
+
 /// Forwards `req` to `upstream` and returns its response, or the reason it
 /// could not; `request_id`, if given, is set as its `x-request-id`. The request holds a place among the upstream's
 /// `max_in_flight` until its response body ends; without one it is
@@ -49,6 +59,7 @@ pub async fn forward(
     request_id: Option<&HeaderValue>,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
+    reached: &mut Reached,
 ) -> Result<Response<Body>, ForwardError> {
     let place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
@@ -111,8 +122,10 @@ pub async fn forward(
     // One deadline for the response head, whichever targets it takes.
     let deadline = tokio::time::Instant::now() + upstream.request_timeout;
     let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+    let asked = std::time::Instant::now();
     let (mut resp, sender, slot) = loop {
         address(&mut req, upstream, target);
+        reached.target = Some(index);
         let slot = Slot::new(upstream, index);
         let failure = match tokio::time::timeout_at(deadline, exchange(&slot, upstream, target, req)).await {
             Ok(Ok((resp, sender))) => {
@@ -123,6 +136,7 @@ pub async fn forward(
                     _ => Outcome::Success,
                 };
                 note(upstream, index, outcome, metrics);
+                reached.micros = Some(asked.elapsed().as_micros() as u64);
                 break (resp, sender, slot);
             }
             Ok(Err(Attempt::Connect(e, back))) => {

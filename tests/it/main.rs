@@ -6,6 +6,7 @@
 
 mod support;
 
+mod access_log;
 mod admin;
 mod alerts;
 mod calendar;
