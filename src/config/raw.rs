@@ -179,6 +179,19 @@ pub struct Upstream {
     pub protocol: Option<Spanned<String>>,
     pub eject_after: Option<Spanned<i64>>,
     pub eject_ms: Option<Spanned<i64>>,
+    /// Active health checks.
+    pub health: Option<Spanned<HealthCheck>>,
+}
+
+/// `[[upstreams]] health = { path = "/healthz", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub path: Spanned<String>,
+    pub interval_ms: Option<Spanned<i64>>,
+    pub timeout_ms: Option<Spanned<i64>>,
+    pub unhealthy: Option<Spanned<i64>>,
+    pub healthy: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

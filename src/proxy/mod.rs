@@ -6,6 +6,7 @@
 //! tunnelled. Targets are spoken to in HTTP/1.1 or h2, in the clear or
 //! over TLS. Each worker thread keeps its own connection pool per upstream.
 
+pub mod active;
 pub mod body;
 pub mod error;
 pub mod health;
@@ -278,13 +279,12 @@ fn note(upstream: &Upstream, index: usize, outcome: Outcome, metrics: &Metrics) 
         upstream: upstream.name.clone(),
         target: target.as_str().to_string(),
     });
+    up.set(i64::from(upstream.target_up(index)));
     match change {
         Change::Ejected { for_ms } => {
-            up.set(0);
             tracing::warn!(upstream = %upstream.name, target = %target.as_str(), for_ms, "upstream target ejected");
         }
         Change::Restored => {
-            up.set(1);
             tracing::info!(upstream = %upstream.name, target = %target.as_str(), "upstream target back in the rotation");
         }
     }

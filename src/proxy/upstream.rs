@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::active::ActiveCheck;
 use super::health::{Admit, Change, Ejection, Health, Outcome};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,6 +120,12 @@ pub struct Upstream {
     pub max_in_flight: usize,
     /// `eject_after`, `eject_ms`.
     pub ejection: Ejection,
+    /// `health = { ... }`: active checks, run by a task of their own.
+    pub active: Option<ActiveCheck>,
+    /// Replaced by a reload: its checker stops.
+    retired: AtomicBool,
+    /// Targets out by their active checks now.
+    active_out: AtomicUsize,
     in_flight: AtomicUsize,
     next: AtomicUsize,
     /// Targets out of the rotation now.
@@ -202,6 +210,9 @@ impl Upstream {
             idle_timeout: Limits::default().idle_timeout,
             max_in_flight: Limits::default().max_in_flight,
             ejection: Ejection::default(),
+            active: None,
+            retired: AtomicBool::new(false),
+            active_out: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
             out: AtomicUsize::new(0),
@@ -240,6 +251,50 @@ impl Upstream {
         self
     }
 
+    pub fn with_active(mut self, active: Option<ActiveCheck>) -> Self {
+        self.active = active;
+        self
+    }
+
+    /// A reload replaced this upstream: its checker stops.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Sets target `index`'s active verdict; whether it changed.
+    pub fn set_active(&self, index: usize, up: bool) -> bool {
+        let Some(t) = self.targets.get(index) else {
+            return false;
+        };
+        if !t.health.set_actively_down(!up) {
+            return false;
+        }
+        if up {
+            self.active_out.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.active_out.fetch_add(1, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// Every target fails its active checks: they are ignored (panic
+    /// routing).
+    pub fn all_actively_down(&self) -> bool {
+        self.active_out.load(Ordering::Relaxed) >= self.targets.len()
+    }
+
+    /// Whether target `index` takes requests now, for its gauge: in the
+    /// rotation, and not out by its checks (unless all are).
+    pub fn target_up(&self, index: usize) -> bool {
+        self.targets
+            .get(index)
+            .is_some_and(|t| t.health.in_rotation() && (!t.health.actively_down() || self.all_actively_down()))
+    }
+
     /// The next target in round-robin order that is in the rotation (or
     /// due its trial), skipping `tried`. With none in the rotation (the
     /// others ejected, a trial out) the first try takes the next target
@@ -254,12 +309,16 @@ impl Upstream {
         // A trial whose request never reported (dropped) is given again
         // after this long.
         let stale_ms = (self.connect_timeout + self.request_timeout).as_millis() as u64;
+        let panic = self.all_actively_down();
         for k in 0..n {
             let i = (start + k) % n;
             if tried.contains(&i) {
                 continue;
             }
             let Some(t) = self.targets.get(i) else { continue };
+            if !panic && t.health.actively_down() {
+                continue;
+            }
             match t.health.admit(now, stale_ms) {
                 Admit::Yes | Admit::Trial => return Some((i, t)),
                 Admit::No => {}
@@ -298,6 +357,14 @@ impl Upstream {
             out = 0;
         }
         self.out.store(out, Ordering::Relaxed);
+        if self.active.is_none() {
+            // Its checks were removed: their verdicts go with them.
+            for t in &self.targets {
+                t.health.set_actively_down(false);
+            }
+        }
+        let active_out = self.targets.iter().filter(|t| t.health.actively_down()).count();
+        self.active_out.store(active_out, Ordering::Relaxed);
     }
 }
 

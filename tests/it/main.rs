@@ -37,6 +37,7 @@ mod rlqs;
 mod rls;
 mod sentinel;
 mod store_link;
+mod upstream_checks;
 mod upstream_health;
 mod upstream_tls;
 mod usage;

@@ -12,6 +12,7 @@ use toml::Spanned;
 use super::listeners::{identity, provider, roots};
 use super::{choice, in_range, Check};
 use crate::config::raw;
+use crate::proxy::active::ActiveCheck;
 use crate::proxy::health::Ejection;
 use crate::proxy::upstream::{Protocol, Target, Upstream, UpstreamTls};
 
@@ -141,13 +142,61 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
             idle_timeout: body_idle,
             max_in_flight,
         };
+        let active = u.health.as_ref().and_then(|h| active_check(c, &key, h));
         out.push(Arc::new(
             Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
                 .with_limits(limits)
-                .with_ejection(ejection),
+                .with_ejection(ejection)
+                .with_active(active),
         ));
     }
     out
+}
+
+/// `health = { path, interval_ms, timeout_ms, unhealthy, healthy }`.
+fn active_check(c: &mut Check, key: &str, h: &Spanned<raw::HealthCheck>) -> Option<ActiveCheck> {
+    let h = h.get_ref();
+    let key = format!("{key}.health");
+    let path = h.path.get_ref();
+    let parsed = if path.starts_with('/') {
+        path.parse::<http::uri::PathAndQuery>().ok()
+    } else {
+        None
+    };
+    if parsed.is_none() {
+        c.at(
+            h.path.span(),
+            format!("{key}.path"),
+            format!("{path:?} is not a path: write one that starts with / (\"/healthz\")"),
+        );
+    }
+    let interval: u64 = in_range(c, &h.interval_ms, &format!("{key}.interval_ms"), 100, 3_600_000, 5_000);
+    let timeout: u64 = in_range(
+        c,
+        &h.timeout_ms,
+        &format!("{key}.timeout_ms"),
+        1,
+        3_600_000,
+        interval.min(1_000),
+    );
+    if timeout > interval {
+        if let Some(t) = &h.timeout_ms {
+            c.at(
+                t.span(),
+                format!("{key}.timeout_ms"),
+                format!("{timeout} is longer than interval_ms ({interval}): a check must end before the next"),
+            );
+        }
+    }
+    let unhealthy = in_range(c, &h.unhealthy, &format!("{key}.unhealthy"), 1, 1_000, 3);
+    let healthy = in_range(c, &h.healthy, &format!("{key}.healthy"), 1, 1_000, 2);
+    Some(ActiveCheck {
+        path: parsed?,
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        unhealthy,
+        healthy,
+    })
 }
 
 /// TLS to an upstream's `https://` targets: the roots (`ca`, else the

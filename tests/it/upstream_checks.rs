@@ -1,0 +1,193 @@
+//! Active health checks take a target out and bring it back with no
+//! client request; every target failing them routes to all (panic
+//! routing); `least_request` sends fewer requests to a slow target.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+use crate::support::{client, Gateway, Toml};
+
+/// An upstream whose `/healthz` answers `200` while `healthy`, else
+/// `503`; every other request waits `delay_ms` and is counted.
+struct Pod {
+    addr: std::net::SocketAddr,
+    healthy: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
+    checks: Arc<AtomicUsize>,
+}
+
+async fn pod(delay_ms: u64) -> Pod {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let healthy = Arc::new(AtomicBool::new(true));
+    let served = Arc::new(AtomicUsize::new(0));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let (h, s, k) = (healthy.clone(), served.clone(), checks.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (h, s, k) = (h.clone(), s.clone(), k.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let (h, s, k) = (h.clone(), s.clone(), k.clone());
+                    async move {
+                        let mut resp = Response::new(Full::new(Bytes::from_static(b"pod")));
+                        if req.uri().path() == "/healthz" {
+                            k.fetch_add(1, Ordering::SeqCst);
+                            if !h.load(Ordering::SeqCst) {
+                                *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                            }
+                        } else {
+                            s.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                        }
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    Pod {
+        addr,
+        healthy,
+        served,
+        checks,
+    }
+}
+
+fn up_gauge(metrics: &str, upstream: &str, target: &str) -> Option<f64> {
+    let name = format!("leasegate_upstream_target_up{{upstream=\"{upstream}\",target=\"{target}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&name).and_then(|v| v.trim().parse().ok()))
+}
+
+/// Waits (5 s at most) for target `pod`'s gauge to read `want`.
+async fn gauge_becomes(gw: &Gateway, pod: &Pod, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = gw.metrics().await;
+        if up_gauge(&m, "pair", &pod.addr.to_string()) == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never {want}:\n{m}\n{}",
+            pod.addr,
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn send(gw: &Gateway, n: usize) {
+    let mut c = client::http1(gw.http()).await;
+    for _ in 0..n {
+        let resp = client::send(&mut c, client::get("/work")).await;
+        assert_eq!(client::text(resp).await.0, 200);
+    }
+}
+
+fn checked_pair(a: &Pod, b: &Pod) -> Toml {
+    Toml::new()
+        .gateway("workers = 1")
+        .raw(&format!(
+            "[[upstreams]]\nname = \"pair\"\ntargets = [\"http://{}\", \"http://{}\"]\neject_after = 0\n\
+             health = {{ path = \"/healthz\", interval_ms = 100, timeout_ms = 100, unhealthy = 2, healthy = 2 }}\n",
+            a.addr, b.addr
+        ))
+        .forward("all", "/", "pair")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_checks_take_a_target_out_and_bring_it_back() {
+    let (a, b) = (pod(0).await, pod(0).await);
+    let gw = Gateway::start(&checked_pair(&a, &b));
+    gauge_becomes(&gw, &a, 1.0).await;
+
+    // /healthz fails: out, with no client request.
+    a.healthy.store(false, Ordering::SeqCst);
+    gauge_becomes(&gw, &a, 0.0).await;
+    assert_eq!(a.served.load(Ordering::SeqCst), 0);
+    assert!(
+        gw.log()
+            .contains("upstream target failed its health checks; out of the rotation"),
+        "{}",
+        gw.log()
+    );
+    send(&gw, 10).await;
+    assert_eq!(a.served.load(Ordering::SeqCst), 0, "an unhealthy target got requests");
+    assert_eq!(b.served.load(Ordering::SeqCst), 10);
+
+    // Healthy again: back, and its share.
+    a.healthy.store(true, Ordering::SeqCst);
+    gauge_becomes(&gw, &a, 1.0).await;
+    assert!(
+        gw.log().contains("passed its health checks; back in the rotation"),
+        "{}",
+        gw.log()
+    );
+    send(&gw, 10).await;
+    assert_eq!(a.served.load(Ordering::SeqCst), 5);
+
+    // Every target failing: the checks are ignored, requests go to all.
+    a.healthy.store(false, Ordering::SeqCst);
+    b.healthy.store(false, Ordering::SeqCst);
+    gauge_becomes(&gw, &a, 1.0).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.log().contains("panic routing") {
+        assert!(Instant::now() < deadline, "{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = (a.served.load(Ordering::SeqCst), b.served.load(Ordering::SeqCst));
+    send(&gw, 10).await;
+    assert_eq!(a.served.load(Ordering::SeqCst) - before.0, 5);
+    assert_eq!(b.served.load(Ordering::SeqCst) - before.1, 5);
+    assert!(a.checks.load(Ordering::SeqCst) >= 6);
+}
+
+#[test]
+fn health_keys_are_checked_at_load() {
+    let dir = crate::support::TempDir::new();
+    let config = |health: &str| {
+        format!(
+            "[listeners]\nhttp = \"127.0.0.1:0\"\n\n[[upstreams]]\nname = \"u\"\ntargets = [\"http://127.0.0.1:9\"]\nhealth = {health}\n"
+        )
+    };
+    let err = |health: &str| {
+        let text = config(health);
+        let path = dir.write("gateway.toml", &text);
+        leasegate::config::parse(&path, &text)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err("{ path = \"healthz\" }");
+    assert!(
+        e.contains("upstreams[0].health.path") && e.contains("starts with /"),
+        "{e}"
+    );
+    let e = err("{ path = \"/h\", interval_ms = 500, timeout_ms = 900 }");
+    assert!(
+        e.contains("upstreams[0].health.timeout_ms") && e.contains("longer than interval_ms"),
+        "{e}"
+    );
+    let e = err("{ path = \"/h\", unhealthy = 0 }");
+    assert!(
+        e.contains("upstreams[0].health.unhealthy") && e.contains("out of range"),
+        "{e}"
+    );
+    let e = err("{ path = \"/h\", intervl_ms = 5 }");
+    assert!(e.contains("intervl_ms"), "{e}");
+}
