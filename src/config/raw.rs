@@ -181,6 +181,8 @@ pub struct Upstream {
     pub eject_ms: Option<Spanned<i64>>,
     /// Active health checks.
     pub health: Option<Spanned<HealthCheck>>,
+    /// `"round_robin"` | `"least_request"`.
+    pub balance: Option<Spanned<String>>,
 }
 
 /// `[[upstreams]] health = { path = "/healthz", ... }`.

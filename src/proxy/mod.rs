@@ -62,7 +62,7 @@ pub async fn forward(
     metrics: &Arc<Metrics>,
     reached: &mut Reached,
 ) -> Result<Response<Body>, ForwardError> {
-    let place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
+    let mut place = upstream.enter().ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
         max: upstream.max_in_flight,
     })?;
@@ -127,6 +127,7 @@ pub async fn forward(
     let (mut resp, sender, slot) = loop {
         address(&mut req, upstream, target);
         reached.target = Some(index);
+        place.at(index);
         let slot = Slot::new(upstream, index);
         let failure = match tokio::time::timeout_at(deadline, exchange(&slot, upstream, target, req)).await {
             Ok(Ok((resp, sender))) => {

@@ -24,6 +24,17 @@ pub enum Protocol {
     H2,
 }
 
+/// How a request's target is chosen (`balance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Balance {
+    /// Each target in turn.
+    #[default]
+    RoundRobin,
+    /// Of two targets drawn at random, the one with fewer requests in
+    /// flight (power of two choices, Envoy's `LEAST_REQUEST`).
+    LeastRequest,
+}
+
 /// TLS to an upstream's `https://` targets.
 #[derive(Clone)]
 pub struct UpstreamTls {
@@ -58,6 +69,8 @@ pub struct Target {
     pub host: Option<HeaderValue>,
     /// Its place in the rotation (passive health).
     pub health: Health,
+    /// Requests in flight to it, from this instance (`least_request`).
+    load: AtomicUsize,
 }
 
 impl Target {
@@ -68,6 +81,7 @@ impl Target {
             tls_name: None,
             host: None,
             health: Health::default(),
+            load: AtomicUsize::new(0),
         }
     }
 
@@ -93,11 +107,17 @@ impl Target {
             authority,
             tls_name: Some(tls_name),
             health: Health::default(),
+            load: AtomicUsize::new(0),
         })
     }
 
     pub fn as_str(&self) -> &str {
         self.authority.as_str()
+    }
+
+    /// Requests in flight to it now.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
     }
 }
 
@@ -122,6 +142,8 @@ pub struct Upstream {
     pub ejection: Ejection,
     /// `health = { ... }`: active checks, run by a task of their own.
     pub active: Option<ActiveCheck>,
+    /// `balance`.
+    pub balance: Balance,
     /// Replaced by a reload: its checker stops.
     retired: AtomicBool,
     /// Targets out by their active checks now.
@@ -150,20 +172,37 @@ impl Default for Limits {
     }
 }
 
-/// One request's place among an upstream's `max_in_flight`, given back on
-/// drop.
+/// One request's place among an upstream's `max_in_flight`, and among
+/// its target's requests in flight once it has one; given back on drop.
 #[derive(Debug)]
-pub struct InFlight(Arc<Upstream>);
+pub struct InFlight(Arc<Upstream>, Option<usize>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.leave_target();
     }
 }
 
 impl InFlight {
     pub fn upstream(&self) -> &Upstream {
         &self.0
+    }
+
+    /// The request goes to target `index` (a retry: instead of the one
+    /// before).
+    pub fn at(&mut self, index: usize) {
+        self.leave_target();
+        if let Some(t) = self.0.targets.get(index) {
+            t.load.fetch_add(1, Ordering::Relaxed);
+            self.1 = Some(index);
+        }
+    }
+
+    fn leave_target(&mut self) {
+        if let Some(t) = self.1.take().and_then(|i| self.0.targets.get(i)) {
+            t.load.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -211,6 +250,7 @@ impl Upstream {
             max_in_flight: Limits::default().max_in_flight,
             ejection: Ejection::default(),
             active: None,
+            balance: Balance::default(),
             retired: AtomicBool::new(false),
             active_out: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -234,7 +274,7 @@ impl Upstream {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        Some(InFlight(self.clone()))
+        Some(InFlight(self.clone(), None))
     }
 
     /// Requests in flight now.
@@ -248,6 +288,11 @@ impl Upstream {
 
     pub fn with_ejection(mut self, ejection: Ejection) -> Self {
         self.ejection = ejection;
+        self
+    }
+
+    pub fn with_balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
         self
     }
 
@@ -304,12 +349,18 @@ impl Upstream {
         let start = match n {
             0 => return None,
             1 => 0,
+            n if self.balance == Balance::LeastRequest => fastrand::usize(..n),
             n => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
         // A trial whose request never reported (dropped) is given again
         // after this long.
         let stale_ms = (self.connect_timeout + self.request_timeout).as_millis() as u64;
         let panic = self.all_actively_down();
+        if self.balance == Balance::LeastRequest && n > 1 {
+            if let Some(picked) = self.least_request(now, stale_ms, tried, panic) {
+                return Some(picked);
+            }
+        }
         for k in 0..n {
             let i = (start + k) % n;
             if tried.contains(&i) {
@@ -328,6 +379,44 @@ impl Upstream {
             return self.targets.get(start).map(|t| (start, t));
         }
         None
+    }
+
+    /// `least_request`: a due trial of an ejected target first (else it
+    /// would never get one), then of two targets in the rotation drawn
+    /// at random the one with fewer requests in flight. `None`: no target
+    /// in the rotation (the round-robin walk decides then).
+    fn least_request(&self, now: u64, stale_ms: u64, tried: &[usize], panic: bool) -> Option<(usize, &Target)> {
+        let mut open: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if tried.contains(&i) || (!panic && t.health.actively_down()) {
+                continue;
+            }
+            if t.health.in_rotation() {
+                open.push(i);
+            } else if t.health.admit(now, stale_ms) == Admit::Trial {
+                return Some((i, t));
+            }
+        }
+        let k = open.len();
+        let i = match k {
+            0 => return None,
+            1 => open[0],
+            k => {
+                let a = fastrand::usize(..k);
+                let mut b = fastrand::usize(..k - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (a, b) = (open[a], open[b]);
+                let load = |i: usize| self.targets.get(i).map_or(usize::MAX, Target::load);
+                if load(b) < load(a) {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        self.targets.get(i).map(|t| (i, t))
     }
 
     /// Records how a request to target `index` went.
@@ -407,6 +496,31 @@ mod tests {
         again.inherit_health(&u);
         let seen: Vec<_> = (0..6).map(|_| again.pick(after + 1, &[]).unwrap().0).collect();
         assert!(!seen.contains(&1), "{seen:?}");
+    }
+
+    #[test]
+    fn least_request_prefers_the_target_with_fewer_in_flight() {
+        let mut u = upstream(&["a:1", "b:2"]);
+        u.balance = Balance::LeastRequest;
+        let u = Arc::new(u);
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let mut p = u.enter().unwrap();
+            p.at(0);
+            held.push(p);
+        }
+        assert_eq!(u.targets[0].load(), 5);
+        // Of two drawn among two, the idle one always wins.
+        for _ in 0..20 {
+            assert_eq!(u.pick(1, &[]).unwrap().0, 1);
+        }
+        assert_eq!(u.pick(1, &[1]).unwrap().0, 0, "a retry takes the other");
+        drop(held);
+        assert_eq!(u.targets[0].load(), 0);
+        let mut p = u.enter().unwrap();
+        p.at(1);
+        p.at(0);
+        assert_eq!((u.targets[0].load(), u.targets[1].load()), (1, 0));
     }
 
     #[test]

@@ -191,3 +191,39 @@ fn health_keys_are_checked_at_load() {
     let e = err("{ path = \"/h\", intervl_ms = 5 }");
     assert!(e.contains("intervl_ms"), "{e}");
 }
+
+/// `clients` connections sending `each` requests in turn; the share of
+/// them the slow pod served.
+async fn slow_share(balance: &str) -> f64 {
+    let (slow, fast) = (pod(150).await, pod(0).await);
+    let gw = Gateway::start(
+        &Toml::new()
+            .gateway("workers = 2")
+            .raw(&format!(
+                "[[upstreams]]\nname = \"pair\"\ntargets = [\"http://{}\", \"http://{}\"]\nbalance = \"{balance}\"\n",
+                slow.addr, fast.addr
+            ))
+            .forward("all", "/", "pair"),
+    );
+    let gw = Arc::new(gw);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let gw = gw.clone();
+        tasks.push(tokio::spawn(async move { send(&gw, 6).await }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (s, f) = (slow.served.load(Ordering::SeqCst), fast.served.load(Ordering::SeqCst));
+    assert_eq!(s + f, 48);
+    s as f64 / 48.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_request_sends_fewer_requests_to_a_slow_target() {
+    let least = slow_share("least_request").await;
+    let round = slow_share("round_robin").await;
+    eprintln!("slow target share: least_request {least:.3}, round_robin {round:.3}");
+    assert!(least < 0.3, "least_request gave the slow target {least}");
+    assert!(round > 0.4, "round_robin gave the slow target {round}");
+}

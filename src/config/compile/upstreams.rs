@@ -14,7 +14,7 @@ use super::{choice, in_range, Check};
 use crate::config::raw;
 use crate::proxy::active::ActiveCheck;
 use crate::proxy::health::Ejection;
-use crate::proxy::upstream::{Protocol, Target, Upstream, UpstreamTls};
+use crate::proxy::upstream::{Balance, Protocol, Target, Upstream, UpstreamTls};
 
 /// Upstreams in file order.
 pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: &Path) -> Vec<Arc<Upstream>> {
@@ -143,11 +143,22 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
             max_in_flight,
         };
         let active = u.health.as_ref().and_then(|h| active_check(c, &key, h));
+        let balance = choice(
+            c,
+            u.balance.as_ref(),
+            &format!("{key}.balance"),
+            &[
+                ("round_robin", Balance::RoundRobin),
+                ("least_request", Balance::LeastRequest),
+            ],
+            Balance::RoundRobin,
+        );
         out.push(Arc::new(
             Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
                 .with_limits(limits)
                 .with_ejection(ejection)
-                .with_active(active),
+                .with_active(active)
+                .with_balance(balance),
         ));
     }
     out
