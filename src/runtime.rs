@@ -255,6 +255,16 @@ fn target_gauges(metrics: &Metrics, old: Option<&Config>, new: &Config) {
         for (l, _) in labels(old) {
             if !now.iter().any(|(n, _)| *n == l) {
                 metrics.upstream_target_up.remove(&l);
+                metrics.upstream_target_requests.remove(&l);
+                for kind in crate::telemetry::metrics::TARGET_ERROR_KINDS {
+                    metrics
+                        .upstream_target_errors
+                        .remove(&crate::telemetry::metrics::UpstreamTargetErrorLabels {
+                            upstream: l.upstream.clone(),
+                            target: l.target.clone(),
+                            kind,
+                        });
+                }
             }
         }
     }

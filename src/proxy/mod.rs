@@ -22,7 +22,9 @@ use std::sync::Arc;
 
 use crate::clock;
 use crate::connection::ConnInfo;
-use crate::telemetry::metrics::{Metrics, UpstreamTargetLabels, UpstreamTlsLabels};
+use crate::telemetry::metrics::{
+    Metrics, UpstreamTargetErrorLabels, UpstreamTargetLabels, UpstreamTlsLabels, TARGET_ERROR_KINDS,
+};
 use body::{Body, RequestBody};
 pub use error::ForwardError;
 use health::{Change, Outcome};
@@ -128,11 +130,13 @@ pub async fn forward(
         address(&mut req, upstream, target);
         reached.target = Some(index);
         place.at(index);
+        count_request(upstream, target, metrics);
         let slot = Slot::new(upstream, index);
         let failure = match tokio::time::timeout_at(deadline, exchange(&slot, upstream, target, req)).await {
             Ok(Ok((resp, sender))) => {
                 let outcome = match resp.status() {
                     StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+                        count_error(upstream, target, TargetError::Status, metrics);
                         Outcome::Failure
                     }
                     _ => Outcome::Success,
@@ -144,6 +148,11 @@ pub async fn forward(
             Ok(Err(Attempt::Connect(e, back))) => {
                 note(upstream, index, Outcome::Failure, metrics);
                 let failure = connect_error(upstream, target, e, metrics);
+                let kind = match failure {
+                    ForwardError::UpstreamTimeout { .. } => TargetError::Timeout,
+                    _ => TargetError::Unreachable,
+                };
+                count_error(upstream, target, kind, metrics);
                 tried.push(index);
                 // Nothing was sent: the next target in the rotation may
                 // have it at once.
@@ -159,11 +168,13 @@ pub async fn forward(
                 // target's.
                 if matches!(e, ForwardError::UpstreamFailed { .. }) {
                     note(upstream, index, Outcome::Failure, metrics);
+                    count_error(upstream, target, TargetError::Failed, metrics);
                 }
                 e
             }
             Err(_) => {
                 note(upstream, index, Outcome::Failure, metrics);
+                count_error(upstream, target, TargetError::Timeout, metrics);
                 ForwardError::UpstreamTimeout {
                     upstream: upstream.name.clone(),
                     target: target.as_str().to_string(),
@@ -265,6 +276,52 @@ async fn exchange(
             },
         }
     }
+}
+
+/// One more request sent to `target`.
+fn count_request(upstream: &Upstream, target: &Target, metrics: &Metrics) {
+    target
+        .counters
+        .requests
+        .get_or_init(|| {
+            metrics
+                .upstream_target_requests
+                .get_or_create(&UpstreamTargetLabels {
+                    upstream: upstream.name.clone(),
+                    target: target.as_str().to_string(),
+                })
+                .clone()
+        })
+        .inc();
+}
+
+/// How a request to a target failed, by its index in
+/// [`TARGET_ERROR_KINDS`].
+#[derive(Debug, Clone, Copy)]
+enum TargetError {
+    Unreachable = 0,
+    Timeout = 1,
+    Failed = 2,
+    Status = 3,
+}
+
+/// One more failed request to `target`.
+fn count_error(upstream: &Upstream, target: &Target, kind: TargetError, metrics: &Metrics) {
+    let i = kind as usize;
+    let (Some(slot), Some(&kind)) = (target.counters.errors.get(i), TARGET_ERROR_KINDS.get(i)) else {
+        return;
+    };
+    slot.get_or_init(|| {
+        metrics
+            .upstream_target_errors
+            .get_or_create(&UpstreamTargetErrorLabels {
+                upstream: upstream.name.clone(),
+                target: target.as_str().to_string(),
+                kind,
+            })
+            .clone()
+    })
+    .inc();
 }
 
 /// Records how a request to target `index` went; a target that leaves or

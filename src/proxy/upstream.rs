@@ -71,6 +71,18 @@ pub struct Target {
     pub health: Health,
     /// Requests in flight to it, from this instance (`least_request`).
     load: AtomicUsize,
+    /// Its series of the per-target counters, found once.
+    pub counters: TargetCounters,
+}
+
+/// A target's `leasegate_upstream_target_requests` and `_errors` series,
+/// looked up at first use: counting is then one atomic add, no label
+/// built per request.
+#[derive(Debug, Default)]
+pub struct TargetCounters {
+    pub requests: std::sync::OnceLock<prometheus_client::metrics::counter::Counter>,
+    /// By [`crate::telemetry::metrics::TARGET_ERROR_KINDS`].
+    pub errors: [std::sync::OnceLock<prometheus_client::metrics::counter::Counter>; 4],
 }
 
 impl Target {
@@ -82,6 +94,7 @@ impl Target {
             host: None,
             health: Health::default(),
             load: AtomicUsize::new(0),
+            counters: TargetCounters::default(),
         }
     }
 
@@ -108,6 +121,7 @@ impl Target {
             tls_name: Some(tls_name),
             health: Health::default(),
             load: AtomicUsize::new(0),
+            counters: TargetCounters::default(),
         })
     }
 
