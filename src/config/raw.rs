@@ -183,6 +183,8 @@ pub struct Upstream {
     pub health: Option<Spanned<HealthCheck>>,
     /// `"round_robin"` | `"least_request"`.
     pub balance: Option<Spanned<String>>,
+    /// Retries of an idempotent request whose exchange broke.
+    pub retries: Option<Spanned<i64>>,
 }
 
 /// `[[upstreams]] health = { path = "/healthz", ... }`.

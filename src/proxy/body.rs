@@ -282,6 +282,16 @@ impl RequestBody {
         }
     }
 
+    /// Its bytes, if it can be sent again: one read already, or none at
+    /// all (a streamed body is gone once sent).
+    pub fn replayable(&self) -> Option<Bytes> {
+        use http_body::Body as _;
+        match self {
+            RequestBody::Read(bytes, _) => Some(bytes.clone().unwrap_or_default()),
+            RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.is_end_stream().then(Bytes::new),
+        }
+    }
+
     /// A body read already, holding `place` until it is handed on.
     pub fn read(bytes: Bytes, place: Option<ReadPlaces>) -> RequestBody {
         RequestBody::Read((!bytes.is_empty()).then_some(bytes), place)

@@ -89,6 +89,10 @@ pub struct Timed<B> {
 }
 
 impl<B> Timed<B> {
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
     pub fn new(inner: B, timeout: Duration) -> Timed<B> {
         Timed {
             inner,

@@ -122,6 +122,13 @@ pub async fn forward(
     }
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // What sends the request again should its exchange break before the
+    // head (`retries`): an idempotent method, a body that can be sent
+    // again. A copy of its head: only for an upstream with retries.
+    let mut retries_left = upstream.retries;
+    let mut replay = (retries_left > 0 && !upgrade && idempotent(req.method()))
+        .then(|| req.body().get_ref().replayable().map(|body| (head_of(&req), body)))
+        .flatten();
     // One deadline for the response head, whichever targets it takes.
     let deadline = tokio::time::Instant::now() + upstream.request_timeout;
     let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
@@ -169,6 +176,20 @@ pub async fn forward(
                 if matches!(e, ForwardError::UpstreamFailed { .. }) {
                     note(upstream, index, Outcome::Failure, metrics);
                     count_error(upstream, target, TargetError::Failed, metrics);
+                    tried.push(index);
+                    if retries_left > 0 {
+                        let next = upstream.pick(clock::coarse_now_ms(), &tried);
+                        if let (Some((next, t)), Some((head, body))) = (next, replay.as_ref()) {
+                            retries_left -= 1;
+                            tracing::warn!(error = %e, next = t.as_str(), "upstream exchange failed before the response head; retried on another target (retries)");
+                            let again = again(head, body, upstream);
+                            if retries_left == 0 {
+                                replay = None;
+                            }
+                            (index, target, req) = (next, t, again);
+                            continue;
+                        }
+                    }
                 }
                 e
             }
@@ -209,6 +230,33 @@ pub async fn forward(
 }
 
 type Req = Request<Timed<RequestBody>>;
+
+/// `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`: methods a retry may send
+/// twice (RFC 9110 §9.2.2; `TRACE` is never forwarded twice either way).
+fn idempotent(m: &http::Method) -> bool {
+    use http::Method;
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE].contains(m)
+}
+
+/// A request's head, to send it again.
+fn head_of(req: &Req) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    head
+}
+
+/// The request of `head` with `body`, as it is sent again.
+fn again(head: &Request<()>, body: &bytes::Bytes, upstream: &Upstream) -> Req {
+    let mut req = Request::new(Timed::new(RequestBody::read(body.clone(), None), upstream.idle_timeout));
+    *req.method_mut() = head.method().clone();
+    *req.uri_mut() = head.uri().clone();
+    *req.version_mut() = head.version();
+    *req.headers_mut() = head.headers().clone();
+    req
+}
 
 /// Why one target gave no response.
 enum Attempt {

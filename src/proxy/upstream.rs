@@ -158,6 +158,9 @@ pub struct Upstream {
     pub active: Option<ActiveCheck>,
     /// `balance`.
     pub balance: Balance,
+    /// `retries`: an idempotent request whose exchange broke before the
+    /// response head is sent again on another target, this many times.
+    pub retries: u32,
     /// Replaced by a reload: its checker stops.
     retired: AtomicBool,
     /// Targets out by their active checks now.
@@ -265,6 +268,7 @@ impl Upstream {
             ejection: Ejection::default(),
             active: None,
             balance: Balance::default(),
+            retries: 0,
             retired: AtomicBool::new(false),
             active_out: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -307,6 +311,11 @@ impl Upstream {
 
     pub fn with_balance(mut self, balance: Balance) -> Self {
         self.balance = balance;
+        self
+    }
+
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
         self
     }
 

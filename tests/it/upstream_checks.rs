@@ -227,3 +227,64 @@ async fn least_request_sends_fewer_requests_to_a_slow_target() {
     assert!(least < 0.3, "least_request gave the slow target {least}");
     assert!(round > 0.4, "round_robin gave the slow target {round}");
 }
+
+/// A target that reads a request's head and closes the connection
+/// without answering: the exchange breaks before any response head.
+async fn resetter() -> std::net::SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_send_an_idempotent_request_again_on_another_target() {
+    let (bad, good) = (resetter().await, pod(0).await);
+    let gw = Gateway::start(
+        &Toml::new()
+            .gateway("workers = 1")
+            .raw(&format!(
+                "[[upstreams]]\nname = \"pair\"\ntargets = [\"http://{bad}\", \"http://{}\"]\neject_after = 0\nretries = 1\n",
+                good.addr
+            ))
+            .forward("all", "/", "pair"),
+    );
+    let mut c = client::http1(gw.http()).await;
+    // Idempotent, no body: every one answered, half of them on a retry.
+    for method in ["GET", "DELETE", "GET", "OPTIONS", "HEAD", "GET"] {
+        assert_eq!(call(&mut c, method, b"").await, 200, "{method}\n{}", gw.log());
+    }
+    assert_eq!(good.served.load(Ordering::SeqCst), 6);
+    assert!(gw.log().contains("retried on another target (retries)"), "{}", gw.log());
+    // Never a POST; never a body that streamed (it is gone once sent).
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(call(&mut c, "POST", b"").await);
+        got.push(call(&mut c, "PUT", b"streamed body").await);
+    }
+    assert!(got.contains(&502), "{got:?}");
+}
+
+async fn call(c: &mut client::Sender1, method: &str, body: &'static [u8]) -> u16 {
+    let req = http::Request::builder()
+        .method(method)
+        .uri("/work")
+        .header("host", "gw")
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    client::text(client::send(c, req).await).await.0.as_u16()
+}

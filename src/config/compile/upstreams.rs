@@ -158,7 +158,8 @@ pub(super) fn upstreams(c: &mut Check, list: Vec<Spanned<raw::Upstream>>, base: 
                 .with_limits(limits)
                 .with_ejection(ejection)
                 .with_active(active)
-                .with_balance(balance),
+                .with_balance(balance)
+                .with_retries(in_range(c, &u.retries, &format!("{key}.retries"), 0, 10, 0)),
         ));
     }
     out
