@@ -190,6 +190,22 @@ fn health_keys_are_checked_at_load() {
     );
     let e = err("{ path = \"/h\", intervl_ms = 5 }");
     assert!(e.contains("intervl_ms"), "{e}");
+    // Valid: `check` shows them.
+    let text = config("{ path = \"/healthz\", interval_ms = 2000 }")
+        .replace("health =", "balance = \"least_request\"\nretries = 2\nhealth =");
+    let path = dir.write("gateway.toml", &text);
+    let summary = leasegate::config::parse(&path, &text).unwrap().summary();
+    assert!(
+        summary.contains("least_request, health /healthz every 2000 ms, retries 2"),
+        "{summary}"
+    );
+    let text = config("{ path = \"/h\" }").replace("health =", "balance = \"random\"\nhealth =");
+    let path = dir.write("gateway.toml", &text);
+    let e = leasegate::config::parse(&path, &text)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("upstreams[0].balance: unknown balance \"random\""), "{e}");
 }
 
 /// `clients` connections sending `each` requests in turn; the share of
