@@ -304,3 +304,51 @@ async fn call(c: &mut client::Sender1, method: &str, body: &'static [u8]) -> u16
         .unwrap();
     client::text(client::send(c, req).await).await.0.as_u16()
 }
+
+async fn reloaded(gw: &Gateway, text: &str, n: usize) {
+    std::fs::write(&gw.config, text).unwrap();
+    gw.signal("HUP");
+    let want = format!("leasegate_config_reloads_total{{result=\"ok\"}} {n}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.metrics().await.contains(&want) {
+        assert!(Instant::now() < deadline, "no reload {n}:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_verdicts_and_stops_the_checks_it_replaces() {
+    let (a, b) = (pod(0).await, pod(0).await);
+    let checked = checked_pair(&a, &b);
+    let gw = Gateway::start(&checked);
+    a.healthy.store(false, Ordering::SeqCst);
+    gauge_becomes(&gw, &a, 0.0).await;
+
+    // The same checks: the target stays out, and one task checks it.
+    reloaded(&gw, &checked, 1).await;
+    let m = gw.metrics().await;
+    assert_eq!(up_gauge(&m, "pair", &a.addr.to_string()), Some(0.0), "{m}");
+    let before = a.checks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let checks = a.checks.load(Ordering::SeqCst) - before;
+    assert!((5..=13).contains(&checks), "{checks} checks in 1 s at 100 ms");
+
+    // Checks removed: the target is back and nobody checks it.
+    let unchecked = checked.replace(
+        "health = { path = \"/healthz\", interval_ms = 100, timeout_ms = 100, unhealthy = 2, healthy = 2 }\n",
+        "",
+    );
+    assert_ne!(unchecked, *checked);
+    reloaded(&gw, &unchecked, 2).await;
+    gauge_becomes(&gw, &a, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = a.checks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        a.checks.load(Ordering::SeqCst),
+        before,
+        "checks go on after they were removed"
+    );
+    send(&gw, 4).await;
+    assert_eq!(a.served.load(Ordering::SeqCst), 2);
+}
