@@ -154,6 +154,13 @@ impl Runtime {
             }
         }
         target_gauges(&self.metrics, Some(&old.config), &snapshot.config);
+        // Each upstream's checks run on its newest form only.
+        for u in &old.config.upstreams {
+            u.retire();
+        }
+        for u in &snapshot.config.upstreams {
+            crate::proxy::active::start(u, &self.metrics);
+        }
         // A limit changed when it is gone or its quota (any plan's) differs.
         let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share());
         let changed: std::collections::HashSet<String> = old
@@ -186,6 +193,15 @@ impl Runtime {
                 released_tokens = released,
                 "leases of changed or removed limits went back to the store"
             );
+        }
+    }
+
+    /// Starts the active health checks of the upstreams in force (on the
+    /// current tokio runtime: the control thread's); a reload starts its
+    /// new upstreams' own.
+    pub fn start_health_checks(&self) {
+        for u in &self.snapshot.load().config.upstreams {
+            crate::proxy::active::start(u, &self.metrics);
         }
     }
 
@@ -230,12 +246,12 @@ fn target_gauges(metrics: &Metrics, old: Option<&Config>, new: &Config) {
         c.upstreams
             .iter()
             .flat_map(|u| {
-                u.targets.iter().map(|t| {
+                u.targets.iter().enumerate().map(|(i, t)| {
                     let labels = UpstreamTargetLabels {
                         upstream: u.name.clone(),
                         target: t.as_str().to_string(),
                     };
-                    (labels, t.health.in_rotation())
+                    (labels, u.target_up(i))
                 })
             })
             .collect()
@@ -245,6 +261,16 @@ fn target_gauges(metrics: &Metrics, old: Option<&Config>, new: &Config) {
         for (l, _) in labels(old) {
             if !now.iter().any(|(n, _)| *n == l) {
                 metrics.upstream_target_up.remove(&l);
+                metrics.upstream_target_requests.remove(&l);
+                for kind in crate::telemetry::metrics::TARGET_ERROR_KINDS {
+                    metrics
+                        .upstream_target_errors
+                        .remove(&crate::telemetry::metrics::UpstreamTargetErrorLabels {
+                            upstream: l.upstream.clone(),
+                            target: l.target.clone(),
+                            kind,
+                        });
+                }
             }
         }
     }

@@ -152,6 +152,8 @@ pub struct Gateway {
     pub strict: bool,
     /// One line per request on stdout.
     pub access_log: AccessLog,
+    /// The fields its lines carry (`access_log_fields`).
+    pub access_log_fields: crate::telemetry::access_log::Fields,
 }
 
 /// The window `[gateway] min_body_rate` is averaged over.

@@ -61,6 +61,8 @@ pub struct Gateway {
     /// `"generate"` | `"forward"` | `"off"`: what becomes of `x-request-id`.
     pub request_id: Option<Spanned<String>>,
     pub access_log: Option<Spanned<String>>,
+    /// The access-log fields to keep, or (each `-name`) to drop.
+    pub access_log_fields: Option<Spanned<Vec<String>>>,
     /// `true`: refuse `[rls]` or the region link open beyond loopback.
     pub strict: Option<Spanned<bool>>,
 }
@@ -182,6 +184,23 @@ pub struct Upstream {
     pub protocol: Option<Spanned<String>>,
     pub eject_after: Option<Spanned<i64>>,
     pub eject_ms: Option<Spanned<i64>>,
+    /// Active health checks.
+    pub health: Option<Spanned<HealthCheck>>,
+    /// `"round_robin"` | `"least_request"`.
+    pub balance: Option<Spanned<String>>,
+    /// Retries of an idempotent request whose exchange broke.
+    pub retries: Option<Spanned<i64>>,
+}
+
+/// `[[upstreams]] health = { path = "/healthz", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub path: Spanned<String>,
+    pub interval_ms: Option<Spanned<i64>>,
+    pub timeout_ms: Option<Spanned<i64>>,
+    pub unhealthy: Option<Spanned<i64>>,
+    pub healthy: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

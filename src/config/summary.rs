@@ -57,7 +57,17 @@ impl Config {
             } else {
                 ""
             };
-            let _ = writeln!(s, "upstream  {} -> {}{h2}", u.name, targets.join(", "));
+            let mut extra = String::new();
+            if u.balance == crate::proxy::upstream::Balance::LeastRequest {
+                extra.push_str(", least_request");
+            }
+            if let Some(h) = &u.active {
+                let _ = write!(extra, ", health {} every {} ms", h.path, h.interval.as_millis());
+            }
+            if u.retries > 0 {
+                let _ = write!(extra, ", retries {}", u.retries);
+            }
+            let _ = writeln!(s, "upstream  {} -> {}{h2}{extra}", u.name, targets.join(", "));
         }
         for r in self.routes.iter() {
             let target = match &r.action {

@@ -224,6 +224,8 @@ pub(super) struct Watcher {
     /// it did not send is the upstream's failure, not a missing field, and
     /// costs what the limit's `errors` says.
     failed: bool,
+    /// What each settled limit was charged, for the access log.
+    charged: smallvec::SmallVec<[(usize, u64); 1]>,
 }
 
 /// One limit's part of a [`Watcher`]: its meter, its reserve, the limit,
@@ -267,12 +269,17 @@ impl Watcher {
             limiter: limiter.clone(),
             metrics: metrics.clone(),
             failed: resp.status().as_u16() >= 400,
+            charged: smallvec::SmallVec::new(),
         };
         resp.map(|body| Body::watched(body, Box::new(watcher)))
     }
 }
 
 impl Watch for Watcher {
+    fn charged(&self) -> &[(usize, u64)] {
+        &self.charged
+    }
+
     fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
         for (meter, _, _, _) in &mut self.settling {
             if let Some(data) = frame.data_ref() {
@@ -294,11 +301,13 @@ impl Watch for Watcher {
             match outcome {
                 Ok(cost) => {
                     self.limiter.settle(&s, cost);
+                    self.charged.push((s.limit, cost));
                 }
                 Err(Unsettled::Missing | Unsettled::TooLarge) if self.failed => {
                     // An error that reports no usage served nothing.
                     if errors_are_free(&limit) {
                         self.limiter.settle(&s, 0);
+                        self.charged.push((s.limit, 0));
                     }
                     unsettled(&self.metrics, &limit.config.name, Unsettled::UpstreamStatus);
                 }
@@ -318,6 +327,7 @@ impl Watch for Watcher {
                     if cost != s.reserve {
                         self.limiter.settle(&s, cost);
                     }
+                    self.charged.push((s.limit, cost));
                     unsettled(&self.metrics, &limit.config.name, why);
                 }
             }

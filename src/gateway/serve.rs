@@ -11,10 +11,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
 use super::cost::{self, Watcher};
+use super::logged::{Logged, Pending};
 use super::request_id::RequestId;
 use super::respond::add_limit_headers;
 use super::respond::{self, RequestError, Source};
@@ -44,73 +45,32 @@ impl Gateway {
         let snapshot = self.runtime.snapshot();
         let started = std::time::Instant::now();
         crate::clock::publish(started);
-        let mut route = None;
         // What the log line needs of the request, taken before it is
         // consumed. Boxed: hyper moves this future into place per request,
-        // logged or not, so it holds a pointer (a logged request pays one
-        // allocation, next to formatting its line) rather than ~130 bytes.
-        let logged = match snapshot.config.gateway.access_log {
+        // logged or not, so it holds a pointer; the box goes on to watch
+        // the response body and write the line at its end.
+        let gateway = &snapshot.config.gateway;
+        let logged = match gateway.access_log {
             AccessLog::Off => None,
-            _ => access_log::format().map(|format| Box::new((format, req.method().clone(), req.uri().clone()))),
+            _ => access_log::format().map(|format| Logged::new(format, gateway.access_log_fields, &req)),
         };
-        let wait = match self.serve(&snapshot, req, &conn, &mut route) {
-            Served::Now(resp, record) => return Ok(self.done(&snapshot, started, route, logged, record, resp)),
+        // Dropped before its response (the client went away): a 499.
+        let mut pending = Pending {
+            gateway: &self,
+            snapshot: &snapshot,
+            conn: &conn,
+            started,
+            route: None,
+            logged,
+            open: true,
+        };
+        let logging = pending.logged.is_some();
+        let wait = match self.serve(&snapshot, req, &conn, &mut pending.route, logging) {
+            Served::Now(resp, record) => return Ok(pending.done(record, resp)),
             Served::Later(wait) => wait,
         };
         let (resp, record) = wait.await;
-        Ok(self.done(&snapshot, started, route, logged, record, resp))
-    }
-
-    /// A request's access-log line and metrics.
-    fn done(
-        &self,
-        snapshot: &Snapshot,
-        started: std::time::Instant,
-        route: Option<usize>,
-        logged: Option<Box<(access_log::Format, Method, Uri)>>,
-        record: Record,
-        resp: Response<Body>,
-    ) -> Response<Body> {
-        if let Some(logged) = logged {
-            let (format, method, uri) = &*logged;
-            let matched = route.and_then(|i| snapshot.config.routes.get(i));
-            let key = record.limit.as_deref().map(|(_, hash)| format!("{hash:016x}"));
-            let line = access_log::Line {
-                request_id: resp
-                    .headers()
-                    .get(&X_REQUEST_ID)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or(""),
-                route: matched.map_or("-", |r| r.name.as_str()),
-                method: method.as_str(),
-                path: uri.path(),
-                status: resp.status().as_u16(),
-                identity: record.identity.unwrap_or("-"),
-                outcome: if record.outcome.is_empty() { "-" } else { record.outcome },
-                limit: record
-                    .limit
-                    .as_deref()
-                    .and_then(|(i, _)| snapshot.config.limits.get(*i))
-                    .map_or("-", |l| l.name.as_str()),
-                key: key.as_deref().unwrap_or("-"),
-                upstream: matched
-                    .and_then(|r| match &r.action {
-                        Action::Forward(u) => Some(u.name.as_str()),
-                        Action::Respond(_) | Action::Usage(_) => None,
-                    })
-                    .unwrap_or("-"),
-                micros: started.elapsed().as_micros() as u64,
-            };
-            match format {
-                access_log::Format::Json => access_log::record_json(&line),
-                access_log::Format::Text => log_text(&line),
-            }
-        }
-        route
-            .and_then(|i| snapshot.routes.get(i))
-            .unwrap_or(&snapshot.unrouted)
-            .record(&self.runtime.metrics, resp.status().as_u16(), started.elapsed());
-        resp
+        Ok(pending.done(record, resp))
     }
 
     /// Serves one request; `route_index` learns which route matched.
@@ -126,6 +86,7 @@ impl Gateway {
         mut req: Request<Incoming>,
         conn: &'a ConnInfo,
         route_index: &mut Option<usize>,
+        logging: bool,
     ) -> Served<'a> {
         let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
         // One request, one meaning: routed (and limited) as the upstream
@@ -172,8 +133,9 @@ impl Gateway {
                 return Served::Now(resp, Record::default());
             }
         };
-        let record = Record {
+        let mut record = Record {
             identity: Some(identity.tier.name()),
+            logging,
             ..Record::default()
         };
         let priced = if route.limits.is_empty() {
@@ -181,7 +143,10 @@ impl Gateway {
         } else {
             cost::priced(snapshot, route, identity.tier)
         };
-        let request_bytes = priced.as_ref().and_then(|p| p.request_bytes.clone());
+        let mut request_bytes = priced.as_ref().and_then(|p| p.request_bytes.clone());
+        if logging {
+            record.client.bytes_in = bytes_in(req.headers(), req.body(), &mut request_bytes);
+        }
         let mut req = req.map(|b| RequestBody::streamed(b, request_bytes.clone()));
         if priced.as_ref().is_some_and(|p| p.reads_json) {
             cost::uncompressed(req.headers_mut());
@@ -276,6 +241,7 @@ impl Gateway {
             identity: None,
             outcome: "limited",
             limit: logged_limit(snapshot, &verdict, &facts),
+            ..Record::default()
         };
         Some((self.refusal(snapshot, route, &verdict)?, record))
     }
@@ -297,7 +263,13 @@ impl Gateway {
         self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
         if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
             r.request_id.stamp(refusal.headers_mut());
+            if r.record.logging {
+                r.record.client.identified(r.identity);
+            }
             return Served::Now(refusal, r.record);
+        }
+        if r.record.logging {
+            r.record.client.costs.clone_from(&verdict.costs);
         }
         // Served (answered here or forwarded, whatever the upstream does):
         // the request's tokens are spent, and its reserves under limits
@@ -323,7 +295,7 @@ impl Gateway {
             route,
             identity,
             request_id,
-            record,
+            mut record,
             costs: _,
             estimates,
             hide_usage,
@@ -350,11 +322,17 @@ impl Gateway {
         };
         match &route.action {
             Action::Respond(direct) => {
+                if record.logging {
+                    record.client.identified(identity);
+                }
                 let resp = self.finish(snapshot, Some(route), Ok(respond(direct)), request_id, verdict.as_ref());
                 Served::Now(watch(resp, held, settlements), record)
             }
             Action::Usage(which) => Served::Later(Box::pin(async move {
                 let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
+                if record.logging {
+                    record.client.identified(identity);
+                }
                 let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
                 (watch(resp, held, settlements), record)
             })),
@@ -369,8 +347,12 @@ impl Gateway {
                     request_id.upstream(),
                     Some(&identity.value),
                     &self.runtime.metrics,
+                    &mut record.client.reached,
                 )
                 .await;
+                if record.logging {
+                    record.client.identified(identity);
+                }
                 let failed = result.is_err();
                 if failed {
                     // No response: nothing served, so nothing charged
@@ -379,6 +361,9 @@ impl Gateway {
                         if let Some(limit) = snapshot.limits.get(s.limit) {
                             if cost::errors_are_free(limit) {
                                 self.runtime.limiter.settle(s, 0);
+                                if let Some(c) = record.client.costs.iter_mut().find(|(l, _)| *l == s.limit) {
+                                    c.1 = 0;
+                                }
                             }
                             cost::unsettled(&self.runtime.metrics, &limit.config.name, Unsettled::UpstreamError);
                         }
@@ -462,13 +447,39 @@ impl Gateway {
 /// What the access log says about a request, filled in as it is served.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Record {
-    identity: Option<&'static str>,
-    outcome: &'static str,
+    pub(super) identity: Option<&'static str>,
+    pub(super) outcome: &'static str,
     /// The limit that refused, or was over in shadow or soft mode (an
     /// index into the config's limits), and its key's hash. Boxed: only a
     /// logged line of such a request has one, and a record is moved with
     /// every request.
-    limit: Option<Box<(usize, u64)>>,
+    pub(super) limit: Option<Box<(usize, u64)>>,
+    /// The access log is on: the fields below are filled in.
+    pub(super) logging: bool,
+    /// The client, the bytes, the upstream and the costs.
+    pub(super) client: super::logged::Client,
+}
+
+/// The request body's length for the log: its `Content-Length`, else
+/// counted as it goes (in `counter`, made if the request has none yet).
+fn bytes_in(
+    headers: &HeaderMap,
+    body: &Incoming,
+    counter: &mut Option<Arc<std::sync::atomic::AtomicU64>>,
+) -> super::logged::BytesIn {
+    use super::logged::BytesIn;
+    use http_body::Body as _;
+    if let Some(n) = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+    {
+        return BytesIn::Known(n);
+    }
+    if body.is_end_stream() {
+        return BytesIn::None;
+    }
+    BytesIn::Counted(counter.get_or_insert_with(Default::default).clone())
 }
 
 /// The limit the access log names for `verdict` (the one that refused,
@@ -527,25 +538,6 @@ pub(super) struct Routed<'a> {
 pub(super) enum Served<'a> {
     Now(Response<Body>, Record),
     Later(Pin<Box<dyn Future<Output = (Response<Body>, Record)> + Send + 'a>>),
-}
-
-/// The access-log line in the text format, through `tracing`'s fmt layer.
-fn log_text(line: &access_log::Line<'_>) {
-    tracing::info!(
-        target: "access",
-        request_id = line.request_id,
-        route = line.route,
-        method = line.method,
-        path = %line.path,
-        status = line.status,
-        identity = line.identity,
-        outcome = line.outcome,
-        limit = line.limit,
-        key = line.key,
-        upstream = line.upstream,
-        // Whole microseconds: 0.263, not 0.26327300000000003.
-        ms = line.micros as f64 / 1_000.0,
-    );
 }
 
 /// The worst outcome among a verdict's limits, for the access log.

@@ -101,6 +101,11 @@ pub trait Watch: Send + Sync {
     /// The body ended: its last frame was handed on (`Ended::Complete`), it
     /// failed, or it was dropped before its end (the client went away).
     fn end(&mut self, how: Ended);
+    /// After [`Watch::end`]: what the response was charged, per limit (an
+    /// index into the config's limits), where the watch settled it.
+    fn charged(&self) -> &[(usize, u64)] {
+        &[]
+    }
 }
 
 /// How a watched body ended.
@@ -172,6 +177,26 @@ impl Body {
             trailers: None,
             done: false,
         }))
+    }
+
+    /// This body watched by the watch `make` returns, which is handed the
+    /// body's own watch (if any) to tell in turn: in its place when the
+    /// body is watched already (inside a rewrite too, where the bytes are
+    /// seen before they are rewritten), else around the body.
+    pub fn attach(self, make: impl FnOnce(Option<Box<dyn Watch>>) -> Box<dyn Watch>) -> Body {
+        match self {
+            Body::Watched(mut w) => {
+                let inner = w.watch.take();
+                w.watch = Some(make(inner));
+                Body::Watched(w)
+            }
+            Body::Rewritten(mut r) if matches!(r.body, Body::Watched(_)) => {
+                let body = std::mem::replace(&mut r.body, Body::empty());
+                r.body = body.attach(make);
+                Body::Rewritten(r)
+            }
+            body => Body::watched(body, make(None)),
+        }
     }
 
     /// `body`, watched by `watch` to its end.
@@ -255,6 +280,16 @@ impl RequestBody {
         match bytes {
             Some(n) => RequestBody::Counted(body, n),
             None => RequestBody::Streamed(body),
+        }
+    }
+
+    /// Its bytes, if it can be sent again: one read already, or none at
+    /// all (a streamed body is gone once sent).
+    pub fn replayable(&self) -> Option<Bytes> {
+        use http_body::Body as _;
+        match self {
+            RequestBody::Read(bytes, _) => Some(bytes.clone().unwrap_or_default()),
+            RequestBody::Streamed(b) | RequestBody::Counted(b, _) => b.is_end_stream().then(Bytes::new),
         }
     }
 

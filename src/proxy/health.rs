@@ -9,7 +9,7 @@
 //! State is a few atomics per target, shared by every worker thread:
 //! a success on a healthy target costs one load.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// `eject_after` and `eject_ms`.
@@ -61,6 +61,8 @@ pub struct Health {
     /// When it last came back into the rotation: a target that stayed
     /// healthy for a whole cap starts its doubling again.
     back_ms: AtomicU64,
+    /// Out by its active health checks (`health = { ... }`).
+    active_down: AtomicBool,
 }
 
 /// How a request to a target went.
@@ -113,6 +115,16 @@ impl Health {
 
     pub fn in_rotation(&self) -> bool {
         self.out_until_ms.load(Ordering::Relaxed) == 0
+    }
+
+    /// Out by its active health checks.
+    pub fn actively_down(&self) -> bool {
+        self.active_down.load(Ordering::Relaxed)
+    }
+
+    /// Sets the active checks' verdict; whether it changed.
+    pub fn set_actively_down(&self, down: bool) -> bool {
+        self.active_down.swap(down, Ordering::Relaxed) != down
     }
 
     /// Records how a request went. `out`: the upstream's count of targets
@@ -197,6 +209,8 @@ impl Health {
             .store(old.failures.load(Ordering::Relaxed), Ordering::Relaxed);
         self.ejections
             .store(old.ejections.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.active_down
+            .store(old.active_down.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 

@@ -137,6 +137,10 @@ pub struct Timed<B> {
 }
 
 impl<B: http_body::Body> Timed<B> {
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
     pub fn new(inner: B, timeout: Duration) -> Timed<B> {
         Timed {
             inner,

@@ -6,6 +6,7 @@
 //! tunnelled. Targets are spoken to in HTTP/1.1 or h2, in the clear or
 //! over TLS. Each worker thread keeps its own connection pool per upstream.
 
+pub mod active;
 pub mod body;
 pub mod error;
 pub mod health;
@@ -21,7 +22,9 @@ use std::sync::Arc;
 
 use crate::clock;
 use crate::connection::ConnInfo;
-use crate::telemetry::metrics::{Metrics, UpstreamTargetLabels, UpstreamTlsLabels};
+use crate::telemetry::metrics::{
+    Metrics, UpstreamTargetErrorLabels, UpstreamTargetLabels, UpstreamTlsLabels, TARGET_ERROR_KINDS,
+};
 use body::{Body, RequestBody};
 pub use error::ForwardError;
 use health::{Change, Outcome};
@@ -38,6 +41,16 @@ pub static X_LEASEGATE_IDENTITY: HeaderName = HeaderName::from_static("x-leasega
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// Which target a request reached, for the access log: the one that
+/// answered (or failed last), and the time from the first pick to its
+/// response head.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reached {
+    /// An index into the upstream's targets.
+    pub target: Option<usize>,
+    pub micros: Option<u64>,
+}
+
 /// Forwards `req` to `upstream` and returns its response, or the reason it
 /// could not; `request_id`, if given, is set as its `x-request-id`. The
 /// request holds a place among the upstream's `max_in_flight`, and among
@@ -53,8 +66,9 @@ pub async fn forward(
     request_id: Option<&HeaderValue>,
     identity: Option<&str>,
     metrics: &Arc<Metrics>,
+    reached: &mut Reached,
 ) -> Result<Response<Body>, ForwardError> {
-    let place = upstream.enter(client).ok_or_else(|| ForwardError::UpstreamBusy {
+    let mut place = upstream.enter(client).ok_or_else(|| ForwardError::UpstreamBusy {
         upstream: upstream.name.clone(),
         max: upstream.max_in_flight,
     })?;
@@ -120,26 +134,44 @@ pub async fn forward(
     }
 
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // What sends the request again should its exchange break before the
+    // head (`retries`): an idempotent method, a body that can be sent
+    // again. A copy of its head: only for an upstream with retries.
+    let mut retries_left = upstream.retries;
+    let mut replay = (retries_left > 0 && !upgrade && idempotent(req.method()))
+        .then(|| req.body().get_ref().replayable().map(|body| (head_of(&req), body)))
+        .flatten();
     // One deadline for the response head, whichever targets it takes.
     let deadline = tokio::time::Instant::now() + upstream.request_timeout;
     let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+    let asked = std::time::Instant::now();
     let (mut resp, sender, slot) = loop {
         address(&mut req, upstream, target);
+        reached.target = Some(index);
+        place.at(index);
+        count_request(upstream, target, metrics);
         let slot = Slot::new(upstream, index);
         let failure = match tokio::time::timeout_at(deadline, exchange(&slot, upstream, target, req)).await {
             Ok(Ok((resp, sender))) => {
                 let outcome = match resp.status() {
                     StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+                        count_error(upstream, target, TargetError::Status, metrics);
                         Outcome::Failure
                     }
                     _ => Outcome::Success,
                 };
                 note(upstream, index, outcome, metrics);
+                reached.micros = Some(asked.elapsed().as_micros() as u64);
                 break (resp, sender, slot);
             }
             Ok(Err(Attempt::Connect(e, back))) => {
                 note(upstream, index, Outcome::Failure, metrics);
                 let failure = connect_error(upstream, target, e, metrics);
+                let kind = match failure {
+                    ForwardError::UpstreamTimeout { .. } => TargetError::Timeout,
+                    _ => TargetError::Unreachable,
+                };
+                count_error(upstream, target, kind, metrics);
                 tried.push(index);
                 // Nothing was sent: the next target in the rotation may
                 // have it at once.
@@ -155,11 +187,27 @@ pub async fn forward(
                 // target's.
                 if matches!(e, ForwardError::UpstreamFailed { .. }) {
                     note(upstream, index, Outcome::Failure, metrics);
+                    count_error(upstream, target, TargetError::Failed, metrics);
+                    tried.push(index);
+                    if retries_left > 0 {
+                        let next = upstream.pick(clock::coarse_now_ms(), &tried);
+                        if let (Some((next, t)), Some((head, body))) = (next, replay.as_ref()) {
+                            retries_left -= 1;
+                            tracing::warn!(error = %e, next = t.as_str(), "upstream exchange failed before the response head; retried on another target (retries)");
+                            let again = again(head, body, upstream);
+                            if retries_left == 0 {
+                                replay = None;
+                            }
+                            (index, target, req) = (next, t, again);
+                            continue;
+                        }
+                    }
                 }
                 e
             }
             Err(_) => {
                 note(upstream, index, Outcome::Failure, metrics);
+                count_error(upstream, target, TargetError::Timeout, metrics);
                 ForwardError::UpstreamTimeout {
                     upstream: upstream.name.clone(),
                     target: target.as_str().to_string(),
@@ -194,6 +242,33 @@ pub async fn forward(
 }
 
 type Req = Request<Timed<RequestBody>>;
+
+/// `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`: methods a retry may send
+/// twice (RFC 9110 §9.2.2; `TRACE` is never forwarded twice either way).
+fn idempotent(m: &http::Method) -> bool {
+    use http::Method;
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE].contains(m)
+}
+
+/// A request's head, to send it again.
+fn head_of(req: &Req) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    head
+}
+
+/// The request of `head` with `body`, as it is sent again.
+fn again(head: &Request<()>, body: &bytes::Bytes, upstream: &Upstream) -> Req {
+    let mut req = Request::new(Timed::new(RequestBody::read(body.clone(), None), upstream.idle_timeout));
+    *req.method_mut() = head.method().clone();
+    *req.uri_mut() = head.uri().clone();
+    *req.version_mut() = head.version();
+    *req.headers_mut() = head.headers().clone();
+    req
+}
 
 /// Why one target gave no response.
 enum Attempt {
@@ -266,6 +341,52 @@ async fn exchange(
     }
 }
 
+/// One more request sent to `target`.
+fn count_request(upstream: &Upstream, target: &Target, metrics: &Metrics) {
+    target
+        .counters
+        .requests
+        .get_or_init(|| {
+            metrics
+                .upstream_target_requests
+                .get_or_create(&UpstreamTargetLabels {
+                    upstream: upstream.name.clone(),
+                    target: target.as_str().to_string(),
+                })
+                .clone()
+        })
+        .inc();
+}
+
+/// How a request to a target failed, by its index in
+/// [`TARGET_ERROR_KINDS`].
+#[derive(Debug, Clone, Copy)]
+enum TargetError {
+    Unreachable = 0,
+    Timeout = 1,
+    Failed = 2,
+    Status = 3,
+}
+
+/// One more failed request to `target`.
+fn count_error(upstream: &Upstream, target: &Target, kind: TargetError, metrics: &Metrics) {
+    let i = kind as usize;
+    let (Some(slot), Some(&kind)) = (target.counters.errors.get(i), TARGET_ERROR_KINDS.get(i)) else {
+        return;
+    };
+    slot.get_or_init(|| {
+        metrics
+            .upstream_target_errors
+            .get_or_create(&UpstreamTargetErrorLabels {
+                upstream: upstream.name.clone(),
+                target: target.as_str().to_string(),
+                kind,
+            })
+            .clone()
+    })
+    .inc();
+}
+
 /// Records how a request to target `index` went; a target that leaves or
 /// rejoins the rotation is logged and its gauge set.
 fn note(upstream: &Upstream, index: usize, outcome: Outcome, metrics: &Metrics) {
@@ -279,13 +400,12 @@ fn note(upstream: &Upstream, index: usize, outcome: Outcome, metrics: &Metrics) 
         upstream: upstream.name.clone(),
         target: target.as_str().to_string(),
     });
+    up.set(i64::from(upstream.target_up(index)));
     match change {
         Change::Ejected { for_ms } => {
-            up.set(0);
             tracing::warn!(upstream = %upstream.name, target = %target.as_str(), for_ms, "upstream target ejected");
         }
         Change::Restored => {
-            up.set(1);
             tracing::info!(upstream = %upstream.name, target = %target.as_str(), "upstream target back in the rotation");
         }
     }

@@ -10,7 +10,9 @@ use std::sync::Mutex;
 
 use crate::sync::Recover;
 
+use super::active::ActiveCheck;
 use super::health::{Admit, Change, Ejection, Health, Outcome};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +27,17 @@ pub enum Protocol {
     Http1,
     /// HTTP/2: by ALPN over TLS, by prior knowledge (h2c) in the clear.
     H2,
+}
+
+/// How a request's target is chosen (`balance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Balance {
+    /// Each target in turn.
+    #[default]
+    RoundRobin,
+    /// Of two targets drawn at random, the one with fewer requests in
+    /// flight (power of two choices, Envoy's `LEAST_REQUEST`).
+    LeastRequest,
 }
 
 /// TLS to an upstream's `https://` targets.
@@ -61,6 +74,20 @@ pub struct Target {
     pub host: Option<HeaderValue>,
     /// Its place in the rotation (passive health).
     pub health: Health,
+    /// Requests in flight to it, from this instance (`least_request`).
+    load: AtomicUsize,
+    /// Its series of the per-target counters, found once.
+    pub counters: TargetCounters,
+}
+
+/// A target's `leasegate_upstream_target_requests` and `_errors` series,
+/// looked up at first use: counting is then one atomic add, no label
+/// built per request.
+#[derive(Debug, Default)]
+pub struct TargetCounters {
+    pub requests: std::sync::OnceLock<prometheus_client::metrics::counter::Counter>,
+    /// By [`crate::telemetry::metrics::TARGET_ERROR_KINDS`].
+    pub errors: [std::sync::OnceLock<prometheus_client::metrics::counter::Counter>; 4],
 }
 
 impl Target {
@@ -71,6 +98,8 @@ impl Target {
             tls_name: None,
             host: None,
             health: Health::default(),
+            load: AtomicUsize::new(0),
+            counters: TargetCounters::default(),
         }
     }
 
@@ -96,11 +125,18 @@ impl Target {
             authority,
             tls_name: Some(tls_name),
             health: Health::default(),
+            load: AtomicUsize::new(0),
+            counters: TargetCounters::default(),
         })
     }
 
     pub fn as_str(&self) -> &str {
         self.authority.as_str()
+    }
+
+    /// Requests in flight to it now.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
     }
 }
 
@@ -130,6 +166,17 @@ pub struct Upstream {
     /// client's `Connection` may not name them to strip them, so the
     /// upstream sees what the request was keyed and priced by.
     pub kept_headers: Arc<[http::HeaderName]>,
+    /// `health = { ... }`: active checks, run by a task of their own.
+    pub active: Option<ActiveCheck>,
+    /// `balance`.
+    pub balance: Balance,
+    /// `retries`: an idempotent request whose exchange broke before the
+    /// response head is sent again on another target, this many times.
+    pub retries: u32,
+    /// Replaced by a reload: its checker stops.
+    retired: AtomicBool,
+    /// Targets out by their active checks now.
+    active_out: AtomicUsize,
     in_flight: AtomicUsize,
     /// Places held per client, striped by the client's hash.
     per_client: [Mutex<HashMap<IpAddr, usize>>; STRIPES],
@@ -170,15 +217,20 @@ impl Default for Limits {
     }
 }
 
-/// One request's place among an upstream's `max_in_flight`, and its
-/// client's, given back on drop.
+/// One request's place among an upstream's `max_in_flight`, its
+/// client's, and among its target's requests in flight once it has one;
+/// given back on drop.
 #[derive(Debug)]
-pub struct InFlight(Arc<Upstream>, Option<IpAddr>);
+pub struct InFlight {
+    upstream: Arc<Upstream>,
+    client: Option<IpAddr>,
+    target: Option<usize>,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(client) = self.1 {
-            let mut held = self.0.stripe(client).lock().recover();
+        if let Some(client) = self.client {
+            let mut held = self.upstream.stripe(client).lock().recover();
             if let Some(n) = held.get_mut(&client) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
@@ -186,13 +238,30 @@ impl Drop for InFlight {
                 }
             }
         }
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.upstream.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.leave_target();
     }
 }
 
 impl InFlight {
     pub fn upstream(&self) -> &Upstream {
-        &self.0
+        &self.upstream
+    }
+
+    /// The request goes to target `index` (a retry: instead of the one
+    /// before).
+    pub fn at(&mut self, index: usize) {
+        self.leave_target();
+        if let Some(t) = self.upstream.targets.get(index) {
+            t.load.fetch_add(1, Ordering::Relaxed);
+            self.target = Some(index);
+        }
+    }
+
+    fn leave_target(&mut self) {
+        if let Some(t) = self.target.take().and_then(|i| self.upstream.targets.get(i)) {
+            t.load.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -241,6 +310,11 @@ impl Upstream {
             max_in_flight_per_client: Limits::default().max_in_flight_per_client,
             ejection: Ejection::default(),
             kept_headers: Arc::from(Vec::new()),
+            active: None,
+            balance: Balance::default(),
+            retries: 0,
+            retired: AtomicBool::new(false),
+            active_out: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             per_client: Default::default(),
             next: AtomicUsize::new(0),
@@ -266,7 +340,11 @@ impl Upstream {
             return None;
         }
         // Taken from here on: given back on drop, with the client's place.
-        let mut place = InFlight(self.clone(), None);
+        let mut place = InFlight {
+            upstream: self.clone(),
+            client: None,
+            target: None,
+        };
         if let Some(client) = client {
             let mut held = self.stripe(client).lock().recover();
             let n = held.entry(client).or_insert(0);
@@ -274,7 +352,7 @@ impl Upstream {
                 return None;
             }
             *n += 1;
-            place.1 = Some(client);
+            place.client = Some(client);
         }
         Some(place)
     }
@@ -311,6 +389,60 @@ impl Upstream {
         self
     }
 
+    pub fn with_balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
+        self
+    }
+
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    pub fn with_active(mut self, active: Option<ActiveCheck>) -> Self {
+        self.active = active;
+        self
+    }
+
+    /// A reload replaced this upstream: its checker stops.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Sets target `index`'s active verdict; whether it changed.
+    pub fn set_active(&self, index: usize, up: bool) -> bool {
+        let Some(t) = self.targets.get(index) else {
+            return false;
+        };
+        if !t.health.set_actively_down(!up) {
+            return false;
+        }
+        if up {
+            self.active_out.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.active_out.fetch_add(1, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// Every target fails its active checks: they are ignored (panic
+    /// routing).
+    pub fn all_actively_down(&self) -> bool {
+        self.active_out.load(Ordering::Relaxed) >= self.targets.len()
+    }
+
+    /// Whether target `index` takes requests now, for its gauge: in the
+    /// rotation, and not out by its checks (unless all are).
+    pub fn target_up(&self, index: usize) -> bool {
+        self.targets
+            .get(index)
+            .is_some_and(|t| t.health.in_rotation() && (!t.health.actively_down() || self.all_actively_down()))
+    }
+
     /// The next target in round-robin order that is in the rotation (or
     /// due its trial), skipping `tried`. With none in the rotation (the
     /// others ejected, a trial out) the first try takes the next target
@@ -320,17 +452,27 @@ impl Upstream {
         let start = match n {
             0 => return None,
             1 => 0,
+            n if self.balance == Balance::LeastRequest => fastrand::usize(..n),
             n => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
         // A trial whose request never reported (dropped) is given again
         // after this long.
         let stale_ms = (self.connect_timeout + self.request_timeout).as_millis() as u64;
+        let panic = self.all_actively_down();
+        if self.balance == Balance::LeastRequest && n > 1 {
+            if let Some(picked) = self.least_request(now, stale_ms, tried, panic) {
+                return Some(picked);
+            }
+        }
         for k in 0..n {
             let i = (start + k) % n;
             if tried.contains(&i) {
                 continue;
             }
             let Some(t) = self.targets.get(i) else { continue };
+            if !panic && t.health.actively_down() {
+                continue;
+            }
             match t.health.admit(now, stale_ms) {
                 Admit::Yes | Admit::Trial => return Some((i, t)),
                 Admit::No => {}
@@ -340,6 +482,44 @@ impl Upstream {
             return self.targets.get(start).map(|t| (start, t));
         }
         None
+    }
+
+    /// `least_request`: a due trial of an ejected target first (else it
+    /// would never get one), then of two targets in the rotation drawn
+    /// at random the one with fewer requests in flight. `None`: no target
+    /// in the rotation (the round-robin walk decides then).
+    fn least_request(&self, now: u64, stale_ms: u64, tried: &[usize], panic: bool) -> Option<(usize, &Target)> {
+        let mut open: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if tried.contains(&i) || (!panic && t.health.actively_down()) {
+                continue;
+            }
+            if t.health.in_rotation() {
+                open.push(i);
+            } else if t.health.admit(now, stale_ms) == Admit::Trial {
+                return Some((i, t));
+            }
+        }
+        let k = open.len();
+        let i = match k {
+            0 => return None,
+            1 => open[0],
+            k => {
+                let a = fastrand::usize(..k);
+                let mut b = fastrand::usize(..k - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (a, b) = (open[a], open[b]);
+                let load = |i: usize| self.targets.get(i).map_or(usize::MAX, Target::load);
+                if load(b) < load(a) {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        self.targets.get(i).map(|t| (i, t))
     }
 
     /// Records how a request to target `index` went.
@@ -369,6 +549,14 @@ impl Upstream {
             out = 0;
         }
         self.out.store(out, Ordering::Relaxed);
+        if self.active.is_none() {
+            // Its checks were removed: their verdicts go with them.
+            for t in &self.targets {
+                t.health.set_actively_down(false);
+            }
+        }
+        let active_out = self.targets.iter().filter(|t| t.health.actively_down()).count();
+        self.active_out.store(active_out, Ordering::Relaxed);
     }
 }
 
@@ -411,6 +599,31 @@ mod tests {
         again.inherit_health(&u);
         let seen: Vec<_> = (0..6).map(|_| again.pick(after + 1, &[]).unwrap().0).collect();
         assert!(!seen.contains(&1), "{seen:?}");
+    }
+
+    #[test]
+    fn least_request_prefers_the_target_with_fewer_in_flight() {
+        let mut u = upstream(&["a:1", "b:2"]);
+        u.balance = Balance::LeastRequest;
+        let u = Arc::new(u);
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let mut p = u.enter(None).unwrap();
+            p.at(0);
+            held.push(p);
+        }
+        assert_eq!(u.targets[0].load(), 5);
+        // Of two drawn among two, the idle one always wins.
+        for _ in 0..20 {
+            assert_eq!(u.pick(1, &[]).unwrap().0, 1);
+        }
+        assert_eq!(u.pick(1, &[1]).unwrap().0, 0, "a retry takes the other");
+        drop(held);
+        assert_eq!(u.targets[0].load(), 0);
+        let mut p = u.enter(None).unwrap();
+        p.at(1);
+        p.at(0);
+        assert_eq!((u.targets[0].load(), u.targets[1].load()), (1, 0));
     }
 
     #[test]

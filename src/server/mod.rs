@@ -370,7 +370,10 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let rls_rt = rls_runtime.as_ref();
+    let checked = shared.runtime.clone();
     let served = control.block_on(async move {
+        // Active health checks run on this thread's runtime.
+        checked.start_health_checks();
         let mut sigterm =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ServeError::Runtime)?;
         let mut sigint =

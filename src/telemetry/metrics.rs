@@ -60,6 +60,19 @@ pub struct UpstreamTargetLabels {
     pub target: String,
 }
 
+/// `leasegate_upstream_target_errors`: by target and a bounded kind
+/// ([`TARGET_ERROR_KINDS`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamTargetErrorLabels {
+    pub upstream: String,
+    pub target: String,
+    pub kind: &'static str,
+}
+
+/// The kinds of `leasegate_upstream_target_errors`: no connection, no
+/// answer in time, a broken exchange, a `502`/`503`/`504` answer.
+pub const TARGET_ERROR_KINDS: [&str; 4] = ["unreachable", "timeout", "failed", "status"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub limit: String,
@@ -338,6 +351,11 @@ pub struct Metrics {
     pub upstream_tls_failures: Family<UpstreamTlsLabels, Counter>,
     /// 1: the target is in its upstream's rotation; 0: ejected.
     pub upstream_target_up: Family<UpstreamTargetLabels, Gauge>,
+    /// Requests sent to each target (each attempt: a retry on another
+    /// target counts there too).
+    pub upstream_target_requests: Family<UpstreamTargetLabels, Counter>,
+    /// Attempts on a target that failed, by kind.
+    pub upstream_target_errors: Family<UpstreamTargetErrorLabels, Counter>,
     pub decisions: Family<DecisionLabels, StripedCounter>,
     pub bypassed: Family<ReasonLabels, Counter>,
     pub lease_keys: Gauge,
@@ -430,8 +448,20 @@ impl Metrics {
         let upstream_target_up = Family::default();
         registry.register(
             "leasegate_upstream_target_up",
-            "1 while an upstream's target is in the rotation, 0 while it is ejected (passive health)",
+            "1 while an upstream's target is in the rotation, 0 while it is ejected or fails its health checks",
             upstream_target_up.clone(),
+        );
+        let upstream_target_requests = Family::default();
+        registry.register(
+            "leasegate_upstream_target_requests",
+            "Requests sent to each target of an upstream (a retry counts on the target it went to)",
+            upstream_target_requests.clone(),
+        );
+        let upstream_target_errors = Family::default();
+        registry.register(
+            "leasegate_upstream_target_errors",
+            "Requests to a target that failed, by upstream, target and kind (unreachable, timeout, failed, status)",
+            upstream_target_errors.clone(),
         );
         let decisions = Family::default();
         registry.register(
@@ -569,6 +599,8 @@ impl Metrics {
             upstream_errors,
             upstream_tls_failures,
             upstream_target_up,
+            upstream_target_requests,
+            upstream_target_errors,
             decisions,
             bypassed,
             lease_keys,

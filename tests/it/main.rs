@@ -6,6 +6,7 @@
 
 mod support;
 
+mod access_log;
 mod admin;
 mod alerts;
 mod calendar;
@@ -40,6 +41,7 @@ mod rls;
 mod sentinel;
 mod store_link;
 mod store_parity;
+mod upstream_checks;
 mod upstream_health;
 mod upstream_tls;
 mod usage;

@@ -100,6 +100,39 @@ async fn a_refused_connect_is_retried_and_the_dead_target_ejected() {
     // At most eject_after connects were tried on it (one per worker's pool).
     let retried = log.matches("retried on another target").count();
     assert!((1..=5).contains(&retried), "{retried}\n{log}");
+
+    // Per target: what each was sent, and how it failed.
+    let series = |name: &str, labels: &str| -> f64 {
+        let prefix = format!("{name}{{{labels}}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    let alive_t = alive.addr.to_string();
+    assert_eq!(
+        series(
+            "leasegate_upstream_target_requests_total",
+            &format!("upstream=\"pair\",target=\"{alive_t}\"")
+        ),
+        20.0,
+        "{m}"
+    );
+    assert_eq!(
+        series(
+            "leasegate_upstream_target_requests_total",
+            &format!("upstream=\"pair\",target=\"{dead}\"")
+        ),
+        retried as f64,
+        "{m}"
+    );
+    assert_eq!(
+        series(
+            "leasegate_upstream_target_errors_total",
+            &format!("upstream=\"pair\",target=\"{dead}\",kind=\"unreachable\"")
+        ),
+        retried as f64,
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,6 +163,11 @@ async fn a_failing_target_leaves_the_rotation_and_comes_back_after_its_backoff()
     assert_eq!(bad.served.load(Ordering::SeqCst), 3);
     let m = gw.metrics().await;
     assert_eq!(up_gauge(&m, "pair", &bad.addr.to_string()), Some(0.0), "{m}");
+    let statuses_counted = format!(
+        "leasegate_upstream_target_errors_total{{upstream=\"pair\",target=\"{}\",kind=\"status\"}} 3",
+        bad.addr
+    );
+    assert!(m.contains(&statuses_counted), "{m}");
 
     // Healed, it is back within one backoff: one trial, then its share.
     bad.healed.store(true, Ordering::SeqCst);

@@ -299,6 +299,13 @@ fn gateway(c: &mut Check, g: raw::Gateway) -> Gateway {
             ],
             AccessLog::Json,
         ),
+        access_log_fields: match &g.access_log_fields {
+            None => crate::telemetry::access_log::Fields::ALL,
+            Some(list) => crate::telemetry::access_log::Fields::parse(list.get_ref()).unwrap_or_else(|e| {
+                c.at(list.span(), "gateway.access_log_fields", e.to_string());
+                crate::telemetry::access_log::Fields::ALL
+            }),
+        },
         header_read_timeout: Duration::from_millis(in_range(
             c,
             &g.header_read_timeout_ms,

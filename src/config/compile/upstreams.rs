@@ -12,8 +12,9 @@ use toml::Spanned;
 use super::listeners::{identity, provider, roots};
 use super::{choice, in_range, Check};
 use crate::config::raw;
+use crate::proxy::active::ActiveCheck;
 use crate::proxy::health::Ejection;
-use crate::proxy::upstream::{Protocol, Target, Upstream, UpstreamTls};
+use crate::proxy::upstream::{Balance, Protocol, Target, Upstream, UpstreamTls};
 
 /// Upstreams in file order.
 /// `kept`: the request fields the gateway reads, which a client's
@@ -157,14 +158,74 @@ pub(super) fn upstreams(
             max_in_flight,
             max_in_flight_per_client,
         };
+        let active = u.health.as_ref().and_then(|h| active_check(c, &key, h));
+        let balance = choice(
+            c,
+            u.balance.as_ref(),
+            &format!("{key}.balance"),
+            &[
+                ("round_robin", Balance::RoundRobin),
+                ("least_request", Balance::LeastRequest),
+            ],
+            Balance::RoundRobin,
+        );
         out.push(Arc::new(
             Upstream::new(name, targets, (tls, protocol), connect, request, idle, max_idle)
                 .with_limits(limits)
                 .with_ejection(ejection)
-                .with_kept_headers(kept.clone()),
+                .with_kept_headers(kept.clone())
+                .with_active(active)
+                .with_balance(balance)
+                .with_retries(in_range(c, &u.retries, &format!("{key}.retries"), 0, 10, 0)),
         ));
     }
     out
+}
+
+/// `health = { path, interval_ms, timeout_ms, unhealthy, healthy }`.
+fn active_check(c: &mut Check, key: &str, h: &Spanned<raw::HealthCheck>) -> Option<ActiveCheck> {
+    let h = h.get_ref();
+    let key = format!("{key}.health");
+    let path = h.path.get_ref();
+    let parsed = if path.starts_with('/') {
+        path.parse::<http::uri::PathAndQuery>().ok()
+    } else {
+        None
+    };
+    if parsed.is_none() {
+        c.at(
+            h.path.span(),
+            format!("{key}.path"),
+            format!("{path:?} is not a path: write one that starts with / (\"/healthz\")"),
+        );
+    }
+    let interval: u64 = in_range(c, &h.interval_ms, &format!("{key}.interval_ms"), 100, 3_600_000, 5_000);
+    let timeout: u64 = in_range(
+        c,
+        &h.timeout_ms,
+        &format!("{key}.timeout_ms"),
+        1,
+        3_600_000,
+        interval.min(1_000),
+    );
+    if timeout > interval {
+        if let Some(t) = &h.timeout_ms {
+            c.at(
+                t.span(),
+                format!("{key}.timeout_ms"),
+                format!("{timeout} is longer than interval_ms ({interval}): a check must end before the next"),
+            );
+        }
+    }
+    let unhealthy = in_range(c, &h.unhealthy, &format!("{key}.unhealthy"), 1, 1_000, 3);
+    let healthy = in_range(c, &h.healthy, &format!("{key}.healthy"), 1, 1_000, 2);
+    Some(ActiveCheck {
+        path: parsed?,
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        unhealthy,
+        healthy,
+    })
 }
 
 /// TLS to an upstream's `https://` targets: the roots (`ca`, else the

@@ -21,8 +21,15 @@
 //! `tracing` JSON layer wrote before (a test holds the two together); the
 //! text format still goes through `tracing`, into the same batches.
 
+mod fields;
+mod text;
+
+pub use fields::{Field, Fields, FieldsError, NAMES as FIELD_NAMES};
+pub use text::record_text;
+
 use std::cell::{Cell, RefCell};
 use std::io::Write;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -72,6 +79,57 @@ pub struct Line<'a> {
     pub upstream: &'a str,
     /// Microseconds from the start of handling to the response head.
     pub micros: u64,
+    /// The client's address as the identity saw it (after trusted
+    /// proxies); `None`: not known.
+    pub client: Option<IpAddr>,
+    /// The identity's tenant, `-` for none.
+    pub tenant: &'a str,
+    /// An API key's id or a JWT's `sub` (never a secret), `-` for none.
+    pub key_id: &'a str,
+    /// Request body bytes received.
+    pub bytes_in: u64,
+    /// Response body bytes handed on to the client.
+    pub bytes_out: u64,
+    /// The target that answered (or failed last), `-` for none.
+    pub upstream_target: &'a str,
+    /// Microseconds from the first pick of a target to the upstream's
+    /// response head; `None`: no upstream answered.
+    pub upstream_micros: Option<u64>,
+    /// What the request was charged, per limit with a `cost`.
+    pub cost: &'a [(&'a str, u64)],
+    /// The client went away before the body's end.
+    pub aborted: bool,
+    /// The fields written (`[gateway] access_log_fields`).
+    pub fields: Fields,
+}
+
+impl Line<'_> {
+    /// A line with only what every request has; the rest empty.
+    pub fn minimal(status: u16) -> Line<'static> {
+        Line {
+            request_id: "",
+            route: "-",
+            method: "-",
+            path: "",
+            status,
+            identity: "-",
+            outcome: "-",
+            limit: "-",
+            key: "-",
+            upstream: "-",
+            micros: 0,
+            client: None,
+            tenant: "-",
+            key_id: "-",
+            bytes_in: 0,
+            bytes_out: 0,
+            upstream_target: "-",
+            upstream_micros: None,
+            cost: &[],
+            aborted: false,
+            fields: Fields::ALL,
+        }
+    }
 }
 
 struct Sink {
@@ -326,35 +384,99 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchWriter {
     }
 }
 
-/// One JSON line, `\n` included, as the `tracing` JSON layer (flattened,
-/// no target, no spans) writes it.
+/// One JSON line, `\n` included. The fields up to `ms` are byte for
+/// byte what the `tracing` JSON layer (flattened, no target, no spans)
+/// wrote for them; the ones after follow in the same style.
 pub fn write_json(out: &mut Vec<u8>, line: &Line<'_>, now: SystemTime) {
+    let f = line.fields;
     out.extend_from_slice(b"{\"timestamp\":\"");
     write_timestamp(out, now);
-    out.extend_from_slice(b"\",\"level\":\"INFO\",\"request_id\":");
-    string(out, line.request_id);
-    out.extend_from_slice(b",\"route\":");
-    string(out, line.route);
-    out.extend_from_slice(b",\"method\":");
-    string(out, line.method);
-    out.extend_from_slice(b",\"path\":");
-    string(out, line.path);
-    out.extend_from_slice(b",\"status\":");
-    let _ = serde_json::to_writer(&mut *out, &line.status);
-    out.extend_from_slice(b",\"identity\":");
-    string(out, line.identity);
-    out.extend_from_slice(b",\"outcome\":");
-    string(out, line.outcome);
-    out.extend_from_slice(b",\"limit\":");
-    string(out, line.limit);
-    out.extend_from_slice(b",\"key\":");
-    string(out, line.key);
-    out.extend_from_slice(b",\"upstream\":");
-    string(out, line.upstream);
-    out.extend_from_slice(b",\"ms\":");
-    // Whole microseconds: 0.263, not 0.26327300000000003.
-    let _ = serde_json::to_writer(&mut *out, &(line.micros as f64 / 1_000.0));
+    out.extend_from_slice(b"\",\"level\":\"INFO\"");
+    let key = |out: &mut Vec<u8>, field: Field| {
+        if !f.has(field) {
+            return false;
+        }
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(fields::NAMES[field as usize].as_bytes());
+        out.extend_from_slice(b"\":");
+        true
+    };
+    for (field, value) in [
+        (Field::RequestId, line.request_id),
+        (Field::Route, line.route),
+        (Field::Method, line.method),
+        (Field::Path, line.path),
+    ] {
+        if key(out, field) {
+            string(out, value);
+        }
+    }
+    if key(out, Field::Status) {
+        let _ = serde_json::to_writer(&mut *out, &line.status);
+    }
+    for (field, value) in [
+        (Field::Identity, line.identity),
+        (Field::Outcome, line.outcome),
+        (Field::Limit, line.limit),
+        (Field::Key, line.key),
+        (Field::Upstream, line.upstream),
+    ] {
+        if key(out, field) {
+            string(out, value);
+        }
+    }
+    if key(out, Field::Ms) {
+        millis(out, line.micros);
+    }
+    if key(out, Field::Client) {
+        match line.client {
+            Some(ip) => {
+                out.push(b'"');
+                let _ = write!(out, "{ip}");
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b"\"-\""),
+        }
+    }
+    for (field, value) in [(Field::Tenant, line.tenant), (Field::KeyId, line.key_id)] {
+        if key(out, field) {
+            string(out, value);
+        }
+    }
+    for (field, value) in [(Field::BytesIn, line.bytes_in), (Field::BytesOut, line.bytes_out)] {
+        if key(out, field) {
+            let _ = write!(out, "{value}");
+        }
+    }
+    if key(out, Field::UpstreamTarget) {
+        string(out, line.upstream_target);
+    }
+    if key(out, Field::UpstreamMs) {
+        match line.upstream_micros {
+            Some(m) => millis(out, m),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+    if key(out, Field::Cost) {
+        out.push(b'{');
+        for (i, (limit, n)) in line.cost.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            string(out, limit);
+            let _ = write!(out, ":{n}");
+        }
+        out.push(b'}');
+    }
+    if key(out, Field::Aborted) {
+        out.extend_from_slice(if line.aborted { b"true" } else { b"false" });
+    }
     out.extend_from_slice(b"}\n");
+}
+
+/// Microseconds as decimal milliseconds: 0.263, not 0.26327300000000003.
+fn millis(out: &mut Vec<u8>, micros: u64) {
+    let _ = serde_json::to_writer(&mut *out, &(micros as f64 / 1_000.0));
 }
 
 /// A JSON string with serde_json's escaping (the one `tracing` used).

@@ -210,6 +210,7 @@ fn batches_are_written_when_due_and_a_stuck_stdout_drops_lines_without_blocking(
         key: "-",
         upstream: "-",
         micros: 1,
+        ..Line::minimal(200)
     };
     let written = || {
         let out = out.lock().unwrap();
@@ -353,6 +354,8 @@ fn json_lines_are_what_the_tracing_layer_wrote() {
             key: "-",
             upstream: "backend",
             micros: 1_511,
+            fields: Fields::FIRST,
+            ..Line::minimal(200)
         },
         Line {
             request_id: "\"quoted\\\" \u{1} \t\n\r\u{8}\u{c}\u{7f}",
@@ -366,6 +369,8 @@ fn json_lines_are_what_the_tracing_layer_wrote() {
             key: "9f86d081884c7d65",
             upstream: "-",
             micros: 0,
+            fields: Fields::FIRST,
+            ..Line::minimal(200)
         },
     ];
     let mut micros: Vec<u64> = (0..3_000).collect();
@@ -390,4 +395,57 @@ fn json_lines_are_what_the_tracing_layer_wrote() {
             assert_eq!(v["ms"].as_f64().unwrap(), m as f64 / 1_000.0);
         }
     }
+}
+
+#[test]
+fn the_new_fields_are_json_and_can_be_left_out() {
+    let cost = [("tokens", 120), ("per \"day\"", 1)];
+    let line = Line {
+        request_id: "r1",
+        client: Some("2001:db8::7".parse().unwrap()),
+        tenant: "acme",
+        key_id: "beta",
+        bytes_in: 12,
+        bytes_out: 3_456,
+        upstream_target: "127.0.0.1:8080",
+        upstream_micros: Some(2_500),
+        cost: &cost,
+        aborted: true,
+        ..Line::minimal(200)
+    };
+    let mut out = Vec::new();
+    write_json(&mut out, &line, crate::clock::wall_now());
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["client"], "2001:db8::7");
+    assert_eq!(v["tenant"], "acme");
+    assert_eq!(v["key_id"], "beta");
+    assert_eq!(v["bytes_in"], 12);
+    assert_eq!(v["bytes_out"], 3_456);
+    assert_eq!(v["upstream_target"], "127.0.0.1:8080");
+    assert_eq!(v["upstream_ms"], 2.5);
+    assert_eq!(v["cost"]["tokens"], 120);
+    assert_eq!(v["cost"]["per \"day\""], 1);
+    assert_eq!(v["aborted"], true);
+    let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys.len(), 2 + FIELD_NAMES.len());
+    // Left out: no key at all; nothing reached the upstream: null.
+    let fields = Fields::parse(&["-client", "-key_id", "-path"]).unwrap();
+    let mut out = Vec::new();
+    write_json(
+        &mut out,
+        &Line {
+            fields,
+            upstream_micros: None,
+            cost: &[],
+            ..line
+        },
+        crate::clock::wall_now(),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    for gone in ["client", "key_id", "path"] {
+        assert!(v.get(gone).is_none(), "{gone}: {v}");
+    }
+    assert!(v["upstream_ms"].is_null());
+    assert_eq!(v["cost"], serde_json::json!({}));
+    assert_eq!(v["tenant"], "acme");
 }

@@ -1,0 +1,308 @@
+//! A request's access-log line, from its start to its body's end.
+//!
+//! [`Pending`] is made when a request arrives and lives in its future: if
+//! hyper drops that future (the client went away before the response
+//! head), its drop logs the request as `499` and counts it. Otherwise the
+//! response head makes it a [`Logged`]: a gateway-made body is logged at
+//! once; any other is watched to its end (bytes handed on, cut short or
+//! not) and logged then, after the cost it settled.
+//!
+//! One allocation per logged request (the [`Logged`] box, made when the
+//! request arrives and moved into the body's watch), plus the body's
+//! watch box when the body had none.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, Uri};
+use http_body::Frame;
+use smallvec::SmallVec;
+
+use super::serve::Record;
+use super::Gateway;
+use crate::connection::ConnInfo;
+use crate::identity::{Identity, Tier};
+use crate::limit::cost::Reserves;
+use crate::proxy::body::{Body, Ended, Watch};
+use crate::proxy::X_REQUEST_ID;
+use crate::route::Action;
+use crate::runtime::Snapshot;
+use crate::telemetry::access_log::{self, Fields, Format, Line};
+
+/// What the log line says of the request's client, filled in as it is
+/// served (only when the access log is on).
+#[derive(Debug, Default, Clone)]
+pub(super) struct Client {
+    /// The address the identity used.
+    pub ip: Option<IpAddr>,
+    pub tenant: Option<Arc<str>>,
+    /// The identity's value (`key:<id>`, `user:<sub>`): moved here once
+    /// the request no longer needs it; its id part is logged.
+    pub value: Option<String>,
+    pub tier: Option<Tier>,
+    pub bytes_in: BytesIn,
+    /// The target that answered or failed last, and the time to its head.
+    pub reached: crate::proxy::Reached,
+    /// What the request was charged, per limit (an index into the
+    /// config's limits).
+    pub costs: Reserves,
+}
+
+/// The request body's length: its `Content-Length`, or counted as it goes.
+#[derive(Debug, Default, Clone)]
+pub(super) enum BytesIn {
+    #[default]
+    None,
+    Known(u64),
+    Counted(Arc<AtomicU64>),
+}
+
+impl BytesIn {
+    fn get(&self) -> u64 {
+        match self {
+            BytesIn::None => 0,
+            BytesIn::Known(n) => *n,
+            BytesIn::Counted(n) => n.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl Client {
+    /// Takes what the log needs of `identity` (the request is done with it).
+    pub fn identified(&mut self, identity: Identity) {
+        self.tier = Some(identity.tier);
+        self.ip = Some(identity.client_ip);
+        self.tenant = identity.tenant;
+        self.value = Some(identity.value);
+    }
+
+    /// An API key's id or a JWT's `sub`; never a secret (a key's id is its
+    /// name in the config, not the key).
+    fn key_id(&self) -> &str {
+        match (self.tier, self.value.as_deref()) {
+            (Some(Tier::Key | Tier::User), Some(v)) => v.split_once(':').map_or(v, |(_, id)| id),
+            _ => "-",
+        }
+    }
+}
+
+/// What the log line needs of the request itself, taken as it arrives.
+pub(super) struct Logged {
+    format: Format,
+    fields: Fields,
+    method: Method,
+    uri: Uri,
+    /// The client's own `x-request-id`, for a line logged before the
+    /// response (its id) exists.
+    client_id: Option<HeaderValue>,
+    // The rest, from the response head on.
+    snapshot: Option<Arc<Snapshot>>,
+    route: Option<usize>,
+    record: Record,
+    status: u16,
+    request_id: Option<HeaderValue>,
+    micros: u64,
+    bytes_out: u64,
+    /// The body's own watch (slots, costs), told first.
+    inner: Option<Box<dyn Watch>>,
+}
+
+impl Logged {
+    pub fn new<B>(format: Format, fields: Fields, req: &Request<B>) -> Box<Logged> {
+        Box::new(Logged {
+            format,
+            fields,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            client_id: req.headers().get(&X_REQUEST_ID).cloned(),
+            snapshot: None,
+            route: None,
+            record: Record::default(),
+            status: 0,
+            request_id: None,
+            micros: 0,
+            bytes_out: 0,
+            inner: None,
+        })
+    }
+
+    /// Writes the line; `charged` overrides the record's costs per limit.
+    fn write(&self, aborted: bool, charged: &[(usize, u64)]) {
+        let Some(snapshot) = self.snapshot.as_deref() else {
+            return;
+        };
+        let config = &snapshot.config;
+        let matched = self.route.and_then(|i| config.routes.get(i));
+        let upstream = matched.and_then(|r| match &r.action {
+            Action::Forward(u) => Some(u),
+            Action::Respond(_) | Action::Usage(_) => None,
+        });
+        let record = &self.record;
+        let client = &record.client;
+        let mut key = [0u8; 16];
+        let key = match record.limit.as_deref() {
+            Some((_, hash)) => hex16(*hash, &mut key),
+            None => "-",
+        };
+        let mut cost: SmallVec<[(&str, u64); 2]> = SmallVec::new();
+        for &(limit, reserved) in &client.costs {
+            let Some(l) = config.limits.get(limit) else { continue };
+            let n = charged.iter().find(|(i, _)| *i == limit).map_or(reserved, |(_, n)| *n);
+            cost.push((l.name.as_str(), n));
+        }
+        let line = Line {
+            request_id: self
+                .request_id
+                .as_ref()
+                .or(self.client_id.as_ref())
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            route: matched.map_or("-", |r| r.name.as_str()),
+            method: self.method.as_str(),
+            path: self.uri.path(),
+            status: self.status,
+            identity: record.identity.unwrap_or("-"),
+            outcome: if record.outcome.is_empty() { "-" } else { record.outcome },
+            limit: record
+                .limit
+                .as_deref()
+                .and_then(|(i, _)| config.limits.get(*i))
+                .map_or("-", |l| l.name.as_str()),
+            key,
+            upstream: upstream.map_or("-", |u| u.name.as_str()),
+            micros: self.micros,
+            client: client.ip,
+            tenant: client.tenant.as_deref().unwrap_or("-"),
+            key_id: client.key_id(),
+            bytes_in: client.bytes_in.get(),
+            bytes_out: self.bytes_out,
+            upstream_target: match (upstream, client.reached.target) {
+                (Some(u), Some(i)) => u.targets.get(i).map_or("-", |t| t.as_str()),
+                _ => "-",
+            },
+            upstream_micros: client.reached.micros,
+            cost: &cost,
+            aborted,
+            fields: self.fields,
+        };
+        match self.format {
+            Format::Json => access_log::record_json(&line),
+            Format::Text => access_log::record_text(&line),
+        }
+    }
+}
+
+/// The first 16 hex digits of `hash`, as `leasegate explain --json` prints
+/// a `key_hash`.
+fn hex16(hash: u64, buf: &mut [u8; 16]) -> &str {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = HEX[((hash >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    std::str::from_utf8(buf).unwrap_or("-")
+}
+
+impl Watch for Logged {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(d) = frame.data_ref() {
+            self.bytes_out += d.len() as u64;
+        }
+        if let Some(inner) = &mut self.inner {
+            inner.frame(frame);
+        }
+    }
+
+    fn end(&mut self, how: Ended) {
+        let aborted = how != Ended::Complete;
+        match self.inner.take() {
+            Some(mut inner) => {
+                inner.end(how);
+                self.write(aborted, inner.charged());
+            }
+            None => self.write(aborted, &[]),
+        }
+    }
+}
+
+/// A request being served: logged as `499` and counted if dropped before
+/// [`Pending::done`].
+pub(super) struct Pending<'a> {
+    pub gateway: &'a Gateway,
+    pub snapshot: &'a Arc<Snapshot>,
+    pub conn: &'a ConnInfo,
+    pub started: Instant,
+    pub route: Option<usize>,
+    pub logged: Option<Box<Logged>>,
+    pub open: bool,
+}
+
+impl Pending<'_> {
+    /// The response head is ready: counts the request, and logs it now (a
+    /// body made here) or at its body's end.
+    pub fn done(mut self, record: Record, resp: Response<Body>) -> Response<Body> {
+        self.open = false;
+        let status = resp.status().as_u16();
+        let elapsed = self.started.elapsed();
+        let resp = match self.logged.take() {
+            None => resp,
+            Some(mut logged) => {
+                logged.snapshot = Some(self.snapshot.clone());
+                logged.route = self.route;
+                logged.status = status;
+                logged.micros = elapsed.as_micros() as u64;
+                logged.request_id = resp.headers().get(&X_REQUEST_ID).cloned();
+                logged.record = record;
+                if logged.record.client.ip.is_none() {
+                    logged.record.client.ip = Some(self.conn.peer.ip());
+                }
+                match resp.body() {
+                    Body::Full(bytes) => {
+                        logged.bytes_out = bytes.as_ref().map_or(0, |b| b.len() as u64);
+                        logged.write(false, &[]);
+                        resp
+                    }
+                    _ => resp.map(|body| {
+                        body.attach(|inner| {
+                            logged.inner = inner;
+                            logged
+                        })
+                    }),
+                }
+            }
+        };
+        self.count(status, elapsed);
+        resp
+    }
+
+    fn count(&self, status: u16, elapsed: std::time::Duration) {
+        self.route
+            .and_then(|i| self.snapshot.routes.get(i))
+            .unwrap_or(&self.snapshot.unrouted)
+            .record(&self.gateway.runtime.metrics, status, elapsed);
+    }
+}
+
+/// nginx's status for a request whose client closed the connection
+/// before the response.
+pub const CLIENT_CLOSED: u16 = 499;
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        if let Some(mut logged) = self.logged.take() {
+            logged.snapshot = Some(self.snapshot.clone());
+            logged.route = self.route;
+            logged.status = CLIENT_CLOSED;
+            logged.micros = elapsed.as_micros() as u64;
+            logged.record.client.ip = Some(self.conn.peer.ip());
+            logged.write(true, &[]);
+        }
+        self.count(CLIENT_CLOSED, elapsed);
+    }
+}
