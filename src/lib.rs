@@ -25,6 +25,7 @@ pub mod rls;
 pub mod route;
 pub mod runtime;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod sync;
 pub mod telemetry;

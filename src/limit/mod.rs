@@ -36,7 +36,7 @@ pub mod report;
 pub mod slots;
 mod slow_path;
 pub mod stage;
-mod sweep;
+pub mod sweep;
 pub mod table;
 pub mod usage;
 mod verdict;
@@ -238,13 +238,21 @@ pub struct Limiter {
     slots: Arc<slots::SlotTable>,
     /// The fleet's per-caller overrides, as last loaded from the store.
     overrides: overrides::Overrides,
+    /// Where in its spread a block ends, per instance (`slow_path`).
+    jitter_seed: u64,
 }
 
 impl Limiter {
     pub fn new(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
+        Limiter::with_wall_clock(store, settings, clock, crate::clock::system_clock())
+    }
+
+    /// [`Limiter::new`], its fallback buckets on `wall` (Unix ms) instead
+    /// of the system clock: `leasegate simulate` runs both on virtual time.
+    pub fn with_wall_clock(store: Arc<dyn QuotaStore>, settings: Settings, clock: Clock, wall: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
-            fallback: crate::store::memory::MemoryStore::new(settings.max_keys),
+            fallback: crate::store::memory::MemoryStore::with_clock(settings.max_keys, wall),
             leases: LeaseTable::new(settings.max_keys),
             releases: sweep::Releases::new(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
@@ -253,6 +261,7 @@ impl Limiter {
             forgotten: forgotten::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
             overrides: overrides::Overrides::default(),
+            jitter_seed: fastrand::u64(..),
         })
     }
 
