@@ -61,9 +61,9 @@ impl Shared {
 
     /// Counts a decided request at the virtual second it was decided.
     fn record(&self, verdict: &mut Verdict<'_>, key: usize) {
-        let sec = ((self.clock)().saturating_sub(1) / 1000) as usize;
+        let now = (self.clock)().saturating_sub(1);
         let mut o = self.outcomes.lock().recover();
-        o.record(sec, key, verdict.decision);
+        o.record(now, key, verdict.decision);
         if matches!(verdict.decision, Decision::Admit | Decision::Bypass { .. }) {
             verdict.commit();
         }

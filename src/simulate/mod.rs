@@ -166,3 +166,6 @@ impl Options {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,6 +17,8 @@ pub struct Outcomes {
     fallback: u64,
     unavailable: u64,
     touched: Vec<bool>,
+    /// The last decision, ms on the virtual clock from 0.
+    last_ms: u64,
 }
 
 impl Outcomes {
@@ -27,12 +29,15 @@ impl Outcomes {
             fallback: 0,
             unavailable: 0,
             touched: vec![false; keys as usize],
+            last_ms: 0,
         }
     }
 
     /// One request decided at virtual second `sec` (a request decided after
     /// the end counts in the last second).
-    pub fn record(&mut self, sec: usize, key: usize, decision: Decision) {
+    pub fn record(&mut self, now_ms: u64, key: usize, decision: Decision) {
+        self.last_ms = self.last_ms.max(now_ms);
+        let sec = (now_ms / 1000) as usize;
         let sec = sec.min(self.admitted.len().saturating_sub(1));
         if let Some(t) = self.touched.get_mut(key) {
             *t = true;
@@ -63,6 +68,40 @@ pub struct LeaseSizes {
     pub max: u64,
 }
 
+/// The stretch of whole seconds where the fleet admitted most beyond what
+/// the quota allows in it: where the drift of leases shows (over a whole
+/// run from a full bucket, a fleet admits at most what the store granted).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Worst {
+    pub from_s: u64,
+    pub to_s: u64,
+    pub admitted: u64,
+    /// Token bucket: burst + rate × its length; windows: count per window
+    /// (whole windows only; none when a window is not whole seconds).
+    pub allowance: u64,
+    /// `allowance + instances × largest lease` per key (and sub-bucket).
+    pub bound: u64,
+    pub over: i64,
+}
+
+/// Token bucket: the stretch maximising admitted − rate × length (Kadane).
+fn worst_stretch(admitted: &[u64], per_sec: f64) -> (usize, usize) {
+    let (mut best, mut best_at) = (f64::MIN, (0, 1));
+    let (mut run, mut from) = (0.0, 0);
+    for (i, &a) in admitted.iter().enumerate() {
+        if run <= 0.0 {
+            run = 0.0;
+            from = i;
+        }
+        run += a as f64 - per_sec;
+        if run > best {
+            best = run;
+            best_at = (from, i + 1);
+        }
+    }
+    best_at
+}
+
 /// Per virtual second.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Series {
@@ -85,7 +124,9 @@ pub struct Report {
     pub unavailable: u64,
     pub keys_touched: u64,
     /// Burst + rate × seconds (windows: count × windows begun), summed
-    /// over the keys touched.
+    /// over the keys touched; the time runs to the last decision (a
+    /// request waiting for the store at the end is decided a few ms
+    /// later).
     pub allowance: u64,
     /// The largest lease one instance can hold of one (sub-)bucket.
     pub largest_lease: u64,
@@ -94,6 +135,8 @@ pub struct Report {
     /// `admitted − allowance` (negative: under it).
     pub over_admitted: i64,
     pub over_admitted_fraction: f64,
+    /// Where admissions ran furthest ahead of the quota.
+    pub worst_interval: Option<Worst>,
     pub store_calls: u64,
     pub store_calls_per_s: f64,
     pub store_calls_per_request: f64,
@@ -123,7 +166,9 @@ impl Report {
         let shards = limit.shards.max(1);
         let keys_touched = outcomes.touched.iter().filter(|t| **t).count() as u64;
         let period = spec.period_ms().max(1) as f64;
-        let span = o.seconds as f64 * 1000.0;
+        // A request that waited for the store past the end was decided
+        // then: the allowance runs to the last decision.
+        let span = (o.seconds * 1000).max(outcomes.last_ms + 1) as f64;
         let per_key = match spec.algorithm {
             Algorithm::TokenBucket => spec.capacity + (spec.count as f64 * span / period).floor() as u64,
             _ => spec.count * (span / period).ceil() as u64,
@@ -160,7 +205,37 @@ impl Report {
             }
         };
         let over = admitted as i64 - allowance as i64;
+        let drift = keys_touched * o.instances * leases_per_key;
+        let worst = if spec.algorithm == Algorithm::TokenBucket {
+            let per_sec = keys_touched as f64 * spec.count as f64 * 1000.0 / period;
+            let (a, b) = worst_stretch(&outcomes.admitted, per_sec);
+            let allowance =
+                keys_touched * spec.capacity + (per_sec * (b - a) as f64).floor() as u64;
+            Some((a, b, allowance))
+        } else if spec.period_ms() % 1000 == 0 {
+            let p = (spec.period_ms() / 1000) as usize;
+            outcomes
+                .admitted
+                .chunks(p)
+                .enumerate()
+                .max_by_key(|(i, c)| (c.iter().sum::<u64>(), std::cmp::Reverse(*i)))
+                .map(|(i, _)| (i * p, ((i + 1) * p).min(outcomes.admitted.len()), keys_touched * spec.count))
+        } else {
+            None
+        };
+        let worst_interval = worst.map(|(a, b, allowance)| {
+            let admitted: u64 = outcomes.admitted[a..b].iter().sum();
+            Worst {
+                from_s: a as u64,
+                to_s: b as u64,
+                admitted,
+                allowance,
+                bound: allowance + drift,
+                over: admitted as i64 - allowance as i64,
+            }
+        });
         Report {
+            worst_interval,
             limit: limit.name.clone(),
             algorithm: spec.algorithm.as_str(),
             instances: o.instances,
@@ -214,7 +289,16 @@ impl Report {
             "limit {} ({}), {} instances, {} virtual s, seed {}",
             self.limit, self.algorithm, self.instances, self.seconds, self.seed
         );
-        let rows: [(&str, String); 14] = [
+        let worst = self.worst_interval.as_ref().map_or_else(
+            || "- (windows shorter than a second)".to_string(),
+            |w| {
+                format!(
+                    "s {}-{}: admitted {} allowance {} bound {} over {}",
+                    w.from_s, w.to_s, w.admitted, w.allowance, w.bound, w.over
+                )
+            },
+        );
+        let rows: [(&str, String); 15] = [
             ("offered", self.offered.to_string()),
             ("admitted", self.admitted.to_string()),
             (
@@ -228,6 +312,7 @@ impl Report {
                 "over_admitted",
                 format!("{} ({:.4} %)", self.over_admitted, self.over_admitted_fraction * 100.0),
             ),
+            ("worst interval", worst),
             ("store_calls", self.store_calls.to_string()),
             ("store_calls/s", format!("{:.1}", self.store_calls_per_s)),
             ("store_calls/request", format!("{:.6}", self.store_calls_per_request)),

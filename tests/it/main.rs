@@ -34,6 +34,7 @@ mod reload;
 mod resilience;
 mod rlqs;
 mod rls;
+mod simulate;
 mod sentinel;
 mod store_link;
 mod upstream_health;
