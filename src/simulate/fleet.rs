@@ -27,11 +27,16 @@ use crate::telemetry::metrics::Metrics;
 /// minute, hour and day windows start with the simulation.
 pub const WALL_EPOCH_MS: u64 = 1_767_225_600_000;
 
-/// One client key's request facts.
+/// One key's request facts (a client's address is its own).
 struct KeyFacts {
     identity: String,
     tenant: String,
-    ip: IpAddr,
+}
+
+/// Client `c`'s address: 10.0.0.0/8 and on, distinct per client (what a
+/// sharded limit's `shard_by = "ip"` spreads).
+fn client_ip(c: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(0x0A00_0000u32.wrapping_add(c as u32)))
 }
 
 /// What every request of the simulation shares.
@@ -46,7 +51,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn facts(&self, k: usize) -> Option<Facts<'_>> {
+    fn facts(&self, c: u64, k: usize) -> Option<Facts<'_>> {
         let key = self.keys.get(k)?;
         Some(Facts {
             identity: &key.identity,
@@ -54,7 +59,7 @@ impl Shared {
             plan: None,
             rates: &self.rates,
             route: &self.route,
-            ip: key.ip,
+            ip: client_ip(c),
             headers: &self.headers,
         })
     }
@@ -117,7 +122,6 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
             .map(|k| KeyFacts {
                 identity: format!("key:sim-{k}"),
                 tenant: format!("tenant-{k}"),
-                ip: IpAddr::V4(Ipv4Addr::from(0x0A00_0000 | (k as u32 & 0x00FF_FFFF))),
             })
             .collect(),
         route: route.map_or_else(|| "simulated".to_string(), |r| r.name.clone()),
@@ -182,9 +186,9 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
             in_flight.retain(|h| !h.is_finished());
         }
         for _ in 0..arrivals(o.offered, t) {
-            let k = traffic.key();
+            let (c, k) = traffic.client();
             let inst = &fleet[traffic.instance(&live)];
-            let Some(facts) = shared.facts(k) else { continue };
+            let Some(facts) = shared.facts(c, k) else { continue };
             let mut verdict = Verdict::default();
             if inst.limiter.try_check(&inst.limits, &which, &facts, &mut verdict) {
                 shared.record(&mut verdict, k);
@@ -193,7 +197,7 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
             drop(verdict);
             let (limiter, limits, shared) = (inst.limiter.clone(), inst.limits.clone(), shared.clone());
             in_flight.push(tokio::spawn(async move {
-                let Some(facts) = shared.facts(k) else { return };
+                let Some(facts) = shared.facts(c, k) else { return };
                 let mut verdict = limiter.check(&limits, &[0], &facts, shared.on_failure).await;
                 shared.record(&mut verdict, k);
             }));

@@ -209,8 +209,7 @@ impl Report {
         let worst = if spec.algorithm == Algorithm::TokenBucket {
             let per_sec = keys_touched as f64 * spec.count as f64 * 1000.0 / period;
             let (a, b) = worst_stretch(&outcomes.admitted, per_sec);
-            let allowance =
-                keys_touched * spec.capacity + (per_sec * (b - a) as f64).floor() as u64;
+            let allowance = keys_touched * spec.capacity + (per_sec * (b - a) as f64).floor() as u64;
             Some((a, b, allowance))
         } else if spec.period_ms() % 1000 == 0 {
             let p = (spec.period_ms() / 1000) as usize;
@@ -219,7 +218,13 @@ impl Report {
                 .chunks(p)
                 .enumerate()
                 .max_by_key(|(i, c)| (c.iter().sum::<u64>(), std::cmp::Reverse(*i)))
-                .map(|(i, _)| (i * p, ((i + 1) * p).min(outcomes.admitted.len()), keys_touched * spec.count))
+                .map(|(i, _)| {
+                    (
+                        i * p,
+                        ((i + 1) * p).min(outcomes.admitted.len()),
+                        keys_touched * spec.count,
+                    )
+                })
         } else {
             None
         };

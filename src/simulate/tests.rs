@@ -63,7 +63,15 @@ fn within_bound(algorithm: &str, rate: &str, p: (u64, u64, u64, u64, f64, u64, u
 }
 
 fn settings() -> impl Strategy<Value = (u64, u64, u64, u64, f64, u64, u64)> {
-    (1u64..12, 1u64..20, 0u64..60, 100u64..3_000, 50.0f64..3_000.0, 1u64..4, any::<u64>())
+    (
+        1u64..12,
+        1u64..20,
+        0u64..60,
+        100u64..3_000,
+        50.0f64..3_000.0,
+        1u64..4,
+        any::<u64>(),
+    )
 }
 
 proptest! {

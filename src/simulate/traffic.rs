@@ -44,9 +44,10 @@ impl Traffic {
         }
     }
 
-    /// The next request's key.
-    pub fn key(&mut self) -> usize {
-        (self.clients.draw(&mut self.rng) as u64 % self.keys) as usize
+    /// The next request's client, and its key (client mod keys).
+    pub fn client(&mut self) -> (u64, usize) {
+        let c = self.clients.draw(&mut self.rng) as u64;
+        (c, (c % self.keys) as usize)
     }
 
     /// The next request's instance, among the live ones (the next live

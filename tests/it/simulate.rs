@@ -101,13 +101,28 @@ fn a_seeded_fleet_of_50_stays_within_the_bound_and_repeats_itself() {
 fn simulate_refuses_what_it_cannot_model_and_nonsense() {
     let dir = TempDir::new();
     let cases: [(&[&str], &str); 8] = [
-        (&["--limit", "nope"], "no limit named `nope` in the config (limits: tier, gpu)"),
+        (
+            &["--limit", "nope"],
+            "no limit named `nope` in the config (limits: tier, gpu)",
+        ),
         (&["--limit", "gpu"], "concurrency limit"),
-        (&["--limit", "tier", "--instances", "0"], "--instances: want 1 to 100000"),
+        (
+            &["--limit", "tier", "--instances", "0"],
+            "--instances: want 1 to 100000",
+        ),
         (&["--limit", "tier", "--kill", "3"], "--kill: `3`: want K@T"),
-        (&["--limit", "tier", "--kill", "10@5"], "--kill: want 1 to --instances - 1"),
-        (&["--limit", "tier", "--store-down", "20-10"], "--store-down: want T1-T2 with 0 <= T1 < T2"),
-        (&["--limit", "tier", "--offered", "0"], "--offered: want requests per second"),
+        (
+            &["--limit", "tier", "--kill", "10@5"],
+            "--kill: want 1 to --instances - 1",
+        ),
+        (
+            &["--limit", "tier", "--store-down", "20-10"],
+            "--store-down: want T1-T2 with 0 <= T1 < T2",
+        ),
+        (
+            &["--limit", "tier", "--offered", "0"],
+            "--offered: want requests per second",
+        ),
         (&["--limit", "tier", "--spread", "sideways"], "sideways"),
     ];
     for (args, why) in cases {
