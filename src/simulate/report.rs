@@ -211,7 +211,7 @@ impl Report {
             let (a, b) = worst_stretch(&outcomes.admitted, per_sec);
             let allowance = keys_touched * spec.capacity + (per_sec * (b - a) as f64).floor() as u64;
             Some((a, b, allowance))
-        } else if spec.period_ms() % 1000 == 0 {
+        } else if spec.period_ms().is_multiple_of(1000) {
             let p = (spec.period_ms() / 1000) as usize;
             outcomes
                 .admitted

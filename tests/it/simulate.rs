@@ -197,7 +197,16 @@ async fn three_real_gateways_and_their_simulation_agree_within_15_percent() {
     let out = Command::new(binary())
         .args(["simulate", "--config"])
         .arg(&config)
-        .args(["--limit", "hot", "--instances", "3", "--seconds", "5", "--offered", "300"])
+        .args([
+            "--limit",
+            "hot",
+            "--instances",
+            "3",
+            "--seconds",
+            "5",
+            "--offered",
+            "300",
+        ])
         .args(["--store-rtt-ms", "0.3", "--json"])
         .output()
         .unwrap();
@@ -209,7 +218,10 @@ async fn three_real_gateways_and_their_simulation_agree_within_15_percent() {
         "real: admitted {admitted}, store calls/s {real_calls_per_s:.1}; simulated: admitted {sim_admitted}, store calls/s {sim_calls_per_s:.1}"
     );
     let near = |a: f64, b: f64| (a - b).abs() <= 0.15 * a.max(b);
-    assert!(near(admitted as f64, sim_admitted), "admitted: real {admitted}, simulated {sim_admitted}");
+    assert!(
+        near(admitted as f64, sim_admitted),
+        "admitted: real {admitted}, simulated {sim_admitted}"
+    );
     assert!(
         near(real_calls_per_s, sim_calls_per_s),
         "store calls/s: real {real_calls_per_s:.1}, simulated {sim_calls_per_s:.1}"
