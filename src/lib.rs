@@ -25,6 +25,7 @@ pub mod rls;
 pub mod route;
 pub mod runtime;
 pub mod server;
+pub mod simulate;
 mod spelling;
 pub mod store;
 pub mod sync;

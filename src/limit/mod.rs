@@ -35,7 +35,7 @@ pub mod report;
 pub mod slots;
 mod slow_path;
 pub mod stage;
-mod sweep;
+pub mod sweep;
 pub mod table;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -244,18 +244,22 @@ pub struct Limiter {
     slots: Arc<slots::SlotTable>,
     /// The fleet's per-caller overrides, as last loaded from the store.
     overrides: Arc<overrides::Overrides>,
+    /// Where in its spread a block ends, per instance (`slow_path`).
+    jitter_seed: u64,
 }
 
 impl Limiter {
     pub fn new(store: Arc<dyn FleetStore>, settings: Settings, clock: Clock) -> Arc<Limiter> {
-        Self::with_wall_clock(store, settings, clock, crate::clock::coarse_wall())
+        Self::with_wall_clock(store, settings, clock, crate::clock::system_clock())
     }
 
-    /// [`Limiter::new`] with its wall clock (Unix milliseconds) given too.
+    /// [`Limiter::new`] with its wall clock (Unix milliseconds) given too:
+    /// the fallback buckets' windows, an override's expiry, a calendar
+    /// month's length. `leasegate simulate` runs it on virtual time.
     pub fn with_wall_clock(store: Arc<dyn FleetStore>, settings: Settings, clock: Clock, wall: Clock) -> Arc<Limiter> {
         Arc::new(Limiter {
             store,
-            fallback: crate::store::memory::MemoryStore::new(settings.max_keys),
+            fallback: crate::store::memory::MemoryStore::with_clock(settings.max_keys, wall.clone()),
             leases: LeaseTable::new(settings.max_keys),
             releases: sweep::Releases::new(),
             settings: Arc::new(arc_swap::ArcSwap::from_pointee(settings)),
@@ -265,6 +269,7 @@ impl Limiter {
             forgotten: recent_refusals::Forgotten::default(),
             slots: Arc::new(slots::SlotTable::new(settings.max_keys)),
             overrides: Arc::default(),
+            jitter_seed: fastrand::u64(..),
         })
     }
 

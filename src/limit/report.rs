@@ -96,6 +96,14 @@ pub struct HotKeys {
 }
 
 impl Limiter {
+    /// Tokens at hand over every lease of this instance (what it would
+    /// strand if it died now).
+    pub fn tokens_at_hand(&self) -> u64 {
+        let mut n = 0;
+        self.leases.for_each(|l| n += l.available());
+        n
+    }
+
     /// The state of the lease of store key `key` (`rl:{...}`), if this
     /// instance holds one. A scan of the lease table: admin use only.
     pub fn key_state(&self, key: &str) -> KeyState {

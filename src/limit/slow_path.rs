@@ -236,7 +236,7 @@ impl Limiter {
                     now,
                     grant.retry_after_ms,
                     settings.max_block_ms,
-                    jitter(lease, now),
+                    jitter(self.jitter_seed, lease, now),
                 );
             } else {
                 blocked::block(lease, now, grant.retry_after_ms, settings.max_block_ms);
@@ -314,11 +314,13 @@ fn queue_is_full(spec: &Spec, grant: &Grant) -> bool {
         && grant.retry_after_ms > 2 * crate::quota::token_bucket::reserved_ready_ms(spec, 1)
 }
 
-/// A number in 0..1, different on every instance and call: where in the
-/// spread a block ends.
-fn jitter(lease: &Lease, now_ms: u64) -> f64 {
+/// A number in 0..1, different on every instance (its random `seed`),
+/// key and millisecond: where in the spread a block ends. Drawn from the
+/// instance's seed rather than the process's randomness, so a simulated
+/// fleet with seeded instances repeats itself.
+fn jitter(seed: u64, lease: &Lease, now_ms: u64) -> f64 {
     use std::hash::BuildHasher;
-    let h = std::collections::hash_map::RandomState::new().hash_one((std::ptr::from_ref(lease) as usize, now_ms));
+    let h = foldhash::fast::FixedState::with_seed(seed).hash_one((lease.key(), now_ms));
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 

@@ -80,6 +80,15 @@ impl Release {
     }
 }
 
+/// How often the sweeper runs under `settings`, and how long a key stays
+/// idle before it is forgotten: the gateway's sweeper and `leasegate
+/// simulate`'s instances both follow this.
+pub fn sweep_timing(settings: &super::Settings) -> (std::time::Duration, u64) {
+    let every = std::time::Duration::from_millis((settings.sizing.ttl_ms / 2).clamp(100, 1_000));
+    let idle_ms = settings.sizing.ttl_ms.max(settings.max_block_ms) + 1_000;
+    (every, idle_ms)
+}
+
 /// The bound on background releases.
 pub(super) struct Releases {
     slots: Arc<tokio::sync::Semaphore>,

@@ -281,10 +281,8 @@ async fn wait_for_store(link: &StoreLink, name: &str, timeout: Duration) {
 /// as the process runs.
 async fn sweep_leases(runtime: Arc<Runtime>) {
     loop {
-        let settings = runtime.limiter.settings();
-        let every = Duration::from_millis((settings.sizing.ttl_ms / 2).clamp(100, 1_000));
+        let (every, idle_ms) = crate::limit::sweep::sweep_timing(&runtime.limiter.settings());
         tokio::time::sleep(every).await;
-        let idle_ms = settings.sizing.ttl_ms.max(settings.max_block_ms) + 1_000;
         runtime.limiter.sweep(idle_ms).await;
         runtime.metrics.lease_keys.set(runtime.limiter.tracked_keys() as i64);
     }

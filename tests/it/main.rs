@@ -39,6 +39,7 @@ mod resilience;
 mod rlqs;
 mod rls;
 mod sentinel;
+mod simulate;
 mod store_link;
 mod store_parity;
 mod upstream_checks;
