@@ -35,8 +35,10 @@ const SET: u8 = 0x31;
 /// `id-at-commonName`, 2.5.4.3.
 const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
 
-/// The subject Name of a DER certificate: its whole element.
-fn subject(cert: &[u8]) -> Option<&[u8]> {
+/// A DER certificate's TBSCertificate fields from its `skip`-th on: after
+/// the optional `[0]` version, 0 is serialNumber, then signature, issuer,
+/// validity, subject (4), subjectPublicKeyInfo (5), ...
+fn tbs_from(cert: &[u8], skip: usize) -> Option<&[u8]> {
     let (SEQUENCE, certificate, _) = element(cert)? else {
         return None;
     };
@@ -44,14 +46,18 @@ fn subject(cert: &[u8]) -> Option<&[u8]> {
         return None;
     };
     let mut rest = tbs;
-    // [0] version, when present.
     if rest.first() == Some(&0xa0) {
         rest = element(rest)?.2;
     }
-    // serialNumber, signature, issuer, validity: skipped.
-    for _ in 0..4 {
+    for _ in 0..skip {
         rest = element(rest)?.2;
     }
+    Some(rest)
+}
+
+/// The subject Name of a DER certificate: its whole element.
+fn subject(cert: &[u8]) -> Option<&[u8]> {
+    let rest = tbs_from(cert, 4)?;
     let (SEQUENCE, _, after) = element(rest)? else {
         return None;
     };
@@ -61,21 +67,7 @@ fn subject(cert: &[u8]) -> Option<&[u8]> {
 /// The DER certificate's TBSCertificate fields after the subject: the
 /// subjectPublicKeyInfo, then the optional unique ids and extensions.
 fn after_subject(cert: &[u8]) -> Option<&[u8]> {
-    let (SEQUENCE, certificate, _) = element(cert)? else {
-        return None;
-    };
-    let (SEQUENCE, tbs, _) = element(certificate)? else {
-        return None;
-    };
-    let mut rest = tbs;
-    if rest.first() == Some(&0xa0) {
-        rest = element(rest)?.2;
-    }
-    // serialNumber, signature, issuer, validity, subject.
-    for _ in 0..5 {
-        rest = element(rest)?.2;
-    }
-    Some(rest)
+    tbs_from(cert, 5)
 }
 
 /// `id-ce-subjectAltName`, 2.5.29.17.
