@@ -120,7 +120,7 @@ enum Command {
     /// same math as the Lua scripts) behind a round-trip model. Same
     /// arguments and seed: same output. Exit 1 on bad arguments.
     #[command(
-        after_help = "Examples:\n  leasegate simulate --config gateway.toml --limit per_key --instances 50 --seconds 60\n  leasegate simulate --config gateway.toml --limit per_key --instances 500 --offered 80000 --json\n  leasegate simulate --config gateway.toml --limit per_key --kill 3@20 --store-down 30-40 --store-rtt-ms 1"
+        after_help = "Examples:\n  leasegate simulate --config gateway.toml --limit per_key --instances 50 --seconds 60\n  leasegate simulate --config gateway.toml --limit per_key --instances 500 --offered 80000 --json\n  leasegate simulate --config gateway.toml --limit per_key --kill 3@20 --store-down 30-40 --store-rtt-ms 1\n  leasegate simulate --config gateway.toml --limit per_key --instances 10,50,100,200,500 --plot sweep.png"
     )]
     Simulate {
         #[arg(long, default_value = "gateway.toml")]
@@ -129,9 +129,10 @@ enum Command {
         /// fixed window; concurrency limits are refused).
         #[arg(long)]
         limit: String,
-        /// Instances in the fleet.
-        #[arg(long, default_value_t = 10)]
-        instances: u64,
+        /// Instances in the fleet; a list (10,50,100) runs one simulation
+        /// per size and prints a row for each.
+        #[arg(long, default_value = "10", value_name = "N[,N...]")]
+        instances: String,
         /// Virtual seconds to run.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
@@ -165,9 +166,15 @@ enum Command {
         store_down: Option<String>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// One JSON object instead of the table.
+        /// One JSON object instead of the table (an array for a list of
+        /// --instances).
         #[arg(long)]
         json: bool,
+        /// Draw a PNG: the per-second series of a run, or for a list of
+        /// --instances the over-admission beside N × B and the store calls
+        /// beside N.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
     },
     /// Print the JA4/JA3 fingerprints of a TLS ClientHello as JSON.
     Fingerprint {
@@ -249,6 +256,7 @@ fn main() -> ExitCode {
             store_down,
             seed,
             json,
+            plot,
         } => {
             let loaded = match leasegate::config::load(&config) {
                 Ok(c) => c,
@@ -258,12 +266,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let options = (|| {
+            let runs = (|| {
+                let sizes = leasegate::simulate::parse_instances(&instances)?;
                 let (_, l) = leasegate::simulate::find_limit(&loaded, &limit)?;
                 let spec = l.spec().slice(l.share());
                 let rate = spec.count as f64 * 1000.0 / spec.period_ms().max(1) as f64;
-                Ok::<_, leasegate::simulate::SimError>(leasegate::simulate::Options {
-                    instances,
+                let base = leasegate::simulate::Options {
+                    instances: 0,
                     seconds,
                     offered: offered.unwrap_or(2.0 * rate),
                     clients: clients.unwrap_or(keys),
@@ -278,15 +287,41 @@ fn main() -> ExitCode {
                     kill: kill.as_deref().map(leasegate::simulate::parse_kill).transpose()?,
                     store_down: store_down.as_deref().map(leasegate::simulate::parse_down).transpose()?,
                     seed,
-                })
+                };
+                // Every size is checked before the first runs.
+                let all: Vec<_> = sizes
+                    .iter()
+                    .map(|&n| leasegate::simulate::Options {
+                        instances: n,
+                        ..base.clone()
+                    })
+                    .collect();
+                for o in &all {
+                    o.check()?;
+                }
+                all.iter()
+                    .map(|o| leasegate::simulate::run(&loaded, &limit, o))
+                    .collect::<Result<Vec<_>, _>>()
             })();
-            match options.and_then(|o| leasegate::simulate::run(&loaded, &limit, &o)) {
-                Ok(report) => {
+            let sweep = instances.contains(',');
+            match runs {
+                Ok(reports) => {
                     use std::io::Write;
-                    let text = if json {
-                        format!("{}\n", report.to_json())
-                    } else {
-                        report.to_text()
+                    if let Some(path) = &plot {
+                        let png = match (sweep, reports.first()) {
+                            (false, Some(r)) => leasegate::simulate::plot::series(r),
+                            _ => leasegate::simulate::plot::sweep(&reports),
+                        };
+                        if let Err(e) = std::fs::write(path, png) {
+                            eprintln!("leasegate simulate: --plot {}: {e}", path.display());
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                    let text = match (json, sweep) {
+                        (true, false) => reports.iter().map(|r| format!("{}\n", r.to_json())).collect(),
+                        (true, true) => format!("{}\n", serde_json::to_string_pretty(&reports).unwrap_or_default()),
+                        (false, false) => reports.iter().map(|r| r.to_text()).collect(),
+                        (false, true) => leasegate::simulate::Report::sweep_text(&reports),
                     };
                     // A reader gone (`| head`) is no failure of the run.
                     let _ = std::io::stdout().lock().write_all(text.as_bytes());

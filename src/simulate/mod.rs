@@ -11,6 +11,7 @@
 //! same bytes.
 
 mod fleet;
+pub mod plot;
 pub mod report;
 pub mod store;
 pub mod traffic;
@@ -83,6 +84,25 @@ pub fn parse_kill(s: &str) -> Result<(u64, f64), SimError> {
         .parse()
         .map_err(|_| bad("--kill", format!("`{t}`: want a virtual second")))?;
     Ok((k, t))
+}
+
+/// `--instances N` or a sweep `N1,N2,...` (at most 32 sizes).
+pub fn parse_instances(s: &str) -> Result<Vec<u64>, SimError> {
+    let sizes = s
+        .split(',')
+        .map(|n| {
+            n.trim().parse::<u64>().map_err(|_| {
+                bad(
+                    "--instances",
+                    format!("`{n}`: want a whole number, or a list such as 10,50,100"),
+                )
+            })
+        })
+        .collect::<Result<Vec<u64>, SimError>>()?;
+    if sizes.len() > 32 {
+        return Err(bad("--instances", "want at most 32 fleet sizes in a sweep"));
+    }
+    Ok(sizes)
 }
 
 /// `--store-down T1-T2`.

@@ -17,8 +17,8 @@ pub struct Outcomes {
     fallback: u64,
     unavailable: u64,
     touched: Vec<bool>,
-    /// The last decision, ms on the virtual clock from 0.
-    last_ms: u64,
+    /// The last admission, ms on the virtual clock from 0.
+    last_admit_ms: u64,
 }
 
 impl Outcomes {
@@ -29,22 +29,25 @@ impl Outcomes {
             fallback: 0,
             unavailable: 0,
             touched: vec![false; keys as usize],
-            last_ms: 0,
+            last_admit_ms: 0,
         }
     }
 
     /// One request decided at virtual second `sec` (a request decided after
     /// the end counts in the last second).
     pub fn record(&mut self, now_ms: u64, key: usize, decision: Decision) {
-        self.last_ms = self.last_ms.max(now_ms);
         let sec = (now_ms / 1000) as usize;
         let sec = sec.min(self.admitted.len().saturating_sub(1));
         if let Some(t) = self.touched.get_mut(key) {
             *t = true;
         }
         let series = match decision {
-            Decision::Admit => &mut self.admitted,
+            Decision::Admit => {
+                self.last_admit_ms = self.last_admit_ms.max(now_ms);
+                &mut self.admitted
+            }
             Decision::Bypass { .. } => {
+                self.last_admit_ms = self.last_admit_ms.max(now_ms);
                 self.fallback += 1;
                 &mut self.admitted
             }
@@ -123,10 +126,10 @@ pub struct Report {
     /// Refused with 503: the store failed and the route fails closed.
     pub unavailable: u64,
     pub keys_touched: u64,
-    /// Burst + rate × seconds (windows: count × windows begun), summed
-    /// over the keys touched; the time runs to the last decision (a
-    /// request waiting for the store at the end is decided a few ms
-    /// later).
+    /// Burst + rate × seconds (windows: count × windows begun in the
+    /// run), summed over the keys touched. A token bucket's time runs to
+    /// the last admission (a request waiting for the store at the end is
+    /// admitted a few ms later, and the bucket refilled meanwhile).
     pub allowance: u64,
     /// The largest lease one instance can hold of one (sub-)bucket.
     pub largest_lease: u64,
@@ -140,11 +143,13 @@ pub struct Report {
     pub store_calls: u64,
     pub store_calls_per_s: f64,
     pub store_calls_per_request: f64,
+    #[serde(rename = "lease")]
     pub lease_size: LeaseSizes,
     /// Most tokens held at once by instances killed with `--kill`.
     pub stranded_max: u64,
     /// Admitted by the local fallback while the store failed.
     pub fallback_admitted: u64,
+    #[serde(rename = "per_second")]
     pub series: Series,
 }
 
@@ -166,12 +171,15 @@ impl Report {
         let shards = limit.shards.max(1);
         let keys_touched = outcomes.touched.iter().filter(|t| **t).count() as u64;
         let period = spec.period_ms().max(1) as f64;
-        // A request that waited for the store past the end was decided
-        // then: the allowance runs to the last decision.
-        let span = (o.seconds * 1000).max(outcomes.last_ms + 1) as f64;
+        // A request that waited for the store past the end was admitted
+        // then: the allowance runs to the last admission (not to a refusal
+        // after the end, which would begin a window nothing was taken in).
+        let span = (o.seconds * 1000).max(outcomes.last_admit_ms + 1) as f64;
         let per_key = match spec.algorithm {
             Algorithm::TokenBucket => spec.capacity + (spec.count as f64 * span / period).floor() as u64,
-            _ => spec.count * (span / period).ceil() as u64,
+            // A straggler admitted just past the end does not begin a
+            // window's worth of allowance.
+            _ => spec.count * ((o.seconds * 1000) as f64 / period).ceil() as u64,
         };
         let largest: u64 = (0..shards)
             .map(|s| settings.sizing.lease_size(1e15, spec.share(s, shards).capacity))
@@ -344,6 +352,44 @@ impl Report {
             let r = self.series.refused.get(i).copied().unwrap_or(0);
             let c = self.series.store_calls.get(i).copied().unwrap_or(0);
             let _ = writeln!(s, "  {i:>6} {a:>10} {r:>10} {c:>11}");
+        }
+        s
+    }
+
+    /// A sweep over fleet sizes, one row per run.
+    pub fn sweep_text(reports: &[Report]) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        if let Some(r) = reports.first() {
+            let _ = writeln!(
+                s,
+                "limit {} ({}), {} virtual s, seed {}",
+                r.limit, r.algorithm, r.seconds, r.seed
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>13} {:>11}",
+            "instances", "offered", "admitted", "allowance", "bound", "over", "worst", "store_calls/s", "lease p50/max"
+        );
+        for r in reports {
+            let worst = r
+                .worst_interval
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |w| w.over.to_string());
+            let _ = writeln!(
+                s,
+                "  {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>13.1} {:>11}",
+                r.instances,
+                r.offered,
+                r.admitted,
+                r.allowance,
+                r.bound,
+                r.over_admitted,
+                worst,
+                r.store_calls_per_s,
+                format!("{}/{}", r.lease_size.p50, r.lease_size.max)
+            );
         }
         s
     }

@@ -3,6 +3,7 @@
 //! and other bytes for another seed; nonsense is refused with the flag and
 //! why.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -92,7 +93,7 @@ fn a_seeded_fleet_of_50_stays_within_the_bound_and_repeats_itself() {
     assert!(n("admitted") <= n("bound"), "{report}");
     assert!(n("admitted") >= n("allowance") * 95 / 100, "{report}");
     assert!(n("store_calls") > 0);
-    assert_eq!(report["series"]["admitted"].as_array().map(Vec::len), Some(10));
+    assert_eq!(report["per_second"]["admitted"].as_array().map(Vec::len), Some(10));
     assert_eq!(run("7"), first, "same arguments and seed: the same bytes");
     assert_ne!(run("8"), first, "another seed: other bytes");
 }
@@ -100,7 +101,7 @@ fn a_seeded_fleet_of_50_stays_within_the_bound_and_repeats_itself() {
 #[test]
 fn simulate_refuses_what_it_cannot_model_and_nonsense() {
     let dir = TempDir::new();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["--limit", "nope"],
             "no limit named `nope` in the config (limits: tier, gpu)",
@@ -124,6 +125,15 @@ fn simulate_refuses_what_it_cannot_model_and_nonsense() {
             "--offered: want requests per second",
         ),
         (&["--limit", "tier", "--spread", "sideways"], "sideways"),
+        (
+            &["--limit", "tier", "--instances", "10,x"],
+            "--instances: `x`: want a whole number",
+        ),
+        // A sweep is checked whole before its first run.
+        (
+            &["--limit", "tier", "--instances", "20,5", "--kill", "10@1"],
+            "--kill: want 1 to --instances - 1",
+        ),
     ];
     for (args, why) in cases {
         let (code, out, err) = simulate(&dir, args);
@@ -226,4 +236,76 @@ async fn three_real_gateways_and_their_simulation_agree_within_15_percent() {
         near(real_calls_per_s, sim_calls_per_s),
         "store calls/s: real {real_calls_per_s:.1}, simulated {sim_calls_per_s:.1}"
     );
+}
+
+/// A PNG's width and height, after checking its signature and that its
+/// image data inflates to one filtered row per line.
+fn png_size(path: &Path) -> (u32, u32) {
+    let png = std::fs::read(path).expect("the plot was written");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+    assert_eq!(&png[12..16], b"IHDR");
+    let be = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    let (w, h) = (be(16), be(20));
+    let (mut at, mut idat) = (8, Vec::new());
+    while at + 12 <= png.len() {
+        let len = be(at) as usize;
+        if &png[at + 4..at + 8] == b"IDAT" {
+            idat.extend_from_slice(&png[at + 8..at + 8 + len]);
+        }
+        at += 12 + len;
+    }
+    let raw = miniz_oxide::inflate::decompress_to_vec_zlib(&idat).expect("IDAT inflates");
+    assert_eq!(raw.len(), (w as usize + 1) * h as usize);
+    // Not a blank page: the lines and labels use several colours.
+    let colours: std::collections::HashSet<u8> = raw.iter().copied().collect();
+    assert!(colours.len() >= 4, "{colours:?}");
+    (w, h)
+}
+
+#[test]
+fn a_sweep_prints_a_row_per_fleet_size_and_plots_them() {
+    let dir = TempDir::new();
+    let sweep_png = dir.path().join("sweep.png");
+    let series_png = dir.path().join("series.png");
+    let args = ["--limit", "tier", "--seconds", "5", "--offered", "3000", "--seed", "3"];
+    let sweep = |extra: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--instances", "5,20,40"]);
+        all.extend_from_slice(extra);
+        let (code, out, err) = simulate(&dir, &all);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let json = sweep(&["--json", "--plot", sweep_png.to_str().unwrap()]);
+    let reports: Value = serde_json::from_str(&json).expect("a JSON array");
+    let sizes: Vec<u64> = reports
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| r["instances"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [5, 20, 40]);
+    for r in reports.as_array().unwrap() {
+        let n = |k: &str| r[k].as_u64().unwrap();
+        assert_eq!(n("bound"), n("allowance") + n("instances") * 20, "{r}");
+        assert!(n("admitted") <= n("bound"), "{r}");
+        assert!(r["lease"]["p50"].as_u64().is_some(), "{r}");
+    }
+    assert_eq!(png_size(&sweep_png), (960, 40 + 2 * 380));
+    // Each size's run is the run it would be alone.
+    let mut alone = args.to_vec();
+    alone.extend_from_slice(&["--instances", "20", "--json"]);
+    let (code, one, err) = simulate(&dir, &alone);
+    assert_eq!(code, 0, "{err}");
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(one, reports[1]);
+    // The table: a header and a row per size.
+    let table = sweep(&[]);
+    assert_eq!(table.lines().count(), 2 + 3, "{table}");
+    assert!(table.lines().nth(3).unwrap().trim_start().starts_with("20 "), "{table}");
+    // One run's plot: its series.
+    alone.extend_from_slice(&["--plot", series_png.to_str().unwrap()]);
+    let (code, _, err) = simulate(&dir, &alone);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(png_size(&series_png), (960, 40 + 2 * 380));
 }
