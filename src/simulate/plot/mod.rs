@@ -249,7 +249,8 @@ mod tests {
         assert_eq!(nice_step(100.0), 20.0);
         assert_eq!(nice_step(7.0), 2.0);
         assert_eq!(axis(0.0, 93.0), (0.0, 100.0, 20.0));
-        assert_eq!(axis(-978.0, 10_000.0), (-2000.0, 10_000.0, 2000.0));
+        assert_eq!(axis(-978.0, 10_000.0), (-5000.0, 10_000.0, 5000.0));
+        assert_eq!(axis(-978.0, 4_000.0), (-1000.0, 4_000.0, 1000.0));
         // A flat line still gets an axis.
         let (lo, hi, step) = axis(5.0, 5.0);
         assert!(lo < 5.0 && hi > 5.0 && step > 0.0);
