@@ -93,6 +93,17 @@ bypassed() {
   echo $n
 }
 
+# leasegate_store_calls_total (acquires and releases, every result), summed
+# over the running instances: what `leasegate simulate` counts as store calls.
+store_calls() {
+  local i n=0
+  for i in $(seq 0 $((${#gw_pids[@]} - 1))); do
+    n=$((n + $(curl -fsS "http://127.0.0.1:$((BASE_PORT + 2 * i + 1))/metrics" |
+      awk '/^leasegate_store_calls_total/ {n += $2} END {printf "%d", n}')))
+  done
+  echo $n
+}
+
 stop() {
   for p in "${gw_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${gw_pids[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -132,19 +143,21 @@ max = 1
 max_block_ms = 1'
 HIGH="100000000/s"
 
-echo "| fleet | requests/s (sum) | worst p99 ms | Redis calls per request | bypassed (store failures) |"
-echo "|---|---|---|---|---|"
+echo "| fleet | requests/s (sum) | worst p99 ms | Redis calls per request | store calls/s (gateways' count) | bypassed (store failures) |"
+echo "|---|---|---|---|---|---|"
 row() { # label name count
-  local before after rps p99 reqs bad el skipped
+  local before after rps p99 reqs bad el skipped calls
   start "$2" "$3"
   load "$3" >/dev/null   # warm-up
   before=$(script_calls)
   skipped=$(bypassed)
+  calls=$(store_calls)
   read -r rps p99 reqs bad el < <(load "$3")
   after=$(script_calls)
   skipped=$(($(bypassed) - skipped))
+  calls=$(($(store_calls) - calls))
   stop
-  echo "| $1 | $rps | $p99 | $(awk -v c=$((after - before)) -v n="$reqs" 'BEGIN {printf "%.4f", c / n}') | $skipped |"
+  echo "| $1 | $rps | $p99 | $(awk -v c=$((after - before)) -v n="$reqs" 'BEGIN {printf "%.4f", c / n}') | $(awk -v c=$calls -v el="$el" 'BEGIN {printf "%.1f", c / el}') | $skipped |"
 }
 config memory "$MEMORY" "$LEASING" "$HIGH"
 row "1 instance, memory store" memory 1
@@ -161,8 +174,10 @@ redis-cli -p $REDIS_PORT flushall >/dev/null
 start limited "$INSTANCES"
 # The probes of start() took a few tokens; count from a fresh bucket.
 redis-cli -p $REDIS_PORT flushall >/dev/null
+calls=$(store_calls)
 read -r rps p99 reqs bad el < <(load "$INSTANCES")
 skipped=$(bypassed)
+calls=$(($(store_calls) - calls))
 stop
 admitted=$((reqs - bad))
 echo
@@ -172,5 +187,7 @@ awk -v a="$admitted" -v l="$LIMIT" -v el="$el" -v n="$INSTANCES" 'BEGIN {
   printf "admitted %d, allowance %.0f (burst + rate × time), admitted/allowance %.3f, bound allowance + %d × 500 = %.0f\n",
     a, allowance, a / allowance, n, allowance + n * 500 }'
 echo "of which admitted by fallback buckets while the store was failing: $skipped"
+awk -v c=$calls -v el="$el" -v a="$admitted" 'BEGIN {printf "store calls %d: %.1f/s, %.4f per admitted request\n", c, c / el, c / a}'
+echo "offered $reqs requests: $(awk -v r="$reqs" -v el="$el" 'BEGIN {printf "%.0f", r / el}')/s (leasegate simulate --offered)"
 echo
 echo "wrk -t1 -c$CONNS -d${DURATION}s per instance; $(nproc) CPUs, $(uname -r); redis $(redis-server --version | awk '{print $3}')"
