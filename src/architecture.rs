@@ -2,9 +2,10 @@
 //! floor below its own. The floors are written once, in the `floors`
 //! block of `docs/architecture.md`; this test reads every `crate::` path
 //! in the code of `src/` (tests aside) and fails on one that points up or
-//! sideways, as linkerd bans imports in its clippy config.
+//! sideways, as linkerd bans imports in its clippy config. Within the
+//! rooms, files import one another one way too: no circle of files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const ARCHITECTURE: &str = include_str!("../docs/architecture.md");
@@ -213,4 +214,190 @@ fn the_reader_sees_what_it_must() {
     ]);
     assert_eq!(grouped.len(), 1);
     assert_eq!(rooms_named(&grouped[0].1), ["a"]);
+}
+
+/// A file's module path under `src/` (`gateway/serve.rs` → `gateway::serve`,
+/// `quota/mod.rs` → `quota`).
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if let Some(last) = parts.last_mut() {
+        *last = last.trim_end_matches(".rs").to_string();
+    }
+    if parts.last().is_some_and(|l| l == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every module path a piece of code names from `crate::` or `super::`
+/// (each `super` one step up from `here`, the module whose code it is;
+/// a file's own module for `a.rs`, its parent's for `a/mod.rs` alike),
+/// with a `{...}` group's first names each appended.
+fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut i = 0;
+    while let Some(j) = code[i..].find(|c: char| c == 'c' || c == 's').map(|j| i + j) {
+        i = j + 1;
+        if j > 0 && code[..j].chars().next_back().is_some_and(|c| word(c) || c == ':') {
+            continue;
+        }
+        let rest = &code[j..];
+        let (mut path, mut rest) = if let Some(r) = rest.strip_prefix("crate::") {
+            (Vec::new(), r)
+        } else if rest.starts_with("super::") {
+            let mut path = here.to_vec();
+            let mut r = rest;
+            while let Some(after) = r.strip_prefix("super::") {
+                path.pop();
+                r = after;
+            }
+            (path, r)
+        } else {
+            continue;
+        };
+        loop {
+            let name: String = rest.chars().take_while(|&c| word(c)).collect();
+            if name.is_empty() {
+                break;
+            }
+            rest = &rest[name.len()..];
+            path.push(name);
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item_start = true;
+            for (k, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && word(c) => {
+                        item_start = false;
+                        let name: String = group[k..].chars().take_while(|&c| word(c)).collect();
+                        let mut p = path.clone();
+                        if name != "self" {
+                            p.push(name);
+                        }
+                        out.push(p);
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The circles among `edges` (module → modules it imports), each as the
+/// path around it.
+fn circles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    // 0 unseen, 1 on the current path, 2 done.
+    fn visit<'a>(
+        m: &'a Vec<String>,
+        edges: &'a BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<&'a Vec<String>, u8>,
+        path: &mut Vec<&'a Vec<String>>,
+        out: &mut Vec<Vec<Vec<String>>>,
+    ) {
+        state.insert(m, 1);
+        path.push(m);
+        for next in edges.get(m).into_iter().flatten() {
+            match state.get(next).copied().unwrap_or(0) {
+                0 => visit(next, edges, state, path, out),
+                1 => {
+                    let from = path.iter().position(|p| *p == next).unwrap_or(0);
+                    let mut circle: Vec<Vec<String>> = path[from..].iter().map(|p| (*p).clone()).collect();
+                    circle.push(next.clone());
+                    out.push(circle);
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(m, 2);
+    }
+    let mut state = BTreeMap::new();
+    let mut out = Vec::new();
+    for m in edges.keys() {
+        if state.get(m).copied().unwrap_or(0) == 0 {
+            visit(m, edges, &mut state, &mut Vec::new(), &mut out);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_circle_of_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_of(f.strip_prefix(&src).expect("under src/")), f.clone()))
+        .filter(|(m, _)| !m.is_empty() && m[0] != "main" && m[0] != "lib" && m[0] != "architecture")
+        .collect();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).expect("a readable source file");
+        // `super` in `a/b.rs` and in `a/b/mod.rs` both mean `a`.
+        for (_, code) in statements(code_lines(&text)) {
+            for mut path in paths_named(&code, module) {
+                // The longest prefix that is a file of ours.
+                while !path.is_empty() && !modules.contains_key(&path) {
+                    path.pop();
+                }
+                // A module and its own parent or children are one concern.
+                let nested = path.starts_with(module) || module.starts_with(&path);
+                if !path.is_empty() && !nested {
+                    edges.entry(module.clone()).or_default().insert(path);
+                }
+            }
+        }
+    }
+    let found: Vec<String> = circles(&edges)
+        .iter()
+        .map(|c| c.iter().map(|m| m.join("::")).collect::<Vec<_>>().join(" → "))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "files import one another one way; move the shared type down:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_finder_sees_what_it_must() {
+    let here: Vec<String> = ["gateway", "serve"].map(String::from).to_vec();
+    let named = paths_named(
+        "use super::cost::{self, Watcher}; use crate::proxy::{body::Body, pool};",
+        &here,
+    );
+    let named: Vec<String> = named.iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        named,
+        ["gateway::cost", "gateway::cost::Watcher", "proxy::body", "proxy::pool"]
+    );
+    assert_eq!(
+        paths_named("x = super::super::clock::now();", &here)[0],
+        ["clock", "now"]
+    );
+    assert!(paths_named("let supercrate = my_crate::x;", &here).is_empty());
+    let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    let mut edges = BTreeMap::new();
+    edges.insert(m("a::x"), BTreeSet::from([m("a::y")]));
+    edges.insert(m("a::y"), BTreeSet::from([m("b")]));
+    assert!(circles(&edges).is_empty());
+    edges.insert(m("b"), BTreeSet::from([m("a::x")]));
+    assert_eq!(circles(&edges), vec![vec![m("a::x"), m("a::y"), m("b"), m("a::x")]]);
 }

@@ -12,7 +12,7 @@ use http::{HeaderMap, Request, Response};
 use super::budget::Caps;
 use super::priced_body;
 use super::respond::RequestError;
-use super::serve::{Routed, Served};
+use super::routed::{Estimates, Routed, Served};
 use super::Gateway;
 use crate::identity::Tier;
 use crate::limit::cost::meter::{Meter, Unsettled};
@@ -21,7 +21,8 @@ use crate::limit::cost::{api, Reserve, Reserves, Settle, Settlement, Settlements
 use crate::limit::slots::Held;
 use crate::limit::LimitRuntime;
 use crate::limit::Limiter;
-use crate::proxy::body::{Body, Ended, RequestBody, Rewrite, Watch};
+use crate::proxy::body::{Body, Ended, Rewrite, Watch};
+use crate::proxy::request_body::RequestBody;
 use crate::route::Action;
 use crate::route::Route;
 use crate::runtime::Snapshot;
@@ -41,11 +42,6 @@ pub(super) struct Priced {
     /// uncompressed.
     pub reads_json: bool,
 }
-
-/// Per priced limit (by index), the prompt estimate an unsettled cost's
-/// estimate starts from; `None` for a request a preset does not price (a
-/// path that generates nothing: it costs as a plain request).
-pub(super) type Estimates = smallvec::SmallVec<[(usize, Option<u64>); 2]>;
 
 /// What a request's limits with a cost make of it before its decision.
 #[derive(Debug, Default)]

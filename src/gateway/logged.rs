@@ -21,7 +21,6 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::Frame;
 use smallvec::SmallVec;
 
-use super::serve::Record;
 use super::Gateway;
 use crate::connection::ConnInfo;
 use crate::identity::{Identity, Tier};
@@ -305,4 +304,20 @@ impl Drop for Pending<'_> {
         }
         self.count(CLIENT_CLOSED, elapsed);
     }
+}
+
+/// What the access log says about a request, filled in as it is served.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Record {
+    pub(super) identity: Option<&'static str>,
+    pub(super) outcome: &'static str,
+    /// The limit that refused, or was over in shadow or soft mode (an
+    /// index into the config's limits), and its key's hash. Boxed: only a
+    /// logged line of such a request has one, and a record is moved with
+    /// every request.
+    pub(super) limit: Option<Box<(usize, u64)>>,
+    /// The access log is on: the fields below are filled in.
+    pub(super) logging: bool,
+    /// The client, the bytes, the upstream and the costs.
+    pub(super) client: Client,
 }

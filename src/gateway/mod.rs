@@ -22,10 +22,11 @@ mod priced_body;
 mod queue;
 mod request_id;
 pub mod respond;
+mod routed;
 mod serve;
 mod usage;
 
-pub use serve::request_id;
+pub use request_id::request_id;
 
 /// The HTTP request path over a [`Runtime`]: route, identity, decide,
 /// then answer or forward.

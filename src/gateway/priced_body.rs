@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::budget::{Caps, Share};
 use super::respond::RequestError;
 use crate::config::MIN_BODY_RATE_WINDOW;
-use crate::proxy::body::RequestBody;
+use crate::proxy::request_body::RequestBody;
 
 /// The smallest piece of buffer a body that sent a byte holds.
 const FIRST_PIECE: usize = 512;

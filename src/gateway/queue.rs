@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use http::Response;
 
-use super::serve::{Record, Routed, Served};
+use super::logged::Record;
+use super::routed::{Routed, Served};
 use super::Gateway;
 use crate::limit::{Decision, Verdict};
 use crate::proxy::body::Body;

@@ -49,7 +49,7 @@ impl RequestId {
                 mode,
             },
             None => RequestId {
-                value: Some(super::serve::made_id()),
+                value: Some(made_id()),
                 sent: false,
                 mode,
             },
@@ -99,9 +99,43 @@ pub(super) fn sane(v: &HeaderValue) -> bool {
     !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
 }
 
+/// Keeps a client's `x-request-id` when it is sane, else makes a new one
+/// (`[gateway] request_id = "generate"`; the request path asks
+/// [`RequestId::of`], which knows every mode).
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    match headers.get(&X_REQUEST_ID) {
+        Some(v) if sane(v) => v.clone(),
+        _ => made_id(),
+    }
+}
+
+/// A new id: 32 hex digits of a random 128-bit number.
+fn made_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    let mut n = fastrand::u128(..);
+    for b in id.iter_mut().rev() {
+        *b = HEX[(n & 0xf) as usize];
+        n >>= 4;
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_kept_when_sane_and_made_otherwise() {
+        let mut h = HeaderMap::new();
+        let made = request_id(&h);
+        assert_eq!(made.len(), 32);
+        assert_ne!(made, request_id(&h));
+        h.insert("x-request-id", HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&h), "abc-123");
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        assert_eq!(request_id(&h).len(), 32);
+    }
 
     fn with(ids: &[&'static str]) -> HeaderMap {
         let mut h = HeaderMap::new();

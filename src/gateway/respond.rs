@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use smallvec::SmallVec;
 
-use crate::config::{LimitHeaders, Mode};
 use crate::limit::headers::{self as rl_headers, Status, RATELIMIT_WARNING};
+use crate::limit::policy::{LimitHeaders, Mode};
 use crate::limit::stage::{self, Outcome};
 use crate::limit::Verdict;
 use crate::proxy::body::Body;

@@ -7,29 +7,29 @@
 //! request's future into place, so it is kept small.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
 use super::cost::{self, Watcher};
-use super::logged::{Logged, Pending};
+use super::logged::{Logged, Pending, Record};
 use super::request_id::RequestId;
 use super::respond::add_limit_headers;
 use super::respond::{self, RequestError, Source};
+use super::routed::{Routed, Served};
 use super::Gateway;
 use crate::config::AccessLog;
 use crate::connection::ConnInfo;
-use crate::identity::{self, Identity};
+use crate::identity;
 use crate::limit::cost::meter::Unsettled;
 use crate::limit::cost::{Reserves, Settlements};
 use crate::limit::stage::Outcome;
 use crate::limit::{Decision, Verdict};
-use crate::proxy::body::{Body, RequestBody};
+use crate::proxy;
+use crate::proxy::body::Body;
+use crate::proxy::request_body::RequestBody;
 use crate::proxy::ForwardError;
-use crate::proxy::{self, X_REQUEST_ID};
 use crate::route::{Action, DirectResponse, Route};
 use crate::runtime::{applying_limits, facts, identity_clock, route_index_of, Snapshot};
 use crate::telemetry::access_log;
@@ -160,7 +160,7 @@ impl Gateway {
             request_id,
             record,
             costs: Reserves::new(),
-            estimates: cost::Estimates::new(),
+            estimates: super::routed::Estimates::new(),
             hide_usage: false,
             request_bytes,
         };
@@ -444,22 +444,6 @@ impl Gateway {
     }
 }
 
-/// What the access log says about a request, filled in as it is served.
-#[derive(Debug, Default, Clone)]
-pub(super) struct Record {
-    pub(super) identity: Option<&'static str>,
-    pub(super) outcome: &'static str,
-    /// The limit that refused, or was over in shadow or soft mode (an
-    /// index into the config's limits), and its key's hash. Boxed: only a
-    /// logged line of such a request has one, and a record is moved with
-    /// every request.
-    pub(super) limit: Option<Box<(usize, u64)>>,
-    /// The access log is on: the fields below are filled in.
-    pub(super) logging: bool,
-    /// The client, the bytes, the upstream and the costs.
-    pub(super) client: super::logged::Client,
-}
-
 /// The request body's length for the log: its `Content-Length`, else
 /// counted as it goes (in `counter`, made if the request has none yet).
 fn bytes_in(
@@ -507,39 +491,6 @@ fn logged_limit(
     Some(Box::new((over.limit, crate::limit::key_hash(&key))))
 }
 
-/// A request matched to a route, its client identified: what the rest of
-/// its serving needs.
-pub(super) struct Routed<'a> {
-    pub(super) snapshot: &'a Snapshot,
-    pub(super) req: Request<RequestBody>,
-    pub(super) conn: &'a ConnInfo,
-    pub(super) route: &'a Route,
-    pub(super) identity: Identity,
-    pub(super) request_id: RequestId,
-    pub(super) record: Record,
-    /// What the request reserves under limits with a `cost`.
-    pub(super) costs: Reserves,
-    /// ... and the prompt estimates their unsettled costs start from.
-    pub(super) estimates: cost::Estimates,
-    /// The upstream was asked for a stream's usage the client did not ask
-    /// for: the chunk that brings it is removed from the response.
-    pub(super) hide_usage: bool,
-    /// The request body's bytes as they go upstream, for a limit that
-    /// settles by them.
-    pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
-}
-
-/// A response now, or the wait for it; with what the access log records.
-/// `handle` takes it apart before it waits, so it is never part of hyper's
-/// per-request future (only of the rare boxed wait on the store): boxing
-/// `Now` would cost every immediate answer (a 429) an allocation for
-/// nothing.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Served<'a> {
-    Now(Response<Body>, Record),
-    Later(Pin<Box<dyn Future<Output = (Response<Body>, Record)> + Send + 'a>>),
-}
-
 /// The worst outcome among a verdict's limits, for the access log.
 fn verdict_outcome(v: &Verdict<'_>) -> &'static str {
     match v.decision {
@@ -568,43 +519,9 @@ fn respond(direct: &DirectResponse) -> Response<Body> {
     resp
 }
 
-/// Keeps a client's `x-request-id` when it is sane, else makes a new one
-/// (`[gateway] request_id = "generate"`; the request path asks
-/// [`RequestId::of`], which knows every mode).
-pub fn request_id(headers: &HeaderMap) -> HeaderValue {
-    match headers.get(&X_REQUEST_ID) {
-        Some(v) if super::request_id::sane(v) => v.clone(),
-        _ => made_id(),
-    }
-}
-
-/// A new id: 32 hex digits of a random 128-bit number.
-pub(super) fn made_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 32];
-    let mut n = fastrand::u128(..);
-    for b in id.iter_mut().rev() {
-        *b = HEX[(n & 0xf) as usize];
-        n >>= 4;
-    }
-    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn request_ids_are_kept_when_sane_and_made_otherwise() {
-        let mut h = HeaderMap::new();
-        let made = request_id(&h);
-        assert_eq!(made.len(), 32);
-        assert_ne!(made, request_id(&h));
-        h.insert("x-request-id", HeaderValue::from_static("abc-123"));
-        assert_eq!(request_id(&h), "abc-123");
-        h.insert("x-request-id", HeaderValue::from_static("has space"));
-        assert_eq!(request_id(&h).len(), 32);
-    }
 
     /// hyper moves each request's future into place: what it holds across
     /// its waits is copied per request. With the waits inline (the store's,

@@ -15,29 +15,15 @@
 //! retired by a reload (its successor starts its own) or dropped.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use http::{header, HeaderValue, Request, Uri, Version};
 
-use super::body::RequestBody;
+use super::health::ActiveCheck;
 use super::idle::Timed;
 use super::pool::Slot;
+use super::request_body::RequestBody;
 use super::upstream::{Protocol, Upstream};
 use crate::telemetry::metrics::{Metrics, UpstreamTargetLabels};
-
-/// `health = { ... }` of an upstream.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ActiveCheck {
-    /// Path (and query) asked for, `GET`.
-    pub path: http::uri::PathAndQuery,
-    pub interval: Duration,
-    /// For the whole check: connect, request and response head.
-    pub timeout: Duration,
-    /// Failed checks in a row that take a target out.
-    pub unhealthy: u32,
-    /// Passed checks in a row that bring it back.
-    pub healthy: u32,
-}
 
 /// Starts `upstream`'s checker on the current tokio runtime, if it has
 /// checks and a runtime is there.

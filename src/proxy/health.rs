@@ -12,6 +12,20 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// `health = { ... }` of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ActiveCheck {
+    /// Path (and query) asked for, `GET`.
+    pub path: http::uri::PathAndQuery,
+    pub interval: Duration,
+    /// For the whole check: connect, request and response head.
+    pub timeout: Duration,
+    /// Failed checks in a row that take a target out.
+    pub unhealthy: u32,
+    /// Passed checks in a row that bring it back.
+    pub healthy: u32,
+}
+
 /// `eject_after` and `eject_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ejection {

@@ -13,6 +13,7 @@ pub mod health;
 pub mod hop_headers;
 pub mod idle;
 pub mod pool;
+pub mod request_body;
 pub mod upstream;
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -26,12 +27,13 @@ use crate::connection::ConnInfo;
 use crate::telemetry::metrics::{
     Metrics, UpstreamTargetErrorLabels, UpstreamTargetLabels, UpstreamTlsLabels, TARGET_ERROR_KINDS,
 };
-use body::{Body, RequestBody};
+use body::Body;
 pub use error::ForwardError;
 use health::{Change, Outcome};
 use hop_headers::{append_forwarded_for, is_upgrade, remove_hop_by_hop, remove_hop_by_hop_keeping, remove_internal};
 use idle::{BodyError, Timed};
 use pool::{ConnectError, Slot, UpstreamBody};
+use request_body::RequestBody;
 use smallvec::SmallVec;
 use upstream::{Protocol, Target, Upstream};
 

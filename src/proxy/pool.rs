@@ -22,8 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
-use super::body::RequestBody;
 use super::idle::{BodyError, IdleTimer, Timed};
+use super::request_body::RequestBody;
 use crate::clock;
 use crate::int_hash::IntMap;
 use crate::proxy::upstream::{InFlight, Protocol, Target, Upstream};

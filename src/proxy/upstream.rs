@@ -10,8 +10,7 @@ use std::sync::Mutex;
 
 use crate::sync::Recover;
 
-use super::active::ActiveCheck;
-use super::health::{Admit, Change, Ejection, Health, Outcome};
+use super::health::{ActiveCheck, Admit, Change, Ejection, Health, Outcome};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::listeners::{identity, provider, roots};
 use super::{choice, in_range, Check};
 use crate::config::raw;
-use crate::proxy::active::ActiveCheck;
+use crate::proxy::health::ActiveCheck;
 use crate::proxy::health::Ejection;
 use crate::proxy::upstream::{Balance, Protocol, Target, Upstream, UpstreamTls};
 
