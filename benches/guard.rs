@@ -22,10 +22,11 @@ use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
 use leasegate::limit::policy::{Limit, StoreFailure};
 use leasegate::limit::{LimitRuntime, Limiter, Settings};
+use leasegate::quota::Unspent;
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};
 use leasegate::store::memory::MemoryStore;
-use leasegate::store::{Acquire as _, FleetStore, Unspent};
+use leasegate::store::{Acquire as _, FleetStore};
 use leasegate::telemetry::metrics::Metrics;
 
 /// Polls a future that must be ready at once.

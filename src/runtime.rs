@@ -17,10 +17,11 @@ use http::header;
 use http::{HeaderMap, Request};
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit};
+use crate::config::Config;
 use crate::events::Emitter;
 use crate::identity::{Identity, Tier};
 use crate::limit::key::Facts;
+use crate::limit::policy::Limit;
 use crate::limit::{LimitRuntime, Limiter, Settings};
 use crate::route::{Route, RouteTable};
 use crate::store::FleetStore;
@@ -162,7 +163,7 @@ impl Runtime {
             crate::proxy::active::start(u, &self.metrics);
         }
         // A limit changed when it is gone or its quota (any plan's) differs.
-        let quota = |l: &crate::config::Limit| (l.spec(), l.plans.clone(), l.share());
+        let quota = |l: &Limit| (l.spec(), l.plans.clone(), l.share());
         let changed: std::collections::HashSet<String> = old
             .config
             .limits

@@ -43,7 +43,7 @@ pub struct Config {
     pub routes: RouteTable,
     pub limits: Vec<Arc<Limit>>,
     /// `[events]`; `None`: no events are sent.
-    pub events: Option<Events>,
+    pub events: Option<crate::events::Settings>,
     /// `[rls]`; `None`: no Envoy rate limit service.
     pub rls: Option<Rls>,
     /// `[region]`; `None`: this gateway enforces whole quotas and has no
@@ -302,7 +302,6 @@ pub struct Leasing {
     pub reserve: bool,
 }
 
-pub use crate::events::Settings as Events;
 pub use peer_tls::PeerTls;
 
 /// `[region]`: this region's slice of every quota and its link to the
@@ -329,12 +328,8 @@ pub struct Region {
     pub id_secret: Option<crate::region::threshold::IdSecret>,
 }
 
-pub use crate::limit::policy::{Draft, HeaderStyle, KeyPart, Limit, LimitHeaders, Mode, PolicyError, ShardBy};
-pub use crate::quota::Algorithm;
-
-/// Lives with the Redis store, which logs its addresses too: a store
-/// imports nothing from `config`.
-pub use crate::store::redis::redact;
+use crate::limit::policy::{Draft, HeaderStyle, KeyPart, Limit, LimitHeaders, Mode, ShardBy};
+use crate::quota::Algorithm;
 
 /// Combines gateway.toml's digest with the `[rls]` files' digest.
 pub fn inputs_digest(toml: &[u8; 32], rls: Option<&[u8; 32]>) -> [u8; 32] {

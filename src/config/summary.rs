@@ -4,7 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::{redact, Config, Mode, StoreBackend};
+use super::{Config, StoreBackend};
+use crate::limit::policy::Mode;
+use crate::store::redis::redact;
 
 impl Config {
     /// The store, as the summary and `check --ping-store` name it (no
@@ -184,7 +186,7 @@ impl Config {
             let routes: Vec<&str> = self
                 .routes
                 .iter()
-                .filter(|r| r.on_store_failure == crate::route::StoreFailure::Allow && r.limits.contains(&i))
+                .filter(|r| r.on_store_failure == crate::limit::policy::StoreFailure::Allow && r.limits.contains(&i))
                 .map(|r| r.name.as_str())
                 .collect();
             let instances = self.store.fleet_size.unwrap_or(1);

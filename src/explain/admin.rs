@@ -112,7 +112,7 @@ impl AdminUrl {
 }
 
 /// One key's live state on the gateway, as `/limits/state` answers it.
-pub use crate::limit::report::KeyState;
+use crate::limit::report::KeyState;
 
 #[derive(Debug, Deserialize)]
 struct StateAnswer {

@@ -19,8 +19,10 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
 
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::identity as waterfall;
+use crate::limit::policy::Mode;
+use crate::limit::report::KeyState;
 use crate::limit::stage;
 use crate::quota::{Rate, Spec};
 use crate::route::Action;
@@ -170,7 +172,7 @@ pub struct LimitFacts {
     pub key_hash: String,
     /// The key's state on a running gateway (`--admin`); `None` when not
     /// asked, or when the gateway's answer did not name the key.
-    pub live: Option<admin::KeyState>,
+    pub live: Option<KeyState>,
     /// The limit's cost rule (`reserve 1000, settle json:usage.total_tokens`),
     /// with this request's reserve when its headers say (a `json:` reserve
     /// reads a body, which explain does not have).
@@ -322,7 +324,7 @@ impl Explanation {
 
     /// Attaches the live state `from` (the admin URL) answered to the limit
     /// of each key.
-    pub fn attach_live(&mut self, from: &str, states: Vec<admin::KeyState>) {
+    pub fn attach_live(&mut self, from: &str, states: Vec<KeyState>) {
         self.live_from = Some(from.to_string());
         for state in states {
             for l in self.limits.iter_mut().filter(|l| l.key == state.key) {
@@ -419,7 +421,7 @@ tiers = ["user"]
         assert!(e.to_json()["limits"][0].get("live").is_none());
         let keys: Vec<String> = e.keys().iter().map(|k| k.to_string()).collect();
         assert_eq!(keys.len(), 2);
-        let state = admin::KeyState {
+        let state = KeyState {
             key: keys[0].clone(),
             tracked: true,
             tokens_at_hand: 4,
@@ -454,7 +456,7 @@ tiers = ["user"]
         assert!(j["limits"][1]["live"].is_null());
         assert_eq!(j["live_from"], "http://127.0.0.1:9901/limits/state");
 
-        let blocked = admin::KeyState {
+        let blocked = KeyState {
             key: "k".into(),
             tracked: true,
             tokens_at_hand: 0,
@@ -470,9 +472,9 @@ tiers = ["user"]
             live_text(Some(&blocked)),
             "0 token(s) at hand; blocked for 800 ms, Retry-After 1000 ms; store: 0 left, whole in 0 ms; last store failure: store_timeout"
         );
-        let untracked = admin::KeyState {
+        let untracked = KeyState {
             key: "k".into(),
-            ..admin::KeyState::default()
+            ..KeyState::default()
         };
         assert_eq!(
             live_text(Some(&untracked)),

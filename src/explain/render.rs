@@ -2,11 +2,12 @@
 //! people, JSON for scripts (the same facts, and the live state of each
 //! key when `--admin` asked a running gateway).
 
+use crate::limit::report::KeyState;
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::{admin, Explanation};
+use super::Explanation;
 
 impl Explanation {
     /// For people: one line per fact, aligned.
@@ -189,7 +190,7 @@ fn headers_text(headers: &str) -> String {
 }
 
 /// One line of a key's live state, for people.
-pub(super) fn live_text(state: Option<&admin::KeyState>) -> String {
+pub(super) fn live_text(state: Option<&KeyState>) -> String {
     let Some(st) = state else {
         return "unknown: the gateway's answer did not name this key".to_string();
     };

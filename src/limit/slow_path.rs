@@ -21,8 +21,9 @@ use super::blocked;
 use super::lease::{Due, Granted, Lease, RefillSlot};
 use super::sweep::Release;
 use super::{Limiter, Settings};
+use crate::quota::Unspent;
 use crate::quota::{Grant, Spec};
-use crate::store::{Acquire as _, StoreError, Unspent};
+use crate::store::{Acquire as _, StoreError};
 
 /// Who a store call is for.
 #[derive(Clone, Copy, PartialEq, Eq)]

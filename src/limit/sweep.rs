@@ -15,7 +15,8 @@ use super::blocked;
 use super::lease::Lease;
 use super::Limiter;
 use crate::quota::Spec;
-use crate::store::{Acquire as _, QuotaStore, Unspent};
+use crate::quota::Unspent;
+use crate::store::{Acquire as _, QuotaStore};
 
 /// Releases in flight at once when many leases go back together.
 pub const RELEASES_IN_FLIGHT: usize = 64;

@@ -11,7 +11,7 @@ pub const WEEK_MS: u64 = 7 * DAY_MS;
 pub const MONTH_MS: u64 = 30 * DAY_MS;
 const DAY_MS: u64 = 86_400_000;
 
-pub use crate::clock::{civil_from_days, days_from_civil};
+use crate::clock::{civil_from_days, days_from_civil};
 
 /// How a fixed window's windows are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

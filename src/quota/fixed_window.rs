@@ -198,7 +198,8 @@ mod tests {
 
     #[test]
     fn a_week_and_a_month_follow_the_calendar() {
-        use crate::quota::calendar::{days_from_civil, MONTH_MS, WEEK_MS};
+        use crate::clock::days_from_civil;
+        use crate::quota::calendar::{MONTH_MS, WEEK_MS};
         let day = 86_400_000;
         // 2026-12-02T04:30:00Z, a Wednesday.
         let now = 1_796_185_800_000;

@@ -72,7 +72,7 @@ pub struct DirectResponse {
     pub body: Bytes,
 }
 
-pub use crate::limit::policy::StoreFailure;
+use crate::limit::policy::StoreFailure;
 
 #[derive(Debug, Default)]
 pub struct RouteTable {

@@ -264,7 +264,7 @@ fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
 /// `/config`: what is loaded, and the effective values of every route and
 /// limit (defaults filled in, plans applied), so a reload can be confirmed.
 fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::FleetView) -> serde_json::Value {
-    use crate::config::KeyPart;
+    use crate::limit::policy::KeyPart;
     use crate::route::Action;
     let limit_name = |i: &usize| config.limits.get(*i).map(|l| l.name.as_str());
     let routes: Vec<_> = config
@@ -310,7 +310,7 @@ fn config_json(config: &crate::config::Config, fleet: crate::limit::fleet::Fleet
             let mut limit = serde_json::json!({
                 "name": l.name,
                 "mode": l.mode.as_str(),
-                "canary_percent": (l.mode == crate::config::Mode::Canary).then_some(l.canary_percent),
+                "canary_percent": (l.mode == crate::limit::policy::Mode::Canary).then_some(l.canary_percent),
                 "algorithm": l.algorithm.as_str(),
                 "rate": l.rate.to_string(),
                 "burst": l.burst,

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use super::streams::StreamWatch;
 use crate::clock;
 use crate::config::Config;
-pub use crate::connection::{PerIp, Place};
+use crate::connection::PerIp;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 

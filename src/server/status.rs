@@ -213,7 +213,7 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     // The instance, its config and its store.
     let store = match &config.store.backend {
         StoreBackend::Memory => "memory (embedded, this instance only)".to_string(),
-        StoreBackend::Redis { url } => format!("redis {}", crate::config::redact(url)),
+        StoreBackend::Redis { url } => format!("redis {}", crate::store::redis::redact(url)),
         StoreBackend::RedisCluster { seeds } => format!("redis cluster ({} seeds)", seeds.len()),
         StoreBackend::RedisSentinel { sentinels, master } => {
             format!("redis sentinel, master {master:?} ({} sentinels)", sentinels.len())

@@ -37,7 +37,7 @@ pub(super) struct Shared {
     pub(super) gateway: Arc<Gateway>,
     pub(super) connections: Arc<Semaphore>,
     /// `max_connections_per_ip`, bound at start like `max_connections`.
-    pub(super) per_ip: Arc<connection_cap::PerIp>,
+    pub(super) per_ip: Arc<crate::connection::PerIp>,
     /// `[tls]` as started (the ClientHello deadline is bound at start);
     /// each handshake takes the certificate of the config in force.
     pub(super) tls: Option<crate::config::Tls>,
@@ -219,7 +219,7 @@ impl Builders {
 struct Held {
     metrics: Arc<Metrics>,
     _permit: OwnedSemaphorePermit,
-    _place: Option<connection_cap::Place>,
+    _place: Option<crate::connection::Place>,
     _drain: mpsc::Sender<()>,
 }
 

@@ -16,7 +16,7 @@ pub mod testing;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use crate::quota::Unspent;
+use crate::quota::Unspent;
 use crate::quota::{Grant, Spec};
 
 /// What spending a region's credit did: tokens spent, and unexpired

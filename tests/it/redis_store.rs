@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use leasegate::quota::Unspent;
 use leasegate::quota::{self, Algorithm, Grant, Rate, Spec};
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
-use leasegate::store::{Acquire as _, StoreError, Unspent};
+use leasegate::store::{Acquire as _, StoreError};
 
 use crate::support;
 use crate::support::redis::Redis;

@@ -9,11 +9,10 @@
 use std::time::{Duration, Instant};
 
 use leasegate::quota::Algorithm;
+use leasegate::quota::Unspent;
 use leasegate::store::memory::MemoryStore;
 use leasegate::store::redis::{RedisStore, Target};
-use leasegate::store::{
-    Acquire as _, Demand, FleetTables as _, Hold, Overridden, OverrideOp, QuotaStore as _, Unspent,
-};
+use leasegate::store::{Acquire as _, Demand, FleetTables as _, Hold, Overridden, OverrideOp, QuotaStore as _};
 
 use crate::redis_store::{reserve_retrying, spec};
 use crate::support::redis::Redis;

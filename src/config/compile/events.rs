@@ -6,7 +6,8 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::{in_range, Check};
-use crate::config::{raw, Events};
+use crate::config::raw;
+use crate::events::Settings as Events;
 
 /// Default `min_interval_ms`: one event per key per 10 s.
 pub(super) const MIN_INTERVAL_MS: u64 = 10_000;

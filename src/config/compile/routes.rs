@@ -10,8 +10,9 @@ use toml::Spanned;
 
 use super::Check;
 use crate::config::{raw, Draft};
+use crate::limit::policy::StoreFailure;
 use crate::proxy::upstream::Upstream;
-use crate::route::{Action, DirectResponse, Route, StoreFailure};
+use crate::route::{Action, DirectResponse, Route};
 
 pub(super) fn routes(
     c: &mut Check,

@@ -7,7 +7,8 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::{in_range, Check};
-use crate::config::{raw, redact, Leasing, Store, StoreBackend, StoreCa};
+use crate::config::{raw, Leasing, Store, StoreBackend, StoreCa};
+use crate::store::redis::redact;
 
 /// A sentinel URL's database: the gateway asks the sentinels with the URL
 /// as written, and a sentinel knows no `SELECT`, so only database 0 works.

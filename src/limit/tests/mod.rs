@@ -2,10 +2,10 @@ use super::*;
 use crate::clock::monotonic_clock;
 use crate::limit::policy::{Draft, KeyPart, Mode, StoreFailure};
 use crate::limit::testing::{facts, settings};
+use crate::quota::Unspent;
 use crate::quota::{Grant, Rate};
 use crate::store::memory::MemoryStore;
 use crate::store::testing::{Answer, Call, Scripted};
-use crate::store::Unspent;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 

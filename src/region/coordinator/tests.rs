@@ -388,9 +388,10 @@ async fn the_run_loop_handles_a_key_once_per_window_here() {
 /// admits its whole slice, then every token of the grant, then nothing.
 #[tokio::test]
 async fn credit_granted_is_spent_whatever_the_primary_does_next() {
+    use crate::quota::Unspent;
     use crate::region::rebalancing::Rebalancing;
     use crate::store::memory::MemoryStore;
-    use crate::store::{Acquire as _, Unspent};
+    use crate::store::Acquire as _;
 
     let primary = primary_with(500);
     let link = primary_link(primary.clone()).await;
