@@ -75,7 +75,7 @@ pub enum PingError {
 /// Dials `config`'s store and times [`PINGS`] `PING`s; `None` for the
 /// memory store (no round trip).
 pub fn ping_store(config: &Config) -> Result<Option<Pinged>, PingError> {
-    let Some(target) = super::redis_target(config) else {
+    let Some(target) = super::stores::redis_target(config) else {
         return Ok(None);
     };
     let store = RedisStore::start_with_ca(&target, config.store.ca.as_ref().map(|c| c.pem.clone()))?;

@@ -28,8 +28,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 pub use super::breaker::{Admission, Breaker, BreakerSettings, Watch};
+use super::deadline::within;
 use super::link::StoreLink;
-use super::{Acquire as _, BoxFuture, Credit, FleetStore, FleetTables, QuotaStore, RegionStore, StoreError, Unspent};
+use super::{Acquire as _, BoxFuture, FleetStore, FleetTables, QuotaStore, StoreError, Unspent};
 use crate::clock::Clock;
 use crate::quota::{Grant, Spec};
 use crate::telemetry::metrics::{Metrics, StoreCallLabels};
@@ -72,18 +73,6 @@ impl Op {
 }
 
 const RESULTS: [&str; 3] = ["ok", "timeout", "error"];
-
-/// `call`, or [`StoreError::Timeout`] once `deadline` has passed: the one
-/// place a deadline becomes an error.
-pub async fn within<T>(
-    deadline: Duration,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(deadline, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Timeout(deadline.as_millis() as u64)),
-    }
-}
 
 impl Guarded {
     pub fn new(
@@ -287,58 +276,6 @@ impl Drop for ProbeWatch<'_> {
         if let Some(b) = self.breaker {
             b.probe_abandoned();
         }
-    }
-}
-
-/// A region store's calls under the store deadline. Transfers between
-/// regions run in the background, never for a request: the deadline bounds
-/// them, the breaker leaves them alone.
-pub struct Deadlined {
-    inner: Arc<dyn RegionStore>,
-    deadline: Duration,
-}
-
-impl Deadlined {
-    pub fn new(inner: Arc<dyn RegionStore>, deadline: Duration) -> Deadlined {
-        Deadlined { inner, deadline }
-    }
-}
-
-impl RegionStore for Deadlined {
-    fn transfer_out<'a>(
-        &'a self,
-        key: &'a str,
-        spec: &'a Spec,
-        id: u64,
-        want: u64,
-        keep: u64,
-        remember_ms: u64,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(within(
-            self.deadline,
-            self.inner.transfer_out(key, spec, id, want, keep, remember_ms),
-        ))
-    }
-
-    fn credit<'a>(&'a self, key: &'a str, id: u64, tokens: u64, ttl_ms: u64) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(within(self.deadline, self.inner.credit(key, id, tokens, ttl_ms)))
-    }
-
-    fn spend_credit<'a>(
-        &'a self,
-        key: &'a str,
-        want: u64,
-        period_ms: u64,
-    ) -> BoxFuture<'a, Result<Credit, StoreError>> {
-        Box::pin(within(self.deadline, self.inner.spend_credit(key, want, period_ms)))
-    }
-
-    fn claim<'a>(&'a self, key: &'a str, window: u64, ttl_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(within(self.deadline, self.inner.claim(key, window, ttl_ms)))
-    }
-
-    fn unclaim<'a>(&'a self, key: &'a str, window: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(within(self.deadline, self.inner.unclaim(key, window)))
     }
 }
 

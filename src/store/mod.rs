@@ -6,6 +6,7 @@
 //! calls are rare and may be boxed.
 
 pub mod breaker;
+pub mod deadline;
 pub mod guard;
 pub mod link;
 pub mod memory;
