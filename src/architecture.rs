@@ -240,7 +240,7 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let word = |c: char| c.is_alphanumeric() || c == '_';
     let mut i = 0;
-    while let Some(j) = code[i..].find(|c: char| c == 'c' || c == 's').map(|j| i + j) {
+    while let Some(j) = code[i..].find(['c', 's']).map(|j| i + j) {
         i = j + 1;
         if j > 0 && code[..j].chars().next_back().is_some_and(|c| word(c) || c == ':') {
             continue;
