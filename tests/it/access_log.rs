@@ -4,7 +4,7 @@
 //! time, and the cost charged are in JSON and text lines, and
 //! `[gateway] access_log_fields` leaves fields out.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -27,19 +27,18 @@ fn config(upstream: &str, gateway: &str) -> Toml {
 
 /// Waits (5 s at most) for an access-log line that contains `needle`.
 async fn line_with(gw: &Gateway, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(l) = gw.access_log().into_iter().find(|l| l.contains(needle)) {
-            return l;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no access-log line with {needle:?}: {:#?}\n{}",
-            gw.access_log(),
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { gw.access_log().into_iter().find(|l| l.contains(needle)) },
+        || {
+            format!(
+                "no access-log line with {needle:?}: {:#?}\n{}",
+                gw.access_log(),
+                gw.log()
+            )
+        },
+    )
+    .await
 }
 
 fn json(line: &str) -> serde_json::Value {

@@ -384,11 +384,13 @@ async fn past_max_in_flight_an_upstream_request_is_a_503_at_once() {
     let addr = gw.http();
     let slow = tokio::spawn(async move { raw(addr, &get("/slow?ms=1500", "a")).await });
     // Wait until the slow request holds the place.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while up.requests.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the slow request never reached the upstream");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let requests = &up.requests;
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { (requests.load(std::sync::atomic::Ordering::SeqCst) > 0).then_some(()) },
+        || "the slow request never reached the upstream".into(),
+    )
+    .await;
     let started = Instant::now();
     let answer = raw(addr, &get("/", "a")).await;
     assert_eq!(status(&answer), 503, "{answer}");
@@ -429,10 +431,13 @@ async fn a_client_over_its_networks_ceiling_is_refused_before_its_token_is_check
         out
     };
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while gw.access_log().len() < 5 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let gw_ref = &gw;
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { (gw_ref.access_log().len() >= 5).then_some(()) },
+        || format!("five access-log lines: {:#?}", gw.access_log()),
+    )
+    .await;
     // Workers write their lines in batches: put them in time order.
     let mut lines: Vec<serde_json::Value> = gw
         .access_log()
@@ -516,15 +521,12 @@ async fn a_client_that_stops_reading_loses_its_connection_and_its_place() {
     assert_eq!(status(&busy), 503, "{busy}");
     // Within the idle timeout (and a tick), the gateway gives up on it:
     // the place comes back.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let answer = raw(addr, &get("/", "a")).await;
-        if status(&answer) == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the place never came back: {answer}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { (status(&raw(addr, &get("/", "a")).await) == 200).then_some(()) },
+        || "the place never came back".into(),
+    )
+    .await;
     // And the stalled connection was closed: reading it now ends (whatever
     // was buffered, then EOF or a reset), instead of 64 MiB.
     let mut rest = Vec::new();

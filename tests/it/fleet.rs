@@ -287,20 +287,16 @@ async fn an_outage_does_not_multiply_the_burst() {
 /// Waits until every gateway's `/config` counts `n` live instances by
 /// their heartbeats (bounded: a few heartbeat periods).
 async fn until_fleet_counts(fleet: &[Gateway], n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
     for gw in fleet {
-        loop {
-            let config: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
-            if config["fleet"]["live"] == n && config["fleet"]["divisor"] == n {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the fleet never counted {n}: {}",
-                config["fleet"]
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        crate::support::eventually(
+            Duration::from_secs(15),
+            || async move {
+                let config: serde_json::Value = serde_json::from_str(&gw.admin_get("/config").await).unwrap();
+                (config["fleet"]["live"] == n && config["fleet"]["divisor"] == n).then_some(())
+            },
+            || format!("the fleet never counted {n}:\n{}", gw.log()),
+        )
+        .await;
     }
 }
 

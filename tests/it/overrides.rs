@@ -263,17 +263,18 @@ async fn a_limit_named_version_takes_overrides_and_a_planted_expiry_is_ignored()
     )
     .await;
     assert_eq!(s, 200, "{body}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, body) = admin(&gw, "GET", "/overrides", "", Some(TOKEN)).await;
-        assert_eq!(status, 200, "{body}");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        if v["count"]["version"].as_u64() == Some(2) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never loaded: {body}\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let gw_ref = &gw;
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move {
+            let (status, body) = admin(gw_ref, "GET", "/overrides", "", Some(TOKEN)).await;
+            assert_eq!(status, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            (v["count"]["version"].as_u64() == Some(2)).then_some(())
+        },
+        || format!("never loaded:\n{}", gw.log()),
+    )
+    .await;
     let (n, policy) = admitted(&gw, "k-acme", 10).await;
     assert_eq!((n, policy.as_str()), (5, "\"version\";q=5;w=60"));
     // An expiry no admin request can set, planted beside them.

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -133,18 +133,18 @@ fn process_nice(pid: u32) -> i64 {
 async fn rls_threads_below_the_workers(gw: &Gateway, threads: usize) {
     let own = process_nice(gw.pid());
     let want = (own + 10).min(19);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let nice = thread_nice(gw.pid(), "leasegate-rls");
-        if nice.len() >= threads && nice.iter().all(|n| *n == want) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "RLS threads at {nice:?}, not all at nice {want} (the process at {own})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move {
+            let nice = thread_nice(gw.pid(), "leasegate-rls");
+            (nice.len() >= threads && nice.iter().all(|n| *n == want)).then_some(())
+        },
+        || {
+            let nice = thread_nice(gw.pid(), "leasegate-rls");
+            format!("RLS threads at {nice:?}, not all at nice {want} (the process at {own})")
+        },
+    )
+    .await;
     assert_eq!(
         thread_nice(gw.pid(), "leasegate-worke"),
         [own],
@@ -213,15 +213,7 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
     // Each refusal is counted (as the server's side of the handshake
     // ends, which may be after the client has given up), and the plane
     // still serves its peers.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = gw.metrics().await;
-        if sample(&m, "leasegate_tls_handshake_failures_total{reason=\"rls\"}") >= 3.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    counted(&gw, "rls", 3.0).await;
     assert_eq!(
         rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await,
         Ok(Code::Ok)
@@ -239,18 +231,17 @@ async fn rls_over_mutual_tls_answers_only_peers_its_ca_signed() {
     ] {
         gw.dir.write(name, body);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rls_answers(addr, client_config(&ca2, Some(&envoy2), b"h2"))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the rotated certificate was never served:\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (ca2_ref, envoy2_ref) = (&ca2, &envoy2);
+    crate::support::eventually(
+        Duration::from_secs(10),
+        || async move {
+            rls_answers(addr, client_config(ca2_ref, Some(envoy2_ref), b"h2"))
+                .await
+                .ok()
+        },
+        || format!("the rotated certificate was never served:\n{}", gw.log()),
+    )
+    .await;
     let old = rls_answers(addr, client_config(&ca, Some(&envoy), b"h2")).await;
     assert!(old.is_err(), "a peer of the old CA still answered: {old:?}");
 }
@@ -328,15 +319,16 @@ async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
 
     // The region's own gateway reaches the primary over TLS, presenting
     // its certificate: its probe finds the link up.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let m = eu.metrics().await;
-        if sample(&m, "leasegate_region_link_up{region=\"eu-central\"}") == 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "eu never reached the primary over TLS:\n{m}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let eu_ref = &eu;
+    crate::support::eventually(
+        Duration::from_secs(15),
+        || async move {
+            let m = eu_ref.metrics().await;
+            (sample(&m, "leasegate_region_link_up{region=\"eu-central\"}") == 1.0).then_some(())
+        },
+        || format!("eu never reached the primary over TLS:\n{}", eu.log()),
+    )
+    .await;
 
     // A peer of the fleet is answered.
     let member = post_transfer(link, client_config(&ca, Some(&eu_cert), b"http/1.1")).await;
@@ -368,33 +360,20 @@ async fn the_region_link_over_mutual_tls_serves_only_the_fleet() {
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut out)).await;
     assert!(!String::from_utf8_lossy(&out).contains("HTTP/1.1"), "{out:?}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = primary.metrics().await;
-        if sample(&m, "leasegate_tls_handshake_failures_total{reason=\"region_link\"}") >= 3.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    counted(&primary, "region_link", 3.0).await;
 }
 
 /// Waits (5 s at most) until `gw` counted `want` or more handshake
 /// failures of `reason`.
 async fn counted(gw: &Gateway, reason: &str, want: f64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = gw.metrics().await;
-        if sample(
-            &m,
-            &format!("leasegate_tls_handshake_failures_total{{reason=\"{reason}\"}}"),
-        ) >= want
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let series = format!("leasegate_tls_handshake_failures_total{{reason=\"{reason}\"}}");
+    let series = series.as_str();
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { (sample(&gw.metrics().await, series) >= want).then_some(()) },
+        || format!("{series} below {want}:\n{}", gw.log()),
+    )
+    .await;
 }
 
 /// `allow_subjects`: of the certificates the plane's CA signed, only those
@@ -569,15 +548,19 @@ async fn a_gateway_on_rediss_with_an_acl_user_leases_and_falls_back_like_on_plai
     // TLS and leases from the store again.
     redis.restart();
     assert_eq!(redis.cli(&acl).trim(), "OK");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let _ = status_of(&gw, "/other").await;
-        if redis.cli(&["--scan", "--pattern", "rl:*"]).contains("other") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never leased again:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (gw_ref, redis_ref) = (&gw, &redis);
+    crate::support::eventually(
+        Duration::from_secs(20),
+        || async move {
+            let _ = status_of(gw_ref, "/other").await;
+            redis_ref
+                .cli(&["--scan", "--pattern", "rl:*"])
+                .contains("other")
+                .then_some(())
+        },
+        || format!("never leased again:\n{}", gw.log()),
+    )
+    .await;
 
     // A wrong password is refused by Redis, and said so.
     let wrong = Gateway::start_with(&toml("not-the-password"), &[("ca.pem", &ca.cert_pem)]);

@@ -548,15 +548,16 @@ async fn tls_garbage_and_stalled_clients_are_dropped_without_harming_others() {
         r#"leasegate_tls_handshake_failures_total{reason="not_client_hello"} 2"#,
         r#"leasegate_tls_handshake_failures_total{reason="timeout"} 1"#,
     ];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut metrics = gw.admin_get("/metrics").await;
-    while !want.iter().all(|w| metrics.contains(w)) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        metrics = gw.admin_get("/metrics").await;
-    }
-    for w in want {
-        assert!(metrics.contains(w), "{w} in {metrics}");
-    }
+    let (gw_ref, want_ref) = (&gw, &want);
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move {
+            let metrics = gw_ref.admin_get("/metrics").await;
+            want_ref.iter().all(|w| metrics.contains(w)).then_some(())
+        },
+        || format!("{want:?} in the metrics:\n{}", gw.log()),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -600,10 +601,13 @@ async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
         client::text(resp).await
     });
     // Wait until the upstream has the request, then ask the gateway to stop.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while up.requests.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let requests = &up.requests;
+    crate::support::eventually(
+        Duration::from_secs(5),
+        || async move { (requests.load(Ordering::SeqCst) > 0).then_some(()) },
+        || "the upstream never had the request".into(),
+    )
+    .await;
     gw.signal("TERM");
     assert!(gw.wait_for_log("shutting down", Duration::from_secs(5)), "{}", gw.log());
 

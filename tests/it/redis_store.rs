@@ -58,22 +58,19 @@ pub(crate) async fn reserve_retrying(
     unspent: Unspent,
     reserve: bool,
 ) -> Grant {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let call = if reserve {
-            store.acquire_or_reserve(key, spec, want, unspent)
-        } else {
-            store.acquire(key, spec, want, unspent)
-        };
-        match call.await {
-            Ok(g) => return g,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("Redis never answered: {e}"),
-        }
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let call = if reserve {
+                store.acquire_or_reserve(key, spec, want, unspent)
+            } else {
+                store.acquire(key, spec, want, unspent)
+            };
+            call.await.ok()
+        },
+        || "Redis never answered".into(),
+    )
+    .await
 }
 
 /// Redis's own clock, in ms, as the scripts read it.
@@ -570,15 +567,13 @@ async fn a_grant_that_arrives_too_late_goes_back_to_the_bucket() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.thaw();
     // The script ran once Redis woke, and its 50 tokens were returned.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let units: u64 = redis.cli(&["HGET", "rl:{late}", "tokens"]).trim().parse().unwrap_or(0);
-        if units / 3_600_000 == 99 && redis.calls("evalsha") >= 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the late grant was not returned: {units}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let units = async || -> u64 { redis.cli(&["HGET", "rl:{late}", "tokens"]).trim().parse().unwrap_or(0) };
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || (units().await / 3_600_000 == 99 && redis.calls("evalsha") >= 3).then_some(()),
+        || "the late grant was not returned".into(),
+    )
+    .await;
 }
 
 /// A late grant of a sliding window goes back to the window it was counted
@@ -594,15 +589,15 @@ async fn a_late_sliding_window_grant_goes_back_to_its_window() {
     assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.thaw();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let cur: u64 = redis.cli(&["HGET", "rl:{late:w}", "cur"]).trim().parse().unwrap_or(0);
-        if cur == 1 && redis.calls("evalsha") >= 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the late grant was not returned: {cur}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || {
+            let cur: u64 = redis.cli(&["HGET", "rl:{late:w}", "cur"]).trim().parse().unwrap_or(0);
+            (cur == 1 && redis.calls("evalsha") >= 3).then_some(())
+        },
+        || "the late grant was not returned".into(),
+    )
+    .await;
 }
 
 /// A region's credit spend whose caller stopped waiting (the deadline

@@ -264,35 +264,39 @@ async fn marker(gw: &Gateway) {
     }
     // The refusal is counted, then logged: the log line is read from the
     // gateway's stderr a moment later, so both are waited for.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(gw, refused).await <= before || !gw.log().contains("region: the primary refused the transfer") {
-        assert!(
-            Instant::now() < deadline,
-            "the marker's ask was never answered (refused and logged):\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            (metric(gw, refused).await > before && gw.log().contains("region: the primary refused the transfer"))
+                .then_some(())
+        },
+        || {
+            format!(
+                "the marker's ask was never answered (refused and logged):\n{}",
+                gw.log()
+            )
+        },
+    )
+    .await;
 }
 
 /// Waits for the probe of the primary's link that eu and ap make at
 /// start (2 relay connections), which sets their `link_up` to 1.
 async fn start_probes(w: &World) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while w.relay.connections() < 2 {
-        assert!(Instant::now() < deadline, "no start probes");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || (w.relay.connections() >= 2).then_some(()),
+        || "no start probes".into(),
+    )
+    .await;
     for (gw, region) in [(&w.eu, "eu-central"), (&w.ap, "ap-south")] {
         let name = format!("leasegate_region_link_up{{region=\"{region}\"}}");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while metric(gw, &name).await != 1.0 {
-            assert!(
-                Instant::now() < deadline,
-                "{region}: link_up not 1 after the start probe"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::support::eventually(
+            Duration::from_secs(5),
+            async || (metric(gw, &name).await == 1.0).then_some(()),
+            || format!("{region}: link_up not 1 after the start probe"),
+        )
+        .await;
     }
 }
 
@@ -417,15 +421,12 @@ async fn a_partition_changes_nothing_for_clients() {
 
     // Healed: a probe finds the link within a few seconds.
     w.relay.set(PASS);
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let up = metric(&w.ap, "leasegate_region_link_up{region=\"ap-south\"}").await;
-        if up == 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "link_up never came back");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(8),
+        async || (metric(&w.ap, "leasegate_region_link_up{region=\"ap-south\"}").await == 1.0).then_some(()),
+        || "link_up never came back".into(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,11 +562,12 @@ async fn credit_is_once_per_transfer_spent_soonest_first_and_expires_with_its_wi
     let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
     let key = "rl:{global:api}";
     // The store dials in the background: wait for its first answer.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while store.claim("rl:{warm:up}", 0, 1).await.is_err() {
-        assert!(Instant::now() < deadline, "Redis never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || store.claim("rl:{warm:up}", 0, 1).await.ok(),
+        || "Redis never answered".into(),
+    )
+    .await;
 
     assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 10);
     assert_eq!(store.credit(key, 1, 10, 60_000).await.unwrap(), 0, "credited once");

@@ -1,7 +1,7 @@
 //! Hot reload through the real binary: file changes apply, broken files
 //! never do, SIGHUP always counts, /config tells the truth.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -33,11 +33,12 @@ async fn status(c: &mut client::Sender1) -> u16 {
 }
 
 async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || f().await.then_some(()),
+        || format!("timed out waiting for {what}"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,11 +402,12 @@ async fn a_listener_put_back_to_the_bound_address_warns_nothing() {
     for (n, (file, warnings)) in [(&moved, 1), (&text, 1), (&moved, 2)].into_iter().enumerate() {
         // The watcher's reload alone: one per edit.
         replace(&gw, file);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while reloaded(&gw) <= n {
-            assert!(Instant::now() < deadline, "reload {n}:\n{}", gw.log());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::support::eventually(
+            Duration::from_secs(5),
+            async || (reloaded(&gw) > n).then_some(()),
+            || format!("reload {n}:\n{}", gw.log()),
+        )
+        .await;
         assert_eq!(warned(&gw), warnings, "after reload {n}:\n{}", gw.log());
     }
     let line = gw

@@ -83,15 +83,15 @@ async fn wait_for_recovery(gw: &Gateway, c: &mut client::Sender1) {
 
 /// [`wait_for_recovery`] with `path` as the fail-closed route.
 async fn wait_for_recovery_on(gw: &Gateway, c: &mut client::Sender1, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, _, _) = request(c, path).await;
-        if status == StatusCode::OK && sample(&gw.metrics().await, "leasegate_circuit_open ") == 0.0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "enforcement did not resume:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let (status, _, _) = request(c, path).await;
+            (status == StatusCode::OK && sample(&gw.metrics().await, "leasegate_circuit_open ") == 0.0).then_some(())
+        },
+        || format!("enforcement did not resume:\n{}", gw.log()),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -230,12 +230,18 @@ async fn an_idle_gateway_closes_its_circuit_when_redis_comes_back() {
     wait_for_recovery(&gw, &mut c).await;
 
     redis.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sample(&gw.metrics().await, "leasegate_circuit_open ") != 1.0 {
-        assert!(Instant::now() < deadline, "the circuit never opened:\n{}", gw.log());
-        assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            if sample(&gw.metrics().await, "leasegate_circuit_open ") == 1.0 {
+                return Some(());
+            }
+            assert_eq!(request(&mut c, "/open").await.0, StatusCode::OK);
+            None
+        },
+        || format!("the circuit never opened:\n{}", gw.log()),
+    )
+    .await;
     // From here on, no request at all. Redis still down: the background
     // probes fail, and the circuit stays open.
     drop(c);

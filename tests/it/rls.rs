@@ -436,15 +436,15 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
         YAML.replace("requests_per_unit: 4, name: gold", "requests_per_unit: 40, name: gold"),
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-        if r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 40 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the edit never applied:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
+            (r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 40).then_some(())
+        },
+        || format!("the edit never applied:\n{}", gw.log()),
+    )
+    .await;
     let edited = YAML.replace("requests_per_unit: 4, name: gold", "requests_per_unit: 40, name: gold");
     assert_eq!(domains().await, serde_json::json!({ "edge": sha256sum(&edited) }));
     assert!(
@@ -459,15 +459,15 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
     )
     .unwrap();
     gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-        if r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 7 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "SIGHUP never applied:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
+            (r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 7).then_some(())
+        },
+        || format!("SIGHUP never applied:\n{}", gw.log()),
+    )
+    .await;
     // gateway.toml moves the rules to a directory whose file is bad: the
     // reload is refused. Fixing that file, and only that, applies it: the
     // watcher follows the place the file on disk names.
@@ -491,23 +491,16 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
         "domain: edge\ndescriptors:\n  - key: key2\n    value: gold\n    rate_limit: {unit: hour, requests_per_unit: 99}\n",
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-        if r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 99)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fixed file was never applied:\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
+            let limit = r.statuses[0].current_limit.as_ref();
+            limit.is_some_and(|l| l.requests_per_unit == 99).then_some(())
+        },
+        || format!("the fixed file was never applied:\n{}", gw.log()),
+    )
+    .await;
 }
 
 #[test]

@@ -82,6 +82,17 @@ async fn decided(c: &mut client::Sender1, path: &str) -> StatusCode {
     }
 }
 
+/// Waits (5 s at most) until the `low` bucket reached the replica
+/// (asynchronous replication, on loopback).
+async fn reached_the_replica(set: &Sentinels) {
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || (set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() == "1").then_some(()),
+        || "the bucket never reached the replica".into(),
+    )
+    .await;
+}
+
 /// The master's port as sentinel `port` names it.
 fn named_master(port: u16) -> Option<u16> {
     let out = Command::new("redis-cli")
@@ -109,11 +120,12 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
     let mut c = client::http1(gw.http()).await;
 
     // A healthy baseline: the fail-closed route is served from Redis.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while request(&mut c, "/closed").await.0 != StatusCode::OK {
-        assert!(Instant::now() < deadline, "never served:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || (request(&mut c, "/closed").await.0 == StatusCode::OK).then_some(()),
+        || format!("never served:\n{}", gw.log()),
+    )
+    .await;
     // Exhaust a limit on the master: 4 per hour.
     let mut low = Vec::new();
     for _ in 0..5 {
@@ -122,11 +134,7 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
     assert_eq!(low.iter().filter(|s| **s == StatusCode::OK).count(), 4, "{low:?}");
     assert_eq!(low[4], StatusCode::TOO_MANY_REQUESTS);
     // The bucket reached the replica (asynchronous replication, on loopback).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
-        assert!(Instant::now() < deadline, "the bucket never reached the replica");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    reached_the_replica(&set).await;
     let replica_scripts_before = set.replica.script_calls();
 
     // Watch the sentinels: when does a majority name the replica?
@@ -217,11 +225,12 @@ async fn a_killed_master_fails_over_to_the_replica_without_stalling_a_request() 
         set.replica.script_calls() > replica_scripts_before,
         "the scripts run on the new master"
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sample(&gw.metrics().await, "leasegate_circuit_open ") != 0.0 {
-        assert!(Instant::now() < deadline, "the circuit stayed open:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || (sample(&gw.metrics().await, "leasegate_circuit_open ") == 0.0).then_some(()),
+        || format!("the circuit stayed open:\n{}", gw.log()),
+    )
+    .await;
     assert!(
         gw.log().contains("the sentinels name a new Redis master"),
         "{}",
@@ -246,19 +255,16 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     );
     let gw = Gateway::start_connected(&text);
     let mut c = client::http1(gw.http()).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while request(&mut c, "/closed").await.0 != StatusCode::OK {
-        assert!(Instant::now() < deadline, "never served:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || (request(&mut c, "/closed").await.0 == StatusCode::OK).then_some(()),
+        || format!("never served:\n{}", gw.log()),
+    )
+    .await;
     for _ in 0..4 {
         assert_eq!(decided(&mut c, "/low").await, StatusCode::OK);
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
-        assert!(Instant::now() < deadline, "the bucket never reached the replica");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    reached_the_replica(&set).await;
 
     let started = Instant::now();
     let out = set.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
@@ -308,11 +314,17 @@ async fn a_switched_master_is_followed_and_the_demoted_one_left_alone() {
     // The sentinels turn the old master into a replica after the switch.
     // About 10 s after the switch here (measured 10.04–10.1 s): room for a
     // loaded host.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !set.master.cli(&["INFO", "replication"]).contains("role:slave") {
-        assert!(Instant::now() < deadline, "the old master was never demoted");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::support::eventually(
+        Duration::from_secs(30),
+        async || {
+            set.master
+                .cli(&["INFO", "replication"])
+                .contains("role:slave")
+                .then_some(())
+        },
+        || "the old master was never demoted".into(),
+    )
+    .await;
 
     // The demoted node gets no more calls; the new one gets them all, and
     // holds the exhausted bucket.
@@ -410,14 +422,20 @@ async fn a_replica_named_as_master_is_never_used_and_the_sentinels_are_asked_aga
     );
     let mut c = client::http1(gw.http()).await;
     let mut slowest = Duration::ZERO;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !gw.log().contains("the node is not the master (ROLE)") {
-        assert!(Instant::now() < deadline, "no ROLE check:\n{}", gw.log());
-        let (status, took) = request(&mut c, "/closed").await;
-        slowest = slowest.max(took);
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a replica takes no write");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            if gw.log().contains("the node is not the master (ROLE)") {
+                return Some(());
+            }
+            let (status, took) = request(&mut c, "/closed").await;
+            slowest = slowest.max(took);
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a replica takes no write");
+            None
+        },
+        || format!("no ROLE check:\n{}", gw.log()),
+    )
+    .await;
     let mut admin = client::http1(gw.admin()).await;
     let (_, _, ready) = client::text(client::send(&mut admin, client::get("/readyz")).await).await;
     assert!(
@@ -467,11 +485,12 @@ async fn over_tls_the_gateway_follows_a_failover_of_a_tls_only_master() {
     let gw = Gateway::start_with(&text, &[("ca.pem", &ca.cert_pem)]);
     // Calls made before the sentinels named the master opened the
     // breaker: the first requests are the master's once it has closed.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !gw.metrics().await.contains("leasegate_circuit_open 0") {
-        assert!(Instant::now() < deadline, "the breaker never closed: {}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || gw.metrics().await.contains("leasegate_circuit_open 0").then_some(()),
+        || format!("the breaker never closed: {}", gw.log()),
+    )
+    .await;
     let mut c = client::http1(gw.http()).await;
     // Ready means the master answered over TLS: the first requests are its.
     let mut low = Vec::new();
@@ -484,23 +503,22 @@ async fn over_tls_the_gateway_follows_a_failover_of_a_tls_only_master() {
         "{}",
         gw.log()
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while set.replica.cli(&["EXISTS", "rl:{low:low}"]).trim() != "1" {
-        assert!(Instant::now() < deadline, "the bucket never reached the replica");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    reached_the_replica(&set).await;
     set.master.kill();
-    let deadline = Instant::now() + Duration::from_secs(40);
     let mut failed = false;
-    loop {
-        match request(&mut c, "/closed").await.0 {
-            StatusCode::OK if failed => break,
-            StatusCode::OK => {}
-            _ => failed = true,
-        }
-        assert!(Instant::now() < deadline, "never served again:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(40),
+        async || {
+            match request(&mut c, "/closed").await.0 {
+                StatusCode::OK if failed => return Some(()),
+                StatusCode::OK => {}
+                _ => failed = true,
+            }
+            None
+        },
+        || format!("never served again:\n{}", gw.log()),
+    )
+    .await;
     assert_eq!(set.master_port(), Some(set.replica.port));
     // The promoted replica holds the drained bucket.
     assert_eq!(decided(&mut c, "/low").await, StatusCode::TOO_MANY_REQUESTS);

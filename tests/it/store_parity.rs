@@ -6,7 +6,7 @@
 //! RLQS fair shares (`lua/fair_share.lua`) and overrides
 //! (`lua/overrides.lua`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasegate::quota::Algorithm;
 use leasegate::quota::Unspent;
@@ -113,11 +113,12 @@ async fn redis_and_memory_stores_agree_decision_for_decision() {
 /// The store once Redis answers (the first call may race its start).
 async fn answering(redis: &Redis) -> RedisStore {
     let store = RedisStore::start(&Target::Node(redis.url())).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.overrides(OverrideOp::Version).await.is_err() {
-        assert!(Instant::now() < deadline, "Redis never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || store.overrides(OverrideOp::Version).await.ok().map(|_| ()),
+        || "Redis never answered".into(),
+    )
+    .await;
     store
 }
 

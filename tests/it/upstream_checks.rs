@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -75,20 +75,12 @@ fn up_gauge(metrics: &str, upstream: &str, target: &str) -> Option<f64> {
 
 /// Waits (5 s at most) for target `pod`'s gauge to read `want`.
 async fn gauge_becomes(gw: &Gateway, pod: &Pod, want: f64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = gw.metrics().await;
-        if up_gauge(&m, "pair", &pod.addr.to_string()) == Some(want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never {want}:\n{m}\n{}",
-            pod.addr,
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || (up_gauge(&gw.metrics().await, "pair", &pod.addr.to_string()) == Some(want)).then_some(()),
+        || format!("{} never {want}:\n{}", pod.addr, gw.log()),
+    )
+    .await;
 }
 
 async fn send(gw: &Gateway, n: usize) {
@@ -145,11 +137,7 @@ async fn active_checks_take_a_target_out_and_bring_it_back() {
     a.healthy.store(false, Ordering::SeqCst);
     b.healthy.store(false, Ordering::SeqCst);
     gauge_becomes(&gw, &a, 1.0).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !gw.log().contains("panic routing") {
-        assert!(Instant::now() < deadline, "{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(gw.wait_for_log("panic routing", Duration::from_secs(5)), "{}", gw.log());
     let before = (a.served.load(Ordering::SeqCst), b.served.load(Ordering::SeqCst));
     send(&gw, 10).await;
     assert_eq!(a.served.load(Ordering::SeqCst) - before.0, 5);
@@ -309,11 +297,12 @@ async fn reloaded(gw: &Gateway, text: &str, n: usize) {
     std::fs::write(&gw.config, text).unwrap();
     gw.signal("HUP");
     let want = format!("leasegate_config_reloads_total{{result=\"ok\"}} {n}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !gw.metrics().await.contains(&want) {
-        assert!(Instant::now() < deadline, "no reload {n}:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(5),
+        async || gw.metrics().await.contains(&want).then_some(()),
+        || format!("no reload {n}:\n{}", gw.log()),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

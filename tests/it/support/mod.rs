@@ -21,6 +21,27 @@ use std::time::{Duration, Instant};
 
 pub use config::Toml;
 
+/// The suite's one wait loop: polls `check` every 20 ms until it gives
+/// `Some` (its value is returned), for `within` at most; then fails the
+/// test with `what()`, evaluated only then (so it can show the state the
+/// wait gave up on).
+pub async fn eventually<T>(
+    within: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+    what: impl FnOnce() -> String,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("not within {within:?}: {}", what());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A directory removed on drop.
 pub struct TempDir(PathBuf);
 
