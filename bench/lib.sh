@@ -61,14 +61,16 @@ wrk_p99_ms() { awk "$WRK_MS"' $1 == "99%" {v = ms($2); if (v > p) p = v} END {pr
 # wrk_max_ms FILE: the slowest request of one wrk run, in ms.
 wrk_max_ms() { awk "$WRK_MS"' $1 == "Latency" && NF >= 4 {print ms($4)}' "$1"; }
 
-# leasegate_toml LISTENER-LINE ADMIN-PORT ACCESS-LOG RATE UPSTREAM-PORT [CERT-DIR]:
+# leasegate_toml LISTENER-LINE ADMIN-PORT ACCESS-LOG RATE UPSTREAM-PORT [CERT-DIR [GATEWAY-LINES [LIMIT-LINES]]]:
 # the benches' leasegate: one worker, one route to the upstream, one limit
-# of RATE on it (a TLS section when CERT-DIR holds dev.crt and dev.key).
+# of RATE on it (a TLS section when CERT-DIR holds dev.crt and dev.key);
+# GATEWAY-LINES and LIMIT-LINES go into [gateway] and the limit.
 leasegate_toml() {
   cat <<CONF
 [gateway]
 workers = 1
 access_log = "$3"
+${7:-}
 [listeners]
 $1
 admin = "127.0.0.1:$2"
@@ -78,6 +80,10 @@ key = \"$6/dev.key\"}
 [[upstreams]]
 name = "backend"
 targets = ["http://127.0.0.1:$5"]
+# One load generator stands in for many clients: h2load's 32 connections x
+# 10 streams would pass the default per-client share (1024 / 8 = 128) and
+# get 503s that nginx and the floor, which have no such share, never give.
+max_in_flight_per_client = 1024
 [[routes]]
 name = "all"
 path_prefix = "/"
@@ -87,6 +93,7 @@ limits = ["one"]
 name = "one"
 rate = "$4"
 by = ["route"]
+${8:-}
 CONF
 }
 

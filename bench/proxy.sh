@@ -49,6 +49,7 @@ declare -A PORT=(
   [nginx-429]=18086 [leasegate-429]=18087
   [nginx-h2]=18088 [leasegate-h2]=18089
   [hyper]=18092 [hyper-429]=18093 [hyper-h2]=18094
+  [leasegate-lean]=18095
 )
 ADMIN_BASE=18190
 
@@ -99,10 +100,10 @@ nginx_conf nginx-h2 "$UPSTREAM_BLOCK
     $PROXY_LOCATION }"
 for n in nginx nginx-log nginx-429 nginx-h2; do start_nginx "$n" 0; done
 
-# leasegate NAME LISTENER-LINE ACCESS-LOG LIMIT-RATE
+# leasegate NAME LISTENER-LINE ACCESS-LOG LIMIT-RATE [GATEWAY-LINES LIMIT-LINES]
 leasegate() {
   local name=$1 admin=$((ADMIN_BASE + ${#pids[@]}))
-  leasegate_toml "$2" "$admin" "$3" "$4" "$UP_PORT" "$PWD/certs" > "$work/$name.toml"
+  leasegate_toml "$2" "$admin" "$3" "$4" "$UP_PORT" "$PWD/certs" "${5:-}" "${6:-}" > "$work/$name.toml"
   LEASEGATE_LOG=warn taskset -c 0 ./target/release/leasegate run --config "$work/$name.toml" \
     > "$work/$name.access.log" &
   pids+=($!)
@@ -112,6 +113,10 @@ PASS="100000000/s"
 leasegate leasegate "http = \"127.0.0.1:${PORT[leasegate]}\"" off "$PASS"
 leasegate leasegate-log "http = \"127.0.0.1:${PORT[leasegate-log]}\"" json "$PASS"
 leasegate leasegate-429 "http = \"127.0.0.1:${PORT[leasegate-429]}\"" off "1/h"
+# The operator's lean choice: RateLimit-* on 429s only, the client's
+# x-request-id forwarded (wrk sends none: generated, but not echoed back).
+leasegate leasegate-lean "http = \"127.0.0.1:${PORT[leasegate-lean]}\"" off "$PASS" \
+  'request_id = "forward"' 'headers = "refusals"'
 leasegate leasegate-h2 "https = \"127.0.0.1:${PORT[leasegate-h2]}\"" off "$PASS"
 
 # hyper_floor NAME MODE [UPSTREAM-PORT [CERT KEY]]
@@ -126,7 +131,7 @@ hyper_floor hyper proxy "$UP_PORT"
 hyper_floor hyper-429 429
 hyper_floor hyper-h2 tls "$UP_PORT" "$PWD/certs/dev.crt" "$PWD/certs/dev.key"
 
-for n in upstream nginx leasegate hyper nginx-log leasegate-log nginx-429 leasegate-429 hyper-429; do
+for n in upstream nginx leasegate leasegate-lean hyper nginx-log leasegate-log nginx-429 leasegate-429 hyper-429; do
   port=${PORT[$n]:-$UP_PORT}
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null && break; sleep 0.1; done
 done
@@ -217,14 +222,14 @@ run() {
   echo "$rps $p99 $cpu"
 }
 
-names=(upstream nginx hyper leasegate nginx-log leasegate-log nginx-429 hyper-429 leasegate-429 nginx-h2 hyper-h2 leasegate-h2)
+names=(upstream nginx hyper leasegate leasegate-lean nginx-log leasegate-log nginx-429 hyper-429 leasegate-429 nginx-h2 hyper-h2 leasegate-h2)
 for n in "${names[@]}"; do run "$n" >/dev/null; done   # warm-up
 : > "$work/rows"
 for r in $(seq "$ROUNDS"); do
   # Alternate which side of each pair goes first.
   order=("${names[@]}")
   if [ $((r % 2)) -eq 0 ]; then
-    order=(upstream leasegate hyper nginx leasegate-log nginx-log leasegate-429 hyper-429 nginx-429 leasegate-h2 hyper-h2 nginx-h2)
+    order=(upstream leasegate-lean leasegate hyper nginx leasegate-log nginx-log leasegate-429 hyper-429 nginx-429 leasegate-h2 hyper-h2 nginx-h2)
   fi
   for n in "${order[@]}"; do
     read -r rps p99 cpu < <(run "$n")
@@ -254,6 +259,7 @@ for name in by:
 # (label, nginx, hyper's floor, leasegate): the access-log pair's floor is
 # the proxy floor, which logs nothing.
 pairs = [("proxy, no access log", "nginx", "hyper", "leasegate"),
+         ("proxy, headers on 429s, request id forwarded", "nginx", "hyper", "leasegate-lean"),
          ("proxy, access log", "nginx-log", "hyper", "leasegate-log"),
          ("429 path", "nginx-429", "hyper-429", "leasegate-429"),
          ("h2 over TLS (h2load)", "nginx-h2", "hyper-h2", "leasegate-h2")]
