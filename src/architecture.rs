@@ -89,33 +89,45 @@ fn rooms_named(code: &str) -> Vec<String> {
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
         if let Some(group) = rest.strip_prefix('{') {
-            // The first name of each item at the group's own depth.
-            let mut depth = 0;
-            let mut item_start = true;
-            for (i, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    c if item_start && (c.is_alphanumeric() || c == '_') => {
-                        item_start = false;
-                        let name: String = group[i..]
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        if name != "self" {
-                            out.push(name);
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            out.extend(
+                group_heads(group)
+                    .into_iter()
+                    .filter(|n| *n != "self")
+                    .map(String::from),
+            );
         } else {
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let name: String = rest.chars().take_while(|&c| is_word(c)).collect();
             if !name.is_empty() {
                 out.push(name);
             }
+        }
+    }
+    out
+}
+
+fn is_word(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// The first name of each item of a `{...}` group (`group` starts after
+/// its `{`), at the group's own depth: `a::x, b::{y, z}, self` gives `a`,
+/// `b`, `self`.
+fn group_heads(group: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut item_start = true;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => item_start = true,
+            c if item_start && is_word(c) => {
+                item_start = false;
+                let len = group[i..].find(|c: char| !is_word(c)).unwrap_or(group.len() - i);
+                out.push(&group[i..i + len]);
+            }
+            _ => {}
         }
     }
     out
@@ -238,11 +250,10 @@ fn module_of(rel: &Path) -> Vec<String> {
 /// with a `{...}` group's first names each appended.
 fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    let word = |c: char| c.is_alphanumeric() || c == '_';
     let mut i = 0;
     while let Some(j) = code[i..].find(['c', 's']).map(|j| i + j) {
         i = j + 1;
-        if j > 0 && code[..j].chars().next_back().is_some_and(|c| word(c) || c == ':') {
+        if j > 0 && code[..j].chars().next_back().is_some_and(|c| is_word(c) || c == ':') {
             continue;
         }
         let rest = &code[j..];
@@ -260,7 +271,7 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
             continue;
         };
         loop {
-            let name: String = rest.chars().take_while(|&c| word(c)).collect();
+            let name: String = rest.chars().take_while(|&c| is_word(c)).collect();
             if name.is_empty() {
                 break;
             }
@@ -272,25 +283,12 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
             }
         }
         if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 0;
-            let mut item_start = true;
-            for (k, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    c if item_start && word(c) => {
-                        item_start = false;
-                        let name: String = group[k..].chars().take_while(|&c| word(c)).collect();
-                        let mut p = path.clone();
-                        if name != "self" {
-                            p.push(name);
-                        }
-                        out.push(p);
-                    }
-                    _ => {}
+            for name in group_heads(group) {
+                let mut p = path.clone();
+                if name != "self" {
+                    p.push(name.to_string());
                 }
+                out.push(p);
             }
         } else {
             out.push(path);

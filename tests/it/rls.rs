@@ -112,6 +112,21 @@ fn code(r: &RateLimitResponse) -> Code {
 }
 
 /// The codes of `n` calls in a row for one descriptor.
+/// Waits (10 s at most) until `edge`'s `key2=gold` answers with a limit
+/// of `n` requests per unit: a rules edit applied.
+async fn gold_becomes(c: &mut RateLimitServiceClient<Channel>, n: u32, what: impl FnOnce() -> String) {
+    crate::support::eventually(
+        Duration::from_secs(10),
+        async || {
+            let r = ask(c, "edge", &[("key2", "gold")]).await;
+            let limit = r.statuses[0].current_limit.as_ref();
+            limit.is_some_and(|l| l.requests_per_unit == n).then_some(())
+        },
+        what,
+    )
+    .await;
+}
+
 async fn codes(c: &mut RateLimitServiceClient<Channel>, entries: &[(&str, &str)], n: usize) -> Vec<Code> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -436,15 +451,7 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
         YAML.replace("requests_per_unit: 4, name: gold", "requests_per_unit: 40, name: gold"),
     )
     .unwrap();
-    crate::support::eventually(
-        Duration::from_secs(10),
-        async || {
-            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-            (r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 40).then_some(())
-        },
-        || format!("the edit never applied:\n{}", gw.log()),
-    )
-    .await;
+    gold_becomes(&mut c, 40, || format!("the edit never applied:\n{}", gw.log())).await;
     let edited = YAML.replace("requests_per_unit: 4, name: gold", "requests_per_unit: 40, name: gold");
     assert_eq!(domains().await, serde_json::json!({ "edge": sha256sum(&edited) }));
     assert!(
@@ -459,15 +466,7 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
     )
     .unwrap();
     gw.signal("HUP");
-    crate::support::eventually(
-        Duration::from_secs(10),
-        async || {
-            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-            (r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit == 7).then_some(())
-        },
-        || format!("SIGHUP never applied:\n{}", gw.log()),
-    )
-    .await;
+    gold_becomes(&mut c, 7, || format!("SIGHUP never applied:\n{}", gw.log())).await;
     // gateway.toml moves the rules to a directory whose file is bad: the
     // reload is refused. Fixing that file, and only that, applies it: the
     // watcher follows the place the file on disk names.
@@ -491,15 +490,9 @@ async fn the_yaml_reloads_and_a_bad_edit_keeps_the_rules_in_force() {
         "domain: edge\ndescriptors:\n  - key: key2\n    value: gold\n    rate_limit: {unit: hour, requests_per_unit: 99}\n",
     )
     .unwrap();
-    crate::support::eventually(
-        Duration::from_secs(10),
-        async || {
-            let r = ask(&mut c, "edge", &[("key2", "gold")]).await;
-            let limit = r.statuses[0].current_limit.as_ref();
-            limit.is_some_and(|l| l.requests_per_unit == 99).then_some(())
-        },
-        || format!("the fixed file was never applied:\n{}", gw.log()),
-    )
+    gold_becomes(&mut c, 99, || {
+        format!("the fixed file was never applied:\n{}", gw.log())
+    })
     .await;
 }
 
