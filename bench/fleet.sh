@@ -82,27 +82,18 @@ start() { # name count
   done
 }
 
-# Requests admitted by fallback buckets (store timeouts, errors, open
-# circuit), summed over the running instances.
-bypassed() {
+# A metric summed over the running instances' /metrics.
+fleet_sum() { # series
   local i n=0
   for i in $(seq 0 $((${#gw_pids[@]} - 1))); do
-    n=$((n + $(curl -fsS "http://127.0.0.1:$((BASE_PORT + 2 * i + 1))/metrics" |
-      awk '/^rate_limit_bypassed_total/ {n += $2} END {printf "%d", n}')))
+    n=$((n + $(admin_sum $((BASE_PORT + 2 * i + 1)) "$1")))
   done
   echo $n
 }
-
-# leasegate_store_calls_total (acquires and releases, every result), summed
-# over the running instances: what `leasegate simulate` counts as store calls.
-store_calls() {
-  local i n=0
-  for i in $(seq 0 $((${#gw_pids[@]} - 1))); do
-    n=$((n + $(curl -fsS "http://127.0.0.1:$((BASE_PORT + 2 * i + 1))/metrics" |
-      awk '/^leasegate_store_calls_total/ {n += $2} END {printf "%d", n}')))
-  done
-  echo $n
-}
+# Requests admitted by fallback buckets (store timeouts, errors, open circuit).
+bypassed() { fleet_sum rate_limit_bypassed_total; }
+# Acquires and releases, every result: what `leasegate simulate` counts.
+store_calls() { fleet_sum leasegate_store_calls_total; }
 
 stop() {
   for p in "${gw_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -189,5 +180,17 @@ awk -v a="$admitted" -v l="$LIMIT" -v el="$el" -v n="$INSTANCES" 'BEGIN {
 echo "of which admitted by fallback buckets while the store was failing: $skipped"
 awk -v c=$calls -v el="$el" -v a="$admitted" 'BEGIN {printf "store calls %d: %.1f/s, %.4f per admitted request\n", c, c / el, c / a}'
 echo "offered $reqs requests: $(awk -v r="$reqs" -v el="$el" 'BEGIN {printf "%.0f", r / el}')/s (leasegate simulate --offered)"
+
+# The same limit on one instance with the embedded store (no round trip):
+# `leasegate simulate --instances 1 --store-rtt-ms 0` models this one.
+config limitedmem "$MEMORY" "$LEASING" "$LIMIT/s"
+start limitedmem 1   # its probe took one token of the burst
+calls=$(store_calls)
+read -r rps p99 reqs bad el < <(load 1)
+calls=$(($(store_calls) - calls))
+stop
+echo
+echo "Limit $LIMIT/s on 1 instance, memory store, ${el}s at $rps req/s: admitted $((reqs - bad)),"
+awk -v c=$calls -v el="$el" -v r="$reqs" 'BEGIN {printf "store calls %d: %.1f/s; offered %.0f/s\n", c, c / el, r / el}'
 echo
 echo "wrk -t1 -c$CONNS -d${DURATION}s per instance; $(nproc) CPUs, $(uname -r); redis $(redis-server --version | awk '{print $3}')"

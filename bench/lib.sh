@@ -97,6 +97,23 @@ ${8:-}
 CONF
 }
 
+# ticks PID: CPU ticks (user+system, every thread) used so far by a
+# process and its children (nginx's workers); HZ ticks make a second.
+ticks() {
+  local t=0 q
+  for q in $1 $(pgrep -P "$1" || true); do
+    [ -r "/proc/$q/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$q/stat")))
+  done
+  echo $t
+}
+HZ=$(getconf CLK_TCK)
+
+# admin_sum ADMIN-PORT SERIES: the sum of every sample of a metric whose
+# name starts with SERIES on one leasegate's /metrics.
+admin_sum() {
+  curl -fsS "http://127.0.0.1:$1/metrics" | awk -v s="$2" 'index($1, s) == 1 {n += $2} END {printf "%d", n}'
+}
+
 # med: "median (min-max)" of the numbers on stdin, one per line.
 med() {
   sort -g | awk '{v[NR] = $1} END {

@@ -56,8 +56,6 @@ for n in "${names[@]}"; do
   [ "$got" = "$want" ] || { echo "$n: $got RateLimit-Policy fields, expected $want" >&2; exit 1; }
 done
 
-ticks() { local t=0 q; for q in /proc/"$1"/task/*; do t=$((t + $(awk '{print $14 + $15}' "$q/stat"))); done; echo $t; }
-HZ=$(getconf CLK_TCK)
 : > "$work/rows"
 for r in $(seq "$ROUNDS"); do
   order=("${names[@]}")

@@ -164,15 +164,6 @@ log_size() {
   esac
 }
 
-# CPU ticks (user+system) used so far by a pid and its children.
-ticks() {
-  local t=0 q
-  for q in $1 $(pgrep -P "$1" || true); do
-    [ -r "/proc/$q/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$q/stat")))
-  done
-  echo $t
-}
-HZ=$(getconf CLK_TCK)
 
 # run NAME -> "rps p99_ms cpu_us_per_request"
 run() {

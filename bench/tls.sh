@@ -86,15 +86,6 @@ for n in nginx-h2 leasegate-h2 hyper-h2; do
   [ -n "$ok" ] || { echo "$n: no 200 over https" >&2; exit 1; }
 done
 
-# CPU ticks (user+system) used so far by a pid and its children.
-ticks() {
-  local t=0 q
-  for q in $1 $(pgrep -P "$1" || true); do
-    [ -r "/proc/$q/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$q/stat")))
-  done
-  echo $t
-}
-HZ=$(getconf CLK_TCK)
 
 # all_2xx FILE: every request h2load made was answered with a 2xx.
 all_2xx() {
