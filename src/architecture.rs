@@ -399,3 +399,88 @@ fn the_circle_finder_sees_what_it_must() {
     edges.insert(m("b"), BTreeSet::from([m("a::x")]));
     assert_eq!(circles(&edges), vec![vec![m("a::x"), m("a::y"), m("b"), m("a::x")]]);
 }
+
+/// The methods declared in `impl <ty>` blocks of `text` (not trait
+/// impls, not generic ones): the names, in order.
+fn inherent_methods(text: &str, ty: &str) -> Vec<String> {
+    methods_under(text, &[format!("impl {ty} {{"), format!("impl super::{ty} {{")])
+}
+
+/// The methods declared in the blocks opened by one of `heads` (whole
+/// lines) in `text`, their names in order.
+fn methods_under(text: &str, heads: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for (_, line) in code_lines(text) {
+        if heads.contains(&line) {
+            inside = true;
+        } else if inside && line == "}" {
+            inside = false;
+        } else if inside && line.starts_with("    ") && !line.starts_with("     ") {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let Some(at) = words.iter().position(|w| *w == "fn") {
+                let head = &words[..at];
+                if head
+                    .iter()
+                    .all(|w| w.starts_with("pub") || *w == "async" || *w == "const")
+                {
+                    if let Some(name) = words.get(at + 1) {
+                        out.push(name.split(['(', '<']).next().unwrap_or(name).to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Issue 41's bound: the `Limiter` decides (`try_check`, `resume`,
+/// `settle`, the leases and what a decision needs); the Envoy fronts, the
+/// sweeper and the operator's reads go through views of their own
+/// (`Limiter::keyed`, `sweeper`, `report`), and the tasks (heartbeat,
+/// overrides follower, slot renewer) are types the composition root starts.
+#[test]
+fn the_limiter_decides_and_nothing_else() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut methods = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("a readable source file");
+        let rel = file.strip_prefix(&src).expect("under src/").display().to_string();
+        methods.extend(
+            inherent_methods(&text, "Limiter")
+                .into_iter()
+                .map(|m| format!("{rel}: {m}")),
+        );
+    }
+    assert!(
+        methods.len() >= 5,
+        "the reader found the limiter's methods: {methods:?}"
+    );
+    assert!(
+        methods.len() <= 30,
+        "impl Limiter holds {} methods (at most 30); give a concern a type of its own:\n{}",
+        methods.len(),
+        methods.join("\n")
+    );
+}
+
+/// The store contract a type checks: `QuotaStore` is grant, release,
+/// ping, name (and one more if it earns it); the fleet's capabilities are
+/// `FleetTables`, which a front that needs them takes by type.
+#[test]
+fn the_quota_store_is_small() {
+    let text = include_str!("store/mod.rs");
+    let methods = methods_under(text, &["pub trait QuotaStore: Send + Sync + 'static {".to_string()]);
+    assert!(
+        (1..=5).contains(&methods.len()),
+        "QuotaStore declares {methods:?}: at most 5, the fleet's capabilities in FleetTables"
+    );
+}
+
+#[test]
+fn the_method_reader_sees_what_it_must() {
+    let text = "impl Limiter {\n    pub fn a(&self) {}\n    pub(super) async fn b<'l>(&self) {\n        fn inner() {}\n    }\n    const X: u8 = 1;\n}\nimpl Debug for Limiter {\n    fn fmt(&self) {}\n}\nimpl super::Limiter {\n    fn c(&self) {}\n}\n#[cfg(test)]\nimpl Limiter {\n    fn test_only(&self) {}\n}\n";
+    assert_eq!(inherent_methods(text, "Limiter"), ["a", "b", "c"]);
+}

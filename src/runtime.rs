@@ -188,7 +188,7 @@ impl Runtime {
         let events = start_events(&snapshot.config, &self.metrics, self.events.load_full());
         self.events.store(events);
         self.snapshot.store(Arc::new(snapshot));
-        let released = self.limiter.release_limits(&changed).await;
+        let released = self.limiter.sweeper().release_limits(&changed).await;
         if released > 0 {
             tracing::info!(
                 released_tokens = released,

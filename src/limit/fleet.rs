@@ -127,17 +127,15 @@ impl Limiter {
     pub(super) fn fleet_divisor(&self, settings: &super::Settings) -> u64 {
         divisor(self.fleet.live(), settings.fleet_size)
     }
+}
 
-    /// The fleet as counted now.
-    pub fn fleet(&self) -> FleetView {
-        let live = self.fleet.live();
-        let configured = self.settings().fleet_size;
+impl FleetView {
+    /// `fleet` as counted at `now_ms`, bounded by the configured size.
+    pub(super) fn now(fleet: &Fleet, configured: Option<u64>, now_ms: u64) -> FleetView {
+        let live = fleet.live();
         FleetView {
             live,
-            counted_ms_ago: live.map(|_| {
-                self.now_ms()
-                    .saturating_sub(self.fleet.counted_at.load(Ordering::Relaxed))
-            }),
+            counted_ms_ago: live.map(|_| now_ms.saturating_sub(fleet.counted_at.load(Ordering::Relaxed))),
             fleet_size: configured,
             divisor: divisor(live, configured),
         }

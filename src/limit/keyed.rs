@@ -25,10 +25,40 @@ pub struct KeyDecision {
     pub retry_after_ms: u64,
 }
 
-impl Limiter {
+/// The limiter as the Envoy rate limit services (RLS, RLQS) and the
+/// region rebalancer use it: keys and quotas they name themselves. Got
+/// from [`Limiter::keyed`].
+pub struct Keyed<'a> {
+    limiter: &'a Arc<Limiter>,
+}
+
+impl<'a> Keyed<'a> {
+    pub(super) fn of(limiter: &'a Arc<Limiter>) -> Keyed<'a> {
+        Keyed { limiter }
+    }
+
     /// The lease-table hash of a caller-named key.
     pub fn hash_key(&self, key: &str) -> u64 {
-        self.leases.hasher.hash_one(key)
+        self.limiter.leases.hasher.hash_one(key)
+    }
+
+    /// Whether any override is loaded: one relaxed load.
+    pub fn has_overrides(&self) -> bool {
+        self.limiter.overrides.any()
+    }
+
+    /// The override in force for an Envoy descriptor of `domain` (its
+    /// entries), and the quota it gives a rule of `rule`'s algorithm with
+    /// this region's `share`; one relaxed load when no override is loaded.
+    pub fn rls_override(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        rule: &Spec,
+        share: crate::quota::Share,
+    ) -> Option<Spec> {
+        let l = self.limiter;
+        l.overrides.for_descriptor(domain, entries, rule, share, l.wall_ms())
     }
 
     /// Takes `hits` tokens of `key` under `spec`. One token: the lease, or
@@ -39,14 +69,14 @@ impl Limiter {
     /// and a call that does not get them all keeps what it got and is
     /// refused, as envoyproxy/ratelimit's `INCRBY` counts a cost that
     /// overruns the budget (so it ends the budget).
-    pub async fn check_key(self: &Arc<Self>, key: &str, spec: &Spec, hits: u64) -> Result<KeyDecision, StoreError> {
+    pub async fn check_key(&self, key: &str, spec: &Spec, hits: u64) -> Result<KeyDecision, StoreError> {
         let h = self.hash_key(key);
-        let now = self.now_ms();
+        let now = self.limiter.now_ms();
         match hits {
             0 => match self.look(h, now) {
                 Some(d) => Ok(d),
                 None => {
-                    let g = self.store.acquire(key, spec, 0, Unspent::default()).await?;
+                    let g = self.limiter.store.acquire(key, spec, 0, Unspent::default()).await?;
                     Ok(KeyDecision {
                         admitted: g.remaining > 0,
                         remaining: g.remaining,
@@ -56,17 +86,17 @@ impl Limiter {
                 }
             },
             1 => {
-                if let Some((remaining, reset_ms)) = self.take_local(h, *spec, 1, now) {
+                if let Some((remaining, reset_ms)) = self.limiter.take_local(h, *spec, 1, now) {
                     return Ok(admitted(remaining, reset_ms));
                 }
-                let settings = self.settings();
-                match self.slow_path(h, key, spec, 1, &settings).await? {
+                let settings = self.limiter.settings();
+                match self.limiter.slow_path(h, key, spec, 1, &settings).await? {
                     Some((remaining, reset_ms)) => Ok(admitted(remaining, reset_ms)),
-                    None => Ok(self.refusal(h, self.now_ms())),
+                    None => Ok(self.refusal(h, self.limiter.now_ms())),
                 }
             }
             n => {
-                let local = self.leases.with(h, |l| {
+                let local = self.limiter.leases.with(h, |l| {
                     if blocked::remaining(l, now).is_some() {
                         Some(None)
                     } else {
@@ -78,7 +108,7 @@ impl Limiter {
                     Some(None) => return Ok(self.refusal(h, now)),
                     None => {}
                 }
-                let grant = self.store.acquire(key, spec, n, Unspent::default()).await?;
+                let grant = self.limiter.store.acquire(key, spec, n, Unspent::default()).await?;
                 if grant.granted == n {
                     return Ok(admitted(grant.remaining, grant.reset_ms));
                 }
@@ -100,27 +130,27 @@ impl Limiter {
         if want == 0 {
             return Ok(Grant::default());
         }
-        self.store.acquire(key, spec, want, Unspent::default()).await
+        self.limiter.store.acquire(key, spec, want, Unspent::default()).await
     }
 
     /// A stream's max-min fair share beside the fleet's other demands for
     /// its bucket ([`crate::store::FleetTables::fair_share`]).
     pub async fn fair_share(&self, d: crate::store::Demand<'_>) -> Result<u64, StoreError> {
-        self.store.fair_share(d).await
+        self.limiter.store.fair_share(d).await
     }
 
     /// Gives `unspent` tokens of `key` back to the store in the background,
     /// within the bound on releases in flight.
-    pub fn give_back_later(self: &Arc<Self>, key: &str, spec: &Spec, unspent: Unspent) {
+    pub fn give_back_later(&self, key: &str, spec: &Spec, unspent: Unspent) {
         if let Some(r) = super::sweep::Release::of_key(Arc::from(key), *spec, unspent) {
-            self.release_later(r);
+            self.limiter.releases.later(&self.limiter.store, r);
         }
     }
 
     /// Hits 0: what the key's lease says, taking nothing; `None` without a
     /// lease.
     fn look(&self, h: u64, now: u64) -> Option<KeyDecision> {
-        self.leases.with(h, |l| match blocked::remaining(l, now) {
+        self.limiter.leases.with(h, |l| match blocked::remaining(l, now) {
             Some(_) => {
                 let wait = blocked::retry_after(l, now);
                 KeyDecision {
@@ -138,6 +168,7 @@ impl Limiter {
     /// its lease remembers it (not the local block, which is capped).
     fn refusal(&self, h: u64, now: u64) -> KeyDecision {
         let wait = self
+            .limiter
             .leases
             .with(h, |l| blocked::retry_after(l, now))
             .unwrap_or(1)

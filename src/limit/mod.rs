@@ -11,7 +11,7 @@
 //! path.
 
 //!
-//! Rooms: [`table`] (the bounded lease table), `near` (each thread's
+//! Rooms: [`table`] (the bounded lease table), `thread_cache` (each thread's
 //! front of it: a hot key's lease without a lock), `slow_path` (one store call
 //! per key at a time, serving the requests queued behind it), `fallback`
 //! (local buckets while the store is away), `sweep` (tokens going back),
@@ -19,6 +19,17 @@
 //! refusal means under each rollout stage), [`report`] (what an operator
 //! may read: one key's state, the hot keys), [`keyed`] (decisions for a
 //! key and quota given by the caller: the Envoy rate limit services).
+//!
+//! `impl Limiter` is the decision and what it needs (at most 30 methods,
+//! held by `architecture::the_limiter_decides_and_nothing_else`). The
+//! other callers reach it through borrowed views, each its own type:
+//! [`Limiter::keyed`] (the Envoy fronts), [`Limiter::sweeper`] (tokens
+//! going back, run as a task by the composition root) and
+//! [`Limiter::report`] (the admin's reads). The fleet heartbeat
+//! ([`fleet::Heartbeat`]), the overrides follower
+//! ([`overrides::OverridesFollower`]) and the slot renewer
+//! ([`slots::SlotRenewer`]) are tasks of their own, started by the
+//! composition root.
 
 pub mod blocked;
 pub mod cost;
@@ -296,19 +307,19 @@ impl Limiter {
         spec.window_secs(|| self.wall_ms())
     }
 
-    /// The store's name (`memory`, `redis`).
-    pub fn store_name(&self) -> &'static str {
-        self.store.name()
+    /// Decisions for keys and quotas the caller names (the Envoy fronts).
+    pub fn keyed(self: &Arc<Self>) -> keyed::Keyed<'_> {
+        keyed::Keyed::of(self)
     }
 
-    /// Keys with a lease now.
-    pub fn tracked_keys(&self) -> usize {
-        self.leases.len()
+    /// Tokens going back: the sweep, a reload's changed limits, shutdown.
+    pub fn sweeper(&self) -> sweep::Sweeper<'_> {
+        sweep::Sweeper::of(self)
     }
 
-    /// Background releases waiting or in flight.
-    pub fn pending_releases(&self) -> usize {
-        self.releases.pending()
+    /// What an operator may read: keys, the fleet, overrides, the store.
+    pub fn report(&self) -> report::Report<'_> {
+        report::Report::of(self)
     }
 
     /// The hash of `limit`'s key for `facts`, without building the key.
@@ -319,10 +330,6 @@ impl Limiter {
             hasher.write_u32(s);
         }
         hasher.finish()
-    }
-
-    fn key_string(limit: &LimitRuntime, facts: &Facts<'_>, shard: Option<u32>) -> String {
-        store_key(&limit.config, facts, shard)
     }
 
     /// The verdict when every limit decides from memory, without waiting
@@ -388,7 +395,7 @@ impl Limiter {
                 verdict.next = position;
                 return false;
             }
-            let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
+            let lv = self.refused(i, limit, h, &|| store_key(&limit.config, facts, shard), &spec);
             if verdict.decide(lv) {
                 break;
             }
@@ -429,7 +436,7 @@ impl Limiter {
             if !blocked {
                 continue;
             }
-            let lv = self.refused(i, limit, h, &|| Self::key_string(limit, facts, shard), &spec);
+            let lv = self.refused(i, limit, h, &|| store_key(&limit.config, facts, shard), &spec);
             if lv.outcome != Outcome::Limited {
                 continue;
             }
@@ -508,7 +515,7 @@ impl Limiter {
             let now = self.now_ms();
             let h = self.key_hash(limit, facts, shard);
             let lv = if spec.algorithm == Algorithm::Concurrency {
-                let key = Self::key_string(limit, facts, shard);
+                let key = store_key(&limit.config, facts, shard);
                 match self
                     .slot_verdict(i, limit, h, &key, &spec, on_failure, &mut verdict)
                     .await
@@ -525,7 +532,7 @@ impl Limiter {
                         admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms)
                     }
                     None => {
-                        let key = Self::key_string(limit, facts, shard);
+                        let key = store_key(&limit.config, facts, shard);
                         match self.slow_path(h, &key, &spec, n, &settings).await {
                             Ok(Some((remaining, reset_ms))) => {
                                 verdict.taken.push(self, h, n, i);

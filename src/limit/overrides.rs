@@ -234,17 +234,24 @@ impl Limiter {
         if !self.overrides.any.load(Ordering::Relaxed) {
             return (spec, shard);
         }
-        match self.override_for(&limit.config.name, facts) {
+        match self.overrides.for_caller(&limit.config.name, facts, self.wall_ms()) {
             Some(o) => (overridden(limit, &o, shard), shard),
             None => (spec, shard),
         }
     }
+}
 
-    /// The override in force for a caller under `limit`.
-    pub fn override_for(&self, limit: &str, facts: &Facts<'_>) -> Option<Override> {
-        let table = self.overrides.table.load();
+impl Overrides {
+    /// Whether any is loaded: one relaxed load.
+    pub(super) fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
+    /// The override in force at `now` (Unix ms) for a caller under
+    /// `limit`: its identity's, else its tenant's.
+    pub(super) fn for_caller(&self, limit: &str, facts: &Facts<'_>, now: u64) -> Option<Override> {
+        let table = self.table.load();
         let of_limit = table.get(limit)?;
-        let now = self.wall_ms();
         let found = of_limit.get(facts.identity).filter(|o| o.in_force(now));
         found.copied().or_else(|| {
             let tenant = facts.tenant?;
@@ -255,25 +262,21 @@ impl Limiter {
         })
     }
 
-    /// Whether any override is loaded: one relaxed load.
-    pub fn has_overrides(&self) -> bool {
-        self.overrides.any.load(Ordering::Relaxed)
-    }
-
-    /// The override in force for an Envoy descriptor of `domain` (its
-    /// entries), and the quota it gives a rule of `rule`'s algorithm with
-    /// this region's `share`.
-    pub fn rls_override(
+    /// The override in force at `now` for an Envoy descriptor of `domain`
+    /// (its entries), and the quota it gives a rule of `rule`'s algorithm
+    /// with this region's `share`. One relaxed load when none is loaded.
+    pub(super) fn for_descriptor(
         &self,
         domain: &str,
         entries: &[(&str, &str)],
         rule: &Spec,
         share: crate::quota::Share,
+        now: u64,
     ) -> Option<Spec> {
-        if !self.overrides.any.load(Ordering::Relaxed) {
+        if !self.any() {
             return None;
         }
-        let table = self.overrides.table.load();
+        let table = self.table.load();
         let of_domain = table.get(&format!("rls:{domain}"))?;
         let mut who = String::with_capacity(64);
         for (i, (k, v)) in entries.iter().enumerate() {
@@ -284,7 +287,7 @@ impl Limiter {
             who.push('=');
             descriptor_part(&mut who, v);
         }
-        let o = of_domain.get(&who).filter(|o| o.in_force(self.wall_ms()))?;
+        let o = of_domain.get(&who).filter(|o| o.in_force(now))?;
         let burst = match rule.algorithm {
             Algorithm::TokenBucket => o.burst,
             _ => o.rate.count,
@@ -292,11 +295,10 @@ impl Limiter {
         Some(Spec::new(rule.algorithm, o.rate, burst).slice(share))
     }
 
-    /// Every override in force: (limit, who, override), sorted.
-    pub fn overrides(&self) -> Vec<(String, String, Override)> {
-        let now = self.wall_ms();
+    /// Every override in force at `now` (Unix ms): (limit, who, override),
+    /// sorted.
+    pub(super) fn in_force(&self, now: u64) -> Vec<(String, String, Override)> {
         let mut all: Vec<_> = self
-            .overrides
             .table
             .load()
             .iter()

@@ -14,10 +14,10 @@ use super::blocked;
 use super::table::SHARDS;
 use super::Limiter;
 
-/// Most leases [`Limiter::hot_keys`] looks at, whatever the table holds.
+/// Most leases [`Report::hot_keys`] looks at, whatever the table holds.
 pub const HOT_KEY_SAMPLE: usize = 4_096;
 
-/// Most keys [`Limiter::hot_keys`] ranks per list.
+/// Most keys [`Report::hot_keys`] ranks per list.
 pub const MAX_HOT_KEYS: usize = 100;
 
 /// This instance's view of one store key. All zeros (and `tracked: false`)
@@ -95,13 +95,55 @@ pub struct HotKeys {
     pub most_limited: Vec<HotKey>,
 }
 
-impl Limiter {
+/// What an operator may read of a limiter, and nothing else: its keys,
+/// the fleet as counted, the overrides in force, the store's name. Got
+/// from [`Limiter::report`]; borrowed, so it never outlives a reload.
+pub struct Report<'a> {
+    limiter: &'a Limiter,
+}
+
+impl<'a> Report<'a> {
+    pub(super) fn of(limiter: &'a Limiter) -> Report<'a> {
+        Report { limiter }
+    }
+
     /// Tokens at hand over every lease of this instance (what it would
     /// strand if it died now).
     pub fn tokens_at_hand(&self) -> u64 {
         let mut n = 0;
-        self.leases.for_each(|l| n += l.available());
+        self.limiter.leases.for_each(|l| n += l.available());
         n
+    }
+
+    /// Keys with a lease now.
+    pub fn tracked_keys(&self) -> usize {
+        self.limiter.leases.len()
+    }
+
+    /// Background releases waiting or in flight.
+    pub fn pending_releases(&self) -> usize {
+        self.limiter.releases.pending()
+    }
+
+    /// Keys with in-flight slots tracked on this instance.
+    pub fn slot_keys(&self) -> usize {
+        self.limiter.slots.len()
+    }
+
+    /// The store's name (`memory`, `redis`).
+    pub fn store_name(&self) -> &'static str {
+        self.limiter.store.name()
+    }
+
+    /// The fleet as counted now.
+    pub fn fleet(&self) -> super::fleet::FleetView {
+        let l = self.limiter;
+        super::fleet::FleetView::now(&l.fleet, l.settings().fleet_size, l.now_ms())
+    }
+
+    /// Every override in force: (limit, who, override), sorted.
+    pub fn overrides(&self) -> Vec<(String, String, super::overrides::Override)> {
+        self.limiter.overrides.in_force(self.limiter.wall_ms())
     }
 
     /// The state of the lease of store key `key` (`rl:{...}`), if this
@@ -114,7 +156,7 @@ impl Limiter {
 
     /// The states of `keys`, in their order, from one scan of the table.
     pub fn key_states(&self, keys: &[&str]) -> Vec<KeyState> {
-        let leases = self.leases.find_all(keys);
+        let leases = self.limiter.leases.find_all(keys);
         keys.iter().zip(leases).map(|(k, l)| self.state_of(k, l)).collect()
     }
 
@@ -133,7 +175,7 @@ impl Limiter {
                 overridden: None,
             };
         };
-        let now = self.now_ms();
+        let now = self.limiter.now_ms();
         let at_hand = lease.spendable(now);
         KeyState {
             key: key.to_string(),
@@ -155,37 +197,43 @@ impl Limiter {
     /// sample beyond. Key strings are copied only for keys that make a list.
     pub fn hot_keys(&self, n: usize) -> HotKeys {
         let n = n.min(MAX_HOT_KEYS);
-        let now = self.now_ms();
+        let now = self.limiter.now_ms();
         let mut busiest: Vec<HotKey> = Vec::with_capacity(n + 1);
         let mut most_limited: Vec<HotKey> = Vec::with_capacity(n + 1);
-        let sampled = self.leases.sample(fastrand::usize(..SHARDS), HOT_KEY_SAMPLE, |lease| {
-            let rate = lease.admitted_rate();
-            let period = lease.spec().map_or(60_000, |s| s.period_ms());
-            let refusals = lease.refusals_in_window(now, period);
-            let entry = || HotKey {
-                key: lease.key().to_string(),
-                admitted_per_sec: rate,
-                admitted_last_minute: lease.admitted_last_minute(),
-                period_ms: period,
-                refusals,
-            };
-            if rate > 0.0 && n > 0 && (busiest.len() < n || busiest.last().is_some_and(|l| rate > l.admitted_per_sec)) {
-                let at = busiest.partition_point(|h| h.admitted_per_sec >= rate);
-                busiest.insert(at, entry());
-                busiest.truncate(n);
-            }
-            if refusals > 0
-                && n > 0
-                && (most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals))
-            {
-                let at = most_limited.partition_point(|h| h.refusals >= refusals);
-                most_limited.insert(at, entry());
-                most_limited.truncate(n);
-            }
-        });
+        let sampled = self
+            .limiter
+            .leases
+            .sample(fastrand::usize(..SHARDS), HOT_KEY_SAMPLE, |lease| {
+                let rate = lease.admitted_rate();
+                let period = lease.spec().map_or(60_000, |s| s.period_ms());
+                let refusals = lease.refusals_in_window(now, period);
+                let entry = || HotKey {
+                    key: lease.key().to_string(),
+                    admitted_per_sec: rate,
+                    admitted_last_minute: lease.admitted_last_minute(),
+                    period_ms: period,
+                    refusals,
+                };
+                if rate > 0.0
+                    && n > 0
+                    && (busiest.len() < n || busiest.last().is_some_and(|l| rate > l.admitted_per_sec))
+                {
+                    let at = busiest.partition_point(|h| h.admitted_per_sec >= rate);
+                    busiest.insert(at, entry());
+                    busiest.truncate(n);
+                }
+                if refusals > 0
+                    && n > 0
+                    && (most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals))
+                {
+                    let at = most_limited.partition_point(|h| h.refusals >= refusals);
+                    most_limited.insert(at, entry());
+                    most_limited.truncate(n);
+                }
+            });
         // Keys refused in a window still open whose lease was forgotten
         // since: they stay on the list for their window.
-        for (key, refusals) in self.forgotten.open(now) {
+        for (key, refusals) in self.limiter.forgotten.open(now) {
             if n == 0 || most_limited.iter().any(|h| *h.key == *key) {
                 continue;
             }
@@ -206,7 +254,7 @@ impl Limiter {
         }
         HotKeys {
             sampled,
-            tracked: self.leases.len(),
+            tracked: self.limiter.leases.len(),
             busiest,
             most_limited,
         }
@@ -258,7 +306,7 @@ mod tests {
                 Some(0)
             );
         }
-        let s = limiter.key_state("rl:{five:a}");
+        let s = limiter.report().key_state("rl:{five:a}");
         assert!(s.tracked);
         assert_eq!(s.tokens_at_hand, 0);
         assert_eq!(s.store_remaining, 0);
@@ -267,14 +315,14 @@ mod tests {
         assert!(s.reset_ms > 0, "{s:?}");
         assert_eq!(s.last_store_failure, None);
 
-        let none = limiter.key_state("rl:{five:nobody}");
+        let none = limiter.report().key_state("rl:{five:nobody}");
         assert!(!none.tracked);
         assert_eq!(
             none.tokens_at_hand + none.blocked_for_ms + none.retry_after_ms + none.reset_ms,
             0
         );
 
-        let hot = limiter.hot_keys(10);
+        let hot = limiter.report().hot_keys(10);
         assert_eq!(hot.sampled, 1);
         assert_eq!(hot.most_limited.len(), 1);
         assert_eq!(hot.most_limited[0].key, "rl:{five:a}");
@@ -300,7 +348,7 @@ mod tests {
                     .committed();
             }
         }
-        let hot = limiter.hot_keys(3);
+        let hot = limiter.report().hot_keys(3);
         let keys: Vec<_> = hot.most_limited.iter().map(|k| (k.key.as_str(), k.refusals)).collect();
         assert_eq!(keys, [("rl:{two:k5}", 5), ("rl:{two:k4}", 4), ("rl:{two:k3}", 3)]);
         assert!(hot.busiest.len() <= 3);
@@ -308,7 +356,7 @@ mod tests {
             .busiest
             .windows(2)
             .all(|w| w[0].admitted_per_sec >= w[1].admitted_per_sec));
-        assert_eq!(limiter.hot_keys(0).busiest.len(), 0);
+        assert_eq!(limiter.report().hot_keys(0).busiest.len(), 0);
     }
 
     /// The status page promises a refused key stays on the most-limited
@@ -335,7 +383,7 @@ mod tests {
                 .committed();
         }
         let listed = |limiter: &Limiter| {
-            let hot = limiter.hot_keys(10);
+            let hot = limiter.report().hot_keys(10);
             hot.most_limited
                 .iter()
                 .map(|k| (k.key.clone(), k.refusals))
@@ -344,8 +392,8 @@ mod tests {
         assert_eq!(listed(&limiter), [("rl:{two:k}".to_string(), 3)]);
         // Idle for 10 s: the sweeper forgets the lease; the key stays.
         now.fetch_add(10_000, Ordering::SeqCst);
-        limiter.sweep(6_000).await;
-        assert_eq!(limiter.tracked_keys(), 0);
+        limiter.sweeper().sweep(6_000).await;
+        assert_eq!(limiter.report().tracked_keys(), 0);
         assert_eq!(listed(&limiter), [("rl:{two:k}".to_string(), 3)]);
         // Until its window (a minute from the first refusal) closes.
         now.fetch_add(50_000, Ordering::SeqCst);

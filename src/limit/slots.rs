@@ -30,8 +30,10 @@ use std::sync::{Arc, Mutex};
 use super::policy::StoreFailure;
 use super::stage::Outcome;
 use super::LimitVerdict;
+use super::Settings;
+use crate::clock::Clock;
 use crate::quota::Spec;
-use crate::store::{Hold, StoreError};
+use crate::store::{FleetStore, Hold, StoreError};
 use crate::sync::Recover as _;
 
 const SHARDS: usize = 16;
@@ -250,38 +252,46 @@ impl KeySlots {
     }
 }
 
-/// The limiter's side: taking, renewing and giving back slots.
-impl super::Limiter {
+/// Taking slots: at hand, from the store, or on the fallback.
+impl SlotTable {
     /// A slot for key `h` at hand, without waiting: `None` when the store
     /// must be asked.
-    pub(super) fn slot_now(&self, h: u64, max: u64) -> Option<Taken> {
-        let k = self.slots.get(h)?;
+    pub(super) fn slot_now(self: &Arc<Self>, h: u64, max: u64, clock: &Clock) -> Option<Taken> {
+        let k = self.get(h)?;
         k.retune(max);
-        let now = self.now_ms();
+        let now = clock();
         match k.take_local(now) {
-            Ok(Some(left)) => Some(Taken::Slot(self.held(k), left)),
+            Ok(Some(left)) => Some(Taken::Slot(self.held(k, clock), left)),
             Ok(None) => None,
             Err(ms) => Some(Taken::Full(ms)),
         }
     }
 
-    fn held(&self, slots: Arc<KeySlots>) -> Held {
+    fn held(self: &Arc<Self>, slots: Arc<KeySlots>, clock: &Clock) -> Held {
         Held {
             slots,
-            now: self.clock.clone(),
-            table: self.slots.clone(),
+            now: clock.clone(),
+            table: self.clone(),
         }
     }
 
     /// A slot for `key` (hash `h`, limit `max`), asking the store for one
     /// more when none is at hand. An error is the store's: the caller's
     /// route decides what it means.
-    pub(super) async fn slot(&self, h: u64, key: &str, max: u64) -> Result<Taken, StoreError> {
-        let now = self.now_ms();
-        let Some(k) = self.slots.get_or_insert(h, key, max, now) else {
+    /// `store` is asked within twice `settings.deadline_ms`, for slots that
+    /// live `settings.sizing.ttl_ms`.
+    pub(super) async fn slot(
+        self: &Arc<Self>,
+        (store, clock, settings): (&dyn FleetStore, &Clock, &Settings),
+        h: u64,
+        key: &str,
+        max: u64,
+    ) -> Result<Taken, StoreError> {
+        let now = clock();
+        let Some(k) = self.get_or_insert(h, key, max, now) else {
             return Ok(Taken::Full(FULL_MS));
         };
-        let deadline = std::time::Duration::from_millis(self.settings().deadline_ms.max(1) * 2);
+        let deadline = std::time::Duration::from_millis(settings.deadline_ms.max(1) * 2);
         // Another request's call for this key is that slow: the store is
         // busy, not down (that call's own result says so), and what this
         // instance holds is in use. Full, not a store failure: a failure
@@ -289,24 +299,23 @@ impl super::Limiter {
         let Ok(_calling) = tokio::time::timeout(deadline, k.calling.lock()).await else {
             return Ok(Taken::Full(FULL_MS));
         };
-        match k.take_local(self.now_ms()) {
-            Ok(Some(left)) => return Ok(Taken::Slot(self.held(k.clone()), left)),
+        match k.take_local(clock()) {
+            Ok(Some(left)) => return Ok(Taken::Slot(self.held(k.clone(), clock), left)),
             Err(ms) => return Ok(Taken::Full(ms)),
             Ok(None) => {}
         }
         let hold = k.state.lock().recover().owned;
-        let answer = self
-            .store
+        let answer = store
             .hold_slots(Hold {
                 key,
-                member: self.slots.member,
+                member: self.member,
                 hold,
                 want: 1,
                 max,
-                ttl_ms: self.settings().sizing.ttl_ms,
+                ttl_ms: settings.sizing.ttl_ms,
             })
             .await?;
-        let now = self.now_ms();
+        let now = clock();
         let mut s = k.state.lock().recover();
         s.owned = hold + answer.granted;
         s.held_total = answer.held;
@@ -318,18 +327,17 @@ impl super::Limiter {
         s.used_at = now;
         let left = k.left(&s);
         drop(s);
-        Ok(Taken::Slot(self.held(k.clone()), left))
+        Ok(Taken::Slot(self.held(k.clone(), clock), left))
     }
 
     /// A slot while the store is away, on a route that fails open: this
-    /// instance's part of `max` (divided by the live fleet), counted here
-    /// alone. Given back like any slot.
-    pub(super) fn slot_fallback(&self, h: u64, key: &str, max: u64) -> Taken {
-        let now = self.now_ms();
-        let Some(k) = self.slots.get_or_insert(h, key, max, now) else {
+    /// instance's part of `max` (`max` divided by the live fleet: `part`),
+    /// counted here alone. Given back like any slot.
+    pub(super) fn slot_fallback(self: &Arc<Self>, h: u64, key: &str, (max, part): (u64, u64), clock: &Clock) -> Taken {
+        let now = clock();
+        let Some(k) = self.get_or_insert(h, key, max, now) else {
             return Taken::Full(FULL_MS);
         };
-        let part = max.div_ceil(self.fleet_divisor(&self.settings())).max(1);
         let mut s = k.state.lock().recover();
         if s.in_use >= part.max(s.owned) {
             return Taken::Full(FULL_MS);
@@ -338,9 +346,12 @@ impl super::Limiter {
         s.used_at = now;
         let left = part.saturating_sub(s.in_use);
         drop(s);
-        Taken::Slot(self.held(k), left)
+        Taken::Slot(self.held(k, clock), left)
     }
+}
 
+/// The limiter's side: a concurrency limit's verdict.
+impl super::Limiter {
     /// A concurrency limit's verdict from memory, its slot (if any) in
     /// `verdict`; `None` when the store must be asked.
     pub(super) fn slot_verdict_now(
@@ -351,7 +362,7 @@ impl super::Limiter {
         spec: &Spec,
         verdict: &mut super::Verdict<'_>,
     ) -> Option<LimitVerdict> {
-        let taken = self.slot_now(h, spec.capacity)?;
+        let taken = self.slots.slot_now(h, spec.capacity, &self.clock)?;
         Some(taken.into_verdict(i, limit, spec, verdict))
     }
 
@@ -371,10 +382,19 @@ impl super::Limiter {
         on_failure: StoreFailure,
         verdict: &mut super::Verdict<'_>,
     ) -> Option<LimitVerdict> {
-        let taken = match self.slot(h, key, spec.capacity).await {
+        let settings = self.settings();
+        let fallback = || {
+            let part = spec.capacity.div_ceil(self.fleet_divisor(&settings)).max(1);
+            self.slots.slot_fallback(h, key, (spec.capacity, part), &self.clock)
+        };
+        let taken = match self
+            .slots
+            .slot((&*self.store, &self.clock, &settings), h, key, spec.capacity)
+            .await
+        {
             Ok(taken) => taken,
             // A limit that cannot refuse here cannot fail the request either.
-            Err(_) if !limit.can_refuse() => self.slot_fallback(h, key, spec.capacity),
+            Err(_) if !limit.can_refuse() => fallback(),
             Err(e) => {
                 verdict.decision = super::store_failure_decision(&e, on_failure);
                 verdict.store_error = Some(e);
@@ -383,7 +403,7 @@ impl super::Limiter {
                     verdict.held.clear();
                     return None;
                 }
-                self.slot_fallback(h, key, spec.capacity)
+                fallback()
             }
         };
         Some(taken.into_verdict(i, limit, spec, verdict))
@@ -404,11 +424,6 @@ impl super::Limiter {
                 None => std::future::pending().await,
             }
         }
-    }
-
-    /// Keys with slots tracked on this instance.
-    pub fn slot_keys(&self) -> usize {
-        self.slots.len()
     }
 }
 

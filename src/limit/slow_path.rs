@@ -51,7 +51,7 @@ impl Limiter {
         let (lease, evicted) = self.leases.get_or_insert(h, key);
         for e in &evicted {
             if let Some(r) = Release::take_all(e) {
-                self.release_later(r);
+                self.releases.later(&self.store, r);
             }
         }
         // Store calls and refusals mark a key as in use (the sweeper forgets
@@ -78,7 +78,7 @@ impl Limiter {
             // at hand did.
             if let Some(old) = lease.reserved_under().filter(|s| s != spec) {
                 if let Some(r) = Release::new(&lease, old, lease.take_reserved(), lease.window_ms()) {
-                    self.release_later(r);
+                    self.releases.later(&self.store, r);
                 }
             }
             // Tokens the store reserved for this lease: those due are ours
@@ -228,7 +228,7 @@ impl Limiter {
                 blocked::block(lease, now, grant.retry_after_ms, u64::MAX);
                 if lease.is_evicted() {
                     if let Some(r) = Release::new(lease, *spec, lease.take_reserved(), grant.window_ms) {
-                        self.release_later(r);
+                        self.releases.later(&self.store, r);
                     }
                 }
             } else if queue_is_full(spec, &grant) {
@@ -249,7 +249,7 @@ impl Limiter {
         let old_window = lease.window_ms();
         if old_window != 0 && old_window != grant.window_ms {
             if let Some(r) = Release::new(lease, *spec, lease.take_all(), old_window) {
-                self.release_later(r);
+                self.releases.later(&self.store, r);
             }
         }
         lease.add(
@@ -270,7 +270,7 @@ impl Limiter {
             let others = lease.waiting().saturating_sub(own);
             let surplus = lease.available().saturating_sub(others);
             if let Some(r) = Release::new(lease, *spec, lease.take_up_to(surplus), grant.window_ms) {
-                self.release_later(r);
+                self.releases.later(&self.store, r);
             }
         }
         Ok(true)

@@ -16,7 +16,7 @@ use super::lease::Lease;
 use super::Limiter;
 use crate::quota::Spec;
 use crate::quota::Unspent;
-use crate::store::{Acquire as _, QuotaStore};
+use crate::store::{Acquire as _, FleetStore, QuotaStore};
 
 /// Releases in flight at once when many leases go back together.
 pub const RELEASES_IN_FLIGHT: usize = 64;
@@ -108,21 +108,19 @@ impl Releases {
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
     }
-}
 
-impl Limiter {
     /// Gives `r` back in the background, never from a request's await.
-    pub(super) fn release_later(&self, r: Release) {
+    pub(super) fn later(&self, store: &Arc<dyn FleetStore>, r: Release) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let releases = &self.releases;
+        let releases = self;
         if releases.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RELEASES {
             releases.pending.fetch_sub(1, Ordering::AcqRel);
             tracing::debug!(key = &*r.key, "too many releases pending; this one is dropped");
             return;
         }
-        let (store, slots, pending) = (self.store.clone(), releases.slots.clone(), releases.pending.clone());
+        let (store, slots, pending) = (store.clone(), releases.slots.clone(), releases.pending.clone());
         runtime.spawn(async move {
             if let Ok(_slot) = slots.acquire().await {
                 release(&*store, r).await;
@@ -131,13 +129,52 @@ impl Limiter {
         });
     }
 
+    /// Gives `batch` back, [`RELEASES_IN_FLIGHT`] at a time. Returns how
+    /// many tokens went back.
+    async fn batch(&self, store: &Arc<dyn FleetStore>, batch: Vec<Release>) -> u64 {
+        let mut released = 0;
+        let mut in_flight = tokio::task::JoinSet::new();
+        for r in batch {
+            // The same slots as background releases: 64 in flight in all.
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                break;
+            };
+            let store = store.clone();
+            in_flight.spawn(async move {
+                let _slot = slot;
+                release(&*store, r).await
+            });
+            while let Some(done) = in_flight.try_join_next() {
+                released += done.unwrap_or(0);
+            }
+        }
+        while let Some(done) = in_flight.join_next().await {
+            released += done.unwrap_or(0);
+        }
+        released
+    }
+}
+
+/// Tokens going back to the store, on the operator's clock: the sweep of
+/// expired and idle leases, a reload's changed limits, shutdown. Got from
+/// [`Limiter::sweeper`]; the composition root and `leasegate simulate` run
+/// the sweep as a task of their own.
+pub struct Sweeper<'a> {
+    limiter: &'a Limiter,
+}
+
+impl<'a> Sweeper<'a> {
+    pub(super) fn of(limiter: &'a Limiter) -> Sweeper<'a> {
+        Sweeper { limiter }
+    }
+
     /// Returns expired leases' tokens to the store and forgets keys idle for
     /// longer than `idle_ms`. Run periodically; bounds memory per key.
     pub async fn sweep(&self, idle_ms: u64) {
-        let now = self.now_ms();
+        let now = self.limiter.now_ms();
         let mut to_release = Vec::new();
         let mut refused = Vec::new();
-        self.leases.retain(|lease| {
+        self.limiter.leases.retain(|lease| {
             let expired = lease.take_expired(now);
             if let Some(spec) = lease.spec() {
                 // With them, costs owed and not sent with a store call
@@ -174,9 +211,9 @@ impl Limiter {
             refused.truncate(super::recent_refusals::KEPT);
         }
         for (key, refusals, until) in refused {
-            self.forgotten.keep(key, refusals, until, now);
+            self.limiter.forgotten.keep(key, refusals, until, now);
         }
-        self.release_batch(to_release).await;
+        self.limiter.releases.batch(&self.limiter.store, to_release).await;
     }
 
     /// After a reload: gives back the tokens of leases drawn under `limits`
@@ -187,7 +224,7 @@ impl Limiter {
         }
         let hit = |lease: &Lease| limits.contains(limit_of(lease.key()));
         let mut to_release = Vec::new();
-        self.leases.for_each(|lease| {
+        self.limiter.leases.for_each(|lease| {
             if hit(lease) {
                 // Tokens first, reserved ones included, then the block: a
                 // request in between must not find the old reservation and
@@ -198,50 +235,18 @@ impl Limiter {
                 lease.retry_at.store(0, Ordering::Relaxed);
             }
         });
-        self.release_batch(to_release).await
+        self.limiter.releases.batch(&self.limiter.store, to_release).await
     }
 
     /// Gives every unspent token back to the store (shutdown). Returns how
-    /// many tokens went back.
+    /// many tokens went back. The shard locks are released before any
+    /// store call.
     pub async fn release_all(&self) -> u64 {
-        self.release_where(|_| true).await
-    }
-
-    /// Takes every token of the leases `pick` selects and gives them back to
-    /// the store; the shard locks are released before any store call.
-    async fn release_where(&self, mut pick: impl FnMut(&Lease) -> bool) -> u64 {
         let mut to_release = Vec::new();
-        self.leases.for_each(|lease| {
-            if pick(lease) {
-                to_release.extend(Release::take_all(lease));
-            }
-        });
-        self.release_batch(to_release).await
-    }
-
-    /// Gives `batch` back, [`RELEASES_IN_FLIGHT`] at a time. Returns how
-    /// many tokens went back.
-    async fn release_batch(&self, batch: Vec<Release>) -> u64 {
-        let mut released = 0;
-        let mut in_flight = tokio::task::JoinSet::new();
-        for r in batch {
-            // The same slots as background releases: 64 in flight in all.
-            let Ok(slot) = self.releases.slots.clone().acquire_owned().await else {
-                break;
-            };
-            let store = self.store.clone();
-            in_flight.spawn(async move {
-                let _slot = slot;
-                release(&*store, r).await
-            });
-            while let Some(done) = in_flight.try_join_next() {
-                released += done.unwrap_or(0);
-            }
-        }
-        while let Some(done) = in_flight.join_next().await {
-            released += done.unwrap_or(0);
-        }
-        released
+        self.limiter
+            .leases
+            .for_each(|lease| to_release.extend(Release::take_all(lease)));
+        self.limiter.releases.batch(&self.limiter.store, to_release).await
     }
 }
 

@@ -54,7 +54,7 @@ impl Limiter {
         }
         let now = self.now_ms();
         let (at_hand, owed_here) = self.leases.with(h, |l| (l.held(), l.debt())).unwrap_or((0, 0));
-        let key = Self::key_string(limit, facts, shard);
+        let key = super::store_key(&limit.config, facts, shard);
         let window_ms = u.window.saturating_mul(1_000);
         match self.store.acquire(&key, &spec, 0, Unspent::default()).await {
             Ok(g) => {

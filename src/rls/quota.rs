@@ -337,7 +337,7 @@ impl StreamState {
     async fn leave(&self, runtime: &Runtime, slot: &StreamSlot) {
         for bucket in self.buckets.values() {
             let gone = crate::store::Demand::leave(&bucket.key, slot.id);
-            if let Err(e) = runtime.limiter.fair_share(gone).await {
+            if let Err(e) = runtime.limiter.keyed().fair_share(gone).await {
                 tracing::debug!(key = %bucket.key, error = %e, "rlqs: a closed stream's demand stays until its TTL");
             }
         }
@@ -432,7 +432,7 @@ impl StreamState {
             rate: milli(rate),
             ttl_ms: 2 * interval_ms,
         };
-        let share = match runtime.limiter.fair_share(demand_of_stream).await {
+        let share = match runtime.limiter.keyed().fair_share(demand_of_stream).await {
             Ok(share) => share as f64 / 1_000.0,
             Err(e) => {
                 tracing::debug!(key, error = %e, "rlqs: the fleet's demands are out of reach");
@@ -442,7 +442,7 @@ impl StreamState {
         let next = assign::strategy_within(demand, spec, live, share);
         let offer = assign::offer(next, held, now, interval_ms);
         let limiter = &runtime.limiter;
-        let grant = match limiter.acquire_direct(key, spec, offer.cost).await {
+        let grant = match limiter.keyed().acquire_direct(key, spec, offer.cost).await {
             Ok(g) => g,
             Err(e) => {
                 tracing::debug!(key, error = %e, "rlqs: the store failed; the assignment is not renewed");
@@ -453,7 +453,7 @@ impl StreamState {
             Some(offer)
         } else {
             let (sent, back) = assign::within_grant(offer, held, now, interval_ms, grant.granted);
-            limiter.give_back_later(
+            limiter.keyed().give_back_later(
                 key,
                 spec,
                 Unspent {

@@ -184,9 +184,10 @@ impl RateLimitService for ShouldRateLimit {
                 None => u64::from(req.hits_addend.max(1)),
             };
             let rule = limit.spec();
-            let overridden = limiter
+            let keyed = limiter.keyed();
+            let overridden = keyed
                 .has_overrides()
-                .then(|| limiter.rls_override(&req.domain, &entries_of(d), &rule, share))
+                .then(|| keyed.rls_override(&req.domain, &entries_of(d), &rule, share))
                 .flatten();
             let spec = overridden.unwrap_or_else(|| rule.slice(share));
             let most = max_hits(spec.capacity, fraction);
@@ -218,7 +219,7 @@ impl RateLimitService for ShouldRateLimit {
                             retry_after_ms: 0,
                         })
                     } else {
-                        limiter.check_key(key, &spec, hits).await
+                        limiter.keyed().check_key(key, &spec, hits).await
                     };
                     match decision {
                         Ok(dec) => {

@@ -139,7 +139,7 @@ fn readyz(runtime: &Runtime) -> Response<Body> {
     text(
         status,
         "text/plain",
-        format!("{word}\nstore {}: {store}\n", runtime.limiter.store_name()),
+        format!("{word}\nstore {}: {store}\n", runtime.limiter.report().store_name()),
     )
 }
 
@@ -165,7 +165,7 @@ fn handle(req: &Request<Incoming>, runtime: &Runtime) -> Response<Body> {
             runtime.metrics.encode(),
         ),
         "/config" => {
-            let mut body = config_json(&runtime.config(), runtime.limiter.fleet());
+            let mut body = config_json(&runtime.config(), runtime.limiter.report().fleet());
             body["overrides"] = super::overrides::list(runtime);
             body["last_reload_failure"] = match runtime.reload_failure() {
                 Some(f) => serde_json::json!({
@@ -235,9 +235,9 @@ fn limits_state(query: Option<&str>, runtime: &Runtime) -> Response<Body> {
         );
     }
     let keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
-    let mut states = runtime.limiter.key_states(&keys);
+    let mut states = runtime.limiter.report().key_states(&keys);
     if !whos.is_empty() {
-        let overrides = runtime.limiter.overrides();
+        let overrides = runtime.limiter.report().overrides();
         for st in &mut states {
             // `rl:{<limit>:...}`: limit names hold no colon.
             let limit = st

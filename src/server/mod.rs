@@ -126,8 +126,11 @@ async fn sweep_leases(runtime: Arc<Runtime>) {
     loop {
         let (every, idle_ms) = crate::limit::sweep::sweep_timing(&runtime.limiter.settings());
         tokio::time::sleep(every).await;
-        runtime.limiter.sweep(idle_ms).await;
-        runtime.metrics.lease_keys.set(runtime.limiter.tracked_keys() as i64);
+        runtime.limiter.sweeper().sweep(idle_ms).await;
+        runtime
+            .metrics
+            .lease_keys
+            .set(runtime.limiter.report().tracked_keys() as i64);
     }
 }
 
@@ -352,7 +355,7 @@ pub fn run(config: Config) -> Result<(), ServeError> {
         // grace period (each call has the store deadline).
         match tokio::time::timeout(
             grace.max(Duration::from_millis(100)),
-            shared.runtime.limiter.release_all(),
+            shared.runtime.limiter.sweeper().release_all(),
         )
         .await
         {

@@ -114,7 +114,7 @@ pub async fn serve(req: Request<Incoming>, runtime: &Runtime) -> Response<Body> 
             };
             body["version"] = version.into();
             body["store"] = where_kept(runtime).into();
-            if runtime.limiter.store_name() == "memory" {
+            if runtime.limiter.report().store_name() == "memory" {
                 body["note"] =
                     "the memory store keeps overrides in this instance's memory: not shared, and lost at restart"
                         .into();
@@ -135,12 +135,12 @@ fn bad(why: &str) -> Response<Body> {
 
 /// `redis` (shared by the fleet, kept across restarts) or `memory`.
 fn where_kept(runtime: &Runtime) -> &'static str {
-    runtime.limiter.store_name()
+    runtime.limiter.report().store_name()
 }
 
 /// Every override in force, and how many per limit.
 pub fn list(runtime: &Runtime) -> serde_json::Value {
-    let all = runtime.limiter.overrides();
+    let all = runtime.limiter.report().overrides();
     let mut per_limit = serde_json::Map::new();
     for (limit, _, _) in &all {
         let n = per_limit.get(limit).and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -148,7 +148,7 @@ pub fn list(runtime: &Runtime) -> serde_json::Value {
     }
     serde_json::json!({
         "store": where_kept(runtime),
-        "shared": runtime.limiter.store_name() != "memory",
+        "shared": runtime.limiter.report().store_name() != "memory",
         "count": per_limit,
         "overrides": all.iter().map(|(l, w, o)| o.json(l, w)).collect::<Vec<_>>(),
     })

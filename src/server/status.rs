@@ -255,7 +255,7 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     let _ = writeln!(
         h,
         "<dt>fleet</dt><dd id=\"fleet\">{}</dd>",
-        escape(&fleet_line(runtime.limiter.fleet()))
+        escape(&fleet_line(runtime.limiter.report().fleet()))
     );
     let _ = write!(
         h,
@@ -380,7 +380,7 @@ pub fn page(runtime: &Runtime, query: Option<&str>) -> String {
     overrides_table(&mut h, runtime);
 
     // Hot keys, from a bounded sample of the lease table.
-    let hot = runtime.limiter.hot_keys(HOT_KEYS);
+    let hot = runtime.limiter.report().hot_keys(HOT_KEYS);
     let _ = writeln!(
         h,
         "<h2>Hottest keys</h2><p class=\"note\">From <span id=\"sampled\">{}</span> of {} leased keys (at most {} are looked at per refresh). Admitted: this instance's, as of the store's last answer, in the unit of the key's quota: per second averaged over about a minute for a quota per second, admitted in about the last minute for one per minute or longer.</p>",
@@ -417,7 +417,7 @@ fn admitted(k: &crate::limit::report::HotKey) -> String {
 
 /// The overrides in force, as `GET /overrides` lists them.
 fn overrides_table(h: &mut String, runtime: &Runtime) {
-    let all = runtime.limiter.overrides();
+    let all = runtime.limiter.report().overrides();
     let _ = writeln!(h, "<h2>Overrides in force</h2>");
     if all.is_empty() {
         let _ = writeln!(h, "<p id=\"overrides\" class=\"note\">none</p>");

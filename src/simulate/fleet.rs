@@ -177,7 +177,7 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
                     .iter()
                     .zip(&live)
                     .filter(|(_, l)| !**l)
-                    .map(|(inst, _)| inst.limiter.tokens_at_hand())
+                    .map(|(inst, _)| inst.limiter.report().tokens_at_hand())
                     .sum();
                 stranded_max = stranded_max.max(held);
             }
@@ -224,7 +224,7 @@ async fn sweep(limiter: Arc<Limiter>) {
     loop {
         let (every, idle_ms) = crate::limit::sweep::sweep_timing(&limiter.settings());
         tokio::time::sleep(every).await;
-        limiter.sweep(idle_ms).await;
+        limiter.sweeper().sweep(idle_ms).await;
     }
 }
 

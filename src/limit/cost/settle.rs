@@ -84,7 +84,7 @@ impl Limiter {
             let turned = s.spec.algorithm != crate::quota::Algorithm::TokenBucket && lease.window_ms() != s.window_ms;
             if lease.is_evicted() || turned {
                 if let Some(r) = Release::new(lease, s.spec, back, s.window_ms) {
-                    self.release_later(r);
+                    self.releases.later(&self.store, r);
                 }
                 return 0;
             }
@@ -92,7 +92,7 @@ impl Limiter {
             if lease.is_evicted() {
                 // Let go meanwhile: what the sweep did not take goes now.
                 if let Some(r) = Release::new(lease, s.spec, lease.take_up_to(back), s.window_ms) {
-                    self.release_later(r);
+                    self.releases.later(&self.store, r);
                 }
                 return 0;
             }
@@ -110,7 +110,7 @@ impl Limiter {
         if lease.is_evicted() && owed > 0 {
             // Nobody will call for this lease again: what it owes goes now.
             if let Some(r) = Release::charged(lease, s.spec, lease.take_debt()) {
-                self.release_later(r);
+                self.releases.later(&self.store, r);
             }
             return 0;
         }

@@ -78,7 +78,7 @@ async fn a_fleet_of_two_runs_at_most_max_and_a_slot_back_is_taken_again() {
         .unwrap();
     running.remove(ended);
     assert!(matches!(
-        fleet[0].slot_now(first_hash(&fleet[0]), 3),
+        fleet[0].slots.slot_now(first_hash(&fleet[0]), 3, &fleet[0].clock),
         Some(Taken::Slot(..))
     ));
 }
@@ -141,7 +141,7 @@ async fn renewals_keep_a_long_requests_slot_past_the_ttl() {
     now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
     assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Admit);
     SlotRenewer::of(&fleet[1]).renew(true).await;
-    assert_eq!(fleet[1].slot_keys(), 1, "a key in use is kept");
+    assert_eq!(fleet[1].report().slot_keys(), 1, "a key in use is kept");
 }
 
 #[tokio::test]
@@ -156,7 +156,7 @@ async fn shadow_admits_without_a_slot_and_leaving_gives_every_idle_slot_back() {
     SlotRenewer::of(&fleet[0]).renew(true).await;
     now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
     SlotRenewer::of(&fleet[0]).renew(false).await;
-    assert_eq!(fleet[0].slot_keys(), 0, "nothing held: forgotten");
+    assert_eq!(fleet[0].report().slot_keys(), 0, "nothing held: forgotten");
 }
 
 /// A store whose slot calls fail: a fail-open route runs on this

@@ -201,10 +201,10 @@ async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
     for i in 0..3_000 {
         // Each key leases 5 and spends 1: 4 at hand when it is evicted.
         assert_eq!(one(&limiter, &limits, &format!("k{i}")).await.refused, None);
-        assert!(limiter.tracked_keys() <= limiter.leases.capacity());
+        assert!(limiter.report().tracked_keys() <= limiter.leases.capacity());
     }
     for _ in 0..200 {
-        if limiter.pending_releases() == 0 {
+        if limiter.report().pending_releases() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -320,7 +320,7 @@ async fn swept_tokens_are_not_counted_as_admitted() {
     for _ in 0..20 {
         assert_eq!(one(&limiter, &limits, "a").await.refused, None);
         now.fetch_add(2_000, Ordering::SeqCst);
-        limiter.sweep(3_600_000).await;
+        limiter.sweeper().sweep(3_600_000).await;
         now.fetch_add(1_000, Ordering::SeqCst);
     }
     let rate = limiter
@@ -343,7 +343,7 @@ async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
     // The third left one token at hand (the low watermark): the refill came
     // from the new window, and the old window's token went back to it.
     for _ in 0..100 {
-        if limiter.pending_releases() == 0 {
+        if limiter.report().pending_releases() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -375,6 +375,7 @@ async fn a_reload_that_changes_a_limit_lifts_its_keys_local_blocks() {
         .is_some());
     let calls = store.acquires.load(Ordering::SeqCst);
     limiter
+        .sweeper()
         .release_limits(&std::collections::HashSet::from(["two".to_string()]))
         .await;
     // The old quota's refusal says nothing about the new one: the next
@@ -399,10 +400,12 @@ async fn background_releases_past_their_bound_are_dropped_not_queued() {
     let lease = limiter.leases.get(limiter_hash(&limiter, &limits[0], "a")).unwrap();
     for _ in 0..sweep::MAX_PENDING_RELEASES + 100 {
         lease.give_back(1);
-        limiter.release_later(sweep::Release::take_all(&lease).unwrap());
+        limiter
+            .releases
+            .later(&limiter.store, sweep::Release::take_all(&lease).unwrap());
     }
     tokio::task::yield_now().await;
-    assert_eq!(limiter.pending_releases(), sweep::MAX_PENDING_RELEASES);
+    assert_eq!(limiter.report().pending_releases(), sweep::MAX_PENDING_RELEASES);
 }
 
 #[tokio::test(start_paused = true)]
@@ -434,7 +437,7 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
     drop(a);
     assert_eq!(call.await.unwrap(), None, "the request still gets its token");
     for _ in 0..100 {
-        if limiter.pending_releases() == 0 {
+        if limiter.report().pending_releases() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -487,7 +487,7 @@ async fn expired_leases_go_back_to_the_store() {
     );
     // Past the 1 ms TTL.
     now.fetch_add(2, Ordering::SeqCst);
-    limiter.sweep(60_000).await;
+    limiter.sweeper().sweep(60_000).await;
     assert_eq!(store.releases.load(Ordering::SeqCst), 1);
     // All but the one spent are back in the shared bucket (the clock moved
     // 2 ms: no token refilled). Without the release it would be short of
@@ -521,7 +521,11 @@ async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
             .await
             .committed(); // refused and blocked for an hour
     }
-    assert!(limiter.tracked_keys() <= 1_024, "{} leases", limiter.tracked_keys());
+    assert!(
+        limiter.report().tracked_keys() <= 1_024,
+        "{} leases",
+        limiter.report().tracked_keys()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]

@@ -143,11 +143,11 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
     assert_eq!(v.limits[0].retry_after_ms, 100);
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
     assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
-    let state = &b.key_states(&[&key])[0];
+    let state = &b.report().key_states(&[&key])[0];
     assert_eq!((state.tokens_reserved, state.blocked_for_ms), (5, 100));
     // The sweeper keeps it, even idle.
-    b.sweep(0).await;
-    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 5);
+    b.sweeper().sweep(0).await;
+    assert_eq!(b.report().key_states(&[&key])[0].tokens_reserved, 5);
     // Each token when it is due, not a millisecond before; no store call.
     now.fetch_add(99, Ordering::SeqCst);
     assert_eq!(one(&b, &limits, "k").await.limits[0].retry_after_ms, 1);
@@ -192,20 +192,20 @@ async fn reserved_tokens_nobody_spends_go_back() {
     // Due at 1, 2, 3, 4 and 5 s; nobody comes to `b`. Idle, unblocked and
     // with nothing at hand, its lease is still kept while they are owed.
     now.fetch_add(1_500, Ordering::SeqCst);
-    b.sweep(0).await;
-    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 5);
+    b.sweeper().sweep(0).await;
+    assert_eq!(b.report().key_states(&[&key])[0].tokens_reserved, 5);
     // Each goes back a TTL after it was due: the first at 2 s, the last
     // at 6 s.
     now.fetch_add(499, Ordering::SeqCst);
-    b.sweep(60_000).await;
+    b.sweeper().sweep(60_000).await;
     assert_eq!(store.returned.load(Ordering::SeqCst), 0);
     now.fetch_add(1, Ordering::SeqCst);
-    b.sweep(60_000).await;
+    b.sweeper().sweep(60_000).await;
     tokio::task::yield_now().await;
     assert_eq!(store.returned.load(Ordering::SeqCst), 1);
-    assert_eq!(b.key_states(&[&key])[0].tokens_reserved, 4);
+    assert_eq!(b.report().key_states(&[&key])[0].tokens_reserved, 4);
     now.fetch_add(4_000, Ordering::SeqCst);
-    b.sweep(60_000).await;
+    b.sweeper().sweep(60_000).await;
     tokio::task::yield_now().await;
     assert_eq!(store.returned.load(Ordering::SeqCst), 5);
     // The debt is paid: 6 s refilled 6 tokens, 5 of which were owed; with
@@ -239,7 +239,7 @@ async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact
     for limiter in &fleet[2..] {
         let v = one(limiter, &limits, "k").await;
         assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 1_100));
-        let blocked = limiter.key_states(&[&key])[0].blocked_for_ms;
+        let blocked = limiter.report().key_states(&[&key])[0].blocked_for_ms;
         assert!((825..=1_100).contains(&blocked), "{blocked}");
         ends.insert(blocked);
     }

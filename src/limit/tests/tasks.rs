@@ -12,11 +12,14 @@ async fn the_heartbeat_counts_the_fleet_the_limiter_divides_by_and_leaves_it() {
     let store = Arc::new(Scripted::new());
     store.fleet.store(3, Ordering::SeqCst);
     let limiter = Limiter::new(store.clone(), settings(), monotonic_clock());
-    assert_eq!(limiter.fleet().live, None, "not counted before a heartbeat");
+    assert_eq!(limiter.report().fleet().live, None, "not counted before a heartbeat");
     let heartbeat = Arc::new(Heartbeat::of(&limiter, 7));
     let task = tokio::spawn(heartbeat.clone().run());
     tokio::time::sleep(Duration::from_millis(1)).await;
-    assert_eq!((limiter.fleet().live, limiter.fleet().divisor), (Some(3), 3));
+    assert_eq!(
+        (limiter.report().fleet().live, limiter.report().fleet().divisor),
+        (Some(3), 3)
+    );
     assert_eq!(store.heartbeats.load(Ordering::SeqCst), 1);
     tokio::time::sleep(Duration::from_millis(2 * HEARTBEAT_EVERY_MS)).await;
     assert_eq!(
@@ -30,7 +33,7 @@ async fn the_heartbeat_counts_the_fleet_the_limiter_divides_by_and_leaves_it() {
         Answer::Fail(crate::store::StoreError::Unavailable("down".into())),
     );
     tokio::time::sleep(Duration::from_millis(HEARTBEAT_EVERY_MS)).await;
-    assert_eq!(limiter.fleet().live, Some(3));
+    assert_eq!(limiter.report().fleet().live, Some(3));
     task.abort();
     store.answer(Call::Ping, Answer::Real);
     heartbeat.leave().await;
@@ -57,13 +60,17 @@ async fn the_follower_brings_another_instances_change_within_a_poll() {
     assert!(changed.unwrap().is_some());
     let h = http::HeaderMap::new();
     assert_eq!(
-        a.override_for("api", &facts("key:a", &h)),
+        a.overrides.for_caller("api", &facts("key:a", &h), a.wall_ms()),
         Some(o),
         "its own change at once"
     );
-    assert!(!b.has_overrides(), "the other before its poll");
+    assert!(b.report().overrides().is_empty(), "the other before its poll");
     tokio::time::sleep(Duration::from_millis(POLL_MS + 1)).await;
-    assert_eq!(b.override_for("api", &facts("key:a", &h)), Some(o), "within a poll");
+    assert_eq!(
+        b.overrides.for_caller("api", &facts("key:a", &h), b.wall_ms()),
+        Some(o),
+        "within a poll"
+    );
     task.abort();
 }
 
@@ -89,9 +96,19 @@ async fn an_override_lapses_on_the_limiters_wall_clock() {
         .unwrap()
         .is_some());
     let h = http::HeaderMap::new();
-    assert_eq!(limiter.override_for("api", &facts("key:a", &h)), Some(o));
-    assert_eq!(limiter.overrides().len(), 1);
+    assert_eq!(
+        limiter
+            .overrides
+            .for_caller("api", &facts("key:a", &h), limiter.wall_ms()),
+        Some(o)
+    );
+    assert_eq!(limiter.report().overrides().len(), 1);
     wall.store(crate::clock::days_from_civil(2027, 1, 31) * day, Ordering::SeqCst);
-    assert_eq!(limiter.override_for("api", &facts("key:a", &h)), None);
-    assert!(limiter.overrides().is_empty());
+    assert_eq!(
+        limiter
+            .overrides
+            .for_caller("api", &facts("key:a", &h), limiter.wall_ms()),
+        None
+    );
+    assert!(limiter.report().overrides().is_empty());
 }
