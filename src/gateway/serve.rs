@@ -65,7 +65,21 @@ impl Gateway {
             open: true,
         };
         let logging = pending.logged.is_some();
-        let wait = match self.serve(&snapshot, req, &conn, &mut pending.route, logging) {
+        let mut req = req;
+        let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
+        let route = match route_of(&snapshot, &mut req) {
+            Ok((index, route)) => {
+                // Known before any wait: a client gone while its request
+                // waits is logged (499) under its route.
+                pending.route = Some(index);
+                route
+            }
+            Err(e) => {
+                let resp = self.finish(&snapshot, None, Err(e), request_id, None);
+                return Ok(pending.done(Record::default(), resp));
+            }
+        };
+        let wait = match self.serve(&snapshot, req, &conn, route, request_id, logging) {
             Served::Now(resp, record) => return Ok(pending.done(record, resp)),
             Served::Later(wait) => wait,
         };
@@ -73,7 +87,7 @@ impl Gateway {
         Ok(pending.done(record, resp))
     }
 
-    /// Serves one request; `route_index` learns which route matched.
+    /// Serves one request on its route.
     ///
     /// Synchronous up to the first wait: a refusal, a rejected identity or
     /// a direct response is answered at once, and only a wait (the store,
@@ -83,24 +97,12 @@ impl Gateway {
     fn serve<'a>(
         &'a self,
         snapshot: &'a Snapshot,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         conn: &'a ConnInfo,
-        route_index: &mut Option<usize>,
+        route: &'a Route,
+        request_id: RequestId,
         logging: bool,
     ) -> Served<'a> {
-        let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
-        // One request, one meaning: routed (and limited) as the upstream
-        // will read it, and forwarded in that form.
-        if let Err(e) = crate::route::normalize::target(&mut req) {
-            let resp = self.finish(snapshot, None, Err(e.into()), request_id, None);
-            return Served::Now(resp, Record::default());
-        }
-        *route_index = route_index_of(&snapshot.config.routes, &req);
-        let Some(route) = route_index.and_then(|i| snapshot.config.routes.get(i)).map(|r| &**r) else {
-            let resp = self.finish(snapshot, None, Err(RequestError::NoRoute), request_id, None);
-            return Served::Now(resp, Record::default());
-        };
-
         // Cheap refusals first: a bearer token may cost a signature check,
         // so a client already refused by a limit that needs no identity
         // (its network's ceiling) is refused before the token is looked at.
@@ -517,6 +519,16 @@ fn respond(direct: &DirectResponse) -> Response<Body> {
     *resp.status_mut() = direct.status;
     *resp.headers_mut() = direct.headers.clone();
     resp
+}
+
+/// The route of a request, once its target is in the one form it is
+/// limited and forwarded in (one request, one meaning: routed as the
+/// upstream will read it), with its index in the config.
+fn route_of<'s>(snapshot: &'s Snapshot, req: &mut Request<Incoming>) -> Result<(usize, &'s Route), RequestError> {
+    crate::route::normalize::target(req)?;
+    let index = route_index_of(&snapshot.config.routes, req).ok_or(RequestError::NoRoute)?;
+    let route = snapshot.config.routes.get(index).ok_or(RequestError::NoRoute)?;
+    Ok((index, route))
 }
 
 #[cfg(test)]
