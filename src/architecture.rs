@@ -335,11 +335,17 @@ fn circles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<
     out
 }
 
-#[test]
-fn no_circle_of_files() {
+/// `src/` and every Rust file under it (unit-test directories aside).
+fn source_files() -> (PathBuf, Vec<PathBuf>) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    (src, files)
+}
+
+#[test]
+fn no_circle_of_files() {
+    let (src, files) = source_files();
     let modules: BTreeMap<Vec<String>, PathBuf> = files
         .iter()
         .map(|f| (module_of(f.strip_prefix(&src).expect("under src/")), f.clone()))
@@ -441,9 +447,7 @@ fn methods_under(text: &str, heads: &[String]) -> Vec<String> {
 /// overrides follower, slot renewer) are types the composition root starts.
 #[test]
 fn the_limiter_decides_and_nothing_else() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let (src, files) = source_files();
     let mut methods = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("a readable source file");

@@ -39,7 +39,7 @@ impl Gateway {
     /// every error becomes a response.
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<Body>, Infallible> {
         let snapshot = self.runtime.snapshot();
@@ -65,23 +65,26 @@ impl Gateway {
             open: true,
         };
         let logging = pending.logged.is_some();
-        let mut req = req;
-        let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
-        let route = match route_of(&snapshot, &mut req) {
-            Ok((index, route)) => {
-                // Known before any wait: a client gone while its request
-                // waits is logged (499) under its route.
-                pending.route = Some(index);
-                route
+        // In a block: nothing of the routing is held across the wait, so
+        // hyper's per-request future stays as small as it was.
+        let wait = {
+            let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
+            let route = match route_of(&snapshot, &mut req) {
+                Ok((index, route)) => {
+                    // Known before any wait: a client gone while its
+                    // request waits is logged (499) under its route.
+                    pending.route = Some(index);
+                    route
+                }
+                Err(e) => {
+                    let resp = self.finish(&snapshot, None, Err(e), request_id, None);
+                    return Ok(pending.done(Record::default(), resp));
+                }
+            };
+            match self.serve(&snapshot, req, &conn, route, request_id, logging) {
+                Served::Now(resp, record) => return Ok(pending.done(record, resp)),
+                Served::Later(wait) => wait,
             }
-            Err(e) => {
-                let resp = self.finish(&snapshot, None, Err(e), request_id, None);
-                return Ok(pending.done(Record::default(), resp));
-            }
-        };
-        let wait = match self.serve(&snapshot, req, &conn, route, request_id, logging) {
-            Served::Now(resp, record) => return Ok(pending.done(record, resp)),
-            Served::Later(wait) => wait,
         };
         let (resp, record) = wait.await;
         Ok(pending.done(record, resp))

@@ -214,21 +214,11 @@ impl<'a> Report<'a> {
                     period_ms: period,
                     refusals,
                 };
-                if rate > 0.0
-                    && n > 0
-                    && (busiest.len() < n || busiest.last().is_some_and(|l| rate > l.admitted_per_sec))
-                {
-                    let at = busiest.partition_point(|h| h.admitted_per_sec >= rate);
-                    busiest.insert(at, entry());
-                    busiest.truncate(n);
+                if rate > 0.0 {
+                    keep_top(&mut busiest, n, rate, |h| h.admitted_per_sec, entry);
                 }
-                if refusals > 0
-                    && n > 0
-                    && (most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals))
-                {
-                    let at = most_limited.partition_point(|h| h.refusals >= refusals);
-                    most_limited.insert(at, entry());
-                    most_limited.truncate(n);
+                if refusals > 0 {
+                    keep_top(&mut most_limited, n, refusals, |h| h.refusals, entry);
                 }
             });
         // Keys refused in a window still open whose lease was forgotten
@@ -237,20 +227,14 @@ impl<'a> Report<'a> {
             if n == 0 || most_limited.iter().any(|h| *h.key == *key) {
                 continue;
             }
-            if most_limited.len() < n || most_limited.last().is_some_and(|l| refusals > l.refusals) {
-                let at = most_limited.partition_point(|h| h.refusals >= refusals);
-                most_limited.insert(
-                    at,
-                    HotKey {
-                        key: key.to_string(),
-                        admitted_per_sec: 0.0,
-                        admitted_last_minute: 0.0,
-                        period_ms: 0,
-                        refusals,
-                    },
-                );
-                most_limited.truncate(n);
-            }
+            let entry = || HotKey {
+                key: key.to_string(),
+                admitted_per_sec: 0.0,
+                admitted_last_minute: 0.0,
+                period_ms: 0,
+                refusals,
+            };
+            keep_top(&mut most_limited, n, refusals, |h| h.refusals, entry);
         }
         HotKeys {
             sampled,
@@ -259,6 +243,23 @@ impl<'a> Report<'a> {
             most_limited,
         }
     }
+}
+
+/// Puts the key `entry` makes into `list` (highest `of` first, at most
+/// `n`) if its `score` earns a place; the key string is made only then.
+fn keep_top<S: PartialOrd + Copy>(
+    list: &mut Vec<HotKey>,
+    n: usize,
+    score: S,
+    of: impl Fn(&HotKey) -> S,
+    entry: impl FnOnce() -> HotKey,
+) {
+    if n == 0 || (list.len() >= n && !list.last().is_some_and(|l| score > of(l))) {
+        return;
+    }
+    let at = list.partition_point(|h| of(h) >= score);
+    list.insert(at, entry());
+    list.truncate(n);
 }
 
 #[cfg(test)]
