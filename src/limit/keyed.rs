@@ -25,9 +25,8 @@ pub struct KeyDecision {
     pub retry_after_ms: u64,
 }
 
-/// The limiter as the Envoy rate limit services (RLS, RLQS) and the
-/// region rebalancer use it: keys and quotas they name themselves. Got
-/// from [`Limiter::keyed`].
+/// The limiter as the Envoy rate limit services (RLS, RLQS) use it: keys
+/// and quotas they name themselves. Got from [`Limiter::keyed`].
 pub struct Keyed<'a> {
     limiter: &'a Arc<Limiter>,
 }

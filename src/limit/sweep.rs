@@ -114,13 +114,12 @@ impl Releases {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let releases = self;
-        if releases.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RELEASES {
-            releases.pending.fetch_sub(1, Ordering::AcqRel);
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RELEASES {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
             tracing::debug!(key = &*r.key, "too many releases pending; this one is dropped");
             return;
         }
-        let (store, slots, pending) = (store.clone(), releases.slots.clone(), releases.pending.clone());
+        let (store, slots, pending) = (store.clone(), self.slots.clone(), self.pending.clone());
         runtime.spawn(async move {
             if let Ok(_slot) = slots.acquire().await {
                 release(&*store, r).await;
