@@ -24,7 +24,7 @@ use leasegate::clock::monotonic_clock;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
 use leasegate::limit::policy::{Draft, Limit, StoreFailure};
-use leasegate::limit::{LimitRuntime, Limiter, Settings, Verdict};
+use leasegate::limit::{Checked, LimitRef, LimitRuntime, Limiter, Settings, Verdict};
 use leasegate::quota::Rate;
 use leasegate::store::memory::MemoryStore;
 use leasegate::telemetry::metrics::Metrics;
@@ -105,15 +105,16 @@ impl Setup {
         };
         // As the gateway decides: from memory when it can, else the wait.
         let mut verdict = Verdict::default();
-        if !self.limiter.try_check(&self.limits, &[0], &facts, &mut verdict) {
+        let limits = [LimitRef::new(&self.limits[0])];
+        if let Checked::NeedsStore(pending) = self.limiter.try_check(&limits, &[], &facts, &mut verdict) {
             verdict = now(
                 &self.rt,
                 self.limiter
-                    .resume(verdict, &self.limits, &[0], &facts, StoreFailure::Allow),
+                    .resume(verdict, pending, &limits, &[], &facts, StoreFailure::Allow),
             );
         }
         verdict.commit();
-        verdict.refused.is_none()
+        verdict.refused_at().is_none()
     }
 }
 

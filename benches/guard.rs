@@ -21,7 +21,7 @@ use leasegate::clock::monotonic_clock;
 use leasegate::limit::key::Facts;
 use leasegate::limit::lease::Sizing;
 use leasegate::limit::policy::{Limit, StoreFailure};
-use leasegate::limit::{LimitRuntime, Limiter, Settings};
+use leasegate::limit::{LimitRef, LimitRuntime, Limiter, Settings};
 use leasegate::quota::Unspent;
 use leasegate::quota::{Algorithm, Rate, Spec};
 use leasegate::store::guard::{BreakerSettings, Guarded};
@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     let limit = Arc::new(Limit::try_new(leasegate::limit::policy::Draft::new("big", rate)).unwrap());
-    let limits = vec![Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()))];
+    let limit = Arc::new(LimitRuntime::new(limit, "bench", &Metrics::new()));
     let headers = HeaderMap::new();
     let facts = Facts {
         identity: "subnet:198.51.100.0/24",
@@ -111,9 +111,9 @@ fn bench(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 black_box(
-                    now(l.check(&limits, &[0], &facts, StoreFailure::Allow))
+                    now(l.check(&[LimitRef::new(&limit)], &[], &facts, StoreFailure::Allow))
                         .committed()
-                        .refused
+                        .refused_at()
                         .is_none(),
                 )
             })

@@ -488,3 +488,61 @@ fn the_method_reader_sees_what_it_must() {
     let text = "impl Limiter {\n    pub fn a(&self) {}\n    pub(super) async fn b<'l>(&self) {\n        fn inner() {}\n    }\n    const X: u8 = 1;\n}\nimpl Debug for Limiter {\n    fn fmt(&self) {}\n}\nimpl super::Limiter {\n    fn c(&self) {}\n}\n#[cfg(test)]\nimpl Limiter {\n    fn test_only(&self) {}\n}\n";
     assert_eq!(inherent_methods(text, "Limiter"), ["a", "b", "c"]);
 }
+
+/// Where the request path and the decision core address a limit by its
+/// position in a table (`snapshot.limits.get(i)`, `config.limits[i]`):
+/// each such line, `file:line: code`. A limit is a handle there
+/// ([`crate::limit::LimitRef`]); positions become handles once, in
+/// `runtime.rs`.
+fn limits_by_position(code: &[(usize, String)]) -> Vec<(usize, String)> {
+    // The tables wherever they are reached from; `all` (a slice of every
+    // limit) as a name of its own.
+    let indexed = |line: &str, table: &str, whole: bool| {
+        [".get(", "["].iter().any(|index| {
+            line.match_indices(&format!("{table}{index}"))
+                .any(|(at, _)| !whole || !line[..at].ends_with(|c: char| is_word(c) || c == '.'))
+        })
+    };
+    code.iter()
+        .filter(|(_, line)| {
+            indexed(line, "snapshot.limits", false)
+                || indexed(line, "config.limits", false)
+                || indexed(line, "all", true)
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn limits_are_handles_in_the_request_path_and_the_core() {
+    let (src, files) = source_files();
+    let mut found = Vec::new();
+    let checked = |f: &&PathBuf| {
+        (f.starts_with(src.join("gateway")) || f.starts_with(src.join("limit")))
+            // The tests' fixtures pick limits by position, as tests do.
+            && f.file_name().is_some_and(|n| n != "testing.rs")
+    };
+    for file in files.iter().filter(checked) {
+        let text = std::fs::read_to_string(file).expect("a readable source file");
+        let rel = file.strip_prefix(&src).expect("under src/").display().to_string();
+        for (n, line) in limits_by_position(&code_lines(&text)) {
+            found.push(format!("{rel}:{n}: {}", line.trim()));
+        }
+    }
+    assert!(found.is_empty(), "limits addressed by position:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_position_reader_sees_what_it_must() {
+    let lines = |text: &str| -> Vec<usize> {
+        let code: Vec<(usize, String)> = text.lines().map(String::from).enumerate().collect();
+        limits_by_position(&code).into_iter().map(|(n, _)| n).collect()
+    };
+    let text = "let a = snapshot.limits.get(i)?;\n\
+                let b = r.snapshot.config.limits[i].name;\n\
+                let c = verdict.limits.get(at);\n\
+                let d = all.get(w);\n\
+                let e = overall.get(w);\n\
+                let f = self.snapshot.limits.iter();\n";
+    assert_eq!(lines(text), [0, 1, 3]);
+}

@@ -22,7 +22,7 @@ use crate::events::Emitter;
 use crate::identity::{Identity, Tier};
 use crate::limit::key::Facts;
 use crate::limit::policy::Limit;
-use crate::limit::{LimitRuntime, Limiter, Settings};
+use crate::limit::{handle, LimitRef, LimitRuntime, Limiter, Settings};
 use crate::route::{Route, RouteTable};
 use crate::store::FleetStore;
 use crate::sync::Recover;
@@ -40,7 +40,24 @@ pub struct Snapshot {
     pub(crate) unrouted: RouteMetrics,
 }
 
+/// The limits a request is decided on: its route's that apply to its
+/// tier, in the route's order (inline for four).
+pub type Applying<'a> = SmallVec<[LimitRef<'a>; 4]>;
+
 impl Snapshot {
+    /// The limits `ids` names (a route's compiled `limits`, a usage
+    /// route's), as handles into this snapshot's table.
+    pub fn limits_of<'a>(&'a self, ids: &'a [usize]) -> impl Iterator<Item = LimitRef<'a>> + 'a {
+        handle::resolve(&self.limits, ids)
+    }
+
+    /// `route`'s limits that apply to an identity of `tier`, in order.
+    pub fn applying<'a>(&'a self, route: &'a Route, tier: Tier) -> Applying<'a> {
+        self.limits_of(&route.limits)
+            .filter(|l| l.config.applies_to(tier))
+            .collect()
+    }
+
     pub fn new(config: Config, metrics: &Metrics) -> Snapshot {
         let limits = config
             .limits
@@ -318,8 +335,9 @@ pub fn facts<'a>(route: &'a Route, identity: &'a Identity, headers: &'a HeaderMa
 }
 
 /// The route's limits that apply to an identity of `tier`, in the route's
-/// order: indices into `limits` (the config's, which a snapshot's limit
-/// runtimes follow one for one).
+/// order: indices into the config's `limits`, for `explain`, which reads
+/// the config alone (the request path holds handles:
+/// [`Snapshot::applying`]).
 pub fn applying_limits(limits: &[Arc<Limit>], route: &Route, tier: Tier) -> SmallVec<[usize; 4]> {
     route
         .limits

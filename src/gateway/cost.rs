@@ -14,25 +14,22 @@ use super::priced_body;
 use super::respond::RequestError;
 use super::routed::{Estimates, Routed, Served};
 use super::Gateway;
-use crate::identity::Tier;
 use crate::limit::cost::meter::{Meter, Unsettled};
 use crate::limit::cost::rewrite::UsageFilter;
 use crate::limit::cost::{api, Reserve, Reserves, Settle, Settlement, Settlements};
 use crate::limit::slots::Held;
-use crate::limit::LimitRuntime;
-use crate::limit::Limiter;
+use crate::limit::{LimitRef, LimitRuntime, Limiter};
 use crate::proxy::body::{Body, Ended, Rewrite, Watch};
 use crate::proxy::request_body::RequestBody;
 use crate::route::Action;
-use crate::route::Route;
-use crate::runtime::Snapshot;
+use crate::runtime::{Applying, Snapshot};
 use crate::telemetry::metrics::{Metrics, UnsettledLabels};
 
 /// What a request's limits with a `cost` need before its decision.
 #[derive(Debug, Default)]
-pub(super) struct Priced {
-    /// The limits with a cost that apply to it (indices into the config's).
-    pub limits: smallvec::SmallVec<[usize; 2]>,
+pub(super) struct Priced<'a> {
+    /// The limits with a cost that apply to it.
+    pub limits: smallvec::SmallVec<[LimitRef<'a>; 2]>,
     /// One of them reserves from the JSON request body.
     pub needs_body: bool,
     /// One of them settles by the request body's bytes: counted as it
@@ -54,23 +51,23 @@ pub(super) struct Pricing {
     pub add_usage: bool,
 }
 
-/// The limits with a `cost` among `route`'s that apply to a caller of
-/// `tier`; `None` (no allocation) for a route with none.
-pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<Priced> {
-    let limits = &snapshot.config.limits;
-    let costed = |i: &usize| limits.get(*i).is_some_and(|l| l.cost.is_some() && l.applies_to(tier));
-    if !route.limits.iter().any(costed) {
+/// The limits with a `cost` among a request's `limits` (its route's that
+/// apply to its tier); `None` (no allocation) for a request with none.
+pub(super) fn priced<'a>(limits: &Applying<'a>) -> Option<Priced<'a>> {
+    if !limits.iter().any(|l| l.config.cost.is_some()) {
         return None;
     }
     let mut p = Priced::default();
-    for &i in route.limits.iter().filter(|i| costed(i)) {
-        let Some(cost) = limits[i].cost.as_ref() else { continue };
+    for &limit in limits {
+        let Some(cost) = limit.get().config.cost.as_ref() else {
+            continue;
+        };
         p.needs_body |= cost.reserve.needs_body();
         p.reads_json |= cost.settle.as_ref().is_some_and(Settle::reads_json);
         if cost.settle == Some(Settle::RequestBytes) && p.request_bytes.is_none() {
             p.request_bytes = Some(Arc::new(AtomicU64::new(0)));
         }
-        p.limits.push(i);
+        p.limits.push(limit);
     }
     Some(p)
 }
@@ -79,20 +76,16 @@ pub(super) fn priced(snapshot: &Snapshot, route: &Route, tier: Tier) -> Option<P
 /// and (when one needs it) `body`, at most the limit's capacity for the
 /// caller; with what a preset read of it.
 pub(super) fn reserves(
-    snapshot: &Snapshot,
-    priced: &Priced,
+    priced: &Priced<'_>,
     path: &str,
     headers: &HeaderMap,
     body: Option<&[u8]>,
 ) -> Result<Pricing, RequestError> {
     let mut out = Pricing::default();
     let len = body.map_or(0, |b| b.len() as u64);
-    for &i in &priced.limits {
-        let (Some(limit), Some(runtime)) = (snapshot.config.limits.get(i), snapshot.limits.get(i)) else {
-            continue;
-        };
-        let Some(cost) = &limit.cost else { continue };
-        let capacity = runtime.spec.capacity;
+    for &limit in &priced.limits {
+        let Some(cost) = &limit.get().config.cost else { continue };
+        let capacity = limit.spec.capacity;
         let (n, prompt) = match &cost.reserve {
             Reserve::Api(a) => match a.endpoint(path) {
                 Some(endpoint) => {
@@ -113,8 +106,8 @@ pub(super) fn reserves(
                 (n, prompt)
             }
         };
-        out.costs.push((i, n));
-        out.estimates.push((i, prompt));
+        out.costs.push((limit.to_arc(), n));
+        out.estimates.push((limit.to_arc(), prompt));
     }
     Ok(out)
 }
@@ -138,7 +131,7 @@ pub(super) fn uncompressed(headers: &mut HeaderMap) {
 impl Gateway {
     /// A request priced by its JSON body: the body read (bounded), the
     /// reserves taken from it, then decided and served.
-    pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced) -> Served<'a> {
+    pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced<'a>) -> Served<'a> {
         let (parts, body) =
             std::mem::replace(&mut routed.req, Request::new(RequestBody::read(Bytes::new(), None))).into_parts();
         let snapshot = routed.snapshot;
@@ -174,9 +167,8 @@ impl Gateway {
             None => priced_body::read(&parts.headers, body, bounds, &mut share).await,
         };
         let path = parts.uri.path();
-        let priced_read = read.and_then(|bytes| {
-            reserves(routed.snapshot, &priced, path, &parts.headers, Some(&bytes)).map(|p| (bytes, p))
-        });
+        let priced_read =
+            read.and_then(|bytes| reserves(&priced, path, &parts.headers, Some(&bytes)).map(|p| (bytes, p)));
         match priced_read {
             Ok((mut bytes, pricing)) => {
                 let mut parts = parts;
@@ -221,12 +213,12 @@ pub(super) struct Watcher {
     /// costs what the limit's `errors` says.
     failed: bool,
     /// What each settled limit was charged, for the access log.
-    charged: smallvec::SmallVec<[(usize, u64); 1]>,
+    charged: smallvec::SmallVec<[(Arc<LimitRuntime>, u64); 1]>,
 }
 
-/// One limit's part of a [`Watcher`]: its meter, its reserve, the limit,
-/// and the prompt estimate.
-type Settling = (Meter, Settlement, Arc<LimitRuntime>, Option<u64>);
+/// One limit's part of a [`Watcher`]: its meter, its reserve (which names
+/// the limit), and the prompt estimate.
+type Settling = (Meter, Settlement, Option<u64>);
 
 impl Watcher {
     /// `resp`, its body watched when it holds slots or reserves to settle.
@@ -247,17 +239,17 @@ impl Watcher {
         let max_body = snapshot.config.gateway.max_cost_body_bytes;
         let mut settling = smallvec::SmallVec::new();
         for s in settlements {
-            let Some(limit) = snapshot.limits.get(s.limit) else {
-                continue;
-            };
-            let Some(cost) = limit.config.cost.as_ref() else {
+            let Some(cost) = s.limit.config.cost.as_ref() else {
                 continue;
             };
             let Some(rule) = cost.settle.as_ref() else { continue };
-            let prompt = estimates.iter().find(|(i, _)| *i == s.limit).and_then(|(_, p)| *p);
+            let prompt = estimates
+                .iter()
+                .find(|(l, _)| Arc::ptr_eq(l, &s.limit))
+                .and_then(|(_, p)| *p);
             let estimate = prompt.is_some() && cost.unsettled == crate::limit::cost::OnUnsettled::Estimate;
             let meter = Meter::new(rule, resp.headers(), request_bytes.cloned(), max_body, estimate);
-            settling.push((meter, s, limit.clone(), prompt));
+            settling.push((meter, s, prompt));
         }
         let watcher = Watcher {
             held,
@@ -272,12 +264,12 @@ impl Watcher {
 }
 
 impl Watch for Watcher {
-    fn charged(&self) -> &[(usize, u64)] {
+    fn charged(&self) -> &[(Arc<LimitRuntime>, u64)] {
         &self.charged
     }
 
     fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
-        for (meter, _, _, _) in &mut self.settling {
+        for (meter, _, _) in &mut self.settling {
             if let Some(data) = frame.data_ref() {
                 meter.data(data);
             } else if let Some(trailers) = frame.trailers_ref() {
@@ -289,7 +281,8 @@ impl Watch for Watcher {
     fn end(&mut self, how: Ended) {
         // In flight no more.
         self.held.clear();
-        for (meter, s, limit, prompt) in self.settling.drain(..) {
+        for (meter, s, prompt) in self.settling.drain(..) {
+            let limit = &s.limit;
             let cut = matches!(how, Ended::Failed | Ended::Dropped);
             let seen = meter.seen();
             let content = meter.content();
@@ -297,13 +290,13 @@ impl Watch for Watcher {
             match outcome {
                 Ok(cost) => {
                     self.limiter.settle(&s, cost);
-                    self.charged.push((s.limit, cost));
+                    self.charged.push((s.limit.clone(), cost));
                 }
                 Err(Unsettled::Missing | Unsettled::TooLarge) if self.failed => {
                     // An error that reports no usage served nothing.
-                    if errors_are_free(&limit) {
+                    if errors_are_free(limit) {
                         self.limiter.settle(&s, 0);
-                        self.charged.push((s.limit, 0));
+                        self.charged.push((s.limit.clone(), 0));
                     }
                     unsettled(&self.metrics, &limit.config.name, Unsettled::UpstreamStatus);
                 }
@@ -323,7 +316,7 @@ impl Watch for Watcher {
                     if cost != s.reserve {
                         self.limiter.settle(&s, cost);
                     }
-                    self.charged.push((s.limit, cost));
+                    self.charged.push((s.limit.clone(), cost));
                     unsettled(&self.metrics, &limit.config.name, why);
                 }
             }

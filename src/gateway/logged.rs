@@ -25,6 +25,7 @@ use super::Gateway;
 use crate::connection::ConnInfo;
 use crate::identity::{Identity, Tier};
 use crate::limit::cost::Reserves;
+use crate::limit::LimitRuntime;
 use crate::proxy::body::{Body, Ended, Watch};
 use crate::proxy::X_REQUEST_ID;
 use crate::route::Action;
@@ -45,8 +46,7 @@ pub(super) struct Client {
     pub bytes_in: BytesIn,
     /// The target that answered or failed last, and the time to its head.
     pub reached: crate::proxy::Reached,
-    /// What the request was charged, per limit (an index into the
-    /// config's limits).
+    /// What the request was charged, per limit.
     pub costs: Reserves,
 }
 
@@ -129,7 +129,7 @@ impl Logged {
     }
 
     /// Writes the line; `charged` overrides the record's costs per limit.
-    fn write(&self, aborted: bool, charged: &[(usize, u64)]) {
+    fn write(&self, aborted: bool, charged: &[(Arc<LimitRuntime>, u64)]) {
         let Some(snapshot) = self.snapshot.as_deref() else {
             return;
         };
@@ -147,10 +147,12 @@ impl Logged {
             None => "-",
         };
         let mut cost: SmallVec<[(&str, u64); 2]> = SmallVec::new();
-        for &(limit, reserved) in &client.costs {
-            let Some(l) = config.limits.get(limit) else { continue };
-            let n = charged.iter().find(|(i, _)| *i == limit).map_or(reserved, |(_, n)| *n);
-            cost.push((l.name.as_str(), n));
+        for (limit, reserved) in &client.costs {
+            let n = charged
+                .iter()
+                .find(|(l, _)| Arc::ptr_eq(l, limit))
+                .map_or(*reserved, |(_, n)| *n);
+            cost.push((limit.config.name.as_str(), n));
         }
         let line = Line {
             request_id: self
@@ -165,11 +167,7 @@ impl Logged {
             status: self.status,
             identity: record.identity.unwrap_or("-"),
             outcome: if record.outcome.is_empty() { "-" } else { record.outcome },
-            limit: record
-                .limit
-                .as_deref()
-                .and_then(|(i, _)| config.limits.get(*i))
-                .map_or("-", |l| l.name.as_str()),
+            limit: record.limit.as_deref().map_or("-", |(l, _)| l.config.name.as_str()),
             key,
             upstream: upstream.map_or("-", |u| u.name.as_str()),
             micros: self.micros,
@@ -311,11 +309,10 @@ impl Drop for Pending<'_> {
 pub(super) struct Record {
     pub(super) identity: Option<&'static str>,
     pub(super) outcome: &'static str,
-    /// The limit that refused, or was over in shadow or soft mode (an
-    /// index into the config's limits), and its key's hash. Boxed: only a
-    /// logged line of such a request has one, and a record is moved with
-    /// every request.
-    pub(super) limit: Option<Box<(usize, u64)>>,
+    /// The limit that refused, or was over in shadow or soft mode, and
+    /// its key's hash. Boxed: only a logged line of such a request has
+    /// one, and a record is moved with every request.
+    pub(super) limit: Option<Box<(Arc<LimitRuntime>, u64)>>,
     /// The access log is on: the fields below are filled in.
     pub(super) logging: bool,
     /// The client, the bytes, the upstream and the costs.

@@ -8,7 +8,7 @@ use http::{HeaderMap, Response};
 use crate::events;
 use crate::identity::Identity;
 use crate::limit::stage::Outcome;
-use crate::limit::{Decision, Verdict};
+use crate::limit::{Costs, Decision, Verdict};
 use crate::proxy::body::Body;
 use crate::route::Route;
 use crate::runtime::{facts, Runtime, Snapshot};
@@ -55,14 +55,7 @@ impl Gateway {
 
     /// Shadow- and soft-limited decisions to the event pipeline, at most one
     /// per key per interval. Queued without waiting: never slows a request.
-    fn send_events(
-        &self,
-        snapshot: &Snapshot,
-        route: &Route,
-        identity: &Identity,
-        headers: &HeaderMap,
-        verdict: &Verdict,
-    ) {
+    fn send_events(&self, route: &Route, identity: &Identity, headers: &HeaderMap, verdict: &Verdict) {
         let kind = |o: Outcome| match o {
             Outcome::ShadowLimited => Some(events::Kind::Shadow),
             Outcome::SoftLimited => Some(events::Kind::Soft),
@@ -78,9 +71,10 @@ impl Gateway {
         let facts = facts(route, identity, headers);
         let now_ms = self.runtime.limiter.now_ms();
         for lv in &verdict.limits {
-            let (Some(kind), Some(limit)) = (kind(lv.outcome), snapshot.limits.get(lv.limit)) else {
+            let Some(kind) = kind(lv.outcome) else {
                 continue;
             };
+            let limit = lv.limit;
             emitter.offer(&limit.config, &facts, now_ms, |instance| events::Event {
                 kind,
                 limit: limit.config.name.clone(),
@@ -94,7 +88,13 @@ impl Gateway {
     }
 
     /// The response for a request the verdict does not let through, if any.
-    fn refusal(&self, snapshot: &Snapshot, route: &Route, verdict: &Verdict) -> Option<Response<Body>> {
+    fn refusal(
+        &self,
+        snapshot: &Snapshot,
+        route: &Route,
+        verdict: &Verdict,
+        costs: Costs<'_>,
+    ) -> Option<Response<Body>> {
         if let (Decision::Bypass { .. } | Decision::Unavailable { .. }, Some(e)) =
             (verdict.decision, &verdict.store_error)
         {
@@ -110,11 +110,10 @@ impl Gateway {
                     .inc();
                 None
             }
-            Decision::Refuse => {
-                let i = verdict.refused?;
-                let refused = verdict.limits.get(i)?;
-                let limit = snapshot.limits.get(refused.limit)?;
-                let (statuses, focus) = visible_statuses(snapshot, verdict, Some(i));
+            Decision::Refuse { at } => {
+                let refused = verdict.limits.get(at)?;
+                let limit = refused.limit;
+                let (statuses, focus) = visible_statuses(verdict, Some(at));
                 let mut resp = respond::too_many_requests(
                     &limit.config.name,
                     refused.retry_after_ms,
@@ -122,15 +121,11 @@ impl Gateway {
                     &statuses,
                     focus,
                 );
-                add_warnings(resp.headers_mut(), snapshot, verdict);
+                add_warnings(resp.headers_mut(), verdict);
                 // Refused for want of room for this request's own reserve
                 // (its max_tokens, say): the problem says so, for the
                 // client that would otherwise retry the same request.
-                let reserve = verdict
-                    .costs
-                    .iter()
-                    .find(|(l, _)| *l == refused.limit)
-                    .map_or(1, |(_, n)| *n);
+                let reserve = costs.iter().find(|(l, _)| limit.is(l)).map_or(1, |(_, n)| *n);
                 if reserve > 1 && reserve > refused.remaining {
                     respond::reserve_does_not_fit(&mut resp, &limit.config.name, reserve, refused.remaining);
                 }

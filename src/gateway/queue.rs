@@ -19,7 +19,7 @@ use http::Response;
 use super::logged::Record;
 use super::routed::{Routed, Served};
 use super::Gateway;
-use crate::limit::{Decision, Verdict};
+use crate::limit::{Checked, LimitRef, Verdict};
 use crate::proxy::body::Body;
 use crate::runtime::facts;
 use crate::sync::Recover as _;
@@ -27,8 +27,8 @@ use crate::sync::Recover as _;
 /// Every line with someone in it.
 #[derive(Default)]
 pub struct Queues {
+    /// By the key's hash as the limiter decided it.
     lines: Mutex<HashMap<u64, Arc<Line>>>,
-    hasher: std::collections::hash_map::RandomState,
 }
 
 /// One key's line: its turn (tokio's mutex serves waiters first come, first
@@ -47,12 +47,6 @@ pub struct Place<'q> {
 }
 
 impl Queues {
-    /// The line of limit `limit`'s store key `key`.
-    pub fn line_of(&self, limit: usize, key: &str) -> u64 {
-        use std::hash::BuildHasher;
-        self.hasher.hash_one((limit, key))
-    }
-
     /// A place in the line of `key`, unless `max` are in it already.
     pub fn join(&self, key: u64, max: usize) -> Option<Place<'_>> {
         let mut lines = self.lines.lock().recover();
@@ -94,7 +88,7 @@ impl Gateway {
     /// Into the line: out of the way of every request that does not queue.
     #[cold]
     #[inline(never)]
-    pub(super) fn queued<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>, ticket: Ticket) -> Served<'a> {
+    pub(super) fn queued<'a>(&'a self, r: Routed<'a>, verdict: Verdict<'a>, ticket: Ticket<'a>) -> Served<'a> {
         // Its tokens go back now: it takes them again in line.
         drop(verdict);
         Served::Later(Box::pin(self.wait_in_line(r, ticket)))
@@ -102,20 +96,16 @@ impl Gateway {
 
     /// The queue of the limit that refused `verdict`, when it has one and
     /// the token comes within its `queue_ms`.
-    pub(super) fn ticket(&self, r: &Routed<'_>, verdict: &Verdict<'_>) -> Option<Ticket> {
-        if verdict.decision != Decision::Refuse {
-            return None;
-        }
-        let refused = verdict.limits.get(verdict.refused?)?;
-        let limit = r.snapshot.config.limits.get(refused.limit)?;
+    pub(super) fn ticket<'a>(&self, verdict: &Verdict<'a>) -> Option<Ticket<'a>> {
+        let refused = verdict.refused()?;
+        let limit = &refused.limit.get().config;
         if limit.queue_ms == 0 || refused.retry_after_ms > limit.queue_ms {
             return None;
         }
-        let facts = facts(r.route, &r.identity, r.req.headers());
-        let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, &facts);
-        let key = crate::limit::store_key(limit, &facts, shard);
+        // The key's hash as the limiter decided it names the line: the
+        // limit, the key's parts and its shard.
         Some(Ticket {
-            line: self.queues.line_of(refused.limit, &key),
+            line: refused.key_hash,
             limit: refused.limit,
             queue_ms: limit.queue_ms,
             queue_max: limit.queue_max as usize,
@@ -127,7 +117,7 @@ impl Gateway {
     /// is admitted or the token would come after `queue_ms`; then the
     /// request is decided on the last verdict (a refusal has its usual
     /// headers), never queued again.
-    async fn wait_in_line<'a>(&'a self, r: Routed<'a>, t: Ticket) -> (Response<Body>, Record) {
+    async fn wait_in_line<'a>(&'a self, r: Routed<'a>, t: Ticket<'a>) -> (Response<Body>, Record) {
         let started = std::time::Instant::now();
         let deadline = started + std::time::Duration::from_millis(t.queue_ms);
         let place = self.queues.join(t.line, t.queue_max);
@@ -137,13 +127,12 @@ impl Gateway {
         };
         let verdict = loop {
             let mut v = Verdict::default();
-            let v = if self.decide_now(&r, &mut v) {
-                v
-            } else {
-                self.decide_later(&r, v).await
+            let v = match self.decide_now(&r, &mut v) {
+                Checked::Decided => v,
+                Checked::NeedsStore(pending) => self.decide_later(&r, v, pending).await,
             };
-            let due = match (v.decision, v.refused.and_then(|i| v.limits.get(i))) {
-                (Decision::Refuse, Some(lv)) if lv.limit == t.limit && place.is_some() => lv.retry_after_ms,
+            let due = match v.refused() {
+                Some(lv) if lv.limit == t.limit && place.is_some() => lv.retry_after_ms,
                 _ => break v,
             };
             let at = std::time::Instant::now() + std::time::Duration::from_millis(due.max(1));
@@ -152,29 +141,26 @@ impl Gateway {
             }
             drop(v);
             let sleep = tokio::time::sleep_until(at.into());
-            match r.snapshot.limits.get(t.limit) {
-                // A concurrency limit's slot may come back here before the
-                // retry: the head takes it at once.
-                Some(limit) if limit.spec.algorithm == crate::quota::Algorithm::Concurrency => {
-                    let facts = facts(r.route, &r.identity, r.req.headers());
-                    let freed = self.runtime.limiter.slot_freed(limit, &facts);
-                    tokio::select! {
-                        _ = sleep => {}
-                        _ = freed => {}
-                    }
+            // A concurrency limit's slot may come back here before the
+            // retry: the head takes it at once.
+            if t.limit.spec.algorithm == crate::quota::Algorithm::Concurrency {
+                let facts = facts(r.route, &r.identity, r.req.headers());
+                let freed = self.runtime.limiter.slot_freed(&t.limit, &facts);
+                tokio::select! {
+                    _ = sleep => {}
+                    _ = freed => {}
                 }
-                _ => sleep.await,
+            } else {
+                sleep.await;
             }
         };
-        if let Some(limit) = r.snapshot.config.limits.get(t.limit) {
-            self.runtime
-                .metrics
-                .queue_wait
-                .get_or_create(&crate::telemetry::metrics::LimitLabels {
-                    limit: limit.name.clone(),
-                })
-                .observe(started.elapsed().as_secs_f64());
-        }
+        self.runtime
+            .metrics
+            .queue_wait
+            .get_or_create(&crate::telemetry::metrics::LimitLabels {
+                limit: t.limit.config.name.clone(),
+            })
+            .observe(started.elapsed().as_secs_f64());
         // The next in line goes as soon as this one is decided.
         drop(turn);
         drop(place);
@@ -186,9 +172,9 @@ impl Gateway {
 }
 
 /// Where a refused request waits: its (limit, key)'s line.
-pub(super) struct Ticket {
+pub(super) struct Ticket<'a> {
     line: u64,
-    limit: usize,
+    limit: LimitRef<'a>,
     queue_ms: u64,
     queue_max: usize,
 }

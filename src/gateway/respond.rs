@@ -358,7 +358,7 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
 /// one. `also`: how many fields the caller adds next, so the map grows at
 /// most once, to its final size.
 pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, also: usize) {
-    let (statuses, focus) = visible_statuses(snapshot, verdict, None);
+    let (statuses, focus) = visible_statuses(verdict, None);
     let style = snapshot.config.gateway.rate_limit_headers;
     let warnings = verdict
         .limits
@@ -366,7 +366,7 @@ pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: 
         .filter(|lv| lv.outcome == Outcome::SoftLimited)
         .count();
     let _ = headers.try_reserve(rl_headers::fields(style, statuses.len()) + warnings + also);
-    add_warnings(headers, snapshot, verdict);
+    add_warnings(headers, verdict);
     rl_headers::render(headers, style, &statuses, focus);
 }
 
@@ -379,26 +379,17 @@ pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: 
 /// unless the refusing limit's is `"none"`: then it shows none, as the
 /// trio would have to describe another limit, with tokens left, on a
 /// refusal. Without `focus` (an admitted response) only `"all"` ones show.
-pub fn visible_statuses<'s>(
-    snapshot: &'s Snapshot,
-    verdict: &Verdict,
-    focus: Option<usize>,
-) -> (SmallVec<[Status<'s>; 4]>, Option<usize>) {
+pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (SmallVec<[Status<'s>; 4]>, Option<usize>) {
     let mut statuses = SmallVec::new();
     let mut focus_at = None;
     let refusal = focus.is_some();
-    if let Some(refuser) = focus
-        .and_then(|i| verdict.limits.get(i))
-        .and_then(|lv| snapshot.limits.get(lv.limit))
-    {
-        if refuser.config.headers == LimitHeaders::None {
+    if let Some(refuser) = focus.and_then(|i| verdict.limits.get(i)) {
+        if refuser.limit.config.headers == LimitHeaders::None {
             return (statuses, None);
         }
     }
     for (position, lv) in verdict.limits.iter().enumerate() {
-        let Some(limit) = snapshot.limits.get(lv.limit) else {
-            continue;
-        };
+        let limit = lv.limit.get();
         if limit.config.mode == Mode::Shadow || !limit.config.headers.shown(refusal) {
             continue;
         }
@@ -418,11 +409,12 @@ pub fn visible_statuses<'s>(
 }
 
 /// A `RateLimit-Warning` per soft-limited limit of the verdict.
-pub fn add_warnings(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict) {
+pub fn add_warnings(headers: &mut HeaderMap, verdict: &Verdict) {
     for lv in verdict.limits.iter().filter(|lv| lv.outcome == Outcome::SoftLimited) {
-        let Some(limit) = snapshot.limits.get(lv.limit).filter(|l| l.config.mode != Mode::Shadow) else {
+        let limit = lv.limit;
+        if limit.config.mode == Mode::Shadow {
             continue;
-        };
+        }
         let text = stage::warning(lv.over_percent, limit.config.enforce_after.as_deref());
         if let Ok(v) = HeaderValue::from_str(&text) {
             headers.append(RATELIMIT_WARNING.clone(), v);
@@ -524,25 +516,28 @@ mod tests {
         Snapshot::new(config, &crate::telemetry::metrics::Metrics::new())
     }
 
-    fn verdict_of(refused: Option<usize>) -> Verdict<'static> {
+    fn verdict_of(snapshot: &Snapshot, refused: Option<usize>) -> Verdict<'_> {
         let mut v = Verdict::default();
-        for (limit, quota) in [(0, 10), (1, 5)] {
+        for (i, quota) in [(0, 10), (1, 5)] {
             v.limits.push(crate::limit::LimitVerdict {
-                limit,
-                outcome: if refused == Some(limit) {
+                limit: crate::limit::LimitRef::new(&snapshot.limits[i]),
+                key_hash: i as u64,
+                outcome: if refused == Some(i) {
                     Outcome::Limited
                 } else {
                     Outcome::Admitted
                 },
                 quota,
                 window_secs: 60,
-                remaining: if refused == Some(limit) { 0 } else { 2 },
+                remaining: if refused == Some(i) { 0 } else { 2 },
                 reset_ms: 7_000,
                 retry_after_ms: 7_000,
                 over_percent: 0,
             });
         }
-        v.refused = refused;
+        if let Some(at) = refused {
+            v.decision = crate::limit::Decision::Refuse { at };
+        }
         v
     }
 
@@ -555,8 +550,8 @@ mod tests {
         let admitted = |a: &str, b: &str| {
             let snapshot = two_limits(a, b);
             let mut h = HeaderMap::new();
-            add_limit_headers(&mut h, &snapshot, &verdict_of(None), 1);
-            let (statuses, _) = visible_statuses(&snapshot, &verdict_of(None), None);
+            add_limit_headers(&mut h, &snapshot, &verdict_of(&snapshot, None), 1);
+            let (statuses, _) = visible_statuses(&verdict_of(&snapshot, None), None);
             (names(&statuses), h)
         };
         let (shown, h) = admitted("all", "all");
@@ -573,7 +568,7 @@ mod tests {
         // the refusing limit's...
         let refused = |a: &str, b: &str| {
             let snapshot = two_limits(a, b);
-            let (statuses, focus) = visible_statuses(&snapshot, &verdict_of(Some(0)), Some(0));
+            let (statuses, focus) = visible_statuses(&verdict_of(&snapshot, Some(0)), Some(0));
             (names(&statuses), focus)
         };
         assert_eq!(refused("refusals", "refusals"), (vec!["a".into(), "b".into()], Some(0)));
@@ -587,16 +582,16 @@ mod tests {
     #[test]
     fn a_limits_policy_item_is_the_one_made_at_load() {
         let snapshot = two_limits("all", "all");
-        let (statuses, _) = visible_statuses(&snapshot, &verdict_of(None), None);
+        let (statuses, _) = visible_statuses(&verdict_of(&snapshot, None), None);
         let made = snapshot.limits[0].policy.item(10, 60).unwrap();
         assert_eq!(
             statuses[0].policy.map(|v| v.as_bytes().as_ptr()),
             Some(made.as_bytes().as_ptr())
         );
         // A key with another quota than the limit's (a plan's) gets none.
-        let mut v = verdict_of(None);
+        let mut v = verdict_of(&snapshot, None);
         v.limits[0].quota = 3;
-        let (statuses, _) = visible_statuses(&snapshot, &v, None);
+        let (statuses, _) = visible_statuses(&v, None);
         assert!(statuses[0].policy.is_none());
     }
 

@@ -21,7 +21,7 @@ use crate::runtime::Snapshot;
 /// Per priced limit (by index), the prompt estimate an unsettled cost's
 /// estimate starts from; `None` for a request a preset does not price (a
 /// path that generates nothing: it costs as a plain request).
-pub(super) type Estimates = smallvec::SmallVec<[(usize, Option<u64>); 2]>;
+pub(super) type Estimates = smallvec::SmallVec<[(std::sync::Arc<crate::limit::LimitRuntime>, Option<u64>); 2]>;
 
 /// A request matched to a route, its client identified: what the rest of
 /// its serving needs.
@@ -31,6 +31,9 @@ pub(super) struct Routed<'a> {
     pub(super) conn: &'a ConnInfo,
     pub(super) route: &'a Route,
     pub(super) identity: Identity,
+    /// The route's limits that apply to the identity's tier, in order:
+    /// what the request is decided on.
+    pub(super) limits: crate::runtime::Applying<'a>,
     pub(super) request_id: RequestId,
     pub(super) record: Record,
     /// What the request reserves under limits with a `cost`.

@@ -25,13 +25,13 @@ use crate::identity;
 use crate::limit::cost::meter::Unsettled;
 use crate::limit::cost::{Reserves, Settlements};
 use crate::limit::stage::Outcome;
-use crate::limit::{Decision, Verdict};
+use crate::limit::{Checked, Decision, LimitRuntime, Verdict};
 use crate::proxy;
 use crate::proxy::body::Body;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::ForwardError;
 use crate::route::{Action, DirectResponse, Route};
-use crate::runtime::{applying_limits, facts, identity_clock, route_index_of, Snapshot};
+use crate::runtime::{facts, identity_clock, route_index_of, Snapshot};
 use crate::telemetry::access_log;
 
 impl Gateway {
@@ -143,11 +143,8 @@ impl Gateway {
             logging,
             ..Record::default()
         };
-        let priced = if route.limits.is_empty() {
-            None
-        } else {
-            cost::priced(snapshot, route, identity.tier)
-        };
+        let limits = snapshot.applying(route, identity.tier);
+        let priced = cost::priced(&limits);
         let mut request_bytes = priced.as_ref().and_then(|p| p.request_bytes.clone());
         if logging {
             record.client.bytes_in = bytes_in(req.headers(), req.body(), &mut request_bytes);
@@ -162,6 +159,7 @@ impl Gateway {
             conn,
             route,
             identity,
+            limits,
             request_id,
             record,
             costs: Reserves::new(),
@@ -182,7 +180,7 @@ impl Gateway {
                 }
             }));
         }
-        match cost::reserves(snapshot, &priced, routed.req.uri().path(), routed.req.headers(), None) {
+        match cost::reserves(&priced, routed.req.uri().path(), routed.req.headers(), None) {
             Ok(pricing) => {
                 routed.costs = pricing.costs;
                 routed.estimates = pricing.estimates;
@@ -198,20 +196,19 @@ impl Gateway {
     /// A routed request, identified and priced: decided by its limits,
     /// then refused or served.
     pub(super) fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
-        if routed.route.limits.is_empty() {
+        if routed.limits.is_empty() {
             return self.respond_or_forward(routed, None, Settlements::new());
         }
         let mut verdict = Verdict::default();
-        if self.decide_now(&routed, &mut verdict) {
-            self.decided(routed, verdict, true)
-        } else {
-            Served::Later(Box::pin(async move {
-                let verdict = self.decide_later(&routed, verdict).await;
+        match self.decide_now(&routed, &mut verdict) {
+            Checked::Decided => self.decided(routed, verdict, true),
+            Checked::NeedsStore(pending) => Served::Later(Box::pin(async move {
+                let verdict = self.decide_later(&routed, verdict, pending).await;
                 match self.decided(routed, verdict, true) {
                     Served::Now(resp, record) => (resp, record),
                     Served::Later(wait) => wait.await,
                 }
-            }))
+            })),
         }
     }
 
@@ -238,7 +235,7 @@ impl Gateway {
         if !self
             .runtime
             .limiter
-            .refused_before_identity(&snapshot.limits, &route.limits, &facts, &mut verdict)
+            .refused_before_identity(snapshot.limits_of(&route.limits), &facts, &mut verdict)
         {
             return None;
         }
@@ -248,15 +245,15 @@ impl Gateway {
             limit: logged_limit(snapshot, &verdict, &facts),
             ..Record::default()
         };
-        Some((self.refusal(snapshot, route, &verdict)?, record))
+        Some((self.refusal(snapshot, route, &verdict, &[])?, record))
     }
 
     /// The rest of a request once its verdict is in: in line for a token
     /// (a limit with `queue_ms` refused it, and `may_queue`: not a request
     /// that waited already), refused, or served.
     pub(super) fn decided<'a>(&'a self, mut r: Routed<'a>, mut verdict: Verdict<'a>, may_queue: bool) -> Served<'a> {
-        if may_queue && verdict.decision == Decision::Refuse {
-            if let Some(ticket) = self.ticket(&r, &verdict) {
+        if may_queue {
+            if let Some(ticket) = self.ticket(&verdict) {
                 return self.queued(r, verdict, ticket);
             }
         }
@@ -265,8 +262,8 @@ impl Gateway {
             let facts = facts(r.route, &r.identity, r.req.headers());
             r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
         }
-        self.send_events(r.snapshot, r.route, &r.identity, r.req.headers(), &verdict);
-        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict) {
+        self.send_events(r.route, &r.identity, r.req.headers(), &verdict);
+        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict, &r.costs) {
             r.request_id.stamp(refusal.headers_mut());
             if r.record.logging {
                 r.record.client.identified(r.identity);
@@ -274,12 +271,12 @@ impl Gateway {
             return Served::Now(refusal, r.record);
         }
         if r.record.logging {
-            r.record.client.costs.clone_from(&verdict.costs);
+            r.record.client.costs.clone_from(&r.costs);
         }
         // Served (answered here or forwarded, whatever the upstream does):
         // the request's tokens are spent, and its reserves under limits
         // that settle from the response wait for its end.
-        let settlements = verdict.settlements(&r.snapshot.limits);
+        let settlements = verdict.settlements(&r.costs);
         verdict.commit();
         self.respond_or_forward(r, Some(verdict), settlements)
     }
@@ -299,6 +296,7 @@ impl Gateway {
             conn,
             route,
             identity,
+            limits: _,
             request_id,
             mut record,
             costs: _,
@@ -363,15 +361,14 @@ impl Gateway {
                     // No response: nothing served, so nothing charged
                     // (`errors = "free"`), or the reserve stands.
                     for s in &settlements {
-                        if let Some(limit) = snapshot.limits.get(s.limit) {
-                            if cost::errors_are_free(limit) {
-                                self.runtime.limiter.settle(s, 0);
-                                if let Some(c) = record.client.costs.iter_mut().find(|(l, _)| *l == s.limit) {
-                                    c.1 = 0;
-                                }
+                        if cost::errors_are_free(&s.limit) {
+                            self.runtime.limiter.settle(s, 0);
+                            let charged = record.client.costs.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &s.limit));
+                            if let Some(c) = charged {
+                                c.1 = 0;
                             }
-                            cost::unsettled(&self.runtime.metrics, &limit.config.name, Unsettled::UpstreamError);
                         }
+                        cost::unsettled(&self.runtime.metrics, &s.limit.config.name, Unsettled::UpstreamError);
                     }
                 }
                 let resp = self.finish(
@@ -426,25 +423,23 @@ impl Gateway {
     /// to the identity's tier, in order) if the tokens at hand decide it;
     /// else false, with the part decided so far in `verdict` for
     /// [`Gateway::decide_later`]. In place: a verdict is a few hundred bytes.
-    pub(super) fn decide_now<'a>(&'a self, r: &Routed<'_>, verdict: &mut Verdict<'a>) -> bool {
-        if !r.costs.is_empty() {
-            verdict.costs.clone_from(&r.costs);
-        }
+    pub(super) fn decide_now<'a>(&'a self, r: &Routed<'a>, verdict: &mut Verdict<'a>) -> Checked {
         let facts = facts(r.route, &r.identity, r.req.headers());
-        let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
-        self.runtime
-            .limiter
-            .try_check(&r.snapshot.limits, &which, &facts, verdict)
+        self.runtime.limiter.try_check(&r.limits, &r.costs, &facts, verdict)
     }
 
     /// The verdict when it waits on the store, from the part decided
     /// without waiting.
-    pub(super) async fn decide_later<'a>(&'a self, r: &Routed<'_>, partial: Verdict<'a>) -> Verdict<'a> {
+    pub(super) async fn decide_later<'a>(
+        &'a self,
+        r: &Routed<'a>,
+        partial: Verdict<'a>,
+        pending: crate::limit::Pending,
+    ) -> Verdict<'a> {
         let facts = facts(r.route, &r.identity, r.req.headers());
-        let which = applying_limits(&r.snapshot.config.limits, r.route, r.identity.tier);
         self.runtime
             .limiter
-            .resume(partial, &r.snapshot.limits, &which, &facts, r.route.on_store_failure)
+            .resume(partial, pending, &r.limits, &r.costs, &facts, r.route.on_store_failure)
             .await
     }
 }
@@ -479,27 +474,27 @@ fn logged_limit(
     snapshot: &Snapshot,
     verdict: &Verdict<'_>,
     facts: &crate::limit::key::Facts<'_>,
-) -> Option<Box<(usize, u64)>> {
+) -> Option<Box<(Arc<LimitRuntime>, u64)>> {
     if snapshot.config.gateway.access_log == AccessLog::Off {
         return None;
     }
-    let over = match verdict.refused {
-        Some(i) => verdict.limits.get(i),
+    let over = match verdict.refused() {
+        Some(refused) => Some(refused),
         None => verdict
             .limits
             .iter()
             .find(|l| matches!(l.outcome, Outcome::SoftLimited | Outcome::ShadowLimited)),
     }?;
-    let limit = snapshot.config.limits.get(over.limit)?;
+    let limit = &over.limit.config;
     let (_, shard) = crate::limit::key_spec(limit, limit.spec(), limit.shards, facts);
     let key = crate::limit::store_key(limit, facts, shard);
-    Some(Box::new((over.limit, crate::limit::key_hash(&key))))
+    Some(Box::new((over.limit.to_arc(), crate::limit::key_hash(&key))))
 }
 
 /// The worst outcome among a verdict's limits, for the access log.
 fn verdict_outcome(v: &Verdict<'_>) -> &'static str {
     match v.decision {
-        Decision::Refuse => return "limited",
+        Decision::Refuse { .. } => return "limited",
         Decision::Bypass { .. } | Decision::Unavailable { .. } => return "bypassed",
         Decision::Admit => {}
     }

@@ -23,8 +23,8 @@ impl Gateway {
     ) -> Response<Body> {
         let facts = facts(route, identity, headers);
         let mut limits = Vec::with_capacity(which.len());
-        for limit in which.iter().filter_map(|&i| snapshot.limits.get(i)) {
-            limits.push(self.runtime.limiter.usage(limit, &facts).await);
+        for limit in snapshot.limits_of(which) {
+            limits.push(self.runtime.limiter.usage(&limit, &facts).await);
         }
         let body = serde_json::json!({ "identity": identity.value, "limits": limits });
         let mut resp = Response::new(Body::full(format!("{body}\n")));

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use super::stage::{self, Outcome};
-use super::{LimitRuntime, LimitVerdict, Limiter, Settings};
+use super::{LimitRef, LimitRuntime, LimitVerdict, Limiter, Settings};
 use crate::quota::{Rate, Spec};
 
 /// The default fallback quota of a key whose quota is `spec`, from this
@@ -88,18 +88,17 @@ impl Limiter {
     /// taking `n` tokens (1, or its reserve under a limit with a cost; at
     /// most the bucket's capacity).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn fallback(
+    pub(super) fn fallback<'l>(
         &self,
-        i: usize,
-        limit: &LimitRuntime,
+        limit: LimitRef<'l>,
         h: u64,
         key: &str,
         spec: &Spec,
         shard: Option<u32>,
         n: u64,
         settings: &Settings,
-    ) -> LimitVerdict {
-        let fallback = self.fallback_spec(limit, h, spec, shard, settings);
+    ) -> LimitVerdict<'l> {
+        let fallback = self.fallback_spec(&limit, h, spec, shard, settings);
         // A key's default bucket does not start full: tokens this instance
         // leased before the outage are spent before the fallback is asked,
         // and a full bucket on every instance would let the fleet admit its
@@ -125,7 +124,8 @@ impl Limiter {
             )
         };
         LimitVerdict {
-            limit: i,
+            limit,
+            key_hash: h,
             outcome,
             quota: fallback.count,
             window_secs: self.window_secs(&fallback),

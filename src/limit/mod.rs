@@ -35,6 +35,7 @@ pub mod blocked;
 pub mod cost;
 mod fallback;
 pub mod fleet;
+pub mod handle;
 pub mod headers;
 pub mod key;
 pub mod keyed;
@@ -61,13 +62,14 @@ use crate::clock::Clock;
 use crate::quota::{Algorithm, Spec};
 use crate::store::{FleetStore, StoreError};
 use crate::telemetry::metrics::{DecisionLabels, Metrics, StripedCounter};
+pub use handle::LimitRef;
 use key::Facts;
 use lease::Sizing;
 use policy::{Limit, Mode, StoreFailure};
 use stage::Outcome;
 use table::LeaseTable;
-use verdict::admitted;
-pub use verdict::{Decision, LimitVerdict, Verdict};
+use verdict::{admitted, cost_of};
+pub use verdict::{Checked, Costs, Decision, LimitVerdict, Pending, Verdict};
 
 /// One configured limit, ready for decisions: its quota, its stage on this
 /// instance and its counters. Rebuilt with each config.
@@ -87,6 +89,16 @@ pub struct LimitRuntime {
     /// The `RateLimit-Policy` item of `sliced`, made once.
     pub policy: headers::Policy,
     counters: [StripedCounter; 4],
+}
+
+impl std::fmt::Debug for LimitRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitRuntime")
+            .field("name", &self.config.name)
+            .field("spec", &self.spec)
+            .field("enforcing", &self.enforcing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LimitRuntime {
@@ -340,29 +352,29 @@ impl Limiter {
     /// compare-and-swap per limit; a blocked key's refusal builds no
     /// key string and no future.
     ///
-    /// Fills `verdict` (empty on entry) and returns true; false when one
-    /// limit needs the store, with the limits before it decided in
-    /// `verdict` (their tokens held) for [`Limiter::resume`] to go on from,
-    /// so nothing is taken twice. Written in place: a verdict is a few
-    /// hundred bytes, and moving it in and out of an `Option` cost this
-    /// path a third of its time.
+    /// Fills `verdict` (empty on entry) and answers [`Checked::Decided`];
+    /// when one limit needs the store, [`Checked::NeedsStore`] with where
+    /// [`Limiter::resume`] goes on from, the limits before it decided in
+    /// `verdict` (their tokens held), so nothing is taken twice. `limits`
+    /// are the request's, in order; `costs` its reserves under those with
+    /// a `cost`. Written in place: a verdict is a few hundred bytes, and
+    /// moving it in and out of an `Option` cost this path a third of its
+    /// time.
     pub fn try_check<'l>(
         self: &'l Arc<Self>,
-        all: &[Arc<LimitRuntime>],
-        which: &[usize],
+        limits: &[LimitRef<'l>],
+        costs: Costs<'_>,
         facts: &Facts<'_>,
         verdict: &mut Verdict<'l>,
-    ) -> bool {
+    ) -> Checked {
         debug_assert!(verdict.limits.is_empty() && verdict.taken.hashes.is_empty());
         let now = self.now_ms();
-        for (position, &i) in which.iter().enumerate() {
-            let Some(limit) = all.get(i) else { continue };
-            let (spec, shard) = self.spec_of(limit, facts);
-            let h = self.key_hash(limit, facts, shard);
+        for (position, &limit) in limits.iter().enumerate() {
+            let (spec, shard) = self.spec_of(&limit, facts);
+            let h = self.key_hash(&limit, facts, shard);
             if spec.algorithm == Algorithm::Concurrency {
-                let Some(lv) = self.slot_verdict_now(i, limit, h, &spec, verdict) else {
-                    verdict.next = position;
-                    return false;
+                let Some(lv) = self.slot_verdict_now(limit, h, &spec, verdict) else {
+                    return Checked::NeedsStore(Pending { next: position });
                 };
                 if verdict.decide(lv) {
                     break;
@@ -370,12 +382,12 @@ impl Limiter {
                 continue;
             }
             // A reserve above the key's capacity could never fit.
-            let n = verdict.cost_of(i).clamp(1, spec.capacity.max(1));
+            let n = cost_of(costs, limit).clamp(1, spec.capacity.max(1));
             if let Some((remaining, reset_ms)) = self.take_local(h, spec, n, now) {
-                verdict.taken.push(self, h, n, i);
+                verdict.taken.push(self, h, n, limit);
                 verdict
                     .limits
-                    .push(admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms));
+                    .push(admitted(limit, h, &spec, self.window_secs(&spec), remaining, reset_ms));
                 continue;
             }
             // As the slow path would find it: blocked, and marked in use.
@@ -391,44 +403,40 @@ impl Limiter {
                 .unwrap_or(false);
             if !blocked {
                 // The limits decided so far stay decided, their tokens
-                // held: `check` goes on from here.
-                verdict.next = position;
-                return false;
+                // held: `resume` goes on from here.
+                return Checked::NeedsStore(Pending { next: position });
             }
-            let lv = self.refused(i, limit, h, &|| store_key(&limit.config, facts, shard), &spec);
+            let lv = self.refused(limit, h, &|| store_key(&limit.config, facts, shard), &spec);
             if verdict.decide(lv) {
                 break;
             }
         }
         for lv in &verdict.limits {
-            if let Some(limit) = all.get(lv.limit) {
-                limit.count(lv.outcome);
-            }
+            lv.limit.count(lv.outcome);
         }
-        true
+        Checked::Decided
     }
 
     /// Refuses a request from memory before its identity is resolved, when
-    /// one of `which` is [identity-free](policy::Limit::identity_free),
+    /// one of `limits` is [identity-free](policy::Limit::identity_free),
     /// enforcing, and its key is blocked after a refusal: a client over its
     /// network's ceiling then costs no signature check. Takes no token;
     /// returns false (and leaves `verdict` empty) otherwise, and the full
     /// decision runs as usual once the identity is known. `facts` carries
     /// no identity, tenant or plan.
-    pub fn refused_before_identity(
+    pub fn refused_before_identity<'l>(
         &self,
-        all: &[Arc<LimitRuntime>],
-        which: &[usize],
+        limits: impl IntoIterator<Item = LimitRef<'l>>,
         facts: &Facts<'_>,
-        verdict: &mut Verdict,
+        verdict: &mut Verdict<'l>,
     ) -> bool {
         let now = self.now_ms();
-        for (i, limit) in which.iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
+        for limit in limits {
             if !limit.config.identity_free() || !limit.can_refuse() {
                 continue;
             }
             let (spec, shard) = limit.spec_for(facts);
-            let h = self.key_hash(limit, facts, shard);
+            let h = self.key_hash(&limit, facts, shard);
             let blocked = self
                 .leases
                 .with(h, |l| blocked::refuses(l, now, 1) && l.available() == 0)
@@ -436,14 +444,15 @@ impl Limiter {
             if !blocked {
                 continue;
             }
-            let lv = self.refused(i, limit, h, &|| store_key(&limit.config, facts, shard), &spec);
+            let lv = self.refused(limit, h, &|| store_key(&limit.config, facts, shard), &spec);
             if lv.outcome != Outcome::Limited {
                 continue;
             }
             limit.count(lv.outcome);
             verdict.limits.push(lv);
-            verdict.refused = Some(verdict.limits.len() - 1);
-            verdict.decision = Decision::Refuse;
+            verdict.decision = Decision::Refuse {
+                at: verdict.limits.len() - 1,
+            };
             return true;
         }
         false
@@ -475,7 +484,7 @@ impl Limiter {
         Some((remaining, reset_ms))
     }
 
-    /// Decides a request against `which` of `all` (in order). All must admit;
+    /// Decides a request against `limits` (in order). All must admit;
     /// a request refused by one limit gives back what earlier ones took.
     /// Waits for the store only for a limit with no token at hand. Callers
     /// try [`Limiter::try_check`] first. When the store fails, the route's
@@ -485,66 +494,62 @@ impl Limiter {
     /// verdict keeps the error (`store_error`) for the request path's log.
     pub async fn check<'l>(
         self: &'l Arc<Self>,
-        all: &[Arc<LimitRuntime>],
-        which: &[usize],
+        limits: &[LimitRef<'l>],
+        costs: Costs<'_>,
         facts: &Facts<'_>,
         on_failure: StoreFailure,
     ) -> Verdict<'l> {
-        self.resume(Verdict::default(), all, which, facts, on_failure).await
+        self.resume(Verdict::default(), Pending::start(), limits, costs, facts, on_failure)
+            .await
     }
 
     /// [`Limiter::check`], going on from where [`Limiter::try_check`]
-    /// stopped: the limits it decided keep their outcome and tokens.
+    /// stopped (`pending`): the limits it decided keep their outcome and
+    /// tokens.
     pub async fn resume<'l>(
         self: &'l Arc<Self>,
         mut verdict: Verdict<'l>,
-        all: &[Arc<LimitRuntime>],
-        which: &[usize],
+        pending: Pending,
+        limits: &[LimitRef<'l>],
+        costs: Costs<'_>,
         facts: &Facts<'_>,
         on_failure: StoreFailure,
     ) -> Verdict<'l> {
         for lv in &verdict.limits {
-            if let Some(limit) = all.get(lv.limit) {
-                limit.count(lv.outcome);
-            }
+            lv.limit.count(lv.outcome);
         }
         let settings = self.settings();
-        let from = verdict.next.min(which.len());
-        for (i, limit) in which[from..].iter().filter_map(|&w| all.get(w).map(|l| (w, l))) {
-            let (spec, shard) = self.spec_of(limit, facts);
+        let from = pending.next.min(limits.len());
+        for &limit in &limits[from..] {
+            let (spec, shard) = self.spec_of(&limit, facts);
             let now = self.now_ms();
-            let h = self.key_hash(limit, facts, shard);
+            let h = self.key_hash(&limit, facts, shard);
             let lv = if spec.algorithm == Algorithm::Concurrency {
                 let key = store_key(&limit.config, facts, shard);
-                match self
-                    .slot_verdict(i, limit, h, &key, &spec, on_failure, &mut verdict)
-                    .await
-                {
+                match self.slot_verdict(limit, h, &key, &spec, on_failure, &mut verdict).await {
                     Some(lv) => lv,
                     // The store failed and the route fails closed.
                     None => break,
                 }
             } else {
-                let n = verdict.cost_of(i).clamp(1, spec.capacity.max(1));
+                let n = cost_of(costs, limit).clamp(1, spec.capacity.max(1));
                 match self.take_local(h, spec, n, now) {
                     Some((remaining, reset_ms)) => {
-                        verdict.taken.push(self, h, n, i);
-                        admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms)
+                        verdict.taken.push(self, h, n, limit);
+                        admitted(limit, h, &spec, self.window_secs(&spec), remaining, reset_ms)
                     }
                     None => {
                         let key = store_key(&limit.config, facts, shard);
                         match self.slow_path(h, &key, &spec, n, &settings).await {
                             Ok(Some((remaining, reset_ms))) => {
-                                verdict.taken.push(self, h, n, i);
-                                admitted(i, &spec, self.window_secs(&spec), remaining, reset_ms)
+                                verdict.taken.push(self, h, n, limit);
+                                admitted(limit, h, &spec, self.window_secs(&spec), remaining, reset_ms)
                             }
-                            Ok(None) => self.refused(i, limit, h, &|| key.clone(), &spec),
+                            Ok(None) => self.refused(limit, h, &|| key.clone(), &spec),
                             // A limit that cannot refuse here cannot fail the
                             // request either: its fallback bucket only keeps its
                             // counts honest, and the bypass metric leaves it out.
-                            Err(_) if !limit.can_refuse() => {
-                                self.fallback(i, limit, h, &key, &spec, shard, n, &settings)
-                            }
+                            Err(_) if !limit.can_refuse() => self.fallback(limit, h, &key, &spec, shard, n, &settings),
                             Err(e) => {
                                 // The route's on_store_failure decides: a
                                 // fail-closed route answers 503 whatever later
@@ -559,7 +564,7 @@ impl Limiter {
                                     verdict.taken.give_back();
                                     break;
                                 }
-                                self.fallback(i, limit, h, &key, &spec, shard, n, &settings)
+                                self.fallback(limit, h, &key, &spec, shard, n, &settings)
                             }
                         }
                     }
@@ -579,7 +584,7 @@ impl Limiter {
     /// local block).
     /// `key` names the key for the shadow-block log line, the one use of
     /// the string: a refusal answered from memory never builds it otherwise.
-    fn refused(&self, i: usize, limit: &LimitRuntime, h: u64, key: &dyn Fn() -> String, spec: &Spec) -> LimitVerdict {
+    fn refused<'l>(&self, limit: LimitRef<'l>, h: u64, key: &dyn Fn() -> String, spec: &Spec) -> LimitVerdict<'l> {
         let now = self.now_ms();
         let (retry_after_ms, over, remaining, reset_ms) = self
             .leases
@@ -601,7 +606,8 @@ impl Limiter {
             );
         }
         LimitVerdict {
-            limit: i,
+            limit,
+            key_hash: h,
             outcome,
             quota: spec.count,
             window_secs: self.window_secs(spec),

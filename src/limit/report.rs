@@ -290,20 +290,30 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(
                 limiter
-                    .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                    .check(
+                        &crate::limit::testing::pick(&limits, &[0]),
+                        &[],
+                        &facts("a", &h),
+                        StoreFailure::Allow
+                    )
                     .await
                     .committed()
-                    .refused,
+                    .refused_at(),
                 None
             );
         }
         for _ in 0..3 {
             assert_eq!(
                 limiter
-                    .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                    .check(
+                        &crate::limit::testing::pick(&limits, &[0]),
+                        &[],
+                        &facts("a", &h),
+                        StoreFailure::Allow
+                    )
                     .await
                     .committed()
-                    .refused,
+                    .refused_at(),
                 Some(0)
             );
         }
@@ -344,7 +354,12 @@ mod tests {
             let id = format!("k{n}");
             for _ in 0..(2 + n) {
                 limiter
-                    .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+                    .check(
+                        &crate::limit::testing::pick(&limits, &[0]),
+                        &[],
+                        &facts(&id, &h),
+                        StoreFailure::Allow,
+                    )
                     .await
                     .committed();
             }
@@ -379,7 +394,12 @@ mod tests {
         let h = http::HeaderMap::new();
         for _ in 0..5 {
             limiter
-                .check(&limits, &[0], &facts("k", &h), StoreFailure::Allow)
+                .check(
+                    &crate::limit::testing::pick(&limits, &[0]),
+                    &[],
+                    &facts("k", &h),
+                    StoreFailure::Allow,
+                )
                 .await
                 .committed();
         }

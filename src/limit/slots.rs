@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 
 use super::policy::StoreFailure;
 use super::stage::Outcome;
-use super::LimitVerdict;
 use super::Settings;
+use super::{LimitRef, LimitVerdict};
 use crate::clock::Clock;
 use crate::quota::Spec;
 use crate::store::{FleetStore, Hold, StoreError};
@@ -126,21 +126,21 @@ pub(super) enum Taken {
 }
 
 impl Taken {
-    /// Limit `i`'s part of a verdict; a slot goes into `verdict`, to be
-    /// held until the response ends.
-    fn into_verdict(
+    /// `limit`'s part of a verdict for the key `h`; a slot goes into
+    /// `verdict`, to be held until the response ends.
+    fn into_verdict<'l>(
         self,
-        i: usize,
-        limit: &super::LimitRuntime,
+        limit: LimitRef<'l>,
+        h: u64,
         spec: &Spec,
-        verdict: &mut super::Verdict<'_>,
-    ) -> LimitVerdict {
+        verdict: &mut super::Verdict<'l>,
+    ) -> LimitVerdict<'l> {
         match self {
             Taken::Slot(held, left) => {
                 verdict.held.push(held);
-                slot_admitted(i, spec, left)
+                slot_admitted(limit, h, spec, left)
             }
-            Taken::Full(ms) => slot_refused(i, limit, spec, ms),
+            Taken::Full(ms) => slot_refused(limit, h, spec, ms),
         }
     }
 }
@@ -354,16 +354,15 @@ impl SlotTable {
 impl super::Limiter {
     /// A concurrency limit's verdict from memory, its slot (if any) in
     /// `verdict`; `None` when the store must be asked.
-    pub(super) fn slot_verdict_now(
+    pub(super) fn slot_verdict_now<'l>(
         &self,
-        i: usize,
-        limit: &super::LimitRuntime,
+        limit: LimitRef<'l>,
         h: u64,
         spec: &Spec,
-        verdict: &mut super::Verdict<'_>,
-    ) -> Option<LimitVerdict> {
+        verdict: &mut super::Verdict<'l>,
+    ) -> Option<LimitVerdict<'l>> {
         let taken = self.slots.slot_now(h, spec.capacity, &self.clock)?;
-        Some(taken.into_verdict(i, limit, spec, verdict))
+        Some(taken.into_verdict(limit, h, spec, verdict))
     }
 
     /// A concurrency limit's verdict, asking the store when no slot is at
@@ -371,17 +370,15 @@ impl super::Limiter {
     /// route's to decide, as for tokens: fail open, and the fallback's
     /// share of `max` decides; fail closed, and `None` (the verdict says
     /// 503 and holds nothing).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn slot_verdict(
+    pub(super) async fn slot_verdict<'l>(
         &self,
-        i: usize,
-        limit: &super::LimitRuntime,
+        limit: LimitRef<'l>,
         h: u64,
         key: &str,
         spec: &Spec,
         on_failure: StoreFailure,
-        verdict: &mut super::Verdict<'_>,
-    ) -> Option<LimitVerdict> {
+        verdict: &mut super::Verdict<'l>,
+    ) -> Option<LimitVerdict<'l>> {
         let settings = self.settings();
         let fallback = || {
             let part = spec.capacity.div_ceil(self.fleet_divisor(&settings)).max(1);
@@ -406,7 +403,7 @@ impl super::Limiter {
                 fallback()
             }
         };
-        Some(taken.into_verdict(i, limit, spec, verdict))
+        Some(taken.into_verdict(limit, h, spec, verdict))
     }
 
     /// The future that is ready when a slot of `limit`'s key for `facts`
@@ -527,9 +524,10 @@ impl SlotRenewer {
 
 /// A concurrency limit's part of an admitted verdict: `left` slots free as
 /// far as this instance knows; nothing resets in time.
-fn slot_admitted(i: usize, spec: &Spec, left: u64) -> LimitVerdict {
+fn slot_admitted<'l>(limit: LimitRef<'l>, key_hash: u64, spec: &Spec, left: u64) -> LimitVerdict<'l> {
     LimitVerdict {
-        limit: i,
+        limit,
+        key_hash,
         outcome: Outcome::Admitted,
         quota: spec.capacity,
         window_secs: 1,
@@ -542,9 +540,10 @@ fn slot_admitted(i: usize, spec: &Spec, left: u64) -> LimitVerdict {
 
 /// A concurrency limit with no slot free: what its stage makes of it, and
 /// a retry when this instance will ask the store again.
-fn slot_refused(i: usize, limit: &super::LimitRuntime, spec: &Spec, retry_after_ms: u64) -> LimitVerdict {
+fn slot_refused<'l>(limit: LimitRef<'l>, key_hash: u64, spec: &Spec, retry_after_ms: u64) -> LimitVerdict<'l> {
     LimitVerdict {
-        limit: i,
+        limit,
+        key_hash,
         outcome: super::stage::on_refusal(limit.config.mode, limit.enforcing),
         quota: spec.capacity,
         window_secs: 1,

@@ -1,9 +1,12 @@
 //! Fixtures for the decision core's tests, in one place: the facts of a
 //! request and the limiter's settings the tests decide with.
 
+use std::sync::Arc;
+
+use super::handle::LimitRef;
 use super::key::Facts;
 use super::lease::Sizing;
-use super::Settings;
+use super::{LimitRuntime, Settings};
 
 /// The facts of a request by `identity` on route `r` from 127.0.0.1, with
 /// `headers`, no tenant, plan or claimed rate.
@@ -30,4 +33,10 @@ pub fn settings() -> Settings {
         fleet_size: None,
         deadline_ms: 1_000,
     }
+}
+
+/// Handles to `which` of `all`, in that order: the limits a request is
+/// decided on.
+pub fn pick<'l>(all: &'l [Arc<LimitRuntime>], which: &[usize]) -> Vec<LimitRef<'l>> {
+    which.iter().map(|&i| LimitRef::new(&all[i])).collect()
 }

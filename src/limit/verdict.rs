@@ -3,6 +3,7 @@
 //! shown), and the tokens the request holds until it is served
 //! ([`Taken`], a drop guard).
 
+use super::handle::LimitRef;
 use super::stage::Outcome;
 use super::Limiter;
 use crate::quota::Spec;
@@ -10,9 +11,12 @@ use crate::store::StoreError;
 
 /// One limit's part of a verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LimitVerdict {
-    /// The limit: an index into the config's limits.
-    pub limit: usize,
+pub struct LimitVerdict<'l> {
+    pub limit: LimitRef<'l>,
+    /// The hash of the key it was decided on (the lease table's: the
+    /// limit, the key's parts and its shard), so that no one derives the
+    /// key again to tell it apart.
+    pub key_hash: u64,
     pub outcome: Outcome,
     pub quota: u64,
     pub window_secs: u64,
@@ -31,9 +35,9 @@ pub enum Decision {
     /// Every limit admits (shadow and soft ones may be over, and say so).
     #[default]
     Admit,
-    /// A limit refuses: 429. Its entry in [`Verdict::limits`] is at
-    /// [`Verdict::refused`].
-    Refuse,
+    /// A limit refuses: 429. Its entry in [`Verdict::limits`] is `at`
+    /// ([`Verdict::refused`]).
+    Refuse { at: usize },
     /// The store failed and the route fails open: admitted by the local
     /// fallback buckets; `reason` is the bypass metric's label.
     Bypass { reason: &'static str },
@@ -47,9 +51,7 @@ pub enum Decision {
 pub struct Verdict<'l> {
     pub decision: Decision,
     /// One entry per limit checked, in route order (inline for up to two).
-    pub limits: smallvec::SmallVec<[LimitVerdict; 2]>,
-    /// Index into `limits` of the limit that refused (enforced), if any.
-    pub refused: Option<usize>,
+    pub limits: smallvec::SmallVec<[LimitVerdict<'l>; 2]>,
     /// Why the store failed, when it did (the decision says what it means).
     pub store_error: Option<StoreError>,
     /// The tokens this request holds: given back unless committed.
@@ -58,16 +60,50 @@ pub struct Verdict<'l> {
     /// dropped, so the request path moves them into the response body
     /// ([`Verdict::take_held`]) to hold them until it ends.
     pub(super) held: Vec<super::slots::Held>,
-    /// Where in the request's limits [`Limiter::check`] goes on from when
-    /// [`Limiter::try_check`] stopped at a limit that needs the store.
-    pub(super) next: usize,
-    /// What the request reserves under limits with a `cost` (a limit's
-    /// index and its tokens), set by the request path before the decision;
-    /// a limit not listed takes 1.
-    pub costs: super::cost::Reserves,
 }
 
-impl Verdict<'_> {
+/// Where a decision that needs the store goes on from: what
+/// [`Limiter::try_check`] answers when a limit has no token at hand, for
+/// [`Limiter::resume`]. The limits before it are decided in the verdict,
+/// their tokens held, so nothing is taken twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use = "a decision that needs the store goes on with `Limiter::resume`"]
+pub struct Pending {
+    /// The position, in the request's limits, of the first one undecided.
+    pub(super) next: usize,
+}
+
+impl Pending {
+    /// A decision not begun: [`Limiter::resume`] from the first limit.
+    pub fn start() -> Pending {
+        Pending::default()
+    }
+}
+
+/// What [`Limiter::try_check`] made of a request from memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a decision that needs the store goes on with `Limiter::resume`"]
+pub enum Checked {
+    /// Every limit decided: the verdict is whole.
+    Decided,
+    /// A limit needs the store: go on from here.
+    NeedsStore(Pending),
+}
+
+impl<'l> Verdict<'l> {
+    /// The limit that refused the request (enforced), if one did.
+    pub fn refused(&self) -> Option<&LimitVerdict<'l>> {
+        self.refused_at().and_then(|at| self.limits.get(at))
+    }
+
+    /// The position of the limit that refused, in [`Verdict::limits`].
+    pub fn refused_at(&self) -> Option<usize> {
+        match self.decision {
+            Decision::Refuse { at } => Some(at),
+            _ => None,
+        }
+    }
+
     /// The request is served: the tokens it took are spent. A verdict
     /// dropped uncommitted (a refusal, a client gone while the store
     /// answered) gives them back to their leases.
@@ -85,12 +121,13 @@ impl Verdict<'_> {
     /// Adds one limit's part. When it refuses (enforced), the verdict
     /// refuses: nothing was admitted, so what earlier limits took (tokens,
     /// slots) goes back. True when it refused: no later limit is asked.
-    pub(super) fn decide(&mut self, lv: LimitVerdict) -> bool {
+    pub(super) fn decide(&mut self, lv: LimitVerdict<'l>) -> bool {
         let refused = lv.outcome == Outcome::Limited;
         self.limits.push(lv);
         if refused {
-            self.refused = Some(self.limits.len() - 1);
-            self.decision = Decision::Refuse;
+            self.decision = Decision::Refuse {
+                at: self.limits.len() - 1,
+            };
             self.taken.give_back();
             self.held.clear();
         }
@@ -107,16 +144,6 @@ impl Verdict<'_> {
     pub fn tokens_held(&self) -> usize {
         self.taken.hashes.len()
     }
-
-    /// The tokens the request takes under limit `i`: its reserve under a
-    /// limit with a `cost`, else 1.
-    #[inline]
-    pub(super) fn cost_of(&self, i: usize) -> u64 {
-        if self.costs.is_empty() {
-            return 1;
-        }
-        self.costs.iter().find(|(l, _)| *l == i).map_or(1, |(_, n)| *n)
-    }
 }
 
 /// Tokens a request took, per key (by hash): a drop guard, as in
@@ -125,22 +152,22 @@ impl Verdict<'_> {
 #[derive(Debug, Default)]
 pub(super) struct Taken<'l> {
     limiter: Option<&'l Limiter>,
-    pub(super) hashes: smallvec::SmallVec<[Took; 2]>,
+    pub(super) hashes: smallvec::SmallVec<[Took<'l>; 2]>,
 }
 
 /// The tokens one limit took for a request.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Took {
+pub(super) struct Took<'l> {
     /// The key's hash.
     pub(super) h: u64,
     /// How many: 1, or the request's reserve under a limit with a cost.
     pub(super) n: u64,
-    /// The limit (an index into the config's limits).
-    pub(super) limit: usize,
+    /// The limit.
+    pub(super) limit: LimitRef<'l>,
 }
 
 impl<'l> Taken<'l> {
-    pub(super) fn push(&mut self, limiter: &'l Limiter, h: u64, n: u64, limit: usize) {
+    pub(super) fn push(&mut self, limiter: &'l Limiter, h: u64, n: u64, limit: LimitRef<'l>) {
         self.limiter = Some(limiter);
         self.hashes.push(Took { h, n, limit });
     }
@@ -170,9 +197,31 @@ impl Drop for Taken<'_> {
     }
 }
 
-pub(super) fn admitted(i: usize, spec: &Spec, window_secs: u64, remaining: u64, reset_ms: u64) -> LimitVerdict {
+/// What the request reserves under each limit with a `cost` (a handle
+/// and its tokens); a limit not listed takes 1.
+pub type Costs<'c> = &'c [(std::sync::Arc<super::LimitRuntime>, u64)];
+
+/// The tokens a request takes under `limit`: its reserve under a limit
+/// with a `cost`, else 1.
+#[inline]
+pub(super) fn cost_of(costs: Costs<'_>, limit: LimitRef<'_>) -> u64 {
+    if costs.is_empty() {
+        return 1;
+    }
+    costs.iter().find(|(l, _)| limit.is(l)).map_or(1, |(_, n)| *n)
+}
+
+pub(super) fn admitted<'l>(
+    limit: LimitRef<'l>,
+    key_hash: u64,
+    spec: &Spec,
+    window_secs: u64,
+    remaining: u64,
+    reset_ms: u64,
+) -> LimitVerdict<'l> {
     LimitVerdict {
-        limit: i,
+        limit,
+        key_hash,
         outcome: Outcome::Admitted,
         quota: spec.count,
         window_secs,

@@ -99,9 +99,9 @@ pub trait Watch: Send + Sync {
     /// The body ended: its last frame was handed on (`Ended::Complete`), it
     /// failed, or it was dropped before its end (the client went away).
     fn end(&mut self, how: Ended);
-    /// After [`Watch::end`]: what the response was charged, per limit (an
-    /// index into the config's limits), where the watch settled it.
-    fn charged(&self) -> &[(usize, u64)] {
+    /// After [`Watch::end`]: what the response was charged, per limit,
+    /// where the watch settled it.
+    fn charged(&self) -> &[(std::sync::Arc<crate::limit::LimitRuntime>, u64)] {
         &[]
     }
 }

@@ -361,29 +361,6 @@ mod tests {
             }
         }
 
-        /// A refused request retried after exactly retry_after succeeds.
-        #[test]
-        fn retry_after_is_exact(
-            limit in 1u64..50, period_ms in 10u64..10_000,
-            steps in prop::collection::vec((0u64..3_000, 1u64..5), 1..50),
-        ) {
-            let s = spec(limit, period_ms);
-            let (mut st, mut now) = (None, 0u64);
-            for (dt, want) in steps {
-                now += dt;
-                let (n, g) = acquire(st, &s, now, want);
-                st = Some(n);
-                if g.granted == 0 {
-                    prop_assert!(g.retry_after_ms >= 1);
-                    let (_, later) = acquire(st, &s, now + g.retry_after_ms, 1);
-                    prop_assert_eq!(later.granted, 1, "at +{}", g.retry_after_ms);
-                    if g.retry_after_ms > 1 {
-                        let (_, early) = acquire(st, &s, now + g.retry_after_ms - 1, 1);
-                        prop_assert_eq!(early.granted, 0);
-                    }
-                }
-            }
-        }
     }
 
     proptest! {

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::limit::fleet::HEARTBEAT_EVERY_MS;
 use crate::limit::key::Facts;
 use crate::limit::policy::{Limit, StoreFailure};
-use crate::limit::{Decision, LimitRuntime, Limiter, Verdict};
+use crate::limit::{Checked, Decision, LimitRef, LimitRuntime, Limiter, Verdict};
 use crate::store::guard::Guarded;
 use crate::store::memory::MemoryStore;
 use crate::store::FleetStore;
@@ -77,7 +77,8 @@ impl Shared {
 
 struct Instance {
     limiter: Arc<Limiter>,
-    limits: Arc<[Arc<LimitRuntime>]>,
+    /// The limit simulated, as this instance compiled it.
+    limit: Arc<LimitRuntime>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -142,16 +143,16 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
                 metrics.clone(),
             ));
             let limiter = Limiter::with_wall_clock(guarded, settings, mono.clone(), wall.clone());
-            let limits: Arc<[Arc<LimitRuntime>]> = Arc::from(vec![Arc::new(LimitRuntime::new(
-                limit.clone(),
-                &format!("sim-{i}"),
-                &metrics,
-            ))]);
+            let runtime = Arc::new(LimitRuntime::new(limit.clone(), &format!("sim-{i}"), &metrics));
             let tasks = vec![
                 tokio::spawn(sweep(limiter.clone())),
                 tokio::spawn(heartbeat(limiter.clone(), fastrand::u64(..))),
             ];
-            Instance { limiter, limits, tasks }
+            Instance {
+                limiter,
+                limit: runtime,
+                tasks,
+            }
         })
         .collect();
     let mut live = vec![true; fleet.len()];
@@ -159,7 +160,6 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
     let kill = o.kill.map(|(k, t)| (k, ms(t) - 1));
     let mut stranded_max = 0u64;
     let mut in_flight: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-    let which = [0usize];
     for t in 0..o.seconds * 1000 {
         tokio::time::sleep_until(start + Duration::from_millis(t)).await;
         if let Some((k, at)) = kill {
@@ -190,15 +190,17 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
             let inst = &fleet[traffic.instance(&live)];
             let Some(facts) = shared.facts(c, k) else { continue };
             let mut verdict = Verdict::default();
-            if inst.limiter.try_check(&inst.limits, &which, &facts, &mut verdict) {
+            let limits = [LimitRef::new(&inst.limit)];
+            if inst.limiter.try_check(&limits, &[], &facts, &mut verdict) == Checked::Decided {
                 shared.record(&mut verdict, k);
                 continue;
             }
             drop(verdict);
-            let (limiter, limits, shared) = (inst.limiter.clone(), inst.limits.clone(), shared.clone());
+            let (limiter, limit, shared) = (inst.limiter.clone(), inst.limit.clone(), shared.clone());
             in_flight.push(tokio::spawn(async move {
                 let Some(facts) = shared.facts(c, k) else { return };
-                let mut verdict = limiter.check(&limits, &[0], &facts, shared.on_failure).await;
+                let limits = [LimitRef::new(&limit)];
+                let mut verdict = limiter.check(&limits, &[], &facts, shared.on_failure).await;
                 shared.record(&mut verdict, k);
             }));
         }

@@ -51,7 +51,7 @@ impl Outcomes {
                 self.fallback += 1;
                 &mut self.admitted
             }
-            Decision::Refuse => &mut self.refused,
+            Decision::Refuse { .. } => &mut self.refused,
             Decision::Unavailable { .. } => {
                 self.unavailable += 1;
                 &mut self.refused

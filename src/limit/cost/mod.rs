@@ -19,9 +19,9 @@ mod settle;
 pub use api::{Api, ApiRequest, ApiSettle, Endpoint};
 pub use settle::{Settlement, Settlements};
 
-/// What a request reserves under each of its limits with a cost: a
-/// limit's index and its tokens (inline for two).
-pub type Reserves = smallvec::SmallVec<[(usize, u64); 2]>;
+/// What a request reserves under each of its limits with a cost: the
+/// limit and its tokens (inline for two).
+pub type Reserves = smallvec::SmallVec<[(std::sync::Arc<super::LimitRuntime>, u64); 2]>;
 
 use http::{HeaderMap, HeaderName};
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::super::lease::Lease;
 use super::super::sweep::Release;
-use super::super::verdict::Verdict;
+use super::super::verdict::{Costs, Verdict};
 use super::super::{LimitRuntime, Limiter};
 use crate::quota::Spec;
 
@@ -22,8 +22,8 @@ pub type Settlements = smallvec::SmallVec<[Settlement; 1]>;
 /// What one limit's reserve for a served request needs to settle.
 #[derive(Debug)]
 pub struct Settlement {
-    /// The limit: an index into the config's limits.
-    pub limit: usize,
+    /// The limit.
+    pub limit: Arc<LimitRuntime>,
     /// The tokens reserved at admission.
     pub reserve: u64,
     lease: Arc<Lease>,
@@ -38,16 +38,16 @@ impl Verdict<'_> {
     /// the response (`cost.settle`), to settle when it has ended; taken
     /// from the verdict, which commits the rest. Empty, without a lookup,
     /// for a request on no such limit.
-    pub fn settlements(&mut self, all: &[Arc<LimitRuntime>]) -> Settlements {
+    pub fn settlements(&mut self, costs: Costs<'_>) -> Settlements {
         let mut out = Settlements::new();
-        if self.costs.is_empty() {
+        if costs.is_empty() {
             return out;
         }
         let Some(limiter) = self.taken.limiter() else {
             return out;
         };
         for t in &self.taken.hashes {
-            let Some(limit) = all.get(t.limit) else { continue };
+            let limit = t.limit;
             if limit.config.cost.as_ref().is_none_or(|c| c.settle.is_none()) {
                 continue;
             }
@@ -55,7 +55,7 @@ impl Verdict<'_> {
             let spec = lease.spec().unwrap_or(limit.spec);
             let window_ms = lease.window_ms();
             out.push(Settlement {
-                limit: t.limit,
+                limit: limit.to_arc(),
                 reserve: t.n,
                 lease,
                 spec,

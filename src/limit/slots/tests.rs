@@ -45,9 +45,16 @@ fn fleet(n: usize) -> (Arc<AtomicU64>, Arc<MemoryStore>, Vec<Arc<Limiter>>) {
 /// Checks one request: its decision, and the slots it holds.
 async fn ask(l: &Arc<Limiter>, limits: &[Arc<LimitRuntime>]) -> (Decision, Vec<Held>, u64) {
     let h = http::HeaderMap::new();
-    let mut v = l.check(limits, &[0], &facts("acme", &h), StoreFailure::Allow).await;
+    let mut v = l
+        .check(
+            &crate::limit::testing::pick(limits, &[0]),
+            &[],
+            &facts("acme", &h),
+            StoreFailure::Allow,
+        )
+        .await;
     let retry = v
-        .refused
+        .refused_at()
         .and_then(|i| v.limits.get(i))
         .map_or(0, |lv| lv.retry_after_ms);
     v.commit();
@@ -66,7 +73,7 @@ async fn a_fleet_of_two_runs_at_most_max_and_a_slot_back_is_taken_again() {
             admitted += 1;
             running.extend(held);
         } else {
-            assert_eq!(d, Decision::Refuse);
+            assert_eq!(d, Decision::Refuse { at: 0 });
             assert_eq!(retry, FULL_MS, "refused with a retry");
         }
     }
@@ -99,7 +106,7 @@ async fn an_idle_slot_of_a_contended_key_goes_back_for_another_instance() {
     let (_, a1, _) = ask(&fleet[0], &limits).await;
     let (_, a2, _) = ask(&fleet[0], &limits).await;
     let (d, _, _) = ask(&fleet[1], &limits).await;
-    assert_eq!(d, Decision::Refuse, "both slots are instance 0's");
+    assert_eq!(d, Decision::Refuse { at: 0 }, "both slots are instance 0's");
     drop(a1);
     // Instance 0 keeps it idle until its renewer gives it back: contended.
     SlotRenewer::of(&fleet[0]).renew(false).await;
@@ -108,7 +115,7 @@ async fn an_idle_slot_of_a_contended_key_goes_back_for_another_instance() {
     let (d, b1, _) = ask(&fleet[1], &limits).await;
     assert_eq!(d, Decision::Admit, "the slot went back to the store");
     let (d, _, _) = ask(&fleet[0], &limits).await;
-    assert_eq!(d, Decision::Refuse, "and is no longer instance 0's");
+    assert_eq!(d, Decision::Refuse { at: 0 }, "and is no longer instance 0's");
     drop((a2, b1));
 }
 
@@ -121,7 +128,11 @@ async fn a_dead_instances_slots_come_back_after_its_lease_ttl() {
     std::mem::forget(held);
     let ttl = settings().sizing.ttl_ms;
     now.fetch_add(ttl - 1, Ordering::SeqCst);
-    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Refuse, "within the TTL");
+    assert_eq!(
+        ask(&fleet[1], &limits).await.0,
+        Decision::Refuse { at: 0 },
+        "within the TTL"
+    );
     now.fetch_add(FULL_MS + 2, Ordering::SeqCst);
     assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Admit, "after it");
 }
@@ -135,7 +146,11 @@ async fn renewals_keep_a_long_requests_slot_past_the_ttl() {
         now.fetch_add(300, Ordering::SeqCst);
         SlotRenewer::of(&fleet[0]).renew(false).await;
     }
-    assert_eq!(ask(&fleet[1], &limits).await.0, Decision::Refuse, "still held");
+    assert_eq!(
+        ask(&fleet[1], &limits).await.0,
+        Decision::Refuse { at: 0 },
+        "still held"
+    );
     drop(held);
     SlotRenewer::of(&fleet[0]).renew(false).await;
     now.fetch_add(FULL_MS + 1, Ordering::SeqCst);
@@ -172,7 +187,7 @@ async fn while_the_store_is_away_an_instance_runs_its_part_of_max() {
     assert!(matches!(d, Decision::Bypass { .. }), "{d:?}");
     let (_, b, _) = ask(&l, &limits).await;
     let (d, _, _) = ask(&l, &limits).await;
-    assert_eq!(d, Decision::Refuse, "max 2 over a fleet of one");
+    assert_eq!(d, Decision::Refuse { at: 0 }, "max 2 over a fleet of one");
     drop((a, b));
 }
 
@@ -209,7 +224,7 @@ async fn a_lower_max_after_a_reload_holds_for_a_key_with_idle_slots() {
     let lower = [concurrency(1, Mode::Enforce)];
     assert_eq!(
         ask(&fleet[0], &lower).await.0,
-        Decision::Refuse,
+        Decision::Refuse { at: 0 },
         "one is in flight: max 1"
     );
     drop(a);
@@ -233,7 +248,11 @@ async fn the_renewer_task_keeps_a_slot_in_use_alive_past_its_ttl() {
             tokio::time::sleep(Duration::from_millis(ttl_ms / 4)).await;
         }
         let (d, _, _) = ask(&fleet[1], &limits).await;
-        let expected = if renewing { Decision::Refuse } else { Decision::Admit };
+        let expected = if renewing {
+            Decision::Refuse { at: 0 }
+        } else {
+            Decision::Admit
+        };
         assert_eq!(d, expected, "renewing: {renewing}");
         if let Some(t) = task {
             t.abort();

@@ -21,20 +21,21 @@ fn priced(name: &str) -> Vec<Arc<LimitRuntime>> {
 /// One request reserving `n`: its verdict, and its settlement when admitted.
 async fn reserve<'l>(
     limiter: &'l Arc<Limiter>,
-    limits: &[Arc<LimitRuntime>],
+    limits: &'l [Arc<LimitRuntime>],
     n: u64,
 ) -> (Verdict<'l>, Option<crate::limit::cost::Settlement>) {
     let h = http::HeaderMap::new();
-    let mut v = Verdict {
-        costs: smallvec::smallvec![(0, n)],
-        ..Verdict::default()
-    };
+    let mut v = Verdict::default();
+    let costs = [(limits[0].clone(), n)];
     let facts = facts("a", &h);
-    if !limiter.try_check(limits, &[0], &facts, &mut v) {
-        v = limiter.resume(v, limits, &[0], &facts, StoreFailure::Allow).await;
+    let which = pick(limits, &[0]);
+    if let Checked::NeedsStore(pending) = limiter.try_check(&which, &costs, &facts, &mut v) {
+        v = limiter
+            .resume(v, pending, &which, &costs, &facts, StoreFailure::Allow)
+            .await;
     }
     let s = if v.decision == Decision::Admit {
-        v.settlements(limits).pop()
+        v.settlements(&costs).pop()
     } else {
         None
     };
@@ -63,11 +64,11 @@ async fn a_settle_refunds_to_the_lease_or_leaves_a_debt_with_its_exact_wait() {
     // The next call carries the debt: 154 of 100 spent, 54 owed; 10 more
     // fit after 64 s, not a millisecond earlier.
     let (v, _) = reserve(&limiter, &limits, 10).await;
-    assert_eq!(v.decision, Decision::Refuse);
+    assert_eq!(v.decision, Decision::Refuse { at: 0 });
     assert_eq!(v.limits[0].retry_after_ms, 64_000);
     now.fetch_add(63_999, Ordering::SeqCst);
     let (v, _) = reserve(&limiter, &limits, 10).await;
-    assert_eq!(v.decision, Decision::Refuse, "a millisecond early");
+    assert_eq!(v.decision, Decision::Refuse { at: 0 }, "a millisecond early");
     now.fetch_add(1, Ordering::SeqCst);
     let (v, _) = reserve(&limiter, &limits, 10).await;
     assert_eq!(v.decision, Decision::Admit, "{v:?}");
@@ -83,7 +84,7 @@ async fn a_reserve_that_does_not_fit_refuses_it_alone() {
         assert_eq!(v.decision, Decision::Admit, "{n}");
     }
     let (v, _) = reserve(&limiter, &limits, 10).await;
-    assert_eq!(v.decision, Decision::Refuse);
+    assert_eq!(v.decision, Decision::Refuse { at: 0 });
     assert_eq!(v.limits[0].retry_after_ms, 5_000, "5 more tokens at 1 a second");
     // Nothing was taken, and a smaller request is not blocked by it.
     for _ in 0..5 {
@@ -91,7 +92,7 @@ async fn a_reserve_that_does_not_fit_refuses_it_alone() {
         assert_eq!(v.decision, Decision::Admit);
     }
     let (v, _) = reserve(&limiter, &limits, 1).await;
-    assert_eq!(v.decision, Decision::Refuse);
+    assert_eq!(v.decision, Decision::Refuse { at: 0 });
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,22 +21,22 @@ fn sliding(name: &str, rate: &str, mode: Mode) -> Arc<LimitRuntime> {
 async fn the_first_429_after_a_bucket_drains_tells_the_stores_exact_wait() {
     let (now, _, limiter) = at(T0);
     let limits = vec![limit("five", "5/min", None, Mode::Enforce)];
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     now.fetch_add(10_000, Ordering::SeqCst);
     for _ in 0..4 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     }
     // 10 s refilled 5/6 of a token: the next one is 2 s away, not 12.
     let v = one(&limiter, &limits, "a").await;
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     assert_eq!((v.limits[0].retry_after_ms, v.limits[0].reset_ms), (2_000, 2_000));
     // Clearly earlier is refused; at Retry-After the client is admitted.
     now.fetch_add(1_000, Ordering::SeqCst);
     let v = one(&limiter, &limits, "a").await;
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     assert_eq!(v.limits[0].retry_after_ms, 1_000);
     now.fetch_add(1_000, Ordering::SeqCst);
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -44,18 +44,22 @@ async fn a_sliding_window_client_that_obeys_retry_after_is_admitted() {
     let (now, _, limiter) = at(T0);
     let limits = vec![sliding("five", "5/min", Mode::Enforce)];
     for _ in 0..5 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     }
     let v = one(&limiter, &limits, "a").await;
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     // Five in this window: the sixth fits once the window has turned and
     // slid a fifth of the way on: 50 s + 12 s.
     let wait = v.limits[0].retry_after_ms;
     assert_eq!(wait, 62_000);
     now.fetch_add(wait - 1_000, Ordering::SeqCst);
-    assert_eq!(one(&limiter, &limits, "a").await.refused, Some(0), "a second early");
+    assert_eq!(
+        one(&limiter, &limits, "a").await.refused_at(),
+        Some(0),
+        "a second early"
+    );
     now.fetch_add(1_000, Ordering::SeqCst);
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None, "on time");
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None, "on time");
 }
 
 #[tokio::test(start_paused = true)]
@@ -84,14 +88,14 @@ async fn stages_that_cannot_refuse_never_fail_a_fail_closed_request() {
     for _ in 0..3 {
         // fail_open = false: a `deny` route.
         let v = limiter
-            .check(&limits, &[0, 1, 2], &facts("k", &h), StoreFailure::Deny)
+            .check(&pick(&limits, &[0, 1, 2]), &[], &facts("k", &h), StoreFailure::Deny)
             .await
             .committed();
-        assert_eq!((v.refused, &v.store_error), (None, &None));
+        assert_eq!((v.refused_at(), &v.store_error), (None, &None));
         assert_eq!(v.limits.len(), 3, "every limit is still counted");
     }
     let v = limiter
-        .check(&limits, &[0, 3], &facts("k", &h), StoreFailure::Deny)
+        .check(&pick(&limits, &[0, 3]), &[], &facts("k", &h), StoreFailure::Deny)
         .await
         .committed();
     assert!(v.store_error.is_some(), "an enforced limit's failure still decides");
@@ -105,7 +109,7 @@ async fn a_cold_burst_costs_a_couple_of_store_calls() {
     let tasks: Vec<_> = (0..50)
         .map(|_| {
             let (limiter, limits) = (limiter.clone(), limits.clone());
-            tokio::spawn(async move { one(&limiter, &limits, "same").await.refused })
+            tokio::spawn(async move { one(&limiter, &limits, "same").await.refused_at() })
         })
         .collect();
     for t in tasks {
@@ -149,7 +153,7 @@ async fn a_request_waits_at_most_one_deadline_in_all() {
     let limits = Arc::new(vec![limit("l", "1000000/s", None, Mode::Enforce)]);
     let first = {
         let (limiter, limits) = (limiter.clone(), limits.clone());
-        tokio::spawn(async move { one(&limiter, &limits, "k").await.refused })
+        tokio::spawn(async move { one(&limiter, &limits, "k").await.refused_at() })
     };
     tokio::time::sleep(Duration::from_millis(2)).await;
     // This one waits for the first call (38 ms), which brings one token
@@ -178,9 +182,9 @@ async fn expired_tokens_go_back_inside_the_next_call() {
         ..limiter.settings()
     });
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     now.fetch_add(5, Ordering::SeqCst); // past the 1 ms TTL
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     // No round trip of their own: the four unspent tokens rode along.
     assert_eq!(store.releases.load(Ordering::SeqCst), 0);
     assert_eq!(store.acquires.load(Ordering::SeqCst), 2);
@@ -200,7 +204,7 @@ async fn a_flood_of_keys_keeps_the_table_capped_and_loses_no_token() {
     let limits = vec![limit("l", "1000/min", None, Mode::Enforce)];
     for i in 0..3_000 {
         // Each key leases 5 and spends 1: 4 at hand when it is evicted.
-        assert_eq!(one(&limiter, &limits, &format!("k{i}")).await.refused, None);
+        assert_eq!(one(&limiter, &limits, &format!("k{i}")).await.refused_at(), None);
         assert!(limiter.report().tracked_keys() <= limiter.leases.capacity());
     }
     for _ in 0..200 {
@@ -258,7 +262,7 @@ async fn the_default_fallback_is_about_twice_the_recent_admitted_rate() {
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
     // Five minutes at 10 requests per second.
     for _ in 0..3_000 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
         now.fetch_add(100, Ordering::SeqCst);
     }
     store.all(Answer::Fail(StoreError::Unavailable("down".into())));
@@ -285,7 +289,7 @@ async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
     let limits = vec![limit("l", "6000/min", None, Mode::Enforce)];
     // Ten seconds at 10 per second: a sixth of the average's minute.
     for _ in 0..100 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
         now.fetch_add(100, Ordering::SeqCst);
     }
     store.all(Answer::Fail(StoreError::Unavailable("down".into())));
@@ -298,12 +302,12 @@ async fn a_young_key_falls_back_to_about_twice_its_rate_too() {
 async fn sliding_window_tokens_go_back_to_the_window_they_were_counted_in() {
     let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
     let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     let taken_in = T0 - 10_000; // the window's start
                                 // The window turns and the lease expires unspent: its tokens go back,
                                 // inside the next call, to the window they were counted in.
     now.fetch_add(2_000, Ordering::SeqCst);
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     let back = store.unspent.lock().unwrap().clone();
     assert_eq!(back.len(), 1, "{back:?}");
     assert_eq!((back[0].tokens, back[0].window_ms), (4, taken_in));
@@ -318,7 +322,7 @@ async fn swept_tokens_are_not_counted_as_admitted() {
     // One request every 3 s: each lease of 5 expires, and the sweeper takes
     // its 4 unspent tokens back before the next request comes.
     for _ in 0..20 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
         now.fetch_add(2_000, Ordering::SeqCst);
         limiter.sweeper().sweep(3_600_000).await;
         now.fetch_add(1_000, Ordering::SeqCst);
@@ -335,10 +339,10 @@ async fn swept_tokens_are_not_counted_as_admitted() {
 async fn a_refill_in_a_new_window_sends_the_old_windows_tokens_back_to_it() {
     let (now, store, limiter) = at(T0 + 49_500); // half a second before the window turns
     let limits = vec![sliding("w", "1000/min", Mode::Enforce)];
-    assert_eq!(one(&limiter, &limits, "a").await.refused, None); // lease of 5, 4 at hand
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None); // lease of 5, 4 at hand
     now.fetch_add(700, Ordering::SeqCst); // the next window, the lease still alive
     for _ in 0..3 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     }
     // The third left one token at hand (the low watermark): the refill came
     // from the new window, and the old window's token went back to it.
@@ -364,9 +368,9 @@ async fn a_reload_that_changes_a_limit_lifts_its_keys_local_blocks() {
     let (store, limiter) = setup();
     let limits = vec![limit("two", "2/min", None, Mode::Enforce)];
     for _ in 0..2 {
-        assert_eq!(one(&limiter, &limits, "a").await.refused, None);
+        assert_eq!(one(&limiter, &limits, "a").await.refused_at(), None);
     }
-    assert_eq!(one(&limiter, &limits, "a").await.refused, Some(0));
+    assert_eq!(one(&limiter, &limits, "a").await.refused_at(), Some(0));
     let h = limiter_hash(&limiter, &limits[0], "a");
     assert!(limiter
         .leases
@@ -419,7 +423,7 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
     let limits = Arc::new(vec![limit("l", "1000000/min", None, Mode::Enforce)]);
     let call = {
         let (limiter, limits) = (limiter.clone(), limits.clone());
-        tokio::spawn(async move { one(&limiter, &limits, "a").await.refused })
+        tokio::spawn(async move { one(&limiter, &limits, "a").await.refused_at() })
     };
     tokio::time::sleep(Duration::from_millis(2)).await;
     // While its call is in flight, fill its shard with leases that hold
@@ -451,7 +455,7 @@ async fn a_lease_evicted_during_its_store_call_gives_the_grant_back() {
 /// most 1 000), without the clock moving.
 async fn admitted_in_a_row(limiter: &Arc<Limiter>, limits: &[Arc<LimitRuntime>], identity: &str) -> usize {
     let mut n = 0;
-    while n < 1_000 && one(limiter, limits, identity).await.refused.is_none() {
+    while n < 1_000 && one(limiter, limits, identity).await.refused_at().is_none() {
         n += 1;
     }
     n

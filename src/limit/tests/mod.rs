@@ -1,7 +1,7 @@
 use super::*;
 use crate::clock::monotonic_clock;
 use crate::limit::policy::{Draft, KeyPart, Mode, StoreFailure};
-use crate::limit::testing::{facts, settings};
+use crate::limit::testing::{facts, pick, settings};
 use crate::quota::Unspent;
 use crate::quota::{Grant, Rate};
 use crate::store::memory::MemoryStore;
@@ -70,10 +70,10 @@ fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
 }
 
 /// One request of `id` through `limiter`, served.
-async fn one<'l>(limiter: &'l Arc<Limiter>, limits: &[Arc<LimitRuntime>], id: &str) -> Verdict<'l> {
+async fn one<'l>(limiter: &'l Arc<Limiter>, limits: &'l [Arc<LimitRuntime>], id: &str) -> Verdict<'l> {
     let h = http::HeaderMap::new();
     limiter
-        .check(limits, &[0], &facts(id, &h), StoreFailure::Allow)
+        .check(&pick(limits, &[0]), &[], &facts(id, &h), StoreFailure::Allow)
         .await
         .committed()
 }
@@ -99,10 +99,10 @@ async fn concurrent_requests_without_tokens_share_one_store_call() {
         tasks.push(tokio::spawn(async move {
             let h = http::HeaderMap::new();
             let v = limiter
-                .check(&limits, &[0], &facts("hot", &h), StoreFailure::Allow)
+                .check(&pick(&limits, &[0]), &[], &facts("hot", &h), StoreFailure::Allow)
                 .await
                 .committed();
-            (v.refused, v.store_error)
+            (v.refused_at(), v.store_error)
         }));
     }
     for t in tasks {
@@ -134,7 +134,7 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
         tokio::spawn(async move {
             let h = http::HeaderMap::new();
             limiter
-                .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+                .check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Deny)
                 .await
                 .committed()
                 .store_error
@@ -146,7 +146,7 @@ async fn a_request_waits_for_another_requests_store_call_no_longer_than_the_dead
     // This one waits for the first request's call, which the deadline ends
     // 5 ms after it started, 4 ms after this one did.
     let second = limiter
-        .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+        .check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Deny)
         .await
         .committed();
     assert_eq!(second.store_error, Some(StoreError::Timeout(5)));
@@ -167,7 +167,7 @@ async fn requests_that_waited_for_a_failed_call_fail_with_it_without_calling_aga
         tasks.push(tokio::spawn(async move {
             let h = http::HeaderMap::new();
             limiter
-                .check(&limits, &[0], &facts("k", &h), StoreFailure::Deny)
+                .check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Deny)
                 .await
                 .committed()
                 .store_error
@@ -201,28 +201,28 @@ async fn a_drained_bucket_refuses_from_memory_with_the_real_wait() {
     let (_now, limiter, limits) = one_lease_drains_the_bucket();
     let h = http::HeaderMap::new();
     let v = limiter
-        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
         .await
         .committed();
-    assert_eq!(v.refused, None);
+    assert_eq!(v.refused_at(), None);
     // Another instance would now find the bucket empty; this one has two
     // tokens at hand, then refuses from memory (telling the client the
     // real wait for a token: 20 minutes).
     for _ in 0..2 {
         assert_eq!(
             limiter
-                .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
                 .await
                 .committed()
-                .refused,
+                .refused_at(),
             None
         );
     }
     let v = limiter
-        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
         .await
         .committed();
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     let wait = v.limits[0].retry_after_ms;
     assert!((1_199_000..=1_200_000).contains(&wait), "{wait}");
 }
@@ -233,10 +233,10 @@ async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
     let h = http::HeaderMap::new();
     assert_eq!(
         limiter
-            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed()
-            .refused,
+            .refused_at(),
         None
     );
     // The two unspent tokens expire with the lease and go back; the
@@ -244,10 +244,10 @@ async fn unspent_tokens_of_a_drained_bucket_serve_again_after_the_lease_ttl() {
     now.fetch_add(80, Ordering::SeqCst);
     for i in 0..2 {
         let v = limiter
-            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(v.refused, None, "request {i}");
+        assert_eq!(v.refused_at(), None, "request {i}");
     }
 }
 
@@ -261,7 +261,7 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
     ];
     let h = http::HeaderMap::new();
     let v = limiter
-        .check(&limits, &[0, 1], &facts("k", &h), StoreFailure::Deny)
+        .check(&pick(&limits, &[0, 1]), &[], &facts("k", &h), StoreFailure::Deny)
         .await
         .committed();
     assert!(v.store_error.is_some());
@@ -272,11 +272,11 @@ async fn a_fail_closed_route_stops_at_the_first_limit_whose_store_failed() {
     );
     // A fail-open route asks both, each decided by its fallback bucket.
     let v = limiter
-        .check(&limits, &[0, 1], &facts("k2", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0, 1]), &[], &facts("k2", &h), StoreFailure::Allow)
         .await
         .committed();
     assert_eq!(v.limits.len(), 2);
-    assert_eq!(v.refused, None);
+    assert_eq!(v.refused_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -299,11 +299,11 @@ async fn a_sharded_limits_fallback_rate_is_split_over_its_sub_buckets() {
     let mut admitted = 0;
     for _ in 0..5 {
         let v = limiter
-            .check(&limits, &[0], &facts("k", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Allow)
             .await
             .committed();
         assert!(v.store_error.is_some());
-        if v.refused.is_none() {
+        if v.refused_at().is_none() {
             admitted += 1;
         }
     }
@@ -319,19 +319,19 @@ async fn a_dropped_request_frees_its_keys_store_call_slot() {
     // A client that goes away while its store call is in flight...
     let abandoned = tokio::time::timeout(
         Duration::from_millis(2),
-        limiter.check(&limits, &[0], &facts("k", &h), StoreFailure::Allow),
+        limiter.check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Allow),
     )
     .await;
     assert!(abandoned.is_err());
     // ...leaves the key free for the next request.
     let v = tokio::time::timeout(
         Duration::from_secs(1),
-        limiter.check(&limits, &[0], &facts("k", &h), StoreFailure::Allow),
+        limiter.check(&pick(&limits, &[0]), &[], &facts("k", &h), StoreFailure::Allow),
     )
     .await
     .expect("no request waits on an abandoned call")
     .committed();
-    assert_eq!(v.refused, None);
+    assert_eq!(v.refused_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -341,34 +341,34 @@ async fn a_low_limit_admits_exactly_its_quota_then_refuses_from_memory() {
     let h = http::HeaderMap::new();
     for i in 0..5 {
         let v = limiter
-            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(v.refused, None, "request {i}");
+        assert_eq!(v.refused_at(), None, "request {i}");
         assert_eq!(v.limits[0].remaining, 4 - i);
     }
     let v = limiter
-        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
         .await
         .committed();
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     assert_eq!(v.limits[0].retry_after_ms.div_ceil(1000), 12);
     let calls = store.acquires.load(Ordering::SeqCst);
     // A burst of refusals on the blocked key costs no store call.
     for _ in 0..1_000 {
         let v = limiter
-            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(v.refused, Some(0));
+        assert_eq!(v.refused_at(), Some(0));
     }
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls);
     // Another identity is independent.
     let v = limiter
-        .check(&limits, &[0], &facts("b", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("b", &h), StoreFailure::Allow)
         .await
         .committed();
-    assert_eq!(v.refused, None);
+    assert_eq!(v.refused_at(), None);
 }
 
 /// How many of `n` requests `which` admits.
@@ -382,10 +382,10 @@ async fn admitted(
     let mut admitted = 0;
     for _ in 0..n {
         if limiter
-            .check(limits, which, facts, StoreFailure::Allow)
+            .check(&pick(limits, which), &[], facts, StoreFailure::Allow)
             .await
             .committed()
-            .refused
+            .refused_at()
             .is_none()
         {
             admitted += 1;
@@ -405,19 +405,19 @@ async fn a_refusal_by_the_second_limit_gives_back_the_first() {
     for _ in 0..2 {
         assert_eq!(
             limiter
-                .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+                .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
                 .await
                 .committed()
-                .refused,
+                .refused_at(),
             None
         );
     }
     for _ in 0..5 {
         let v = limiter
-            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(v.refused, Some(1));
+        assert_eq!(v.refused_at(), Some(1));
     }
     // "wide" spent only on the 2 admitted requests: 8 left for its own route.
     assert_eq!(admitted(&limiter, &limits, &[0], &facts("a", &h), 20).await, 8);
@@ -434,10 +434,10 @@ async fn shadow_and_soft_spend_like_enforce_but_admit() {
     let mut outcomes = Vec::new();
     for _ in 0..5 {
         let v = limiter
-            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(v.refused, None);
+        assert_eq!(v.refused_at(), None);
         outcomes.push((v.limits[0].outcome, v.limits[1].outcome));
     }
     let over = |o: Outcome| outcomes.iter().filter(|(a, b)| *a == o || *b == o).count();
@@ -453,10 +453,10 @@ async fn leases_grow_for_a_busy_key_and_cut_store_calls() {
     for _ in 0..20_000 {
         assert_eq!(
             limiter
-                .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+                .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
                 .await
                 .committed()
-                .refused,
+                .refused_at(),
             None
         );
         tokio::task::yield_now().await; // let background refills run
@@ -479,10 +479,10 @@ async fn expired_leases_go_back_to_the_store() {
     let h = http::HeaderMap::new();
     assert_eq!(
         limiter
-            .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed()
-            .refused,
+            .refused_at(),
         None
     );
     // Past the 1 ms TTL.
@@ -513,11 +513,11 @@ async fn key_churn_cannot_grow_the_lease_map_past_its_cap() {
     for i in 0..20_000 {
         let id = format!("subnet:2001:db8:{i:x}::/64");
         limiter
-            .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts(&id, &h), StoreFailure::Allow)
             .await
             .committed();
         limiter
-            .check(&limits, &[0], &facts(&id, &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0]), &[], &facts(&id, &h), StoreFailure::Allow)
             .await
             .committed(); // refused and blocked for an hour
     }
@@ -540,10 +540,10 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
                 let h = http::HeaderMap::new();
                 for _ in 0..100_000 {
                     if limiter
-                        .check(&limits, &[0], &facts("hot", &h), StoreFailure::Allow)
+                        .check(&pick(&limits, &[0]), &[], &facts("hot", &h), StoreFailure::Allow)
                         .await
                         .committed()
-                        .refused
+                        .refused_at()
                         .is_none()
                     {
                         admitted.fetch_add(1, Ordering::Relaxed);

@@ -29,7 +29,7 @@ async fn drained_hot_key(n: usize, secs: u64) -> (u64, u64) {
         for _ in 0..ms {
             now.fetch_add(1, Ordering::SeqCst);
             for limiter in &fleet {
-                admitted += u64::from(one(limiter, &limits, "a").await.refused.is_none());
+                admitted += u64::from(one(limiter, &limits, "a").await.refused_at().is_none());
             }
         }
         admitted
@@ -139,7 +139,7 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
     let calls = store.acquires.load(Ordering::SeqCst);
     // `b` asks, and is queued for the next five tokens of the refill.
     let v = one(&b, &limits, "k").await;
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     assert_eq!(v.limits[0].retry_after_ms, 100);
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 1);
     assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
@@ -152,12 +152,12 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
     now.fetch_add(99, Ordering::SeqCst);
     assert_eq!(one(&b, &limits, "k").await.limits[0].retry_after_ms, 1);
     now.fetch_add(1, Ordering::SeqCst);
-    assert_eq!(one(&b, &limits, "k").await.refused, None);
+    assert_eq!(one(&b, &limits, "k").await.refused_at(), None);
     let v = one(&b, &limits, "k").await;
-    assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 100));
+    assert_eq!((v.refused_at(), v.limits[0].retry_after_ms), (Some(0), 100));
     now.fetch_add(400, Ordering::SeqCst);
     for _ in 0..4 {
-        assert_eq!(one(&b, &limits, "k").await.refused, None);
+        assert_eq!(one(&b, &limits, "k").await.refused_at(), None);
     }
     // No call while tokens were reserved; once the last came due, the
     // tokens at hand fell to the low watermark and a background refill
@@ -167,7 +167,7 @@ async fn a_reservation_is_spent_as_it_comes_due_without_asking_the_store_again()
     // So the next request is refused from memory until that one's first
     // token, with no call of its own.
     let v = one(&b, &limits, "k").await;
-    assert_eq!(v.refused, Some(0));
+    assert_eq!(v.refused_at(), Some(0));
     assert!(v.limits[0].retry_after_ms <= 100, "{}", v.limits[0].retry_after_ms);
     assert_eq!(store.acquires.load(Ordering::SeqCst), calls + 2);
 }
@@ -187,7 +187,7 @@ async fn reserved_tokens_nobody_spends_go_back() {
         ..
     } = d;
     let spec = limits[0].config.spec();
-    assert_eq!(one(&b, &limits, "k").await.refused, Some(0));
+    assert_eq!(one(&b, &limits, "k").await.refused_at(), Some(0));
     assert_eq!(store.reserved.load(Ordering::SeqCst), 5);
     // Due at 1, 2, 3, 4 and 5 s; nobody comes to `b`. Idle, unblocked and
     // with nothing at hand, its lease is still kept while they are owed.
@@ -238,7 +238,7 @@ async fn a_full_queue_sends_instances_back_at_spread_times_and_clients_the_exact
     let mut ends = std::collections::BTreeSet::new();
     for limiter in &fleet[2..] {
         let v = one(limiter, &limits, "k").await;
-        assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 1_100));
+        assert_eq!((v.refused_at(), v.limits[0].retry_after_ms), (Some(0), 1_100));
         let blocked = limiter.report().key_states(&[&key])[0].blocked_for_ms;
         assert!((825..=1_100).contains(&blocked), "{blocked}");
         ends.insert(blocked);
@@ -256,6 +256,6 @@ async fn with_reserve_off_a_drained_bucket_reserves_nothing() {
     let b = d.instance();
     let Drained { store, limits, .. } = d;
     let v = one(&b, &limits, "k").await;
-    assert_eq!((v.refused, v.limits[0].retry_after_ms), (Some(0), 100));
+    assert_eq!((v.refused_at(), v.limits[0].retry_after_ms), (Some(0), 100));
     assert_eq!(store.reserved.load(Ordering::SeqCst), 0);
 }

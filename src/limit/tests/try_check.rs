@@ -7,16 +7,16 @@ use super::*;
 /// tokens it held before that; `None` when it needs the store.
 fn try_check<'l>(
     limiter: &'l Arc<Limiter>,
-    all: &[Arc<LimitRuntime>],
+    all: &'l [Arc<LimitRuntime>],
     which: &[usize],
     facts: &Facts<'_>,
 ) -> Option<(Verdict<'l>, usize)> {
     let mut verdict = Verdict::default();
-    if limiter.try_check(all, which, facts, &mut verdict) {
+    if limiter.try_check(&pick(all, which), &[], facts, &mut verdict) == Checked::Decided {
         let held = verdict.tokens_held();
         return Some((verdict.committed(), held));
     }
-    assert!(verdict.refused.is_none());
+    assert!(verdict.refused_at().is_none());
     None
 }
 
@@ -34,31 +34,31 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     for _ in 0..2 {
         assert_eq!(
             limiter
-                .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+                .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
                 .await
                 .committed()
-                .refused,
+                .refused_at(),
             None
         );
     }
     // The third request is refused by the store: "narrow" is now blocked.
     assert_eq!(
         limiter
-            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed()
-            .refused,
+            .refused_at(),
         Some(1)
     );
     for _ in 0..5 {
         let (fast, held) =
             try_check(&limiter, &limits, &[0, 1], &facts("a", &h)).expect("a blocked key decides from memory");
         let slow = limiter
-            .check(&limits, &[0, 1], &facts("a", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[0, 1]), &[], &facts("a", &h), StoreFailure::Allow)
             .await
             .committed();
-        assert_eq!(fast.refused, Some(1));
-        assert_eq!(fast.refused, slow.refused);
+        assert_eq!(fast.refused_at(), Some(1));
+        assert_eq!(fast.refused_at(), slow.refused_at());
         assert_eq!(held, 0, "the refused request keeps no token");
         let (f, s) = (&fast.limits[1], &slow.limits[1]);
         assert_eq!((f.outcome, f.remaining, f.quota), (s.outcome, s.remaining, s.quota));
@@ -68,7 +68,7 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     let calls = store.acquires.load(Ordering::SeqCst);
     for _ in 0..100 {
         let (v, _) = try_check(&limiter, &limits, &[1], &facts("a", &h)).expect("blocked");
-        assert_eq!(v.refused, Some(0));
+        assert_eq!(v.refused_at(), Some(0));
     }
     assert_eq!(
         store.acquires.load(Ordering::SeqCst),
@@ -80,12 +80,12 @@ async fn a_blocked_key_is_refused_from_memory_by_try_check_as_check_refuses_it()
     // A shadow limit's blocked key admits, from memory too.
     for _ in 0..2 {
         let _ = limiter
-            .check(&limits, &[2], &facts("b", &h), StoreFailure::Allow)
+            .check(&pick(&limits, &[2]), &[], &facts("b", &h), StoreFailure::Allow)
             .await
             .committed();
     }
     let (v, _) = try_check(&limiter, &limits, &[2], &facts("b", &h)).expect("a blocked shadow key decides from memory");
-    assert_eq!(v.refused, None);
+    assert_eq!(v.refused_at(), None);
     assert_eq!(v.limits[0].outcome, Outcome::ShadowLimited);
 }
 
@@ -108,7 +108,7 @@ async fn the_slow_path_goes_on_where_the_fast_path_stopped_and_an_unserved_verdi
     let h = http::HeaderMap::new();
     // Warm the route's lease.
     let first = limiter
-        .check(&limits, &[0], &facts("a", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("a", &h), StoreFailure::Allow)
         .await
         .committed();
     let at_hand = first.limits[0].remaining;
@@ -116,11 +116,15 @@ async fn the_slow_path_goes_on_where_the_fast_path_stopped_and_an_unserved_verdi
     // A new client: the route's token comes from memory, its own key needs
     // the store.
     let mut partial = Verdict::default();
-    assert!(!limiter.try_check(&limits, &[0, 1], &facts("b", &h), &mut partial));
+    let both = pick(&limits, &[0, 1]);
+    let Checked::NeedsStore(pending) = limiter.try_check(&both, &[], &facts("b", &h), &mut partial) else {
+        panic!("the client's key needs the store");
+    };
+    assert_eq!(pending, Pending { next: 1 }, "it goes on from the client's limit");
     assert_eq!((partial.limits.len(), partial.tokens_held()), (1, 1));
     assert_eq!(partial.limits[0].remaining, at_hand - 1);
     let v = limiter
-        .resume(partial, &limits, &[0, 1], &facts("b", &h), StoreFailure::Allow)
+        .resume(partial, pending, &both, &[], &facts("b", &h), StoreFailure::Allow)
         .await;
     assert_eq!((v.decision, v.limits.len(), v.tokens_held()), (Decision::Admit, 2, 2));
     // One store call, for the client's key only: the route's token was not
@@ -129,7 +133,7 @@ async fn the_slow_path_goes_on_where_the_fast_path_stopped_and_an_unserved_verdi
     // Not served (say the client went away): both tokens go back.
     drop(v);
     let again = limiter
-        .check(&limits, &[0], &facts("c", &h), StoreFailure::Allow)
+        .check(&pick(&limits, &[0]), &[], &facts("c", &h), StoreFailure::Allow)
         .await
         .committed();
     assert_eq!(
