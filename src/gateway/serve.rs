@@ -196,7 +196,9 @@ impl Gateway {
     /// A routed request, identified and priced: decided by its limits,
     /// then refused or served.
     pub(super) fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
-        if routed.limits.is_empty() {
+        // A route with limits of which none applies to the tier is still
+        // decided (an empty verdict, logged as admitted).
+        if routed.route.limits.is_empty() {
             return self.respond_or_forward(routed, None, Settlements::new());
         }
         let mut verdict = Verdict::default();
