@@ -86,8 +86,8 @@ impl Limiter {
 
     /// The verdict of the local fallback bucket of `key`, for a request
     /// taking `n` tokens (1, or its reserve under a limit with a cost; at
-    /// most the bucket's capacity).
-    #[allow(clippy::too_many_arguments)]
+    /// most the bucket's capacity). The rare path: the limiter's settings
+    /// are read here, not passed down.
     pub(super) fn fallback<'l>(
         &self,
         limit: LimitRef<'l>,
@@ -96,8 +96,8 @@ impl Limiter {
         spec: &Spec,
         shard: Option<u32>,
         n: u64,
-        settings: &Settings,
     ) -> LimitVerdict<'l> {
+        let settings = &self.settings();
         let fallback = self.fallback_spec(&limit, h, spec, shard, settings);
         // A key's default bucket does not start full: tokens this instance
         // leased before the outage are spent before the fallback is asked,

@@ -549,7 +549,7 @@ impl Limiter {
                             // A limit that cannot refuse here cannot fail the
                             // request either: its fallback bucket only keeps its
                             // counts honest, and the bypass metric leaves it out.
-                            Err(_) if !limit.can_refuse() => self.fallback(limit, h, &key, &spec, shard, n, &settings),
+                            Err(_) if !limit.can_refuse() => self.fallback(limit, h, &key, &spec, shard, n),
                             Err(e) => {
                                 // The route's on_store_failure decides: a
                                 // fail-closed route answers 503 whatever later
@@ -564,7 +564,7 @@ impl Limiter {
                                     verdict.taken.give_back();
                                     break;
                                 }
-                                self.fallback(limit, h, &key, &spec, shard, n, &settings)
+                                self.fallback(limit, h, &key, &spec, shard, n)
                             }
                         }
                     }
