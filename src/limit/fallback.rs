@@ -111,6 +111,7 @@ impl Limiter {
                 starting_tokens(&fallback, settings.sizing.lease_size(rate, fallback.capacity))
             }
         };
+        self.fallback_used.store(true, std::sync::atomic::Ordering::Release);
         let grant = self
             .fallback
             .acquire_starting(key, &fallback, n.min(fallback.capacity).max(1), start)

@@ -251,6 +251,9 @@ pub struct Limiter {
     /// Local buckets that decide for fail-open routes while the store is
     /// away; bounded like the embedded store.
     fallback: crate::store::memory::MemoryStore,
+    /// Whether the fallback was ever asked: until then a store answer has
+    /// no fallback bucket to forget, and does not look for one.
+    fallback_used: std::sync::atomic::AtomicBool,
     leases: LeaseTable,
     /// The bound on tokens going back in the background.
     releases: sweep::Releases,
@@ -283,6 +286,7 @@ impl Limiter {
         Arc::new(Limiter {
             store,
             fallback: crate::store::memory::MemoryStore::with_clock(settings.max_keys, wall.clone()),
+            fallback_used: std::sync::atomic::AtomicBool::new(false),
             leases: LeaseTable::new(settings.max_keys),
             releases: sweep::Releases::new(),
             settings: Arc::new(arc_swap::ArcSwap::from_pointee(settings)),

@@ -190,7 +190,9 @@ impl Limiter {
         // The store answers for this key again: a fallback bucket from an
         // earlier outage is stale (left alone it would refill to full and
         // start the next outage with the whole burst).
-        self.fallback.forget(lease.key());
+        if self.fallback_used.load(std::sync::atomic::Ordering::Acquire) {
+            self.fallback.forget(lease.key());
+        }
         let now = self.now_ms();
         if grant.granted > 0 && grant.granted < own {
             // Fewer than the request needs (a region's credit topped up
