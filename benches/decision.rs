@@ -58,8 +58,9 @@ fn setup() -> Setup {
         .build()
         .unwrap();
     let store = Arc::new(MemoryStore::new(1_000_000));
+    // As the gateway sets it for the memory store (`Config::limiter_settings`).
     let settings = Settings {
-        sizing: Sizing::default(),
+        sizing: Sizing::default().embedded(),
         max_block_ms: 5_000,
         reserve: true,
         max_keys: 1_000_000,

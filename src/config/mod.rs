@@ -411,6 +411,21 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 impl Config {
     /// `[leasing]` and `[store]`, as the limiter uses them.
     pub fn limiter_settings(&self) -> crate::limit::Settings {
+        let shared = self.shared_limiter_settings();
+        match self.store.backend {
+            // One instance, its own store: see `Sizing::embedded`.
+            StoreBackend::Memory => crate::limit::Settings {
+                sizing: shared.sizing.embedded(),
+                ..shared
+            },
+            _ => shared,
+        }
+    }
+
+    /// [`Config::limiter_settings`] for an instance of a fleet sharing one
+    /// store, whatever `[store]` says: the lease sizing as configured.
+    /// `leasegate simulate` runs its fleet on these.
+    pub fn shared_limiter_settings(&self) -> crate::limit::Settings {
         crate::limit::Settings {
             sizing: crate::limit::lease::Sizing {
                 min: self.leasing.min,

@@ -132,7 +132,7 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
         outcomes: Mutex::new(Outcomes::new(o.seconds, o.keys)),
         clock: mono.clone(),
     });
-    let settings = config.limiter_settings();
+    let settings = config.shared_limiter_settings();
     let mut fleet: Vec<Instance> = (0..o.instances)
         .map(|i| {
             let guarded: Arc<dyn FleetStore> = Arc::new(Guarded::new(
@@ -214,7 +214,7 @@ async fn simulate(config: &Config, index: usize, limit: Arc<Limit>, o: &Options)
     Report::new(
         o,
         &limit,
-        &config.limiter_settings(),
+        &config.shared_limiter_settings(),
         outcomes,
         store.counts(),
         stranded_max,

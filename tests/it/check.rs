@@ -694,6 +694,29 @@ fn leasing_reserve_is_a_boolean_on_by_default() {
     assert!(err.contains("leasing.reserve"), "{err}");
 }
 
+/// On the memory store a lease looks ahead at least its TTL (a fleet of
+/// one: nobody else waits for its tokens); a shared store, and the
+/// simulator's fleet on any config, keep `lookahead_ms` as written.
+#[test]
+fn the_embedded_store_leases_for_the_ttl_and_a_shared_one_as_configured() {
+    let dir = TempDir::new();
+    let lookahead = |text: &str| {
+        let path = dir.write("gateway.toml", text);
+        let config = leasegate::config::parse(&path, text).unwrap();
+        (
+            config.limiter_settings().sizing.lookahead_ms,
+            config.shared_limiter_settings().sizing.lookahead_ms,
+        )
+    };
+    assert_eq!(lookahead(BASE), (1_000, 250), "memory, defaults");
+    let longer_ttl = format!("{BASE}[leasing]\nttl_ms = 3000\nlookahead_ms = 100\n");
+    assert_eq!(lookahead(&longer_ttl), (3_000, 100));
+    let longer_lookahead = format!("{BASE}[leasing]\nlookahead_ms = 5000\n");
+    assert_eq!(lookahead(&longer_lookahead), (5_000, 5_000));
+    let redis = format!("{BASE}\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n");
+    assert_eq!(lookahead(&redis), (250, 250), "a shared store: as configured");
+}
+
 #[test]
 fn keys_of_the_wrong_type_or_name_are_all_listed_at_once() {
     let text = "[gateway]\nworkers = \"two\"\nmax_connections = 100\n\n[listeners]\nhttp = \"127.0.0.1:0\"\nhtps = \"127.0.0.1:1\"\n\n[[limits]]\nname = \"a\"\nrate = \"5/s\"\nburst = \"ten\"\n\n[[limits]]\nname = \"b\"\nrate = \"5/s\"\nmode = 3\n";
