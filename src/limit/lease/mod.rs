@@ -41,6 +41,10 @@ pub struct Lease {
     // -- read on every decision --
     /// Tokens at hand, their expiry, the last lease's size, the store's view.
     tokens: Tokens,
+    /// The request hash the lease table finds this lease by: the table's
+    /// entry is the pointer alone, compared through here (the line a
+    /// decision reads anyway).
+    table_key: u64,
     /// Forgotten by the lease table: tokens added later go back at once.
     evicted: AtomicBool,
     // -- read on store calls and refusals --
@@ -98,10 +102,22 @@ pub struct Granted {
 
 impl Lease {
     pub fn new(key: &str) -> Lease {
+        Lease::in_table(key, 0)
+    }
+
+    /// A lease the lease table finds by the request hash `table_key`.
+    pub fn in_table(key: &str, table_key: u64) -> Lease {
         Lease {
             key: Arc::from(key),
+            table_key,
             ..Lease::default()
         }
+    }
+
+    /// The request hash the lease table finds this lease by.
+    #[inline]
+    pub fn table_key(&self) -> u64 {
+        self.table_key
     }
 
     /// The store key this lease draws from.
@@ -553,7 +569,9 @@ mod tests {
         use std::mem::{offset_of, size_of};
         assert_eq!(offset_of!(Lease, tokens), 0);
         assert!(size_of::<Tokens>() <= 64, "{}", size_of::<Tokens>());
-        // A decision through a thread's front reads the eviction mark too.
+        // A decision through a thread's front reads the eviction mark too,
+        // and one through the table the key it compares.
         assert!(offset_of!(Lease, evicted) < 64);
+        assert!(offset_of!(Lease, table_key) + 8 <= 64);
     }
 }
