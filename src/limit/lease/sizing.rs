@@ -61,7 +61,7 @@ impl Sizing {
     /// holds while others could spend them; the embedded store has no
     /// other instance, and its tokens go back unspent only after the TTL
     /// anyway, so a lease may cover that long: a key visited every 60 ms
-    /// calls the store once in about 12 visits rather than 4. `fraction`
+    /// calls the store once in 16 visits rather than 5. `fraction`
     /// still caps a lease (what a burst may take beyond the bucket).
     pub fn embedded(self) -> Sizing {
         Sizing {

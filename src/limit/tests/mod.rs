@@ -557,3 +557,30 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
 }
+
+/// Store calls for a key visited every 60 ms for a minute (1 000 visits),
+/// under `sizing`, on a memory store.
+async fn calls_for_a_key_visited_every_60_ms(sizing: Sizing) -> u64 {
+    let (now, clock) = manual_clock(T0);
+    let store = Arc::new(Scripted::with_clock(clock.clone()));
+    let settings = Settings { sizing, ..settings() };
+    let limiter = Limiter::new(store.clone(), settings, clock);
+    let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
+    for _ in 0..1_000 {
+        assert_eq!(one(&limiter, &limits, "visitor").await.refused_at(), None);
+        now.fetch_add(60, Ordering::SeqCst);
+    }
+    store.acquires.load(Ordering::SeqCst)
+}
+
+/// A lease covers its lookahead: at 16 visits a second, 4 tokens under a
+/// 250 ms lookahead (so `min`, 5: a store call every 5 visits, 201 in
+/// all), 16 under the embedded store's 1 s once the rate estimate has
+/// settled (71 in all: one in 14).
+#[tokio::test(start_paused = true)]
+async fn on_the_embedded_store_a_key_visited_every_60_ms_calls_a_third_as_often() {
+    let shared = calls_for_a_key_visited_every_60_ms(Sizing::default()).await;
+    let embedded = calls_for_a_key_visited_every_60_ms(Sizing::default().embedded()).await;
+    assert!((180..=220).contains(&shared), "{shared} calls, sized as configured");
+    assert!((55..=75).contains(&embedded), "{embedded} calls on the embedded store");
+}
