@@ -197,7 +197,7 @@ impl LeaseTable {
         let lease = shard
             .get_or_insert_with(h, || {
                 made = true;
-                Arc::new(Lease::in_table(key, h))
+                Arc::new(Lease::new(key, h))
             })
             .clone();
         if made {

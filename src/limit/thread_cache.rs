@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn a_key_is_kept_on_its_second_miss_and_dropped_once_evicted() {
         let table = new_table_id();
-        let lease = Arc::new(Lease::new("k"));
+        let lease = Arc::new(Lease::new("k", 0));
         assert!(with(table, 7, |_| ()).is_none());
         assert!(!wants(table, 7), "first miss");
         assert!(wants(table, 7), "second miss in a row");
@@ -155,7 +155,7 @@ mod tests {
         lease.evict();
         assert!(with(table, 7, |_| ()).is_none(), "evicted: ask the table");
         // Replaced: the front lets go of it, and stops counting it.
-        keep(table, 7 + SLOTS as u64, Arc::new(Lease::new("j")));
+        keep(table, 7 + SLOTS as u64, Arc::new(Lease::new("j", 0)));
         assert_eq!(lease.held_near(), 0);
         assert_eq!(Arc::strong_count(&lease), 1);
     }
@@ -164,7 +164,7 @@ mod tests {
     fn a_kept_key_in_use_is_not_replaced_by_its_slot_mate() {
         let table = new_table_id();
         let (a, b) = (3, 3 + SLOTS as u64);
-        let lease = Arc::new(Lease::new("a"));
+        let lease = Arc::new(Lease::new("a", 0));
         assert!(!wants(table, a));
         assert!(wants(table, a));
         keep(table, a, lease.clone());

@@ -34,7 +34,8 @@ use tokens::Tokens;
 
 /// The local state of one (limit, key). `repr(C)`, as each part: the
 /// spending path's fields (`Tokens`) come first, in the first cache line,
-/// with the eviction mark a decision through a thread's front reads.
+/// with the hash the lease table compares and the eviction mark a decision
+/// through a thread's front reads.
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Lease {
@@ -101,12 +102,9 @@ pub struct Granted {
 }
 
 impl Lease {
-    pub fn new(key: &str) -> Lease {
-        Lease::in_table(key, 0)
-    }
-
-    /// A lease the lease table finds by the request hash `table_key`.
-    pub fn in_table(key: &str, table_key: u64) -> Lease {
+    /// The lease of store key `key`, which the lease table finds by the
+    /// request hash `table_key`.
+    pub fn new(key: &str, table_key: u64) -> Lease {
         Lease {
             key: Arc::from(key),
             table_key,

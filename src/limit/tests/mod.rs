@@ -63,9 +63,14 @@ fn manual_clock(start_ms: u64) -> (Arc<AtomicU64>, Clock) {
 
 /// A limiter on a counting memory store, both on a manual clock.
 fn at(start_ms: u64) -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
+    at_with(start_ms, settings())
+}
+
+/// [`at`], with the limiter's `settings`.
+fn at_with(start_ms: u64, settings: Settings) -> (Arc<AtomicU64>, Arc<Scripted>, Arc<Limiter>) {
     let (now, clock) = manual_clock(start_ms);
     let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let limiter = Limiter::new(store.clone(), settings(), clock);
+    let limiter = Limiter::new(store.clone(), settings, clock);
     (now, store, limiter)
 }
 
@@ -561,10 +566,7 @@ async fn eight_tasks_on_one_key_admit_exactly_the_allowance() {
 /// Store calls for a key visited every 60 ms for a minute (1 000 visits),
 /// under `sizing`, on a memory store.
 async fn calls_for_a_key_visited_every_60_ms(sizing: Sizing) -> u64 {
-    let (now, clock) = manual_clock(T0);
-    let store = Arc::new(Scripted::with_clock(clock.clone()));
-    let settings = Settings { sizing, ..settings() };
-    let limiter = Limiter::new(store.clone(), settings, clock);
+    let (now, store, limiter) = at_with(T0, Settings { sizing, ..settings() });
     let limits = vec![limit("big", "1000000/s", None, Mode::Enforce)];
     for _ in 0..1_000 {
         assert_eq!(one(&limiter, &limits, "visitor").await.refused_at(), None);
