@@ -341,48 +341,52 @@ impl Gateway {
                 let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
                 (watch(resp, held, settlements), record)
             })),
-            Action::Forward(upstream) => Served::Later(Box::pin(async move {
+            Action::Forward(upstream) => {
                 // A client's share of the upstream's places: its network
                 // as the connection door counts it (IPv4 by address).
                 let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
-                let result = proxy::forward(
+                // Made ready before the box: the future holds it once.
+                let mut forward = proxy::Forward::new(
                     req,
                     conn,
                     (upstream, Some(client.network()), snapshot.config.gateway.min_body_rate),
                     request_id.upstream(),
                     Some(&identity.value),
-                    &self.runtime.metrics,
-                    &mut record.client.reached,
-                )
-                .await;
-                if record.logging {
-                    record.client.identified(identity);
-                }
-                let failed = result.is_err();
-                if failed {
-                    // No response: nothing served, so nothing charged
-                    // (`errors = "free"`), or the reserve stands.
-                    for s in &settlements {
-                        if cost::errors_are_free(&s.limit) {
-                            self.runtime.limiter.settle(s, 0);
-                            let charged = record.client.costs.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &s.limit));
-                            if let Some(c) = charged {
-                                c.1 = 0;
-                            }
-                        }
-                        cost::unsettled(&self.runtime.metrics, &s.limit.config.name, Unsettled::UpstreamError);
-                    }
-                }
-                let resp = self.finish(
-                    snapshot,
-                    Some(route),
-                    result.map_err(RequestError::from),
-                    request_id,
-                    verdict.as_ref(),
                 );
-                let settlements = if failed { Settlements::new() } else { settlements };
-                (watch(resp, held, settlements), record)
-            })),
+                Served::Later(Box::pin(async move {
+                    let result = match forward {
+                        Ok(ref mut forward) => forward.send(&self.runtime.metrics, &mut record.client.reached).await,
+                        Err(e) => Err(e),
+                    };
+                    if record.logging {
+                        record.client.identified(identity);
+                    }
+                    let failed = result.is_err();
+                    if failed {
+                        // No response: nothing served, so nothing charged
+                        // (`errors = "free"`), or the reserve stands.
+                        for s in &settlements {
+                            if cost::errors_are_free(&s.limit) {
+                                self.runtime.limiter.settle(s, 0);
+                                let charged = record.client.costs.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &s.limit));
+                                if let Some(c) = charged {
+                                    c.1 = 0;
+                                }
+                            }
+                            cost::unsettled(&self.runtime.metrics, &s.limit.config.name, Unsettled::UpstreamError);
+                        }
+                    }
+                    let resp = self.finish(
+                        snapshot,
+                        Some(route),
+                        result.map_err(RequestError::from),
+                        request_id,
+                        verdict.as_ref(),
+                    );
+                    let settlements = if failed { Settlements::new() } else { settlements };
+                    (watch(resp, held, settlements), record)
+                }))
+            }
         }
     }
 

@@ -322,13 +322,19 @@ impl std::fmt::Debug for Slot {
 }
 
 impl UpstreamBody {
-    pub fn new(inner: Incoming, slot: Slot, sender: Sender, place: InFlight, metrics: Arc<Metrics>) -> UpstreamBody {
-        let timer = IdleTimer::new(place.upstream().idle_timeout);
+    pub fn new(
+        inner: Incoming,
+        (slot, sender): (Slot, Sender),
+        idle_timeout: std::time::Duration,
+        place: Option<InFlight>,
+        metrics: Arc<Metrics>,
+    ) -> UpstreamBody {
+        let timer = IdleTimer::new(idle_timeout);
         let mut body = UpstreamBody {
             inner,
             check_in: Some((slot, sender)),
             timer,
-            place: Some(place),
+            place,
             metrics,
         };
         if http_body::Body::is_end_stream(&body.inner) {
