@@ -403,6 +403,7 @@ pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (Sma
             remaining: lv.remaining,
             reset_secs: rl_headers::secs(lv.reset_ms),
             policy: limit.policy.item(lv.quota, lv.window_secs),
+            limit: limit.policy.limit(lv.quota),
         });
     }
     (statuses, focus_at)
@@ -466,6 +467,7 @@ mod tests {
             remaining,
             reset_secs,
             policy: None,
+            limit: None,
         };
         let made = |resp: Response<Body>| {
             let (parts, body) = resp.into_parts();

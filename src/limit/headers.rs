@@ -29,6 +29,9 @@ pub struct Status<'a> {
     /// The limit's [`Policy`] item, when it is this status's
     /// (`"name";q=quota;w=window_secs`): copied, not written again.
     pub policy: Option<&'a HeaderValue>,
+    /// `quota` as a value, made at load with the policy item (the
+    /// `RateLimit-Limit` of most responses): copied, not written again.
+    pub limit: Option<&'a HeaderValue>,
 }
 
 /// A limit's `RateLimit-Policy` item for the quota most of its keys have
@@ -40,17 +43,29 @@ pub struct Policy {
     quota: u64,
     window_secs: u64,
     value: Option<HeaderValue>,
+    /// `quota`'s digits, for `RateLimit-Limit`.
+    quota_value: HeaderValue,
 }
 
 impl Policy {
     pub fn new(name: &str, quota: u64, window_secs: u64) -> Policy {
         let mut text = Vec::with_capacity(name.len() + 8 + width(quota) + width(window_secs));
         item(&mut text, name, b";q=", quota, b";w=", window_secs);
+        let quota_value = match small_number(quota) {
+            Some(digits) => HeaderValue::from_static(digits),
+            None => interned(itoa::Buffer::new().format(quota).as_bytes().to_vec()).unwrap_or_else(|| number(quota)),
+        };
         Policy {
             quota,
             window_secs,
             value: interned(text),
+            quota_value,
         }
+    }
+
+    /// `quota` as a value, if it is this limit's quota.
+    pub fn limit(&self, quota: u64) -> Option<&HeaderValue> {
+        (quota == self.quota).then_some(&self.quota_value)
     }
 
     /// The item, if it is the one of a key with `quota` per `window_secs`.
@@ -148,7 +163,8 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
                 .map_or(0, |(i, _)| i)
         });
         if let Some(s) = statuses.get(i) {
-            headers.insert(RATELIMIT_LIMIT.clone(), number(s.quota));
+            let limit = s.limit.cloned().unwrap_or_else(|| number(s.quota));
+            headers.insert(RATELIMIT_LIMIT.clone(), limit);
             headers.insert(RATELIMIT_REMAINING.clone(), number(s.remaining));
             headers.insert(RATELIMIT_RESET.clone(), number(s.reset_secs));
         }
@@ -240,6 +256,7 @@ mod tests {
             remaining,
             reset_secs: reset,
             policy: None,
+            limit: None,
         }
     }
 
@@ -331,8 +348,11 @@ mod tests {
         assert_eq!(prepared, r#""per_client";q=100;w=60"#);
         // Another quota (a plan's, a shard's): written as before.
         assert!(p.item(50, 60).is_none() && p.item(100, 1).is_none());
+        let limit = p.limit(100);
+        assert_eq!(limit.unwrap(), "100");
         let with = |s: Status<'static>| Status {
             policy: Some(prepared),
+            limit,
             ..s
         };
         let plain = [st("per_client", 100, 40, 20), st("b", 10, 3, 50)];
@@ -345,15 +365,18 @@ mod tests {
                 .iter()
                 .map(|s| Status {
                     policy: None,
+                    limit: None,
                     ..s.clone()
                 })
                 .collect();
-            for style in [Style::All, Style::Ietf] {
+            for style in [Style::All, Style::Ietf, Style::Legacy] {
                 let (mut a, mut b) = (HeaderMap::new(), HeaderMap::new());
                 render(&mut a, style, &statuses, None);
                 render(&mut b, style, &unprepared, None);
                 assert_eq!(a, b, "{statuses:?}");
-                assert_eq!(items_len(&statuses, POLICY), a["ratelimit-policy"].len());
+                if style != Style::Legacy {
+                    assert_eq!(items_len(&statuses, POLICY), a["ratelimit-policy"].len());
+                }
             }
         }
     }
@@ -367,6 +390,15 @@ mod tests {
         // A clone points at the same bytes: no copy, no count.
         assert_eq!(a.clone().as_bytes().as_ptr(), a.as_bytes().as_ptr());
         assert!(Policy::new("bad\nname", 1, 1).item(1, 1).is_none());
+        // The quota's value too, however large (a number above the static
+        // table's is interned, not allocated per response), and only for it.
+        for quota in [0, 7, 9_999, 10_000, 100_000_000, u64::MAX] {
+            let (a, b) = (Policy::new("q", quota, 1), Policy::new("q", quota, 1));
+            let (a, b) = (a.limit(quota).unwrap(), b.limit(quota).unwrap());
+            assert_eq!(a, quota.to_string().as_str());
+            assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "{quota}");
+            assert!(Policy::new("q", quota, 1).limit(quota ^ 1).is_none());
+        }
     }
 
     #[test]
