@@ -382,6 +382,25 @@ mod tests {
     }
 
     #[test]
+    fn the_trio_takes_the_prepared_limit_not_a_new_one() {
+        // A quota past the static table: made per response, it would be
+        // new bytes each time.
+        let p = Policy::new("big", 100_000, 60);
+        let prepared = p.limit(100_000).unwrap();
+        let status = Status {
+            policy: p.item(100_000, 60),
+            limit: Some(prepared),
+            ..st("big", 100_000, 99_999, 60)
+        };
+        for style in [Style::All, Style::Legacy] {
+            let mut h = HeaderMap::new();
+            render(&mut h, style, std::slice::from_ref(&status), None);
+            assert_eq!(h["ratelimit-limit"], "100000");
+            assert_eq!(h["ratelimit-limit"].as_bytes().as_ptr(), prepared.as_bytes().as_ptr());
+        }
+    }
+
+    #[test]
     fn a_prepared_policy_is_shared_not_counted() {
         let (a, b) = (Policy::new("shared", 7, 1), Policy::new("shared", 7, 1));
         let (a, b) = (a.item(7, 1).unwrap(), b.item(7, 1).unwrap());
