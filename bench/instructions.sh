@@ -13,6 +13,12 @@
 #   nginx-429    nginx limit_req, limit_req_status 429
 #   floor-429    hyper's floor, leasegate's 429 fixed
 #   leasegate-429  leasegate, a limit that refuses every request
+#   floor-h2     hyper's floor behind rustls, HTTP/2 (examples/hyper_floor.rs tls)
+#   leasegate-h2 leasegate over TLS, HTTP/2, the same limit as leasegate
+#
+# The -h2 targets are loaded by h2load (-c8 -m10) over TLS with
+# certs/dev.crt (ECDSA P-256); they are not in the default list (TARGETS=
+# "floor-h2 leasegate-h2" runs them).
 #
 # Each runs alone under callgrind; wrk (-t1 -c8) warms it, its counters are
 # zeroed, wrk runs SECS seconds, the counters are dumped and divided by the
@@ -35,7 +41,7 @@ SECS=${1:-10}
 TOP=${2:-25}
 UP_PORT=18281
 PORT=18282
-need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind
+need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind h2load:nghttp2-client
 cargo build --release --quiet --bin leasegate --example hyper_floor
 
 bench_work
@@ -52,13 +58,29 @@ nginx_conf nginx-429 "limit_req_zone \$server_name zone=one:1m rate=1r/m;
     location / { root $work/www; limit_req zone=one nodelay; limit_req_status 429; } }" off
 leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "100000000/s" "$UP_PORT" > "$work/leasegate.toml"
 leasegate_toml "http = \"127.0.0.1:$PORT\"" 18283 off "1/h" "$UP_PORT" > "$work/leasegate-429.toml"
+leasegate_toml "https = \"127.0.0.1:$PORT\"" 18283 off "100000000/s" "$UP_PORT" "$PWD/certs" > "$work/leasegate-h2.toml"
 
 command_of() {
   case $1 in
     nginx | nginx-429) echo "nginx -p $work/$1 -c $work/$1/nginx.conf" ;;
     floor) echo "./target/release/examples/hyper_floor proxy $PORT $UP_PORT" ;;
     floor-429) echo "./target/release/examples/hyper_floor 429 $PORT" ;;
+    floor-h2) echo "./target/release/examples/hyper_floor tls $PORT $UP_PORT $PWD/certs/dev.crt $PWD/certs/dev.key" ;;
     leasegate*) echo "${LEASEGATE_BIN:-./target/release/leasegate} run --config $work/$1.toml" ;;
+  esac
+}
+
+url_of() { case $1 in *-h2) echo "https://127.0.0.1:$PORT/" ;; *) echo "http://127.0.0.1:$PORT/" ;; esac; }
+
+# load SECONDS NAME: runs the target's load, prints the requests completed.
+load() {
+  case $2 in
+    *-h2)
+      h2load -t1 -c8 -m10 -D "$1" "https://127.0.0.1:$PORT/" > "$work/$2.load"
+      awk '/^requests:/ {print $8}' "$work/$2.load" ;;
+    *)
+      wrk -t1 -c8 -d"${1}s" "http://127.0.0.1:$PORT/" > "$work/$2.load"
+      awk '/requests in/ {print $1}' "$work/$2.load" ;;
   esac
 }
 
@@ -71,24 +93,26 @@ for name in "${names[@]}"; do
   vpid=$!
   up=""
   for _ in $(seq 300); do
-    curl -s -o /dev/null "http://127.0.0.1:$PORT/" 2>/dev/null && { up=1; break; }
+    curl -sk -o /dev/null "$(url_of "$name")" 2>/dev/null && { up=1; break; }
     kill -0 "$vpid" 2>/dev/null || break
     sleep 0.1
   done
   [ -n "$up" ] || { echo "$name did not start under valgrind" >&2; cat "$work/$name.out" >&2; exit 1; }
   want=200
   case $name in *-429) want=429 ;; esac
-  got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/")
+  got=$(curl -sk -o /dev/null -w '%{http_code}' "$(url_of "$name")")
   [ "$got" = "$want" ] || { echo "$name answered $got, expected $want" >&2; exit 1; }
-  wrk -t1 -c8 -d2s "http://127.0.0.1:$PORT/" > /dev/null
+  load 2 "$name" > /dev/null
   callgrind_control -z "$vpid" > /dev/null
-  wrk -t1 -c8 -d"${SECS}s" "http://127.0.0.1:$PORT/" > "$work/$name.wrk"
+  reqs=$(load "$SECS" "$name")
   callgrind_control -d "$vpid" > /dev/null
   kill "$vpid"
   wait "$vpid" 2>/dev/null || true
-  reqs=$(awk '/requests in/ {print $1}' "$work/$name.wrk")
+  [ "${reqs:-0}" -gt 0 ] || { echo "$name: no request completed" >&2; cat "$work/$name.load" >&2; exit 1; }
   dump=$(ls "$work/$name".cg.*.1 2>/dev/null | head -1)
   [ -n "$dump" ] || { echo "$name: no callgrind dump" >&2; exit 1; }
+  # KEEP=dir keeps each target's dump there, for callgrind_annotate.
+  [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp "$dump" "$KEEP/$name.cg"; }
   callgrind_annotate --inclusive=no --auto=no --threshold=100 --show=Ir "$dump" > "$work/$name.flat" 2>/dev/null
   total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$work/$name.flat")
   misses="- - -"
@@ -120,7 +144,7 @@ for n, (r, t) in counts.items():
     extra = "".join(f" {m:,.1f} |" for m in misses[n]) if n in misses else ""
     print(f"| {n} | {r} | {per[n]:,.0f} |{extra}")
 print("\n| pair | ratio |\n|---|---|")
-for a, b in [("floor", "nginx"), ("leasegate", "floor"), ("leasegate", "nginx"),
+for a, b in [("leasegate-h2", "floor-h2"), ("floor", "nginx"), ("leasegate", "floor"), ("leasegate", "nginx"),
              ("floor-429", "nginx-429"), ("leasegate-429", "floor-429"), ("leasegate-429", "nginx-429")]:
     if a in per and b in per:
         print(f"| {a} ÷ {b} | {per[a] / per[b]:.2f} |")
@@ -141,7 +165,7 @@ def own(name):
         out[fn] += int(m.group(1).replace(",", "")) / reqs
     return collections.Counter({k: v for k, v in out.items() if v < total / reqs / 4})
 
-for lg, fl in [("leasegate", "floor"), ("leasegate-429", "floor-429")]:
+for lg, fl in [("leasegate", "floor"), ("leasegate-429", "floor-429"), ("leasegate-h2", "floor-h2")]:
     if top == 0 or lg not in counts or fl not in counts:
         continue
     a, b = own(lg), own(fl)
