@@ -13,6 +13,7 @@
 use http::{HeaderMap, HeaderValue};
 
 use crate::config::RequestIds;
+use crate::limit::headers::changing;
 use crate::proxy::X_REQUEST_ID;
 
 /// A request's id, and what to do with it.
@@ -76,8 +77,11 @@ impl RequestId {
     }
 
     /// Gives a response to the client its `x-request-id`, as the mode says.
+    /// The value is one no other response repeats: marked so HTTP/2 keeps
+    /// it out of the connection's HPACK table
+    /// ([`crate::limit::headers::changing`]).
     pub(crate) fn stamp(self, headers: &mut HeaderMap) {
-        let Some(value) = self.value else { return };
+        let Some(value) = self.value.map(changing) else { return };
         match self.mode {
             RequestIds::Generate => {
                 headers.insert(X_REQUEST_ID.clone(), value);
@@ -181,6 +185,10 @@ mod tests {
         assert_eq!(id.upstream().map(|v| v.as_bytes()), Some(&b"a"[..]));
         let id = RequestId::of(&HeaderMap::new(), RequestIds::Generate);
         assert_eq!(id.upstream().map(HeaderValue::len), Some(32));
+        // No other response repeats it: kept out of HTTP/2's HPACK table.
+        let mut h = HeaderMap::new();
+        id.stamp(&mut h);
+        assert!(h[&X_REQUEST_ID].is_sensitive());
     }
 
     #[test]

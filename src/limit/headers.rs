@@ -5,6 +5,15 @@
 //! `"name";r=42;t=17`); the `RateLimit-Limit`/`-Remaining`/`-Reset` trio
 //! many clients read describes the most restrictive limit (on a 429, the
 //! one that refused). All values are whole seconds.
+//!
+//! The values that change from one response to the next (`RateLimit`'s
+//! counts left, `RateLimit-Remaining`) are marked sensitive, so HTTP/2
+//! sends them as never-indexed literals (RFC 7541 §6.2.3). Indexed, each
+//! one would be a new entry in the connection's HPACK table that no later
+//! response matches: the table fills with dead counts, each lookup walks
+//! them, and the fields that do repeat (`RateLimit-Policy`,
+//! `RateLimit-Limit`, the upstream's) are evicted with them. HTTP/1.1
+//! ignores the mark.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -142,7 +151,7 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
                         None => item(&mut policy, s.name, b";q=", s.quota, b";w=", s.window_secs),
                     }
                 }
-                insert(headers, &RATELIMIT_POLICY, policy);
+                insert(headers, &RATELIMIT_POLICY, policy, false);
             }
         }
         let mut state = Vec::with_capacity(items_len(statuses, STATE));
@@ -152,7 +161,7 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
             }
             item(&mut state, s.name, b";r=", s.remaining, b";t=", s.reset_secs);
         }
-        insert(headers, &RATELIMIT, state);
+        insert(headers, &RATELIMIT, state, true);
     }
     if matches!(style, Style::All | Style::Legacy) {
         let i = focus.unwrap_or_else(|| {
@@ -165,7 +174,7 @@ pub fn render(headers: &mut HeaderMap, style: Style, statuses: &[Status<'_>], fo
         if let Some(s) = statuses.get(i) {
             let limit = s.limit.cloned().unwrap_or_else(|| number(s.quota));
             headers.insert(RATELIMIT_LIMIT.clone(), limit);
-            headers.insert(RATELIMIT_REMAINING.clone(), number(s.remaining));
+            headers.insert(RATELIMIT_REMAINING.clone(), changing(number(s.remaining)));
             headers.insert(RATELIMIT_RESET.clone(), number(s.reset_secs));
         }
     }
@@ -204,10 +213,18 @@ fn width(n: u64) -> usize {
 /// A value that is not a valid header value (a limit name with control
 /// characters) leaves the field out, as before. A buffer filled to its
 /// capacity becomes the value's bytes as they are.
-fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>, changes: bool) {
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
-        headers.insert(name.clone(), v);
+        headers.insert(name.clone(), if changes { changing(v) } else { v });
     }
+}
+
+/// `value`, marked as one that no later response repeats: HTTP/2 sends it
+/// without putting it in the connection's HPACK table (see the module's
+/// documentation).
+pub fn changing(mut value: HeaderValue) -> HeaderValue {
+    value.set_sensitive(true);
+    value
 }
 
 /// Numbers below this are header values without an allocation.
@@ -399,6 +416,46 @@ mod tests {
             assert_eq!(h["ratelimit-limit"].as_bytes().as_ptr(), prepared.as_bytes().as_ptr());
         }
     }
+
+    #[test]
+    fn only_the_values_that_change_are_kept_out_of_hpack_tables() {
+        let p = Policy::new("one", 100, 60);
+        for (prepared, status) in [
+            (false, st("one", 100, 42, 7)),
+            (
+                true,
+                Status {
+                    policy: p.item(100, 60),
+                    limit: p.limit(100),
+                    ..st("one", 100, 42, 7)
+                },
+            ),
+        ] {
+            for many in [false, true] {
+                let statuses = if many {
+                    vec![status.clone(), st("two", 5, 1, 9)]
+                } else {
+                    vec![status.clone()]
+                };
+                let mut h = HeaderMap::new();
+                render(&mut h, Style::All, &statuses, None);
+                let sensitive: Vec<&str> = FIELDS.iter().filter(|f| h[**f].is_sensitive()).copied().collect();
+                assert_eq!(
+                    sensitive,
+                    ["ratelimit", "ratelimit-remaining"],
+                    "prepared {prepared}, several {many}: {h:?}"
+                );
+            }
+        }
+    }
+
+    const FIELDS: [&str; 5] = [
+        "ratelimit-policy",
+        "ratelimit",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+    ];
 
     #[test]
     fn a_prepared_policy_is_shared_not_counted() {

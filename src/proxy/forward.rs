@@ -126,7 +126,9 @@ impl<'a> Forward<'a> {
         // `None`: the request carries the id it should already (the client's,
         // kept), or the gateway sets none (`request_id = "off"`).
         if let Some(id) = request_id {
-            headers.insert(X_REQUEST_ID.clone(), id.clone());
+            // A value no other request repeats: kept out of an HTTP/2
+            // upstream's HPACK table.
+            headers.insert(X_REQUEST_ID.clone(), crate::limit::headers::changing(id.clone()));
         }
         if let Some(ja4) = ja4 {
             headers.insert(X_LEASEGATE_JA4.clone(), ja4);

@@ -254,3 +254,141 @@ async fn off_neither_makes_nor_sets_one() {
     let (status, back, _) = exchange(&mut c, "/limited", Some("c-2")).await;
     assert_eq!((status, back), (429, None));
 }
+
+/// How one HTTP/2 response's header block represents its fields (RFC 7541
+/// §6), counted without decoding a string: what the wire says of each
+/// field's place in the connection's HPACK table.
+#[derive(Debug, Default)]
+struct Representations {
+    /// Fields sent as a reference to the dynamic table (index > 61).
+    from_table: usize,
+    /// Literals the decoder must add to its table.
+    added: usize,
+    /// Never-indexed literals (§6.2.3).
+    never_indexed: usize,
+}
+
+/// An HPACK integer with an `n`-bit prefix at `block[*at]`.
+fn hpack_int(block: &[u8], at: &mut usize, n: u32) -> usize {
+    let max = (1usize << n) - 1;
+    let mut v = usize::from(block[*at]) & max;
+    *at += 1;
+    if v < max {
+        return v;
+    }
+    let mut shift = 0;
+    loop {
+        let b = block[*at];
+        *at += 1;
+        v += usize::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            return v;
+        }
+    }
+}
+
+fn hpack_skip_string(block: &[u8], at: &mut usize) {
+    let len = hpack_int(block, at, 7);
+    *at += len;
+}
+
+fn representations(block: &[u8]) -> Representations {
+    let mut r = Representations::default();
+    let mut at = 0;
+    while at < block.len() {
+        let b = block[at];
+        let name_prefix = if b & 0x80 != 0 {
+            if hpack_int(block, &mut at, 7) > 61 {
+                r.from_table += 1;
+            }
+            continue;
+        } else if b & 0xc0 == 0x40 {
+            r.added += 1;
+            6
+        } else if b & 0xe0 == 0x20 {
+            hpack_int(block, &mut at, 5); // a table size update
+            continue;
+        } else {
+            if b & 0xf0 == 0x10 {
+                r.never_indexed += 1;
+            }
+            4
+        };
+        if hpack_int(block, &mut at, name_prefix) == 0 {
+            hpack_skip_string(block, &mut at);
+        }
+        hpack_skip_string(block, &mut at);
+    }
+    r
+}
+
+/// GETs `/` on stream `id` of a raw HTTP/2 connection and returns its
+/// response's header block, acknowledging the server's settings on the
+/// way.
+async fn h2_get(tcp: &mut tokio::net::TcpStream, authority: &str, id: u32) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // :method GET, :scheme http, :path / (static table), :authority as a
+    // literal that is not indexed.
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let mut frame = (block.len() as u32).to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[0x1, 0x4 | 0x1]); // HEADERS, END_HEADERS | END_STREAM
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.extend_from_slice(&block);
+    tcp.write_all(&frame).await.unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        match kind {
+            // The server's SETTINGS: acknowledged.
+            0x4 if flags & 0x1 == 0 => tcp.write_all(&[0, 0, 0, 0x4, 0x1, 0, 0, 0, 0]).await.unwrap(),
+            0x1 if stream == id => {
+                assert!(flags & 0x4 != 0, "one HEADERS frame holds the whole head");
+                assert!(flags & 0x28 == 0, "no padding or priority expected");
+                return payload;
+            }
+            0x7 => panic!("GOAWAY: {payload:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// The fields that change from one response to the next (`RateLimit`'s
+/// counts, `RateLimit-Remaining`, `x-request-id`) go out over HTTP/2 as
+/// never-indexed literals, so they do not fill the connection's HPACK table
+/// with entries no later response matches; the ones that repeat
+/// (`RateLimit-Policy`, `RateLimit-Limit`) are sent once and then referred
+/// to from the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_changing_fields_stay_out_of_the_hpack_table() {
+    use tokio::io::AsyncWriteExt;
+    let gw = Gateway::start(&config(&["open"]).limit("open", "1000/min"));
+    let mut tcp = tokio::net::TcpStream::connect(gw.http()).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let authority = gw.http().to_string();
+    let first = representations(&h2_get(&mut tcp, &authority, 1).await);
+    assert_eq!(
+        first.never_indexed, 3,
+        "ratelimit, ratelimit-remaining and x-request-id never indexed: {first:?}"
+    );
+    for id in [3, 5, 7] {
+        let next = representations(&h2_get(&mut tcp, &authority, id).await);
+        assert_eq!(next.never_indexed, 3, "stream {id}: {next:?}");
+        assert!(
+            next.from_table >= 2,
+            "stream {id}: ratelimit-policy and ratelimit-limit from the table: {next:?}"
+        );
+        assert!(
+            next.added <= 2,
+            "stream {id}: at most date and ratelimit-reset added again, not the counts: {next:?}"
+        );
+    }
+}
