@@ -23,13 +23,14 @@ pub use address::client_ip;
 use credentials::{api_key, bearer_jwt, X_API_KEY};
 pub use credentials::{ApiKey, ApiKeys};
 
-use std::fmt::Write as _;
+use std::fmt::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::HeaderMap;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 /// `[identity] max_token_bytes` by default.
 pub const DEFAULT_MAX_TOKEN_BYTES: usize = 8_192;
@@ -299,57 +300,62 @@ pub fn subnet(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
     IpNet::new(ip, prefix).map_or_else(|_| IpNet::from(ip), |n| n.trunc())
 }
 
-/// `subnet:<cidr>`. Every request of the subnet tier has one made: an IPv4
-/// network is written with `itoa` (no `fmt`), IPv6 by its `Display`
-/// (its zero compression is not worth repeating).
+/// `subnet:<cidr>`. Every request of the subnet tier has one made.
 fn subnet_value(net: &IpNet) -> String {
     let mut value = String::with_capacity(32);
     value.push_str("subnet:");
-    match net {
+    push_net(&mut value, net);
+    value
+}
+
+/// `net` as CIDR text, as its `Display` writes it: an IPv4 network with
+/// `itoa` (no `fmt`; every request on the subnet and fingerprint tiers
+/// writes one), IPv6 by its `Display` (its zero compression is not worth
+/// repeating).
+fn push_net(out: &mut impl Write, net: &IpNet) {
+    let _ = match net {
         IpNet::V4(v4) => {
             for (i, octet) in v4.addr().octets().into_iter().enumerate() {
                 if i > 0 {
-                    value.push('.');
+                    let _ = out.write_str(".");
                 }
-                value.push_str(itoa::Buffer::new().format(octet));
+                let _ = out.write_str(itoa::Buffer::new().format(octet));
             }
-            value.push('/');
-            value.push_str(itoa::Buffer::new().format(v4.prefix_len()));
+            let _ = out.write_str("/");
+            out.write_str(itoa::Buffer::new().format(v4.prefix_len()))
         }
-        IpNet::V6(_) => {
-            let _ = write!(value, "{net}");
-        }
-    }
-    value
+        IpNet::V6(_) => write!(out, "{net}"),
+    };
 }
 
 /// `fingerprint:` and 16 hex digits of SHA-256 over JA4, header-name
 /// order and subnet. Runs for every request on a TLS connection without a
-/// better identity: the subnet is hashed as it is written and the digits
-/// are written by hand, into the one string it returns.
+/// better identity: what is hashed is gathered in one buffer on the stack
+/// (one update of the hash, not two per header name), and the digits are
+/// written by hand, into the one string it returns.
 fn fingerprint(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
-    /// Feeds what is written to the hash.
-    struct Hashing<'a>(&'a mut Sha256);
-    impl std::fmt::Write for Hashing<'_> {
+    /// Text written to the buffer.
+    struct Gathered<'a>(&'a mut SmallVec<[u8; 512]>);
+    impl Write for Gathered<'_> {
         fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            self.0.update(s.as_bytes());
+            self.0.extend_from_slice(s.as_bytes());
             Ok(())
         }
     }
     const PREFIX: &str = "fingerprint:";
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut h = Sha256::new();
-    h.update(ja4.as_bytes());
-    h.update([0]);
+    let mut text: SmallVec<[u8; 512]> = SmallVec::new();
+    text.extend_from_slice(ja4.as_bytes());
+    text.push(0);
     for name in headers.keys() {
-        h.update(name.as_str().as_bytes());
-        h.update([b',']);
+        text.extend_from_slice(name.as_str().as_bytes());
+        text.push(b',');
     }
-    h.update([0]);
-    let _ = write!(Hashing(&mut h), "{net}");
+    text.push(0);
+    push_net(&mut Gathered(&mut text), net);
     let mut value = String::with_capacity(PREFIX.len() + 16);
     value.push_str(PREFIX);
-    for b in h.finalize().iter().take(8) {
+    for b in Sha256::digest(&text).iter().take(8) {
         value.push(char::from(HEX[usize::from(b >> 4)]));
         value.push(char::from(HEX[usize::from(b & 0xf)]));
     }
