@@ -345,6 +345,7 @@ impl Gateway {
                 // A client's share of the upstream's places: its network
                 // as the connection door counts it (IPv4 by address).
                 let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
+                record.client.reached.timed = record.logging;
                 // Made ready before the box: the future holds it once.
                 let mut forward = proxy::Forward::new(
                     req,

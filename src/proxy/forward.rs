@@ -175,7 +175,7 @@ impl<'a> Forward<'a> {
         // One deadline for the response head, whichever targets it takes.
         let deadline = tokio::time::Instant::now() + upstream.request_timeout;
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
-        let asked = std::time::Instant::now();
+        let asked = reached.timed.then(std::time::Instant::now);
         let (mut resp, sender, slot) = loop {
             let (index, target) = (self.index, self.target);
             let Some(req) = self.req.as_mut() else {
@@ -205,7 +205,7 @@ impl<'a> Forward<'a> {
                         _ => Outcome::Success,
                     };
                     note(upstream, index, outcome, metrics);
-                    reached.micros = Some(asked.elapsed().as_micros() as u64);
+                    reached.micros = asked.map(|asked| asked.elapsed().as_micros() as u64);
                     break (resp, sender, slot);
                 }
                 Ok(Err(Attempt::Connect(e))) => {
