@@ -30,7 +30,6 @@ use std::sync::Arc;
 use http::HeaderMap;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
-use smallvec::SmallVec;
 
 /// `[identity] max_token_bytes` by default.
 pub const DEFAULT_MAX_TOKEN_BYTES: usize = 8_192;
@@ -330,36 +329,75 @@ fn push_net(out: &mut impl Write, net: &IpNet) {
 
 /// `fingerprint:` and 16 hex digits of SHA-256 over JA4, header-name
 /// order and subnet. Runs for every request on a TLS connection without a
-/// better identity: what is hashed is gathered in one buffer on the stack
-/// (one update of the hash, not two per header name), and the digits are
-/// written by hand, into the one string it returns.
+/// better identity: what is hashed is gathered on the stack and given to
+/// the hash in one update (two per header name cost more than the
+/// copying), and the digits are written by hand, into the one string it
+/// returns.
 fn fingerprint(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
-    /// Text written to the buffer.
-    struct Gathered<'a>(&'a mut SmallVec<[u8; 512]>);
-    impl Write for Gathered<'_> {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            self.0.extend_from_slice(s.as_bytes());
-            Ok(())
-        }
-    }
     const PREFIX: &str = "fingerprint:";
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut text: SmallVec<[u8; 512]> = SmallVec::new();
-    text.extend_from_slice(ja4.as_bytes());
-    text.push(0);
+    let mut text = Gathered::default();
+    text.put(ja4.as_bytes());
+    text.put(&[0]);
     for name in headers.keys() {
-        text.extend_from_slice(name.as_str().as_bytes());
-        text.push(b',');
+        text.put(name.as_str().as_bytes());
+        text.put(b",");
     }
-    text.push(0);
-    push_net(&mut Gathered(&mut text), net);
+    text.put(&[0]);
+    push_net(&mut text, net);
     let mut value = String::with_capacity(PREFIX.len() + 16);
     value.push_str(PREFIX);
-    for b in Sha256::digest(&text).iter().take(8) {
+    for b in text.digest().iter().take(8) {
         value.push(char::from(HEX[usize::from(b >> 4)]));
         value.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     value
+}
+
+/// Bytes on their way into SHA-256, gathered in a buffer of fixed size
+/// that is handed over whenever it is full: any length hashes as the same
+/// bytes would at once.
+struct Gathered {
+    hash: Sha256,
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Default for Gathered {
+    fn default() -> Gathered {
+        Gathered {
+            hash: Sha256::new(),
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+}
+
+impl Gathered {
+    fn put(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > self.buf.len() {
+            self.hash.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() > self.buf.len() {
+                self.hash.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn digest(mut self) -> [u8; 32] {
+        self.hash.update(&self.buf[..self.len]);
+        self.hash.finalize().into()
+    }
+}
+
+impl Write for Gathered {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.put(s.as_bytes());
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -350,3 +350,32 @@ fn a_verified_client_certificate_is_a_tier_where_the_order_puts_it() {
     };
     assert_eq!(strict.resolve(&keyed, conn(None), 0).unwrap().tier, Tier::Subnet);
 }
+
+/// The fingerprint's buffer hands over what it gathered whenever it is
+/// full: however the pieces fall (many headers, one name longer than the
+/// buffer), the digest is the one of all the bytes at once.
+#[test]
+fn gathered_bytes_hash_as_they_would_at_once() {
+    use std::fmt::Write as _;
+    for sizes in [
+        &[][..],
+        &[0, 1, 511],
+        &[512],
+        &[511, 2],
+        &[300, 300, 300],
+        &[513, 1, 2000, 7],
+        &[20; 100],
+    ] {
+        let mut gathered = super::Gathered::default();
+        let mut all = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let piece: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
+            gathered.put(&piece);
+            all.extend_from_slice(&piece);
+        }
+        let _ = write!(gathered, "10.0.{}.0/24", sizes.len());
+        all.extend_from_slice(format!("10.0.{}.0/24", sizes.len()).as_bytes());
+        let want: [u8; 32] = Sha256::digest(&all).into();
+        assert_eq!(gathered.digest(), want, "{sizes:?}");
+    }
+}
