@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -30,6 +31,29 @@ pub struct ConnInfo {
     pub peer_ip: HeaderValue,
     /// `[gateway] idle_timeout_ms`: also bounds a tunnel that moves no byte.
     pub idle_timeout: std::time::Duration,
+    /// HTTP/2 responses given so far (`gateway::hpack`).
+    pub h2_responses: ResponseCount,
+}
+
+/// A count of a connection's responses that no one needs exact: read and
+/// written without a locked instruction, so two streams finishing at once
+/// may count one.
+#[derive(Debug, Default)]
+pub struct ResponseCount(AtomicU32);
+
+impl ResponseCount {
+    /// The count before this response.
+    pub fn next(&self) -> u32 {
+        let n = self.0.load(Ordering::Relaxed);
+        self.0.store(n.wrapping_add(1), Ordering::Relaxed);
+        n
+    }
+}
+
+impl Clone for ResponseCount {
+    fn clone(&self) -> ResponseCount {
+        ResponseCount(AtomicU32::new(self.0.load(Ordering::Relaxed)))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +80,7 @@ impl ConnInfo {
             guard,
             peer_ip,
             idle_timeout: std::time::Duration::from_secs(60),
+            h2_responses: ResponseCount::default(),
         }
     }
 

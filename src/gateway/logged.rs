@@ -234,13 +234,19 @@ pub(super) struct Pending<'a> {
     pub route: Option<usize>,
     pub logged: Option<Box<Logged>>,
     pub open: bool,
+    /// The request came over HTTP/2 (its response's fields are
+    /// compressed: [`super::hpack`]).
+    pub h2: bool,
 }
 
 impl Pending<'_> {
     /// The response head is ready: counts the request, and logs it now (a
     /// body made here) or at its body's end.
-    pub fn done(mut self, record: Record, resp: Response<Body>) -> Response<Body> {
+    pub fn done(mut self, record: Record, mut resp: Response<Body>) -> Response<Body> {
         self.open = false;
+        if self.h2 {
+            super::hpack::seed(self.conn, resp.headers_mut());
+        }
         let status = resp.status().as_u16();
         let elapsed = self.started.elapsed();
         let resp = match self.logged.take() {

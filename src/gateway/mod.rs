@@ -17,6 +17,7 @@ use respond::{add_warnings, visible_statuses, RequestError};
 
 mod budget;
 mod cost;
+mod hpack;
 mod logged;
 mod priced_body;
 mod queue;

@@ -63,6 +63,7 @@ impl Gateway {
             route: None,
             logged,
             open: true,
+            h2: req.version() == http::Version::HTTP_2,
         };
         let logging = pending.logged.is_some();
         // In a block: nothing of the routing is held across the wait, so
