@@ -10,7 +10,7 @@
 //! [`SEED_EVERY`] on each HTTP/2 connection, the first among them, sends
 //! them indexed. Their names are then in the table, and the responses
 //! after refer to them by index (a byte or two) instead of spelling them
-//! out (about 14 bytes each, Huffman-coded).
+//! out (about 10 bytes each, Huffman-coded: 30 bytes a response).
 
 use http::HeaderMap;
 

@@ -330,9 +330,8 @@ fn push_net(out: &mut impl Write, net: &IpNet) {
 /// `fingerprint:` and 16 hex digits of SHA-256 over JA4, header-name
 /// order and subnet. Runs for every request on a TLS connection without a
 /// better identity: what is hashed is gathered on the stack and given to
-/// the hash in one update (two per header name cost more than the
-/// copying), and the digits are written by hand, into the one string it
-/// returns.
+/// the hash in one update, the subnet written without `fmt`, and the
+/// digits are written by hand, into the one string it returns.
 fn fingerprint(ja4: &str, headers: &HeaderMap, net: &IpNet) -> String {
     const PREFIX: &str = "fingerprint:";
     const HEX: &[u8; 16] = b"0123456789abcdef";

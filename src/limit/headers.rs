@@ -13,7 +13,8 @@
 //! response matches: the table fills with dead counts, each lookup walks
 //! them, and the fields that do repeat (`RateLimit-Policy`,
 //! `RateLimit-Limit`, the upstream's) are evicted with them. HTTP/1.1
-//! ignores the mark.
+//! ignores the mark. (`gateway::hpack` lets one HTTP/2 response in many
+//! index them, so that their names are in the table.)
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
