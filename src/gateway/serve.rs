@@ -346,7 +346,6 @@ impl Gateway {
                 // A client's share of the upstream's places: its network
                 // as the connection door counts it (IPv4 by address).
                 let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
-                record.client.reached.timed = record.logging;
                 // Made ready before the box: the future holds it once.
                 let mut forward = proxy::Forward::new(
                     req,
@@ -357,7 +356,10 @@ impl Gateway {
                 );
                 Served::Later(Box::pin(async move {
                     let result = match forward {
-                        Ok(ref mut forward) => forward.send(&self.runtime.metrics, &mut record.client.reached).await,
+                        Ok(ref mut forward) => {
+                            let reached = record.logging.then_some(&mut record.client.reached);
+                            forward.send(&self.runtime.metrics, reached).await
+                        }
                         Err(e) => Err(e),
                     };
                     if record.logging {

@@ -166,16 +166,19 @@ impl<'a> Forward<'a> {
     /// none: a target that cannot be connected to is passed over for the
     /// next in the rotation, and an exchange that breaks before the head
     /// is sent again under `retries`; all within one `request_timeout`.
+    /// `reached`, the access log's, is told the target and the time to
+    /// the response head; without one (the request is not logged) no
+    /// clock is read for it.
     pub async fn send(
         &mut self,
         metrics: &Arc<Metrics>,
-        reached: &mut Reached,
+        mut reached: Option<&mut Reached>,
     ) -> Result<Response<Body>, ForwardError> {
         let upstream = self.upstream;
         // One deadline for the response head, whichever targets it takes.
         let deadline = tokio::time::Instant::now() + upstream.request_timeout;
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
-        let asked = reached.timed.then(std::time::Instant::now);
+        let asked = reached.is_some().then(std::time::Instant::now);
         let (mut resp, sender, slot) = loop {
             let (index, target) = (self.index, self.target);
             let Some(req) = self.req.as_mut() else {
@@ -187,7 +190,9 @@ impl<'a> Forward<'a> {
                 });
             };
             address(req, upstream, target);
-            reached.target = Some(index);
+            if let Some(reached) = reached.as_deref_mut() {
+                reached.target = Some(index);
+            }
             if let Some(place) = self.place.as_mut() {
                 place.at(index);
             }
@@ -205,7 +210,9 @@ impl<'a> Forward<'a> {
                         _ => Outcome::Success,
                     };
                     note(upstream, index, outcome, metrics);
-                    reached.micros = asked.map(|asked| asked.elapsed().as_micros() as u64);
+                    if let (Some(reached), Some(asked)) = (reached.as_deref_mut(), asked) {
+                        reached.micros = Some(asked.elapsed().as_micros() as u64);
+                    }
                     break (resp, sender, slot);
                 }
                 Ok(Err(Attempt::Connect(e))) => {
@@ -495,7 +502,7 @@ mod tests {
     fn the_request_is_held_once_not_by_the_futures_that_send_it() {
         fn size_of_send<'a, F, Fut>(_: F) -> usize
         where
-            F: FnOnce(&'a mut Forward<'a>, &'a Arc<Metrics>, &'a mut Reached) -> Fut,
+            F: FnOnce(&'a mut Forward<'a>, &'a Arc<Metrics>, Option<&'a mut Reached>) -> Fut,
         {
             std::mem::size_of::<Fut>()
         }

@@ -44,9 +44,6 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 pub struct Reached {
     /// An index into the upstream's targets.
     pub target: Option<usize>,
-    /// Whether to time the exchange (`micros`): the access log's alone,
-    /// so a request that is not logged reads no clock for it.
-    pub timed: bool,
     pub micros: Option<u64>,
 }
 
