@@ -30,7 +30,8 @@ MODE=${3:-proxy}
 ROUNDS=${4:-5}
 SECS=${5:-4}
 UP_PORT=18181
-need_tools wrk:wrk nginx:nginx taskset:util-linux h2load:nghttp2-client
+need_tools wrk:wrk nginx:nginx taskset:util-linux
+case $MODE in h2c | h2tls) need_tools h2load:nghttp2-client ;; esac
 
 bench_work
 nginx_conf up "$(ok_server "$UP_PORT")"

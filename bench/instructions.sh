@@ -41,7 +41,8 @@ SECS=${1:-10}
 TOP=${2:-25}
 UP_PORT=18281
 PORT=18282
-need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind h2load:nghttp2-client
+need_tools wrk:wrk nginx:nginx valgrind:valgrind callgrind_annotate:valgrind
+case " ${TARGETS:-} " in *-h2\ *) need_tools h2load:nghttp2-client ;; esac
 cargo build --release --quiet --bin leasegate --example hyper_floor
 
 bench_work
