@@ -144,7 +144,16 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(g.check_key(black_box(&hot)).is_ok()))
     });
     group.finish();
-    interleaved(c, &s, &g, &hot);
+    interleaved(
+        c,
+        "hot key",
+        || {
+            black_box(s.decide(black_box(&hot)));
+        },
+        || {
+            black_box(g.check_key(black_box(&hot)).is_ok());
+        },
+    );
 
     let mut group = c.benchmark_group("100k keys");
     let mut i = 0usize;
@@ -162,6 +171,20 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+    // The same strides, taking turns (see `interleaved`).
+    let (mut i, mut j) = (0usize, 0usize);
+    interleaved(
+        c,
+        "100k keys",
+        || {
+            i = (i + 7_919) % KEYS;
+            black_box(s.decide(&s.identities[i]));
+        },
+        || {
+            j = (j + 7_919) % KEYS;
+            black_box(g.check_key(&s.identities[j]).is_ok());
+        },
+    );
 
     let mut group = c.benchmark_group("hot key, 2 threads");
     let s = Arc::new(s);
@@ -185,39 +208,32 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// The hot key again, leasegate and governor taking turns: each criterion
-/// sample times a slice of one, then a slice of the other as long (who goes
-/// first alternating), so both see the same machine. Criterion alone
+/// Leasegate and governor taking turns on one workload: each criterion
+/// sample times a slice of `ours`, then a slice of `theirs` as long (who
+/// goes first alternating), so both see the same machine. Criterion alone
 /// measures one after the other, seconds apart, and this guest drifts by
 /// 20-30 % between them. Criterion reports leasegate's slices; this prints
 /// both medians and the median ratio of the pairs with its spread. Under
 /// criterion's filters and its test mode like any other benchmark.
-fn interleaved(c: &mut Criterion, s: &Setup, g: &governor::DefaultKeyedRateLimiter<String>, hot: &String) {
+fn interleaved(c: &mut Criterion, group: &str, mut ours: impl FnMut(), mut theirs: impl FnMut()) {
     let mut pairs: Vec<(f64, f64)> = Vec::new();
     let mut turn = false;
-    let mut group = c.benchmark_group("hot key");
-    group.bench_function("leasegate, interleaved with governor", |b| {
+    let mut g = c.benchmark_group(group);
+    g.bench_function("leasegate, interleaved with governor", |b| {
         b.iter_custom(|iters| {
-            let ours = || {
+            let time = |f: &mut dyn FnMut()| {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    black_box(s.decide(black_box(hot)));
-                }
-                t.elapsed()
-            };
-            let theirs = || {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    black_box(g.check_key(black_box(hot)).is_ok());
+                    f();
                 }
                 t.elapsed()
             };
             turn = !turn;
             let (a, b) = if turn {
-                (ours(), theirs())
+                (time(&mut ours), time(&mut theirs))
             } else {
-                let b = theirs();
-                (ours(), b)
+                let b = time(&mut theirs);
+                (time(&mut ours), b)
             };
             // Criterion's warm-up starts from one iteration: too short a
             // slice to time.
@@ -228,7 +244,7 @@ fn interleaved(c: &mut Criterion, s: &Setup, g: &governor::DefaultKeyedRateLimit
             a
         })
     });
-    group.finish();
+    g.finish();
     if pairs.is_empty() {
         return;
     }
@@ -238,7 +254,7 @@ fn interleaved(c: &mut Criterion, s: &Setup, g: &governor::DefaultKeyedRateLimit
     };
     let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
     println!(
-        "hot key, interleaved: leasegate {:.1} ns, governor {:.1} ns; leasegate ÷ governor {:.2} \
+        "{group}, interleaved: leasegate {:.1} ns, governor {:.1} ns; leasegate ÷ governor {:.2} \
          (p10 {:.2}, p90 {:.2}) over {} pairs",
         quantile(pairs.iter().map(|p| p.0).collect(), 0.5),
         quantile(pairs.iter().map(|p| p.1).collect(), 0.5),
