@@ -377,15 +377,48 @@ upstream = "impatient"
     );
     let gw = Gateway::start(&config(&[up.target()], &extra));
     let mut c = client::http1(gw.http()).await;
+    // A connection's requests share one timer (`connection::Timer`): each
+    // gets the whole `request_timeout_ms` from its own start, whether the
+    // one before was quick, took most of it, or the timer fired while the
+    // connection was idle.
+    for (ms, idle) in [(0, 0), (0, 0), (200, 0), (200, 0), (0, 500), (200, 0)] {
+        tokio::time::sleep(Duration::from_millis(idle)).await;
+        let (status, _, body) = client::text(client::send(&mut c, client::get(&format!("/slow?ms={ms}"))).await).await;
+        assert_eq!(status, 200, "{ms} ms after {idle} ms idle: {body}");
+    }
     let started = Instant::now();
     let (status, headers, body) = client::text(client::send(&mut c, client::get("/slow?ms=3000")).await).await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(headers["content-type"], "application/problem+json");
+    let took = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_millis(2000),
-        "took {:?}",
-        started.elapsed()
+        took >= Duration::from_millis(290) && took < Duration::from_millis(2000),
+        "took {took:?}"
     );
+
+    // Concurrent HTTP/2 streams: one times out, the other (borrowing no
+    // timer, or the connection's) is answered.
+    let h2 = client::h2c(gw.http()).await;
+    let port = gw.http().port();
+    let send = |ms: u64| {
+        let mut h2 = h2.clone();
+        let req = Request::get(format!("http://127.0.0.1:{port}/slow?ms={ms}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let (status, _, _) = client::text(h2.send_request(req).await.unwrap()).await;
+            (status, started.elapsed())
+        })
+    };
+    let (slow, quick) = (send(3000), send(150));
+    let ((slow, slow_took), (quick, quick_took)) = (slow.await.unwrap(), quick.await.unwrap());
+    assert_eq!(
+        (slow, quick),
+        (http::StatusCode::GATEWAY_TIMEOUT, http::StatusCode::OK),
+        "after {slow_took:?} and {quick_took:?}"
+    );
+    assert!(slow_took < Duration::from_millis(2000), "took {slow_took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
