@@ -119,6 +119,12 @@ impl Setup {
     }
 }
 
+/// The gateway's allocator (`src/main.rs`), for both limiters: where the
+/// leases and governor's cells sit in memory is part of what a decision
+/// on a cold key costs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<String> {
     RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
 }
