@@ -377,10 +377,9 @@ upstream = "impatient"
     );
     let gw = Gateway::start(&config(&[up.target()], &extra));
     let mut c = client::http1(gw.http()).await;
-    // A connection's requests share one timer (`connection::Timer`): each
-    // gets the whole `request_timeout_ms` from its own start, whether the
-    // one before was quick, took most of it, or the timer fired while the
-    // connection was idle.
+    // Each request on a kept-alive connection has the whole
+    // `request_timeout_ms` from its own start, whether the one before was
+    // quick, took most of it, or the connection was idle in between.
     for (ms, idle) in [(0, 0), (0, 0), (200, 0), (200, 0), (0, 500), (200, 0)] {
         tokio::time::sleep(Duration::from_millis(idle)).await;
         let (status, _, body) = client::text(client::send(&mut c, client::get(&format!("/slow?ms={ms}"))).await).await;
@@ -396,8 +395,8 @@ upstream = "impatient"
         "took {took:?}"
     );
 
-    // Concurrent HTTP/2 streams: one times out, the other (borrowing no
-    // timer, or the connection's) is answered.
+    // Concurrent HTTP/2 streams have a deadline each: one times out, the
+    // other is answered.
     let h2 = client::h2c(gw.http()).await;
     let port = gw.http().port();
     let send = |ms: u64| {
