@@ -26,11 +26,13 @@ pub fn block(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64) {
 /// once than the store had (`room`): a request needing at most `room` is
 /// not blocked by it (it may still fit), one needing more is.
 pub fn block_needing(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, room: u64) {
-    lease.block_room.store(room, Ordering::Relaxed);
+    lease.body().block_room.store(room, Ordering::Relaxed);
     lease
+        .body()
         .retry_at
         .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
     lease
+        .body()
         .blocked_until
         .store(until(now_ms, retry_after_ms, cap_ms), Ordering::Relaxed);
 }
@@ -38,13 +40,13 @@ pub fn block_needing(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u6
 /// Ends `lease`'s block: what it was set on no longer holds (a settled
 /// cost left the key in debt). The next request asks the store.
 pub fn unblock(lease: &Lease) {
-    lease.blocked_until.store(0, Ordering::Relaxed);
+    lease.body().blocked_until.store(0, Ordering::Relaxed);
 }
 
 /// Whether the block refuses a request needing `need` tokens at `now_ms`.
 #[inline]
 pub fn refuses(lease: &Lease, now_ms: u64, need: u64) -> bool {
-    remaining(lease, now_ms).is_some() && need > lease.block_room.load(Ordering::Relaxed)
+    remaining(lease, now_ms).is_some() && need > lease.body().block_room.load(Ordering::Relaxed)
 }
 
 /// Blocks `lease` after a refusal that sends the whole fleet's instances
@@ -56,12 +58,13 @@ pub fn refuses(lease: &Lease, now_ms: u64, need: u64) -> bool {
 pub fn block_spread(lease: &Lease, now_ms: u64, retry_after_ms: u64, cap_ms: u64, jitter: f64) -> u64 {
     let wait = retry_after_ms.min(cap_ms);
     let early = (wait as f64 / 4.0 * jitter.clamp(0.0, 1.0)) as u64;
-    lease.block_room.store(0, Ordering::Relaxed);
+    lease.body().block_room.store(0, Ordering::Relaxed);
     lease
+        .body()
         .retry_at
         .store(now_ms.saturating_add(retry_after_ms.max(1)), Ordering::Relaxed);
     let until = until(now_ms, wait - early, cap_ms);
-    lease.blocked_until.store(until, Ordering::Relaxed);
+    lease.body().blocked_until.store(until, Ordering::Relaxed);
     until - now_ms
 }
 
@@ -75,12 +78,12 @@ pub fn retry_after(lease: &Lease, now_ms: u64) -> u64 {
 /// 0 when it has passed (or there was none): unlike [`retry_after`], which
 /// answers a refused client and is never 0.
 pub fn retry_pending(lease: &Lease, now_ms: u64) -> u64 {
-    lease.retry_at.load(Ordering::Relaxed).saturating_sub(now_ms)
+    lease.body().retry_at.load(Ordering::Relaxed).saturating_sub(now_ms)
 }
 
 /// If the lease is blocked at `now_ms`, the milliseconds left.
 pub fn remaining(lease: &Lease, now_ms: u64) -> Option<u64> {
-    let until = lease.blocked_until.load(Ordering::Relaxed);
+    let until = lease.body().blocked_until.load(Ordering::Relaxed);
     (until > now_ms).then(|| until - now_ms)
 }
 

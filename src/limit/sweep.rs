@@ -186,7 +186,7 @@ impl<'a> Sweeper<'a> {
                 };
                 to_release.extend(Release::of_key(lease.shared_key(), spec, unspent));
             }
-            let touched = lease.touched.load(Ordering::Relaxed);
+            let touched = lease.body().touched.load(Ordering::Relaxed);
             let idle = now.saturating_sub(touched) > idle_ms && blocked::remaining(lease, now).is_none();
             // A lease someone holds (a store call in flight) stays, and so
             // does one with reserved tokens still to come (expired ones
@@ -230,8 +230,8 @@ impl<'a> Sweeper<'a> {
                 // block on it again. A refusal under the old quota says
                 // nothing about the new one.
                 to_release.extend(Release::take_all(lease));
-                lease.blocked_until.store(0, Ordering::Relaxed);
-                lease.retry_at.store(0, Ordering::Relaxed);
+                lease.body().blocked_until.store(0, Ordering::Relaxed);
+                lease.body().retry_at.store(0, Ordering::Relaxed);
             }
         });
         self.limiter.releases.batch(&self.limiter.store, to_release).await
