@@ -16,8 +16,9 @@ use crate::config::RequestIds;
 use crate::limit::headers::changing;
 use crate::proxy::X_REQUEST_ID;
 
-/// A request's id, and what to do with it.
-#[derive(Debug)]
+/// A request's id, and what to do with it. The default is no id: what
+/// is left where one was taken (`std::mem::take`) for its response.
+#[derive(Debug, Default)]
 pub(crate) struct RequestId {
     /// The client's sane id, else (unless `off`) one made here.
     value: Option<HeaderValue>,

@@ -21,7 +21,7 @@ use super::routed::{Routed, Served};
 use super::Gateway;
 use crate::config::AccessLog;
 use crate::connection::ConnInfo;
-use crate::identity;
+use crate::identity::{self, Identity};
 use crate::limit::cost::meter::Unsettled;
 use crate::limit::cost::{Reserves, Settlements};
 use crate::limit::stage::Outcome;
@@ -37,58 +37,65 @@ use crate::telemetry::access_log;
 impl Gateway {
     /// One request, start to finish, and its access-log line. Never fails:
     /// every error becomes a response.
-    pub async fn handle(
+    ///
+    /// Not an `async fn`: one binds its arguments again in its body, so
+    /// the request would be copied from the future into that binding
+    /// before it is used; the block uses it where the future holds it.
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
         self: Arc<Self>,
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
-    ) -> Result<Response<Body>, Infallible> {
-        let snapshot = self.runtime.snapshot();
-        let started = std::time::Instant::now();
-        crate::clock::publish(started);
-        // What the log line needs of the request, taken before it is
-        // consumed. Boxed: hyper moves this future into place per request,
-        // logged or not, so it holds a pointer; the box goes on to watch
-        // the response body and write the line at its end.
-        let gateway = &snapshot.config.gateway;
-        let logged = match gateway.access_log {
-            AccessLog::Off => None,
-            _ => access_log::format().map(|format| Logged::new(format, gateway.access_log_fields, &req)),
-        };
-        // Dropped before its response (the client went away): a 499.
-        let mut pending = Pending {
-            gateway: &self,
-            snapshot: &snapshot,
-            conn: &conn,
-            started,
-            route: None,
-            logged,
-            open: true,
-            h2: req.version() == http::Version::HTTP_2,
-        };
-        let logging = pending.logged.is_some();
-        // In a block: nothing of the routing is held across the wait, so
-        // hyper's per-request future stays as small as it was.
-        let wait = {
-            let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
-            let route = match route_of(&snapshot, &mut req) {
-                Ok((index, route)) => {
-                    // Known before any wait: a client gone while its
-                    // request waits is logged (499) under its route.
-                    pending.route = Some(index);
-                    route
-                }
-                Err(e) => {
-                    let resp = self.finish(&snapshot, None, Err(e), request_id, None);
-                    return Ok(pending.done(Record::default(), resp));
+    ) -> impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send {
+        async move {
+            let snapshot = self.runtime.snapshot();
+            let started = std::time::Instant::now();
+            crate::clock::publish(started);
+            // What the log line needs of the request, taken before it is
+            // consumed. Boxed: hyper moves this future into place per request,
+            // logged or not, so it holds a pointer; the box goes on to watch
+            // the response body and write the line at its end.
+            let gateway = &snapshot.config.gateway;
+            let logged = match gateway.access_log {
+                AccessLog::Off => None,
+                _ => access_log::format().map(|format| Logged::new(format, gateway.access_log_fields, &req)),
+            };
+            // Dropped before its response (the client went away): a 499.
+            let mut pending = Pending {
+                gateway: &self,
+                snapshot: &snapshot,
+                conn: &conn,
+                started,
+                route: None,
+                logged,
+                open: true,
+                h2: req.version() == http::Version::HTTP_2,
+            };
+            let logging = pending.logged.is_some();
+            // In a block: nothing of the routing is held across the wait, so
+            // hyper's per-request future stays as small as it was.
+            let wait = {
+                let request_id = RequestId::of(req.headers(), snapshot.config.gateway.request_id);
+                let route = match route_of(&snapshot, &mut req) {
+                    Ok((index, route)) => {
+                        // Known before any wait: a client gone while its
+                        // request waits is logged (499) under its route.
+                        pending.route = Some(index);
+                        route
+                    }
+                    Err(e) => {
+                        let resp = self.finish(&snapshot, None, Err(e), request_id, None);
+                        return Ok(pending.done(Record::default(), resp));
+                    }
+                };
+                match self.serve(&snapshot, req, &conn, route, request_id, logging) {
+                    Served::Now(resp, record) => return Ok(pending.done(record, resp)),
+                    Served::Later(wait) => wait,
                 }
             };
-            match self.serve(&snapshot, req, &conn, route, request_id, logging) {
-                Served::Now(resp, record) => return Ok(pending.done(record, resp)),
-                Served::Later(wait) => wait,
-            }
-        };
-        let (resp, record) = wait.await;
-        Ok(pending.done(record, resp))
+            let (resp, record) = wait.await;
+            Ok(pending.done(record, resp))
+        }
     }
 
     /// Serves one request on its route.
@@ -196,15 +203,24 @@ impl Gateway {
 
     /// A routed request, identified and priced: decided by its limits,
     /// then refused or served.
-    pub(super) fn limited<'a>(&'a self, routed: Routed<'a>) -> Served<'a> {
+    ///
+    /// The request and its verdict are handed on by reference (a few
+    /// hundred bytes each, a kilobyte together): moved into a call after
+    /// being borrowed here, each would be copied first. Only a wait (the
+    /// store's, the line's) takes them, into its box.
+    pub(super) fn limited<'a>(&'a self, mut routed: Routed<'a>) -> Served<'a> {
         // A route with limits of which none applies to the tier is still
         // decided (an empty verdict, logged as admitted).
         if routed.route.limits.is_empty() {
-            return self.respond_or_forward(routed, None, Settlements::new());
+            return self.respond_or_forward(&mut routed, None, Settlements::new());
         }
         let mut verdict = Verdict::default();
         match self.decide_now(&routed, &mut verdict) {
-            Checked::Decided => self.decided(routed, verdict, true),
+            // [`Gateway::decided`], without moving either.
+            Checked::Decided => match self.ticket(&verdict) {
+                Some(ticket) => self.queued(routed, verdict, ticket),
+                None => self.refused_or_served(&mut routed, &mut verdict),
+            },
             Checked::NeedsStore(pending) => Served::Later(Box::pin(async move {
                 let verdict = self.decide_later(&routed, verdict, pending).await;
                 match self.decided(routed, verdict, true) {
@@ -260,18 +276,24 @@ impl Gateway {
                 return self.queued(r, verdict, ticket);
             }
         }
-        r.record.outcome = verdict_outcome(&verdict);
+        self.refused_or_served(&mut r, &mut verdict)
+    }
+
+    /// A request its verdict does not put in line: refused, or served.
+    /// What the answer needs of `r` and `verdict` is taken from them.
+    fn refused_or_served<'a>(&'a self, r: &mut Routed<'a>, verdict: &mut Verdict<'a>) -> Served<'a> {
+        r.record.outcome = verdict_outcome(verdict);
         if r.snapshot.config.gateway.access_log != AccessLog::Off && r.record.outcome != "admitted" {
             let facts = facts(r.route, &r.identity, r.req.headers());
-            r.record.limit = logged_limit(r.snapshot, &verdict, &facts);
+            r.record.limit = logged_limit(r.snapshot, verdict, &facts);
         }
-        self.send_events(r.route, &r.identity, r.req.headers(), &verdict);
-        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, &verdict, &r.costs) {
-            r.request_id.stamp(refusal.headers_mut());
+        self.send_events(r.route, &r.identity, r.req.headers(), verdict);
+        if let Some(mut refusal) = self.refusal(r.snapshot, r.route, verdict, &r.costs) {
+            std::mem::take(&mut r.request_id).stamp(refusal.headers_mut());
             if r.record.logging {
-                r.record.client.identified(r.identity);
+                r.record.client.identified(take_identity(&mut r.identity));
             }
-            return Served::Now(refusal, r.record);
+            return Served::Now(refusal, std::mem::take(&mut r.record));
         }
         if r.record.logging {
             r.record.client.costs.clone_from(&r.costs);
@@ -284,29 +306,21 @@ impl Gateway {
         self.respond_or_forward(r, Some(verdict), settlements)
     }
 
-    /// A route's direct response, or the upstream's.
+    /// A route's direct response, or the upstream's. What the answer
+    /// needs of `r` and `verdict` is taken from them: a wait moves it into
+    /// its box once, and a direct response only borrows the verdict.
     fn respond_or_forward<'a>(
         &'a self,
-        r: Routed<'a>,
-        mut verdict: Option<Verdict<'a>>,
+        r: &mut Routed<'a>,
+        mut verdict: Option<&mut Verdict<'a>>,
         settlements: Settlements,
     ) -> Served<'a> {
         // In-flight slots are held until the response ends, not the verdict.
-        let held = verdict.as_mut().map(Verdict::take_held).unwrap_or_default();
-        let Routed {
-            snapshot,
-            req,
-            conn,
-            route,
-            identity,
-            limits: _,
-            request_id,
-            mut record,
-            costs: _,
-            estimates,
-            hide_usage,
-            request_bytes,
-        } = r;
+        let held = verdict.as_deref_mut().map(Verdict::take_held).unwrap_or_default();
+        let (snapshot, conn, route, hide_usage) = (r.snapshot, r.conn, r.route, r.hide_usage);
+        let mut record = std::mem::take(&mut r.record);
+        let estimates = std::mem::take(&mut r.estimates);
+        let request_bytes = r.request_bytes.take();
         let watch = move |resp: Response<Body>, held, settlements| {
             let resp = Watcher::watch(
                 resp,
@@ -329,31 +343,52 @@ impl Gateway {
         match &route.action {
             Action::Respond(direct) => {
                 if record.logging {
-                    record.client.identified(identity);
+                    record.client.identified(take_identity(&mut r.identity));
                 }
-                let resp = self.finish(snapshot, Some(route), Ok(respond(direct)), request_id, verdict.as_ref());
+                let request_id = std::mem::take(&mut r.request_id);
+                let resp = self.finish(
+                    snapshot,
+                    Some(route),
+                    Ok(respond(direct)),
+                    request_id,
+                    verdict.as_deref(),
+                );
                 Served::Now(watch(resp, held, settlements), record)
             }
-            Action::Usage(which) => Served::Later(Box::pin(async move {
-                let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
-                if record.logging {
-                    record.client.identified(identity);
-                }
-                let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
-                (watch(resp, held, settlements), record)
-            })),
+            Action::Usage(which) => {
+                let req = std::mem::replace(&mut r.req, Request::new(RequestBody::Read(None, None)));
+                let identity = take_identity(&mut r.identity);
+                let request_id = std::mem::take(&mut r.request_id);
+                let verdict = verdict.map(std::mem::take);
+                Served::Later(Box::pin(async move {
+                    let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
+                    if record.logging {
+                        record.client.identified(identity);
+                    }
+                    let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
+                    (watch(resp, held, settlements), record)
+                }))
+            }
             Action::Forward(upstream) => {
                 // A client's share of the upstream's places: its network
                 // as the connection door counts it (IPv4 by address).
-                let client = crate::identity::subnet(identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
+                let client = crate::identity::subnet(r.identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
                 // Made ready before the box: the future holds it once.
+                let req = std::mem::replace(&mut r.req, Request::new(RequestBody::Read(None, None)));
                 let mut forward = proxy::Forward::new(
                     req,
                     conn,
                     (upstream, Some(client.network()), snapshot.config.gateway.min_body_rate),
-                    request_id.upstream(),
-                    Some(&identity.value),
+                    r.request_id.upstream(),
+                    Some(&r.identity.value),
                 );
+                // The log's part of the identity, taken now (nothing reads
+                // it before the line is written): the box holds no identity.
+                if record.logging {
+                    record.client.identified(take_identity(&mut r.identity));
+                }
+                let request_id = std::mem::take(&mut r.request_id);
+                let verdict = verdict.map(std::mem::take);
                 Served::Later(Box::pin(async move {
                     let result = match forward {
                         Ok(ref mut forward) => {
@@ -362,9 +397,6 @@ impl Gateway {
                         }
                         Err(e) => Err(e),
                     };
-                    if record.logging {
-                        record.client.identified(identity);
-                    }
                     let failed = result.is_err();
                     if failed {
                         // No response: nothing served, so nothing charged
@@ -474,6 +506,20 @@ fn bytes_in(
         return BytesIn::None;
     }
     BytesIn::Counted(counter.get_or_insert_with(Default::default).clone())
+}
+
+/// `identity`, taken from a request that is done with it (for the log, or
+/// for a wait that outlives the request's borrow); left behind are its
+/// tier and address, which are `Copy`.
+fn take_identity(identity: &mut Identity) -> Identity {
+    Identity {
+        tier: identity.tier,
+        value: std::mem::take(&mut identity.value),
+        tenant: identity.tenant.take(),
+        plan: identity.plan.take(),
+        rates: identity.rates.take(),
+        client_ip: identity.client_ip,
+    }
 }
 
 /// The limit the access log names for `verdict` (the one that refused,
