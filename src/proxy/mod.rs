@@ -174,6 +174,11 @@ mod tests {
         for (i, h) in HOP_BY_HOP.iter().enumerate() {
             assert_eq!(hop_by_hop_index(h), Some(i), "{h}");
         }
+        // As a parser makes them: any case, standard or custom.
+        for (wire, i) in [("Connection", 0), ("TE", 2), ("Keep-Alive", 7), ("PROXY-CONNECTION", 8)] {
+            let name = HeaderName::from_bytes(wire.as_bytes()).unwrap();
+            assert_eq!(hop_by_hop_index(&name), Some(i), "{wire}");
+        }
         for other in [
             "host",
             "content-length",
