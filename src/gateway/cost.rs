@@ -132,8 +132,7 @@ impl Gateway {
     /// A request priced by its JSON body: the body read (bounded), the
     /// reserves taken from it, then decided and served.
     pub(super) async fn priced_by_body<'a>(&'a self, mut routed: Routed<'a>, priced: Priced<'a>) -> Served<'a> {
-        let (parts, body) =
-            std::mem::replace(&mut routed.req, Request::new(RequestBody::read(Bytes::new(), None))).into_parts();
+        let (parts, body) = routed.take_request().into_parts();
         let snapshot = routed.snapshot;
         // A client an identity-free limit (its address's, its network's)
         // refuses now is refused before its body is read.

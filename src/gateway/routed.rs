@@ -48,6 +48,15 @@ pub(super) struct Routed<'a> {
     pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
+impl Routed<'_> {
+    /// The request, taken for good (into a wait's box, or apart to read
+    /// its body): an empty one is left in its place, which allocates
+    /// nothing.
+    pub(super) fn take_request(&mut self) -> Request<RequestBody> {
+        std::mem::replace(&mut self.req, Request::new(RequestBody::Read(None, None)))
+    }
+}
+
 /// A response now, or the wait for it; with what the access log records.
 /// `handle` takes it apart before it waits, so it is never part of hyper's
 /// per-request future (only of the rare boxed wait on the store): boxing

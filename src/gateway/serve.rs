@@ -21,7 +21,7 @@ use super::routed::{Routed, Served};
 use super::Gateway;
 use crate::config::AccessLog;
 use crate::connection::ConnInfo;
-use crate::identity::{self, Identity};
+use crate::identity;
 use crate::limit::cost::meter::Unsettled;
 use crate::limit::cost::{Reserves, Settlements};
 use crate::limit::stage::Outcome;
@@ -291,7 +291,7 @@ impl Gateway {
         if let Some(mut refusal) = self.refusal(r.snapshot, r.route, verdict, &r.costs) {
             std::mem::take(&mut r.request_id).stamp(refusal.headers_mut());
             if r.record.logging {
-                r.record.client.identified(take_identity(&mut r.identity));
+                r.record.client.identified(r.identity.take());
             }
             return Served::Now(refusal, std::mem::take(&mut r.record));
         }
@@ -343,7 +343,7 @@ impl Gateway {
         match &route.action {
             Action::Respond(direct) => {
                 if record.logging {
-                    record.client.identified(take_identity(&mut r.identity));
+                    record.client.identified(r.identity.take());
                 }
                 let request_id = std::mem::take(&mut r.request_id);
                 let resp = self.finish(
@@ -356,8 +356,8 @@ impl Gateway {
                 Served::Now(watch(resp, held, settlements), record)
             }
             Action::Usage(which) => {
-                let req = std::mem::replace(&mut r.req, Request::new(RequestBody::Read(None, None)));
-                let identity = take_identity(&mut r.identity);
+                let req = r.take_request();
+                let identity = r.identity.take();
                 let request_id = std::mem::take(&mut r.request_id);
                 let verdict = verdict.map(std::mem::take);
                 Served::Later(Box::pin(async move {
@@ -374,7 +374,7 @@ impl Gateway {
                 // as the connection door counts it (IPv4 by address).
                 let client = crate::identity::subnet(r.identity.client_ip, 32, snapshot.config.identity.ipv6_prefix);
                 // Made ready before the box: the future holds it once.
-                let req = std::mem::replace(&mut r.req, Request::new(RequestBody::Read(None, None)));
+                let req = r.take_request();
                 let mut forward = proxy::Forward::new(
                     req,
                     conn,
@@ -385,7 +385,7 @@ impl Gateway {
                 // The log's part of the identity, taken now (nothing reads
                 // it before the line is written): the box holds no identity.
                 if record.logging {
-                    record.client.identified(take_identity(&mut r.identity));
+                    record.client.identified(r.identity.take());
                 }
                 let request_id = std::mem::take(&mut r.request_id);
                 let verdict = verdict.map(std::mem::take);
@@ -506,20 +506,6 @@ fn bytes_in(
         return BytesIn::None;
     }
     BytesIn::Counted(counter.get_or_insert_with(Default::default).clone())
-}
-
-/// `identity`, taken from a request that is done with it (for the log, or
-/// for a wait that outlives the request's borrow); left behind are its
-/// tier and address, which are `Copy`.
-fn take_identity(identity: &mut Identity) -> Identity {
-    Identity {
-        tier: identity.tier,
-        value: std::mem::take(&mut identity.value),
-        tenant: identity.tenant.take(),
-        plan: identity.plan.take(),
-        rates: identity.rates.take(),
-        client_ip: identity.client_ip,
-    }
 }
 
 /// The limit the access log names for `verdict` (the one that refused,

@@ -87,6 +87,23 @@ pub struct Identity {
     pub client_ip: IpAddr,
 }
 
+impl Identity {
+    /// This identity, taken from a request that is done with it (for the
+    /// access log, or a wait that outlives the request's borrow): its
+    /// strings and shared parts move out, and its tier and address, which
+    /// are `Copy`, stay.
+    pub fn take(&mut self) -> Identity {
+        Identity {
+            tier: self.tier,
+            value: std::mem::take(&mut self.value),
+            tenant: self.tenant.take(),
+            plan: self.plan.take(),
+            rates: self.rates.take(),
+            client_ip: self.client_ip,
+        }
+    }
+}
+
 /// Credentials that were presented but are not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {

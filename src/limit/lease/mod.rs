@@ -3,12 +3,13 @@
 //! atomics: spending never takes a lock and never waits for the store.
 //!
 //! It is made of parts, one per concern, each `repr(C)` in a file of its
-//! own: `tokens` (what every decision reads and spends: first, in the first
-//! cache line), `rate` (the rate estimate that sizes the next lease, and
-//! the admitted rate), `refill` (the one store call per key). Here stay the
-//! block times, the table's marks, the grant's window, the quota and the
-//! key (in the lease's [`Body`], apart from the line decisions read), and
-//! the methods the limiter calls, delegating to the parts; those
+//! own: `tokens` (what every decision reads and spends: with the table's
+//! hash and the eviction mark, the whole of the lease's one cache line),
+//! `rate` (the rate estimate that sizes the next lease, and the admitted
+//! rate), `refill` (the one store call per key). Here stay, in the
+//! lease's [`Body`] apart from that line, the block times, the fronts'
+//! count, the grant's window, the quota and the key; and the methods the
+//! limiter calls, delegating to the parts; those
 //! that touch several (adding a grant, taking tokens back unspent, sizing
 //! the next lease) are written here. `sizing` holds the pure sizing rule,
 //! [`Sizing`].
