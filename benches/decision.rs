@@ -297,9 +297,38 @@ fn two_threads(iters: u64, f: impl Fn() -> bool + Send + Sync + Clone + 'static)
     start.elapsed()
 }
 
+/// The embedded store's grant, as a lease's refill makes it, on the same
+/// 100k keys' store keys (no governor: it has no store). `held`: a quota
+/// the refills drain, so every key keeps its state; `churned`: a quota so
+/// large that a bucket is whole again by its next refill, so its state is
+/// swept and made anew each time (what most keys on a busy gateway do).
+fn embedded_store(c: &mut Criterion) {
+    use leasegate::quota::{Algorithm, Unspent};
+    let keys: Vec<String> = (0..KEYS)
+        .map(|i| format!("rl:{{bench:subnet:10.{}.{}.0/24#{i}}}", i / 256 % 256, i % 256))
+        .collect();
+    let mut group = c.benchmark_group("embedded store, 100k keys");
+    for (name, count) in [("held", 100), ("churned", 1_000_000_000)] {
+        let store = MemoryStore::new(1_000_000);
+        let rate = Rate {
+            count,
+            period: Duration::from_secs(1),
+        };
+        let spec = leasegate::quota::Spec::new(Algorithm::TokenBucket, rate, count);
+        for k in &keys {
+            store.acquire_now(k, &spec, 16, Unspent::default()).unwrap();
+        }
+        let mut i = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(store.acquire_now(&keys[stride(&mut i)], &spec, 16, Unspent::default())))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = bench
+    targets = bench, embedded_store
 }
 criterion_main!(benches);
