@@ -7,18 +7,19 @@
 //!
 //! - **Idle eviction**: a bucket that would have refilled completely (a
 //!   sliding window two periods old) changes no future decision, so it is
-//!   dropped. Each call inspects one random slot of its shard, so idle
-//!   state disappears at the rate new state arrives.
+//!   dropped. Each call inspects the next slot of its shard in turn, so
+//!   idle state disappears at the rate new state arrives.
 //! - **A hard cap** (`[store] max_keys`, default 1,000,000, enforced per
 //!   shard as `max_keys / 64`): when a shard is full, the least recently used
 //!   of 16 randomly sampled keys is evicted (Redis's approximated LRU). Evicting a key forgets its usage: that
 //!   client starts again with a full bucket.
 //!
-//! Memory per key: about 150 bytes plus the key's length (a 40-byte key
-//! costs ~190 bytes), so the default cap is about 200 MB at worst.
+//! Memory per key: about 120 bytes plus the key's length (a 112-byte slot
+//! and ~6 bytes of index; a 40-byte key costs ~160 bytes), so the default
+//! cap is about 160 MB at worst.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 mod fleet_tables;
 
@@ -31,17 +32,30 @@ const SHARDS: usize = 64;
 const SAMPLE: usize = 16;
 
 struct Slot {
-    key: Arc<str>,
+    key: Box<str>,
+    /// The key's hash, as [`MemoryStore::locate`] made it: the index finds
+    /// slots by it, and moves them without reading or hashing the key.
+    hash: u64,
     spec: Spec,
     state: State,
     used_ms: u64,
 }
 
+/// Where in a shard's index the key of hash `h` goes. The shard is picked
+/// by `h`'s top bits and the index's tag is its hash's top bits: rotated,
+/// so the tags are not the same within a shard.
+fn spread(h: u64) -> u64 {
+    h.rotate_left(32)
+}
+
 #[derive(Default)]
 struct Shard {
-    index: HashMap<Arc<str>, usize, foldhash::fast::RandomState>,
+    /// The slots' positions, by their key's hash.
+    index: hashbrown::HashTable<u32>,
     slots: Vec<Slot>,
     rng: u64,
+    /// The slot the sweep looks at next.
+    cursor: usize,
 }
 
 impl Shard {
@@ -53,23 +67,50 @@ impl Shard {
         (self.rng % self.slots.len().max(1) as u64) as usize
     }
 
+    /// The position of `key`'s slot (`h` its hash), if it has one.
+    fn find(&self, key: &str, h: u64) -> Option<usize> {
+        let slots = &self.slots;
+        self.index
+            .find(spread(h), |&i| {
+                slots
+                    .get(i as usize)
+                    .is_some_and(|slot| slot.hash == h && &*slot.key == key)
+            })
+            .map(|&i| i as usize)
+    }
+
+    /// Drops slot `i`; the last slot takes its place. The index is
+    /// updated by the slots' stored hashes and positions: no key is read.
     fn remove(&mut self, i: usize) {
         let gone = self.slots.swap_remove(i);
-        self.index.remove(&gone.key);
+        if let Ok(entry) = self.index.find_entry(spread(gone.hash), |&j| j as usize == i) {
+            entry.remove();
+        }
         if let Some(moved) = self.slots.get(i) {
-            self.index.insert(moved.key.clone(), i);
+            let from = self.slots.len() as u32;
+            if let Some(at) = self.index.find_mut(spread(moved.hash), |&j| j == from) {
+                *at = i as u32;
+            }
         }
     }
 
-    /// Drops an idle slot, found at random: idle state leaves at the rate
-    /// new state arrives.
+    /// Drops the next slot in turn if it is idle: idle state leaves at the
+    /// rate new state arrives, and every slot is looked at once in as
+    /// many calls as the shard holds keys. In turn rather than at random,
+    /// so the slots are read in the order they sit in memory.
     fn sweep(&mut self, now_ms: u64) {
         if self.slots.is_empty() {
             return;
         }
-        let i = self.random();
+        if self.cursor >= self.slots.len() {
+            self.cursor = 0;
+        }
+        let i = self.cursor;
         if quota::is_idle(&self.slots[i].state, &self.slots[i].spec, now_ms) {
+            // The last slot moves here: the next sweep looks at it.
             self.remove(i);
+        } else {
+            self.cursor += 1;
         }
     }
 
@@ -87,10 +128,19 @@ impl Shard {
         }
     }
 
-    fn update(&mut self, key: &str, spec: &Spec, now_ms: u64, cap: usize, f: impl FnOnce(Option<State>) -> State) {
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &mut self,
+        key: &str,
+        h: u64,
+        spec: &Spec,
+        now_ms: u64,
+        cap: usize,
+        f: impl FnOnce(Option<State>) -> State,
+    ) {
         self.sweep(now_ms);
-        match self.index.get(key) {
-            Some(&i) => {
+        match self.find(key, h) {
+            Some(i) => {
                 let slot = &mut self.slots[i];
                 // quota:: treats a state of another algorithm as absent.
                 slot.state = f(Some(slot.state));
@@ -103,10 +153,13 @@ impl Shard {
                     return; // a full bucket needs no memory
                 }
                 self.make_room(cap);
-                let key: Arc<str> = Arc::from(key);
-                self.index.insert(key.clone(), self.slots.len());
-                self.slots.push(Slot {
-                    key,
+                let Shard { index, slots, .. } = self;
+                index.insert_unique(spread(h), slots.len() as u32, |&j| {
+                    slots.get(j as usize).map_or(0, |slot| spread(slot.hash))
+                });
+                slots.push(Slot {
+                    key: key.into(),
+                    hash: h,
                     spec: *spec,
                     state,
                     used_ms: now_ms,
@@ -165,10 +218,12 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
+    /// `key`'s hash and its shard, picked by the hash's top bits (the
+    /// shard's index places keys by the low ones).
+    fn locate(&self, key: &str) -> (u64, &Mutex<Shard>) {
         use std::hash::BuildHasher;
-        let h = self.hasher.hash_one(key) as usize;
-        &self.shards[h % SHARDS]
+        let h = self.hasher.hash_one(key);
+        (h, &self.shards[(h >> 58) as usize % SHARDS])
     }
 
     /// Keys held now, across shards.
@@ -214,17 +269,18 @@ impl MemoryStore {
         reserve: bool,
     ) -> Result<Grant, StoreError> {
         let now = (self.clock)();
-        let mut shard = self.shard(key).lock().recover();
-        if start < spec.capacity && !shard.index.contains_key(key) {
+        let (h, shard) = self.locate(key);
+        let mut shard = shard.lock().recover();
+        if start < spec.capacity && shard.find(key, h).is_none() {
             // The same math as every grant: a new key's full bucket, less
             // what it does not start with.
             let spent = spec.capacity - start;
-            shard.update(key, spec, now, self.per_shard_cap, |prior| {
+            shard.update(key, h, spec, now, self.per_shard_cap, |prior| {
                 quota::acquire_returning(prior, spec, now, spent, Unspent::default()).0
             });
         }
         let mut grant = Grant::default();
-        shard.update(key, spec, now, self.per_shard_cap, |prior| {
+        shard.update(key, h, spec, now, self.per_shard_cap, |prior| {
             // A key we no longer hold was full (or its window empty): giving
             // back to it changes nothing, as in `release_now`.
             let (state, g) = quota::reserve_returning(prior, spec, now, want, unspent, reserve);
@@ -237,8 +293,9 @@ impl MemoryStore {
     /// Drops `key`'s state, if held: its next grant starts anew.
     pub fn forget(&self, key: &str) {
         {
-            let mut shard = self.shard(key).lock().recover();
-            if let Some(&i) = shard.index.get(key) {
+            let (h, shard) = self.locate(key);
+            let mut shard = shard.lock().recover();
+            if let Some(i) = shard.find(key, h) {
                 shard.remove(i);
             }
         }
@@ -246,10 +303,11 @@ impl MemoryStore {
 
     pub fn release_now(&self, key: &str, spec: &Spec, unspent: Unspent) -> Result<(), StoreError> {
         let now = (self.clock)();
-        let mut shard = self.shard(key).lock().recover();
+        let (h, shard) = self.locate(key);
+        let mut shard = shard.lock().recover();
         // Releasing to a key we no longer hold is a no-op: it was full.
-        if shard.index.contains_key(key) {
-            shard.update(key, spec, now, self.per_shard_cap, |prior| {
+        if shard.find(key, h).is_some() {
+            shard.update(key, h, spec, now, self.per_shard_cap, |prior| {
                 quota::release(prior, spec, now, unspent)
             });
         }
@@ -319,6 +377,7 @@ mod tests {
     use super::*;
     use crate::quota::{Algorithm, Rate};
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
     const NONE: Unspent = Unspent {
@@ -530,12 +589,75 @@ mod tests {
         }
         assert_eq!(store.len(), 500);
         now.fetch_add(2_000, Ordering::SeqCst);
-        // Every call sweeps a random slot of its shard; plenty of calls on
+        // Every call sweeps the next slot of its shard; plenty of calls on
         // fresh keys clean out the idle ones.
         for i in 0..10_000 {
             store.acquire_now(&format!("fresh{i}"), &s, 0, NONE).unwrap();
         }
         assert!(store.len() < 100, "idle keys left: {}", store.len());
+    }
+
+    #[test]
+    fn keys_keep_their_own_state_while_others_are_swept_and_moved() {
+        let (now, c) = clock();
+        // One shard's worth of keys at most per shard, so evictions and
+        // sweeps both move slots around.
+        let store = MemoryStore::with_clock(SHARDS * 64, c);
+        let kept = spec(100, 3600); // hours to refill: never idle here
+        let brief = spec(1, 1); // idle a second after its grant
+        let mut rng = 7u64;
+        for round in 0..40u64 {
+            for i in 0..50 {
+                // Key i of the kept ones has spent i % 7 + 1 tokens.
+                if round == 0 {
+                    let spent = store.acquire_now(&format!("kept{i}"), &kept, i % 7 + 1, NONE).unwrap();
+                    assert_eq!(spent.granted, i % 7 + 1);
+                }
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                store
+                    .acquire_now(&format!("brief{}", rng % 500), &brief, 1, NONE)
+                    .unwrap();
+            }
+            now.fetch_add(700, Ordering::SeqCst);
+        }
+        // Every kept key still knows what it spent: taking 0 reports it.
+        for i in 0..50u64 {
+            let g = store.acquire_now(&format!("kept{i}"), &kept, 0, NONE).unwrap();
+            assert_eq!(g.remaining, 100 - (i % 7 + 1), "kept{i}");
+        }
+        // The brief keys went idle and are swept (not only capped out) by
+        // calls on keys that leave nothing behind, in every shard.
+        now.fetch_add(2_000, Ordering::SeqCst);
+        for i in 0..20_000 {
+            store.acquire_now(&format!("fresh{i}"), &brief, 0, NONE).unwrap();
+        }
+        assert_eq!(store.len(), 50, "only the kept keys are left");
+    }
+
+    #[test]
+    fn the_sweep_looks_at_every_slot_once_in_as_many_calls() {
+        let (kept, brief) = (spec(100, 3600), spec(1, 1));
+        let h = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut shard = Shard::default();
+        for i in 0..100u64 {
+            let s = if i % 2 == 0 { kept } else { brief };
+            shard.update(&format!("k{i}"), h(i), &s, 1_000, 1_000, |prior| {
+                quota::acquire(prior, &s, 1_000, 1).0
+            });
+        }
+        assert_eq!(shard.slots.len(), 100);
+        // The brief keys are idle two seconds on: a hundred calls find
+        // all fifty (a random pick per call would miss about a third).
+        for _ in 0..100 {
+            shard.sweep(3_000);
+        }
+        assert_eq!(shard.slots.len(), 50);
+        for i in 0..100u64 {
+            assert_eq!(shard.find(&format!("k{i}"), h(i)).is_some(), i % 2 == 0, "k{i}");
+        }
+        assert_eq!(shard.index.len(), 50, "one index entry a slot");
     }
 
     #[test]
