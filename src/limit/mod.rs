@@ -475,15 +475,14 @@ impl Limiter {
                         lease.remaining(),
                         lease.reset_ms(now),
                         // A refill already under way: nothing to start.
-                        lease.available() <= Sizing::low_watermark(size) && !lease.refill_in_flight(),
+                        (lease.available() <= Sizing::low_watermark(size) && !lease.refill_in_flight())
+                            .then(|| lease.clone()),
                     )
                 })
             })
             .flatten()?;
-        if low {
-            if let Some(lease) = self.leases.get(h) {
-                self.refill_in_background(lease, spec);
-            }
+        if let Some(lease) = low {
+            self.refill_in_background(lease, spec);
         }
         Some((remaining, reset_ms))
     }

@@ -129,7 +129,7 @@ impl LeaseTable {
     /// front when it keeps the lease (no lock), else under the shard's read
     /// lock, offering the lease to the front on its second miss there.
     #[inline]
-    pub fn with<T>(&self, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+    pub fn with<T>(&self, h: u64, f: impl FnOnce(&Arc<Lease>) -> T) -> Option<T> {
         let mut f = Some(f);
         if let Some(t) = thread_cache::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {
             return Some(t);

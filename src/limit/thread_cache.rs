@@ -80,7 +80,7 @@ fn index(h: u64) -> usize {
 
 /// Runs `f` on the lease of (`table`, `h`) if this thread keeps it and it
 /// was not evicted; `None` (and `f` not run) otherwise.
-pub fn with<T>(table: u64, h: u64, f: impl FnOnce(&Lease) -> T) -> Option<T> {
+pub fn with<T>(table: u64, h: u64, f: impl FnOnce(&Arc<Lease>) -> T) -> Option<T> {
     FRONT
         .try_with(|front| {
             let front = front.try_borrow().ok()?;
