@@ -3,7 +3,10 @@
 //!
 //! - one hot key, one thread;
 //! - 100,000 distinct keys, one thread;
-//! - one hot key, two threads at once.
+//! - one hot key, two threads at once;
+//!
+//! and, alone, the embedded store's grant that a lease's refill makes on
+//! the same 100,000 keys (`embedded store, 100k keys`).
 //!
 //! Run: `cargo bench --bench decision`. Figures in docs/benchmarks.md.
 
