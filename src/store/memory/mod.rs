@@ -22,151 +22,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 mod fleet_tables;
+mod shard;
 
 use super::{BoxFuture, FleetTables, QuotaStore, StoreError, Unspent};
 use crate::clock::{system_clock, Clock};
-use crate::quota::{self, Grant, Spec, State};
+use crate::quota::{self, Grant, Spec};
 use crate::sync::Recover;
+use shard::Shard;
 
 const SHARDS: usize = 64;
-const SAMPLE: usize = 16;
-
-struct Slot {
-    key: Box<str>,
-    /// The key's hash, as [`MemoryStore::locate`] made it: the index finds
-    /// slots by it, and moves them without reading or hashing the key.
-    hash: u64,
-    spec: Spec,
-    state: State,
-    used_ms: u64,
-}
-
-/// Where in a shard's index the key of hash `h` goes. The shard is picked
-/// by `h`'s top bits and the index's tag is its hash's top bits: rotated,
-/// so the tags are not the same within a shard.
-fn spread(h: u64) -> u64 {
-    h.rotate_left(32)
-}
-
-#[derive(Default)]
-struct Shard {
-    /// The slots' positions, by their key's hash.
-    index: hashbrown::HashTable<u32>,
-    slots: Vec<Slot>,
-    rng: u64,
-    /// The slot the sweep looks at next.
-    cursor: usize,
-}
-
-impl Shard {
-    fn random(&mut self) -> usize {
-        // xorshift: cheap, and only used to pick eviction candidates.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (self.rng % self.slots.len().max(1) as u64) as usize
-    }
-
-    /// The position of `key`'s slot (`h` its hash), if it has one.
-    fn find(&self, key: &str, h: u64) -> Option<usize> {
-        let slots = &self.slots;
-        self.index
-            .find(spread(h), |&i| {
-                slots
-                    .get(i as usize)
-                    .is_some_and(|slot| slot.hash == h && &*slot.key == key)
-            })
-            .map(|&i| i as usize)
-    }
-
-    /// Drops slot `i`; the last slot takes its place. The index is
-    /// updated by the slots' stored hashes and positions: no key is read.
-    fn remove(&mut self, i: usize) {
-        let gone = self.slots.swap_remove(i);
-        if let Ok(entry) = self.index.find_entry(spread(gone.hash), |&j| j as usize == i) {
-            entry.remove();
-        }
-        if let Some(moved) = self.slots.get(i) {
-            let from = self.slots.len() as u32;
-            if let Some(at) = self.index.find_mut(spread(moved.hash), |&j| j == from) {
-                *at = i as u32;
-            }
-        }
-    }
-
-    /// Drops the next slot in turn if it is idle: idle state leaves at the
-    /// rate new state arrives, and every slot is looked at once in as
-    /// many calls as the shard holds keys. In turn rather than at random,
-    /// so the slots are read in the order they sit in memory.
-    fn sweep(&mut self, now_ms: u64) {
-        if self.slots.is_empty() {
-            return;
-        }
-        if self.cursor >= self.slots.len() {
-            self.cursor = 0;
-        }
-        let i = self.cursor;
-        if quota::is_idle(&self.slots[i].state, &self.slots[i].spec, now_ms) {
-            // The last slot moves here: the next sweep looks at it.
-            self.remove(i);
-        } else {
-            self.cursor += 1;
-        }
-    }
-
-    /// Makes room for one more key when at `cap`.
-    fn make_room(&mut self, cap: usize) {
-        while self.slots.len() >= cap && !self.slots.is_empty() {
-            let mut victim = self.random();
-            for _ in 1..SAMPLE {
-                let i = self.random();
-                if self.slots[i].used_ms < self.slots[victim].used_ms {
-                    victim = i;
-                }
-            }
-            self.remove(victim);
-        }
-    }
-
-    fn update(
-        &mut self,
-        key: &str,
-        h: u64,
-        spec: &Spec,
-        now_ms: u64,
-        cap: usize,
-        f: impl FnOnce(Option<State>) -> State,
-    ) {
-        self.sweep(now_ms);
-        match self.find(key, h) {
-            Some(i) => {
-                let slot = &mut self.slots[i];
-                // quota:: treats a state of another algorithm as absent.
-                slot.state = f(Some(slot.state));
-                slot.spec = *spec;
-                slot.used_ms = now_ms;
-            }
-            None => {
-                let state = f(None);
-                if quota::is_idle(&state, spec, now_ms) {
-                    return; // a full bucket needs no memory
-                }
-                self.make_room(cap);
-                let Shard { index, slots, .. } = self;
-                index.insert_unique(spread(h), slots.len() as u32, |&j| {
-                    slots.get(j as usize).map_or(0, |slot| spread(slot.hash))
-                });
-                slots.push(Slot {
-                    key: key.into(),
-                    hash: h,
-                    spec: *spec,
-                    state,
-                    used_ms: now_ms,
-                });
-            }
-        }
-    }
-}
 
 /// The overrides as `lua/overrides.lua` keeps them: (limit, who) → value.
 type OverrideTable = std::collections::BTreeMap<(String, String), String>;
@@ -198,12 +62,7 @@ impl MemoryStore {
 
     pub fn with_clock(max_keys: usize, clock: Clock) -> MemoryStore {
         let shards = (0..SHARDS)
-            .map(|i| {
-                Mutex::new(Shard {
-                    rng: 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
-                    ..Shard::default()
-                })
-            })
+            .map(|i| Mutex::new(Shard::seeded(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1))))
             .collect();
         MemoryStore {
             shards,
@@ -227,7 +86,7 @@ impl MemoryStore {
 
     /// Keys held now, across shards.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().recover().slots.len()).sum()
+        self.shards.iter().map(|s| s.lock().recover().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -633,30 +492,6 @@ mod tests {
             store.acquire_now(&format!("fresh{i}"), &brief, 0, NONE).unwrap();
         }
         assert_eq!(store.len(), 50, "only the kept keys are left");
-    }
-
-    #[test]
-    fn the_sweep_looks_at_every_slot_once_in_as_many_calls() {
-        let (kept, brief) = (spec(100, 3600), spec(1, 1));
-        let h = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut shard = Shard::default();
-        for i in 0..100u64 {
-            let s = if i % 2 == 0 { kept } else { brief };
-            shard.update(&format!("k{i}"), h(i), &s, 1_000, 1_000, |prior| {
-                quota::acquire(prior, &s, 1_000, 1).0
-            });
-        }
-        assert_eq!(shard.slots.len(), 100);
-        // The brief keys are idle two seconds on: a hundred calls find
-        // all fifty (a random pick per call would miss about a third).
-        for _ in 0..100 {
-            shard.sweep(3_000);
-        }
-        assert_eq!(shard.slots.len(), 50);
-        for i in 0..100u64 {
-            assert_eq!(shard.find(&format!("k{i}"), h(i)).is_some(), i % 2 == 0, "k{i}");
-        }
-        assert_eq!(shard.index.len(), 50, "one index entry a slot");
     }
 
     #[test]
