@@ -326,7 +326,8 @@ mod tests {
         (now, Arc::new(move || n.load(Ordering::SeqCst)))
     }
 
-    fn spec(count: u64, secs: u64) -> Spec {
+    /// A token bucket of `count` a `secs`, whole at `count`.
+    pub(super) fn spec(count: u64, secs: u64) -> Spec {
         Spec::new(
             Algorithm::TokenBucket,
             Rate {

@@ -161,20 +161,8 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::spec;
     use super::*;
-    use crate::quota::{Algorithm, Rate};
-    use std::time::Duration;
-
-    fn spec(count: u64, secs: u64) -> Spec {
-        Spec::new(
-            Algorithm::TokenBucket,
-            Rate {
-                count,
-                period: Duration::from_secs(secs),
-            },
-            count,
-        )
-    }
 
     #[test]
     fn the_sweep_looks_at_every_slot_once_in_as_many_calls() {
