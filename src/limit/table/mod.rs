@@ -19,51 +19,44 @@
 //! never a walk of the leases. The index costs the insert of a new key one
 //! more hash, and the request path nothing.
 
+mod line_map;
+
 use std::sync::{Arc, RwLock};
 
 use super::lease::Lease;
 use super::thread_cache;
 use crate::sync::Recover;
+use line_map::LineMap;
 
 pub const SHARDS: usize = 64;
 
 /// One shard: the leases by request hash, and the same leases' request
 /// hashes by the hash of their store key's string.
 ///
-/// An entry of `leases` is the lease's pointer alone, 8 bytes: the request
-/// hash it is found by is the lease's own ([`Lease::table_key`]), in the
-/// cache line a decision reads anyway. With 16-byte entries (hash and
-/// pointer) a table of 100 000 keys was twice the size, and its probe a
-/// cache miss of its own before the lease's.
+/// An entry of `leases` is the lease's pointer and a tag, in a bucket of
+/// one cache line ([`LineMap`]): the request hash it is found by is the
+/// lease's own ([`Lease::table_key`]), in the cache line a decision reads
+/// anyway. Finding a lease not in cache waits for two lines, the bucket and
+/// the lease; hashbrown's tags and entries apart made it three.
 #[derive(Default)]
 struct Maps {
-    leases: hashbrown::HashTable<Arc<Lease>>,
+    leases: LineMap,
     by_key: crate::int_hash::IntMap<u64, u64>,
 }
 
-/// Where in a shard's table the lease of request hash `h` goes. The shard
-/// is picked by `h`'s top bits, and the table's tag is its hash's top
-/// bits: rotated, so the tag is not the same within a shard.
-fn spread(h: u64) -> u64 {
-    h.rotate_left(32)
-}
-
 impl Maps {
+    #[inline]
     fn get(&self, h: u64) -> Option<&Arc<Lease>> {
-        self.leases.find(spread(h), |l| l.table_key() == h)
+        self.leases.get(h)
     }
 
     fn remove(&mut self, h: u64) -> Option<Arc<Lease>> {
-        let entry = self.leases.find_entry(spread(h), |l| l.table_key() == h).ok()?;
-        Some(entry.remove().0)
+        self.leases.remove(h)
     }
 
     /// The lease of `h`, made by `make` if there is none.
-    fn get_or_insert_with(&mut self, h: u64, make: impl FnOnce() -> Arc<Lease>) -> &Arc<Lease> {
-        self.leases
-            .entry(spread(h), |l| l.table_key() == h, |l| spread(l.table_key()))
-            .or_insert_with(make)
-            .into_mut()
+    fn get_or_insert_with(&mut self, h: u64, make: impl FnOnce() -> Arc<Lease>) -> Arc<Lease> {
+        self.leases.get_or_insert_with(h, make)
     }
 
     /// Forgets `h`'s index entry, if it still points at `h`.
@@ -194,12 +187,10 @@ impl LeaseTable {
         }
         let shard = &mut *shard;
         let mut made = false;
-        let lease = shard
-            .get_or_insert_with(h, || {
-                made = true;
-                Arc::new(Lease::new(key, h))
-            })
-            .clone();
+        let lease = shard.get_or_insert_with(h, || {
+            made = true;
+            Arc::new(Lease::new(key, h))
+        });
         if made {
             shard.by_key.insert(self.key_hash(key), h);
         }
