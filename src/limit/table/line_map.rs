@@ -16,8 +16,9 @@
 //! and never shrinks: the lease table's per-shard cap bounds it.
 //!
 //! The tag is 8 bits of the hash, none of those the bucket is picked by: a
-//! lookup dereferences a lease that is not its own about once in 37 ways
-//! it looks at. The lease's `table_key` settles it.
+//! lookup dereferences a lease that is not its own about once in 37 full
+//! buckets it looks at (7 ways, 255 tags). The lease's `table_key`
+//! settles it.
 
 use std::sync::Arc;
 
@@ -198,7 +199,10 @@ impl LineMap {
         while i != at.bucket {
             let passed = &mut self.buckets[i].meta[WAYS];
             if *passed != STUCK {
-                *passed -= 1;
+                // Never below 0 while the counts hold (the tests check
+                // they do); were one ever short, stuck is the safe side:
+                // lookups through it go on rather than stop early.
+                *passed = passed.checked_sub(1).unwrap_or(STUCK);
             }
             i = (i + 1) & mask;
         }
