@@ -41,6 +41,23 @@ impl Hasher for IntHasher {
 /// A `HashMap` over integer-like keys, hashed with [`IntHasher`].
 pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
+/// Shards of the tables keyed by a 64-bit hash of a store key (the lease
+/// table, the memory store): [`shard_of`] picks one, [`within_shard`]
+/// places the key in its map.
+pub const SHARDS: usize = 64;
+
+/// The shard of hash `h`: its top six bits.
+pub fn shard_of(h: u64) -> usize {
+    (h >> 58) as usize
+}
+
+/// The hash a shard's own map places `h` by: rotated, so its low bits
+/// (the map's bucket) and its top bits (the map's tag) are not the six
+/// that [`shard_of`] picked, the same for every key of the shard.
+pub fn within_shard(h: u64) -> u64 {
+    h.rotate_left(32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +73,19 @@ mod tests {
         assert_ne!(hash((7u64, 0usize)), hash((7u64, 1usize)));
         let low = |v: u64| hash(v) & 0xff;
         assert_ne!(low(1 << 60), low(2 << 60), "keys differing only in top bits");
+    }
+
+    #[test]
+    fn a_shards_keys_differ_in_their_maps_tags_and_buckets() {
+        // Same shard (top six bits), different elsewhere.
+        let (a, b) = (
+            (9u64 << 58) | (1 << 40) | (3 << 24),
+            (9u64 << 58) | (2 << 40) | (4 << 24),
+        );
+        assert_eq!(shard_of(a), 9);
+        assert_eq!(shard_of(a), shard_of(b));
+        assert!(shard_of(u64::MAX) < SHARDS);
+        assert_ne!(within_shard(a) >> 56, within_shard(b) >> 56, "tags");
+        assert_ne!(within_shard(a) & 0xffff, within_shard(b) & 0xffff, "buckets");
     }
 }

@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use crate::int_hash::within_shard as spread;
 use crate::limit::lease::Lease;
 
 /// Leases per bucket: with the tags and the count of leases gone past,
@@ -80,13 +81,6 @@ impl Default for LineMap {
     fn default() -> Self {
         LineMap::with_buckets(1)
     }
-}
-
-/// The hash the map works from: rotated, so the bucket (its low bits) and
-/// the tag (its top byte) are not the bits the table picks the shard by
-/// (the request hash's top six).
-fn spread(h: u64) -> u64 {
-    h.rotate_left(32)
 }
 
 /// Never 0: that marks an empty way.

@@ -28,7 +28,7 @@ use super::thread_cache;
 use crate::sync::Recover;
 use line_map::LineMap;
 
-pub const SHARDS: usize = 64;
+pub use crate::int_hash::SHARDS;
 
 /// One shard: the leases by request hash, and the same leases' request
 /// hashes by the hash of their store key's string.
@@ -45,20 +45,6 @@ struct Maps {
 }
 
 impl Maps {
-    #[inline]
-    fn get(&self, h: u64) -> Option<&Arc<Lease>> {
-        self.leases.get(h)
-    }
-
-    fn remove(&mut self, h: u64) -> Option<Arc<Lease>> {
-        self.leases.remove(h)
-    }
-
-    /// The lease of `h`, made by `make` if there is none.
-    fn get_or_insert_with(&mut self, h: u64, make: impl FnOnce() -> Arc<Lease>) -> Arc<Lease> {
-        self.leases.get_or_insert_with(h, make)
-    }
-
     /// Forgets `h`'s index entry, if it still points at `h`.
     fn unindex(&mut self, key_hash: u64, h: u64) {
         if self.by_key.get(&key_hash) == Some(&h) {
@@ -115,7 +101,7 @@ impl LeaseTable {
     }
 
     fn shard(&self, h: u64) -> &Shard {
-        &self.shards[(h >> 58) as usize % SHARDS]
+        &self.shards[crate::int_hash::shard_of(h)]
     }
 
     /// Runs `f` on the lease of `h`, if there is one: from this thread's
@@ -131,7 +117,7 @@ impl LeaseTable {
         let f = f.take()?;
         let (t, keep) = {
             let shard = self.shard(h).read().recover();
-            let lease = shard.get(h)?;
+            let lease = shard.leases.get(h)?;
             (f(lease), thread_cache::wants(self.id, h).then(|| lease.clone()))
         };
         if let Some(lease) = keep {
@@ -141,7 +127,7 @@ impl LeaseTable {
     }
 
     pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
-        self.shard(h).read().recover().get(h).cloned()
+        self.shard(h).read().recover().leases.get(h).cloned()
     }
 
     /// The lease of `h`, made if there is none. At a full shard an eighth
@@ -153,7 +139,7 @@ impl LeaseTable {
         }
         let mut shard = self.shard(h).write().recover();
         let mut evicted = Vec::new();
-        if shard.leases.len() >= self.per_shard_cap && shard.get(h).is_none() {
+        if shard.leases.len() >= self.per_shard_cap && shard.leases.get(h).is_none() {
             let batch = (self.per_shard_cap / 8).max(1);
             // Idle leases first: nothing at hand, nobody holding them.
             let mut victims: Vec<u64> = shard
@@ -178,7 +164,7 @@ impl LeaseTable {
                     .collect();
             }
             for v in victims {
-                if let Some(lease) = shard.remove(v) {
+                if let Some(lease) = shard.leases.remove(v) {
                     shard.unindex(self.key_hash(lease.key()), v);
                     lease.evict();
                     evicted.push(lease);
@@ -187,7 +173,7 @@ impl LeaseTable {
         }
         let shard = &mut *shard;
         let mut made = false;
-        let lease = shard.get_or_insert_with(h, || {
+        let lease = shard.leases.get_or_insert_with(h, || {
             made = true;
             Arc::new(Lease::new(key, h))
         });
@@ -221,7 +207,7 @@ impl LeaseTable {
         self.shards.iter().find_map(|shard| {
             let maps = shard.read().recover();
             let h = maps.by_key.get(&kh)?;
-            maps.get(*h).filter(|l| l.key() == key).cloned()
+            maps.leases.get(*h).filter(|l| l.key() == key).cloned()
         })
     }
 

@@ -26,11 +26,10 @@ mod shard;
 
 use super::{BoxFuture, FleetTables, QuotaStore, StoreError, Unspent};
 use crate::clock::{system_clock, Clock};
+use crate::int_hash::{shard_of, SHARDS};
 use crate::quota::{self, Grant, Spec};
 use crate::sync::Recover;
 use shard::Shard;
-
-const SHARDS: usize = 64;
 
 /// The overrides as `lua/overrides.lua` keeps them: (limit, who) → value.
 type OverrideTable = std::collections::BTreeMap<(String, String), String>;
@@ -81,7 +80,7 @@ impl MemoryStore {
     fn locate(&self, key: &str) -> (u64, &Mutex<Shard>) {
         use std::hash::BuildHasher;
         let h = self.hasher.hash_one(key);
-        (h, &self.shards[(h >> 58) as usize % SHARDS])
+        (h, &self.shards[shard_of(h)])
     }
 
     /// Keys held now, across shards.

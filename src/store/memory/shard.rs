@@ -4,6 +4,7 @@
 //! ([`super::MemoryStore`]); nothing here hashes or allocates a key but
 //! a new slot's.
 
+use crate::int_hash::within_shard as spread;
 use crate::quota::{self, Spec, State};
 
 /// Candidates sampled for each eviction at a full shard.
@@ -17,13 +18,6 @@ struct Slot {
     spec: Spec,
     state: State,
     used_ms: u64,
-}
-
-/// Where in a shard's index the key of hash `h` goes. The shard is picked
-/// by `h`'s top bits and the index's tag is its hash's top bits: rotated,
-/// so the tags are not the same within a shard.
-fn spread(h: u64) -> u64 {
-    h.rotate_left(32)
 }
 
 #[derive(Default)]
