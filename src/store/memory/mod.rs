@@ -163,11 +163,7 @@ impl MemoryStore {
         let (h, shard) = self.locate(key);
         let mut shard = shard.lock().recover();
         // Releasing to a key we no longer hold is a no-op: it was full.
-        if shard.find(key, h).is_some() {
-            shard.update(key, h, spec, now, self.per_shard_cap, |prior| {
-                quota::release(prior, spec, now, unspent)
-            });
-        }
+        shard.update_held(key, h, spec, now, |prior| quota::release(prior, spec, now, unspent));
         Ok(())
     }
 }

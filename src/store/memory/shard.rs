@@ -113,6 +113,9 @@ impl Shard {
         }
     }
 
+    /// Applies `f` to `key`'s state (`None` for a key without a slot) and
+    /// keeps what it returns, making a slot unless the result is idle.
+    /// `h` is the key's hash; each call first sweeps one slot.
     pub(super) fn update(
         &mut self,
         key: &str,
@@ -123,33 +126,53 @@ impl Shard {
         f: impl FnOnce(Option<State>) -> State,
     ) {
         self.sweep(now_ms);
-        match self.find(key, h) {
-            Some(i) => {
-                let slot = &mut self.slots[i];
-                // quota:: treats a state of another algorithm as absent.
-                slot.state = f(Some(slot.state));
-                slot.spec = *spec;
-                slot.used_ms = now_ms;
-            }
-            None => {
-                let state = f(None);
-                if quota::is_idle(&state, spec, now_ms) {
-                    return; // a full bucket needs no memory
-                }
-                self.make_room(cap);
-                let Shard { index, slots, .. } = self;
-                index.insert_unique(spread(h), slots.len() as u32, |&j| {
-                    slots.get(j as usize).map_or(0, |slot| spread(slot.hash))
-                });
-                slots.push(Slot {
-                    key: key.into(),
-                    hash: h,
-                    spec: *spec,
-                    state,
-                    used_ms: now_ms,
-                });
-            }
+        if let Some(i) = self.find(key, h) {
+            self.apply(i, spec, now_ms, f);
+            return;
         }
+        let state = f(None);
+        if quota::is_idle(&state, spec, now_ms) {
+            return; // a full bucket needs no memory
+        }
+        self.make_room(cap);
+        let Shard { index, slots, .. } = self;
+        index.insert_unique(spread(h), slots.len() as u32, |&j| {
+            slots.get(j as usize).map_or(0, |slot| spread(slot.hash))
+        });
+        slots.push(Slot {
+            key: key.into(),
+            hash: h,
+            spec: *spec,
+            state,
+            used_ms: now_ms,
+        });
+    }
+
+    /// [`Shard::update`] for a key that has a slot; nothing for one that
+    /// has none (it was idle: a full bucket, an empty window). True when
+    /// it had one. One lookup, after the sweep (which may move slots).
+    pub(super) fn update_held(
+        &mut self,
+        key: &str,
+        h: u64,
+        spec: &Spec,
+        now_ms: u64,
+        f: impl FnOnce(Option<State>) -> State,
+    ) -> bool {
+        self.sweep(now_ms);
+        let Some(i) = self.find(key, h) else {
+            return false;
+        };
+        self.apply(i, spec, now_ms, f);
+        true
+    }
+
+    fn apply(&mut self, i: usize, spec: &Spec, now_ms: u64, f: impl FnOnce(Option<State>) -> State) {
+        let slot = &mut self.slots[i];
+        // quota:: treats a state of another algorithm as absent.
+        slot.state = f(Some(slot.state));
+        slot.spec = *spec;
+        slot.used_ms = now_ms;
     }
 }
 
