@@ -160,7 +160,7 @@ impl<'a> Report<'a> {
         keys.iter().zip(leases).map(|(k, l)| self.state_of(k, l)).collect()
     }
 
-    fn state_of(&self, key: &str, lease: Option<std::sync::Arc<super::lease::Lease>>) -> KeyState {
+    fn state_of(&self, key: &str, lease: Option<super::lease::SharedLease>) -> KeyState {
         let Some(lease) = lease else {
             return KeyState {
                 key: key.to_string(),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::blocked;
-use super::lease::{Due, Granted, Lease, RefillSlot};
+use super::lease::{Due, Granted, Lease, RefillSlot, SharedLease};
 use super::sweep::Release;
 use super::{Limiter, Settings};
 use crate::quota::Unspent;
@@ -137,7 +137,7 @@ impl Limiter {
     /// got its token (a refill: tokens were granted).
     async fn store_call(
         self: &Arc<Self>,
-        lease: &Arc<Lease>,
+        lease: &SharedLease,
         slot: &RefillSlot<'_>,
         spec: &Spec,
         settings: &Settings,
@@ -282,7 +282,7 @@ impl Limiter {
     /// flight for it. A store that answers at once (the embedded one) is
     /// served inline; one that must wait (Redis) finishes in a background
     /// task, so no request waits for it.
-    pub(super) fn refill_in_background(self: &Arc<Self>, lease: Arc<Lease>, spec: Spec) {
+    pub(super) fn refill_in_background(self: &Arc<Self>, lease: SharedLease, spec: Spec) {
         // A lease holding a reservation is queued in the store already.
         if lease.refill_in_flight() || lease.has_reservation() {
             return;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::blocked;
-use super::lease::Lease;
+use super::lease::{Lease, SharedLease};
 use super::Limiter;
 use crate::quota::Spec;
 use crate::quota::Unspent;
@@ -67,7 +67,7 @@ impl Release {
 
     /// Takes every token at hand of `lease`, and what it owes, if it has
     /// any and a spec.
-    pub fn take_all(lease: &Arc<Lease>) -> Option<Release> {
+    pub fn take_all(lease: &SharedLease) -> Option<Release> {
         let spec = lease.spec()?;
         let mut r = Release::new(lease, spec, lease.take_all(), lease.window_ms());
         let owed = lease.take_debt();

@@ -19,9 +19,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use super::lease::Lease;
+use super::lease::SharedLease;
 
 /// Leases kept per thread.
 pub const SLOTS: usize = 32;
@@ -35,17 +34,17 @@ pub fn new_table_id() -> u64 {
 
 /// Whether anyone but the table holds `lease`: a store call in flight,
 /// a refill, a release. Threads' fronts do not count.
-pub fn is_held(lease: &Arc<Lease>) -> bool {
+pub fn is_held(lease: &SharedLease) -> bool {
     // Both counts move in the order that errs towards "held": a front takes
     // the Arc before counting it and stops counting before dropping it.
-    Arc::strong_count(lease) > 1 + lease.held_near()
+    SharedLease::count(lease) > 1 + lease.held_near()
 }
 
 /// A lease kept in a thread's front, counted while kept.
-struct Kept(Arc<Lease>);
+struct Kept(SharedLease);
 
 impl Kept {
-    fn new(lease: Arc<Lease>) -> Kept {
+    fn new(lease: SharedLease) -> Kept {
         lease.near_count(1);
         Kept(lease)
     }
@@ -80,7 +79,7 @@ fn index(h: u64) -> usize {
 
 /// Runs `f` on the lease of (`table`, `h`) if this thread keeps it and it
 /// was not evicted; `None` (and `f` not run) otherwise.
-pub fn with<T>(table: u64, h: u64, f: impl FnOnce(&Arc<Lease>) -> T) -> Option<T> {
+pub fn with<T>(table: u64, h: u64, f: impl FnOnce(&SharedLease) -> T) -> Option<T> {
     FRONT
         .try_with(|front| {
             let front = front.try_borrow().ok()?;
@@ -116,7 +115,7 @@ pub fn wants(table: u64, h: u64) -> bool {
 
 /// Keeps `lease` as (`table`, `h`)'s in this thread, in place of what its
 /// slot kept (dropped after the slot is let go of).
-pub fn keep(table: u64, h: u64, lease: Arc<Lease>) {
+pub fn keep(table: u64, h: u64, lease: SharedLease) {
     let kept = Kept::new(lease);
     let previous = FRONT
         .try_with(|front| {
@@ -134,11 +133,12 @@ pub fn keep(table: u64, h: u64, lease: Arc<Lease>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::lease::Lease;
 
     #[test]
     fn a_key_is_kept_on_its_second_miss_and_dropped_once_evicted() {
         let table = new_table_id();
-        let lease = Arc::new(Lease::new("k", 0));
+        let lease = SharedLease::new(Lease::new("k", 0));
         assert!(with(table, 7, |_| ()).is_none());
         assert!(!wants(table, 7), "first miss");
         assert!(wants(table, 7), "second miss in a row");
@@ -155,16 +155,16 @@ mod tests {
         lease.evict();
         assert!(with(table, 7, |_| ()).is_none(), "evicted: ask the table");
         // Replaced: the front lets go of it, and stops counting it.
-        keep(table, 7 + SLOTS as u64, Arc::new(Lease::new("j", 0)));
+        keep(table, 7 + SLOTS as u64, SharedLease::new(Lease::new("j", 0)));
         assert_eq!(lease.held_near(), 0);
-        assert_eq!(Arc::strong_count(&lease), 1);
+        assert_eq!(SharedLease::count(&lease), 1);
     }
 
     #[test]
     fn a_kept_key_in_use_is_not_replaced_by_its_slot_mate() {
         let table = new_table_id();
         let (a, b) = (3, 3 + SLOTS as u64);
-        let lease = Arc::new(Lease::new("a", 0));
+        let lease = SharedLease::new(Lease::new("a", 0));
         assert!(!wants(table, a));
         assert!(wants(table, a));
         keep(table, a, lease.clone());

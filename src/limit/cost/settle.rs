@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::super::lease::Lease;
+use super::super::lease::SharedLease;
 use super::super::sweep::Release;
 use super::super::verdict::{Costs, Verdict};
 use super::super::{LimitRuntime, Limiter};
@@ -26,7 +26,7 @@ pub struct Settlement {
     pub limit: Arc<LimitRuntime>,
     /// The tokens reserved at admission.
     pub reserve: u64,
-    lease: Arc<Lease>,
+    lease: SharedLease,
     spec: Spec,
     /// The store window the reserve was counted in (a window algorithm's):
     /// a refund goes back to it, not to a later one.

@@ -21,7 +21,7 @@ mod sizing;
 mod tokens;
 
 use crate::sync::Recover;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use rate::ewma;
@@ -34,30 +34,37 @@ use refill::Refill;
 use reserved::Reserved;
 use tokens::Tokens;
 
-/// The local state of one (limit, key). `repr(C)` and 64-byte aligned: the
-/// spending path's fields (`Tokens`), the hash the lease table compares and
-/// the eviction mark a decision through a thread's front reads fill one
-/// cache line, and that line is all of the lease a decision with a token at
-/// hand reads. The rest (what store calls and refusals read) is the
-/// [`Body`], an allocation of its own.
+/// A lease shared by the table, threads' fronts and store calls:
+/// triomphe's `Arc`, one count and no weak one, so that count and lease
+/// are one 64-byte allocation (see [`Lease`]).
+pub type SharedLease = triomphe::Arc<Lease>;
+
+/// The local state of one (limit, key). `repr(C)`, 56 bytes: the spending
+/// path's fields (`Tokens`, with the eviction mark a decision through a
+/// thread's front reads), the hash the lease table compares and the
+/// pointer to the rest. With a [`SharedLease`]'s count that is 64 bytes,
+/// an allocation the allocator (mimalloc, whose blocks of a power-of-two
+/// size are aligned to it) puts in one cache line, and that line is all of
+/// the lease a decision with a token at hand reads. The rest (what store
+/// calls and refusals read) is the [`Body`], an allocation of its own.
 ///
 /// So the lines decisions read sit close together in memory: with the body
 /// inline a lease was ~400 bytes, and 100 000 keys' hot lines were spread
-/// over 40 MB (one in six lines of it read, the rest only on store calls)
-/// where a cache and the TLB reach a few MB. Split, they are one line in
-/// two of the `Arc`'s 128 bytes (its counts are the other: a clone then
-/// does not write the line every decision reads).
+/// over 40 MB (one in six lines of it read, the rest only on store calls).
+/// With a std `Arc`'s two counts in a line of their own, 128 bytes a
+/// lease: the line beside each hot one was read only by clones, yet the
+/// caches fetch lines in pairs. One line a lease made the 100k-key bench's
+/// decision 9 % faster (`docs/benchmarks.md`).
 #[derive(Debug, Default)]
-#[repr(C, align(64))]
+#[repr(C)]
 pub struct Lease {
-    /// Tokens at hand, their expiry, the last lease's size, the store's view.
+    /// Tokens at hand, their expiry, the last lease's size and the
+    /// eviction mark, the store's view.
     tokens: Tokens,
     /// The request hash the lease table finds this lease by: the table's
     /// entry is the pointer alone, compared through here (the line a
     /// decision reads anyway).
     table_key: u64,
-    /// Forgotten by the lease table: tokens added later go back at once.
-    evicted: AtomicBool,
     /// Read on store calls and refusals only.
     body: Box<Body>,
 }
@@ -124,7 +131,6 @@ impl Lease {
         Lease {
             tokens: Tokens::default(),
             table_key,
-            evicted: AtomicBool::new(false),
             body: Box::new(Body {
                 key: Arc::from(key),
                 ..Body::default()
@@ -450,14 +456,15 @@ impl Lease {
 
     // -- the table and threads' fronts --
 
-    /// Marks the lease as forgotten by the table.
+    /// Marks the lease as forgotten by the table: tokens added later go
+    /// back at once, and threads' fronts stop believing it.
     pub fn evict(&self) {
-        self.evicted.store(true, Ordering::Release);
+        self.tokens.evict();
     }
 
     #[inline]
     pub fn is_evicted(&self) -> bool {
-        self.evicted.load(Ordering::Acquire)
+        self.tokens.is_evicted()
     }
 
     /// How many threads' fronts keep this lease.
@@ -593,15 +600,26 @@ mod tests {
 
     #[test]
     fn a_lease_is_one_cache_line_and_its_body_is_elsewhere() {
-        use std::mem::{align_of, offset_of, size_of};
+        use std::mem::{offset_of, size_of};
         assert_eq!(offset_of!(Lease, tokens), 0);
-        // A decision through a thread's front reads the eviction mark too,
-        // and one through the table the key it compares: all in the line.
-        assert_eq!((size_of::<Lease>(), align_of::<Lease>()), (64, 64));
-        // In an `Arc`, the counts have the line before: cloning one does
-        // not write the line decisions read.
-        let lease = Arc::new(Lease::new("k", 7));
-        assert_eq!(Arc::as_ptr(&lease) as usize % 64, 0);
+        // With triomphe's one count (a `usize`), 64 bytes: one line.
+        assert_eq!(size_of::<Lease>() + size_of::<usize>(), 64);
+        let lease = SharedLease::new(Lease::new("k", 7));
         assert_eq!((lease.table_key(), lease.key()), (7, "k"));
+    }
+
+    #[test]
+    fn the_eviction_mark_and_the_size_share_a_word_apart() {
+        let lease = Lease::new("k", 7);
+        lease.set_size_hint(40);
+        assert!(!lease.is_evicted());
+        lease.evict();
+        assert!(lease.is_evicted());
+        assert_eq!(lease.size_hint(), 40, "evicting keeps the size");
+        lease.set_size_hint(u64::MAX);
+        assert!(lease.is_evicted(), "a size never clears the mark");
+        assert_eq!(lease.size_hint(), u64::MAX >> 1, "the largest size");
+        lease.set_size_hint(3);
+        assert_eq!((lease.size_hint(), lease.is_evicted()), (3, true));
     }
 }

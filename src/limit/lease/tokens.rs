@@ -1,6 +1,7 @@
 //! The tokens at hand: what every decision reads and spends. The count,
 //! its expiry, the size of the last lease asked for (the low watermark's
-//! base) and the store's view of the bucket for the headers. Nothing else
+//! base, with the table's eviction mark in its top bit) and the store's
+//! view of the bucket for the headers. Nothing else
 //! is read on the spending path, so this part comes first in [`Lease`] and
 //! fits in its first cache line; spending is one load and one
 //! compare-and-swap here, nothing else written.
@@ -13,6 +14,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The top bit of [`Tokens::sized`]: the lease table forgot the lease.
+const EVICTED: u64 = 1 << 63;
+
 /// The hot part of a lease. `repr(C)`: the fields stay in this order, and
 /// the whole part in the 64 bytes at the start of [`super::Lease`].
 #[derive(Debug, Default)]
@@ -22,8 +26,11 @@ pub(super) struct Tokens {
     at_hand: AtomicU64,
     /// When the tokens at hand must go back to the store, ms.
     expires_at: AtomicU64,
-    /// The size of the last lease asked for (for the low watermark).
-    size_hint: AtomicU64,
+    /// The size of the last lease asked for (for the low watermark) in
+    /// the low 63 bits, and in the top bit whether the lease table has
+    /// forgotten the lease ([`EVICTED`]): a front reads both in the line
+    /// it spends from, which has no room for a word of its own.
+    sized: AtomicU64,
     /// Remaining in the shared bucket at the last grant, for headers.
     store_remaining: AtomicU64,
     /// When the shared bucket is whole again, ms, for headers.
@@ -113,11 +120,27 @@ impl Tokens {
     /// The size of the last lease asked for.
     #[inline]
     pub(super) fn size_hint(&self) -> u64 {
-        self.size_hint.load(Ordering::Relaxed)
+        self.sized.load(Ordering::Relaxed) & !EVICTED
     }
 
+    /// Records the size of the lease asked for (at most 2^63 - 1: a
+    /// lease is never near it, a share of a capacity below 2^53), keeping
+    /// the eviction mark.
     pub(super) fn set_size_hint(&self, size: u64) {
-        self.size_hint.store(size, Ordering::Relaxed);
+        let size = size.min(!EVICTED);
+        let _ = self
+            .sized
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w & EVICTED | size));
+    }
+
+    /// Marks the lease forgotten by the table: for good.
+    pub(super) fn evict(&self) {
+        self.sized.fetch_or(EVICTED, Ordering::Release);
+    }
+
+    #[inline]
+    pub(super) fn is_evicted(&self) -> bool {
+        self.sized.load(Ordering::Acquire) & EVICTED != 0
     }
 
     /// Records the store's view at its last answer: what the shared bucket

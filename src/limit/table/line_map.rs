@@ -20,10 +20,8 @@
 //! buckets it looks at (7 ways, 255 tags). The lease's `table_key`
 //! settles it.
 
-use std::sync::Arc;
-
 use crate::int_hash::within_shard as spread;
-use crate::limit::lease::Lease;
+use crate::limit::lease::SharedLease;
 
 /// Leases per bucket: with the tags and the count of leases gone past,
 /// 7 × 8 + 8 = 64 bytes.
@@ -39,7 +37,7 @@ struct Bucket {
     /// The ways' tags (0: empty), then the count of leases whose home is
     /// this bucket or one before it that were placed after it.
     meta: [u8; WAYS + 1],
-    leases: [Option<Arc<Lease>>; WAYS],
+    leases: [Option<SharedLease>; WAYS],
 }
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == 64);
@@ -129,13 +127,13 @@ impl LineMap {
     }
 
     #[inline]
-    pub(super) fn get(&self, h: u64) -> Option<&Arc<Lease>> {
+    pub(super) fn get(&self, h: u64) -> Option<&SharedLease> {
         let at = self.position(h)?;
         self.buckets[at.bucket].leases[at.way].as_ref()
     }
 
     /// Places `lease` (whose hash is not in the map) without growing.
-    fn place(&mut self, lease: Arc<Lease>) {
+    fn place(&mut self, lease: SharedLease) {
         let x = spread(lease.table_key());
         let mask = self.mask();
         let mut i = x as usize & mask;
@@ -167,7 +165,7 @@ impl LineMap {
     }
 
     /// The lease of `h`, made by `make` if there is none.
-    pub(super) fn get_or_insert_with(&mut self, h: u64, make: impl FnOnce() -> Arc<Lease>) -> Arc<Lease> {
+    pub(super) fn get_or_insert_with(&mut self, h: u64, make: impl FnOnce() -> SharedLease) -> SharedLease {
         if let Some(lease) = self.get(h) {
             return lease.clone();
         }
@@ -183,7 +181,7 @@ impl LineMap {
 
     /// Takes the lease at `at` out, and counts it off the buckets it had
     /// gone past.
-    fn take(&mut self, at: At) -> Option<Arc<Lease>> {
+    fn take(&mut self, at: At) -> Option<SharedLease> {
         let b = &mut self.buckets[at.bucket];
         let lease = b.leases[at.way].take()?;
         b.meta[at.way] = 0;
@@ -203,17 +201,17 @@ impl LineMap {
         Some(lease)
     }
 
-    pub(super) fn remove(&mut self, h: u64) -> Option<Arc<Lease>> {
+    pub(super) fn remove(&mut self, h: u64) -> Option<SharedLease> {
         let at = self.position(h)?;
         self.take(at)
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Arc<Lease>> + Clone {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &SharedLease> + Clone {
         self.buckets.iter().flat_map(|b| b.leases.iter().flatten())
     }
 
     /// Keeps the leases `keep` approves.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&SharedLease) -> bool) {
         for bucket in 0..self.buckets.len() {
             for way in 0..WAYS {
                 let Some(lease) = &self.buckets[bucket].leases[way] else {
@@ -230,11 +228,12 @@ impl LineMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::lease::Lease;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
-    fn lease(h: u64) -> Arc<Lease> {
-        Arc::new(Lease::new("k", h))
+    fn lease(h: u64) -> SharedLease {
+        SharedLease::new(Lease::new("k", h))
     }
 
     /// Every bucket's `passed` is what the leases placed say it must be.

@@ -21,9 +21,9 @@
 
 mod line_map;
 
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
-use super::lease::Lease;
+use super::lease::{Lease, SharedLease};
 use super::thread_cache;
 use crate::sync::Recover;
 use line_map::LineMap;
@@ -69,7 +69,7 @@ pub struct LeaseTable {
 /// Leases a full shard let go of: their unspent tokens are owed to the
 /// store. Leases someone still holds (a store call in flight) are marked
 /// evicted and give back what that call brings when it ends.
-pub type Evicted = Vec<Arc<Lease>>;
+pub type Evicted = Vec<SharedLease>;
 
 impl LeaseTable {
     pub fn new(max_keys: usize) -> LeaseTable {
@@ -108,7 +108,7 @@ impl LeaseTable {
     /// front when it keeps the lease (no lock), else under the shard's read
     /// lock, offering the lease to the front on its second miss there.
     #[inline]
-    pub fn with<T>(&self, h: u64, f: impl FnOnce(&Arc<Lease>) -> T) -> Option<T> {
+    pub fn with<T>(&self, h: u64, f: impl FnOnce(&SharedLease) -> T) -> Option<T> {
         let mut f = Some(f);
         if let Some(t) = thread_cache::with(self.id, h, |l| f.take().map(|f| f(l))).flatten() {
             return Some(t);
@@ -126,14 +126,14 @@ impl LeaseTable {
         Some(t)
     }
 
-    pub fn get(&self, h: u64) -> Option<Arc<Lease>> {
+    pub fn get(&self, h: u64) -> Option<SharedLease> {
         self.shard(h).read().recover().leases.get(h).cloned()
     }
 
     /// The lease of `h`, made if there is none. At a full shard an eighth
     /// of its leases are evicted first and returned, for their tokens to go
     /// back to the store.
-    pub fn get_or_insert(&self, h: u64, key: &str) -> (Arc<Lease>, Evicted) {
+    pub fn get_or_insert(&self, h: u64, key: &str) -> (SharedLease, Evicted) {
         if let Some(l) = self.get(h) {
             return (l, Vec::new());
         }
@@ -175,7 +175,7 @@ impl LeaseTable {
         let mut made = false;
         let lease = shard.leases.get_or_insert_with(h, || {
             made = true;
-            Arc::new(Lease::new(key, h))
+            SharedLease::new(Lease::new(key, h))
         });
         if made {
             shard.by_key.insert(self.key_hash(key), h);
@@ -192,7 +192,7 @@ impl LeaseTable {
     }
 
     /// Visits every lease, shard by shard, under a read lock.
-    pub fn for_each(&self, mut f: impl FnMut(&Arc<Lease>)) {
+    pub fn for_each(&self, mut f: impl FnMut(&SharedLease)) {
         for shard in self.shards.iter() {
             let map = shard.read().recover();
             map.leases.iter().for_each(&mut f);
@@ -202,7 +202,7 @@ impl LeaseTable {
     /// The lease whose store key is `key`: one probe of each shard's index
     /// (under its read lock), then the key compared. For the admin
     /// endpoint; requests find their lease by the hash of its parts.
-    pub fn find(&self, key: &str) -> Option<Arc<Lease>> {
+    pub fn find(&self, key: &str) -> Option<SharedLease> {
         let kh = self.key_hash(key);
         self.shards.iter().find_map(|shard| {
             let maps = shard.read().recover();
@@ -212,7 +212,7 @@ impl LeaseTable {
     }
 
     /// [`LeaseTable::find`] of each of `keys`, in order.
-    pub fn find_all(&self, keys: &[&str]) -> Vec<Option<Arc<Lease>>> {
+    pub fn find_all(&self, keys: &[&str]) -> Vec<Option<SharedLease>> {
         keys.iter().map(|k| self.find(k)).collect()
     }
 
@@ -235,7 +235,7 @@ impl LeaseTable {
     }
 
     /// Keeps the leases `keep` approves, shard by shard, under a write lock.
-    pub fn retain(&self, mut keep: impl FnMut(&Arc<Lease>) -> bool) {
+    pub fn retain(&self, mut keep: impl FnMut(&SharedLease) -> bool) {
         for shard in self.shards.iter() {
             let mut map = shard.write().recover();
             let Maps { leases, by_key } = &mut *map;
