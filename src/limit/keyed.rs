@@ -85,7 +85,7 @@ impl<'a> Keyed<'a> {
                 }
             },
             1 => {
-                if let Some((remaining, reset_ms)) = self.limiter.take_local(h, *spec, 1, now) {
+                if let Some((remaining, reset_ms)) = self.limiter.take_local(h, spec, 1, now) {
                     return Ok(admitted(remaining, reset_ms));
                 }
                 let settings = self.limiter.settings();

@@ -13,6 +13,7 @@
 //! reads a table swapped in whole: with no override at all, one relaxed
 //! load per limit.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -229,13 +230,29 @@ impl Limiter {
     /// The quota of `limit`'s key for `facts`, its sub-bucket, and the
     /// override in force for the caller (its identity's, else its
     /// tenant's), if any. What every decision asks.
-    pub(super) fn spec_of(&self, limit: &LimitRuntime, facts: &Facts<'_>) -> (Spec, Option<u32>) {
+    ///
+    /// Inline, and the override's lookup out of line: the common case (no
+    /// override loaded) is a few compares, not a call that saves and
+    /// restores every register the lookup would use.
+    #[inline]
+    pub(super) fn spec_of<'s>(&self, limit: &'s LimitRuntime, facts: &Facts<'_>) -> (Cow<'s, Spec>, Option<u32>) {
         let (spec, shard) = limit.spec_for(facts);
         if !self.overrides.any.load(Ordering::Relaxed) {
             return (spec, shard);
         }
+        self.spec_overridden(limit, facts, spec, shard)
+    }
+
+    #[inline(never)]
+    fn spec_overridden<'s>(
+        &self,
+        limit: &'s LimitRuntime,
+        facts: &Facts<'_>,
+        spec: Cow<'s, Spec>,
+        shard: Option<u32>,
+    ) -> (Cow<'s, Spec>, Option<u32>) {
         match self.overrides.for_caller(&limit.config.name, facts, self.wall_ms()) {
-            Some(o) => (overridden(limit, &o, shard), shard),
+            Some(o) => (Cow::Owned(overridden(limit, &o, shard)), shard),
             None => (spec, shard),
         }
     }
