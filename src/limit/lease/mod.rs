@@ -53,8 +53,9 @@ pub type SharedLease = triomphe::Arc<Lease>;
 /// over 40 MB (one in six lines of it read, the rest only on store calls).
 /// With a std `Arc`'s two counts in a line of their own, 128 bytes a
 /// lease: the line beside each hot one was read only by clones, yet the
-/// caches fetch lines in pairs. One line a lease made the 100k-key bench's
-/// decision 9 % faster (`docs/benchmarks.md`).
+/// caches fetch lines in pairs. One line a lease halves what 100 000 keys'
+/// leases take of the caches (`docs/benchmarks.md`, issue 43's ninth
+/// round).
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Lease {
