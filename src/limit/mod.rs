@@ -166,11 +166,12 @@ impl LimitRuntime {
         {
             return (Cow::Borrowed(&self.sliced), None);
         }
-        self.key_spec(facts)
+        self.own_spec(facts)
     }
 
+    /// [`key_spec`]: a claim's, a plan's or a sub-bucket's quota.
     #[inline(never)]
-    fn key_spec(&self, facts: &Facts<'_>) -> (Cow<'_, Spec>, Option<u32>) {
+    fn own_spec(&self, facts: &Facts<'_>) -> (Cow<'_, Spec>, Option<u32>) {
         let (spec, shard) = key_spec(&self.config, self.spec, self.shards, facts);
         (Cow::Owned(spec), shard)
     }
