@@ -149,8 +149,8 @@ impl Shard {
     }
 
     /// [`Shard::update`] for a key that has a slot; nothing for one that
-    /// has none (it was idle: a full bucket, an empty window). True when
-    /// it had one. One lookup, after the sweep (which may move slots).
+    /// has none (it was idle: a full bucket, an empty window). One
+    /// lookup, after the sweep (which may move slots).
     pub(super) fn update_held(
         &mut self,
         key: &str,
@@ -158,13 +158,11 @@ impl Shard {
         spec: &Spec,
         now_ms: u64,
         f: impl FnOnce(Option<State>) -> State,
-    ) -> bool {
+    ) {
         self.sweep(now_ms);
-        let Some(i) = self.find(key, h) else {
-            return false;
-        };
-        self.apply(i, spec, now_ms, f);
-        true
+        if let Some(i) = self.find(key, h) {
+            self.apply(i, spec, now_ms, f);
+        }
     }
 
     fn apply(&mut self, i: usize, spec: &Spec, now_ms: u64, f: impl FnOnce(Option<State>) -> State) {
