@@ -186,7 +186,7 @@ impl Gateway {
                 routed.req = Request::from_parts(parts, RequestBody::read(bytes, Some(Box::new(share))));
                 routed.costs = pricing.costs;
                 routed.estimates = pricing.estimates;
-                self.limited(routed)
+                self.limited(&mut routed)
             }
             Err(e) => {
                 let resp = self.finish(routed.snapshot, Some(routed.route), Err(e), routed.request_id, None);
@@ -220,10 +220,12 @@ pub(super) struct Watcher {
 type Settling = (Meter, Settlement, Option<u64>);
 
 impl Watcher {
-    /// `resp`, its body watched when it holds slots or reserves to settle.
+    /// `resp`'s body watched when it holds slots or reserves to settle.
+    /// In place: most responses have neither, and one passed through by
+    /// value was copied in and out for nothing.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn watch(
-        resp: Response<Body>,
+        resp: &mut Response<Body>,
         held: Vec<Held>,
         settlements: Settlements,
         estimates: &Estimates,
@@ -231,9 +233,9 @@ impl Watcher {
         limiter: &Arc<Limiter>,
         metrics: &Arc<Metrics>,
         request_bytes: Option<&Arc<AtomicU64>>,
-    ) -> Response<Body> {
+    ) {
         if held.is_empty() && settlements.is_empty() {
-            return resp;
+            return;
         }
         let max_body = snapshot.config.gateway.max_cost_body_bytes;
         let mut settling = smallvec::SmallVec::new();
@@ -258,7 +260,8 @@ impl Watcher {
             failed: resp.status().as_u16() >= 400,
             charged: smallvec::SmallVec::new(),
         };
-        resp.map(|body| Body::watched(body, Box::new(watcher)))
+        let body = std::mem::replace(resp.body_mut(), Body::empty());
+        *resp.body_mut() = Body::watched(body, Box::new(watcher));
     }
 }
 
@@ -338,14 +341,15 @@ impl Rewrite for UsageFilter {
 /// `resp` with the usage chunk removed from its stream, when the preset
 /// asked the upstream for it: a successful event stream. The bytes change,
 /// so a `Content-Length` goes.
-pub(super) fn hide_usage(mut resp: Response<Body>, max: usize) -> Response<Body> {
+pub(super) fn hide_usage(resp: &mut Response<Body>, max: usize) {
     let streams =
         crate::limit::cost::meter::stream_kind(resp.headers()) == Some(crate::limit::cost::meter::Stream::Sse);
     if !streams || !resp.status().is_success() {
-        return resp;
+        return;
     }
     resp.headers_mut().remove(http::header::CONTENT_LENGTH);
-    resp.map(|body| Body::rewritten(body, Box::new(UsageFilter::new(max))))
+    let body = std::mem::replace(resp.body_mut(), Body::empty());
+    *resp.body_mut() = Body::rewritten(body, Box::new(UsageFilter::new(max)));
 }
 
 /// Whether `limit`'s cost makes an upstream's failure free (`errors =

@@ -242,42 +242,41 @@ pub(super) struct Pending<'a> {
 impl Pending<'_> {
     /// The response head is ready: counts the request, and logs it now (a
     /// body made here) or at its body's end.
-    pub fn done(mut self, record: Record, mut resp: Response<Body>) -> Response<Body> {
+    ///
+    /// In place: a response passed through by value was copied in and out
+    /// of it, logged or not.
+    pub fn done(mut self, record: Record, resp: &mut Response<Body>) {
         self.open = false;
         if self.h2 {
             super::hpack::seed(self.conn, resp.headers_mut());
         }
         let status = resp.status().as_u16();
         let elapsed = self.started.elapsed();
-        let resp = match self.logged.take() {
-            None => resp,
-            Some(mut logged) => {
-                logged.snapshot = Some(self.snapshot.clone());
-                logged.route = self.route;
-                logged.status = status;
-                logged.micros = elapsed.as_micros() as u64;
-                logged.request_id = resp.headers().get(&X_REQUEST_ID).cloned();
-                logged.record = record;
-                if logged.record.client.ip.is_none() {
-                    logged.record.client.ip = Some(self.conn.peer.ip());
+        if let Some(mut logged) = self.logged.take() {
+            logged.snapshot = Some(self.snapshot.clone());
+            logged.route = self.route;
+            logged.status = status;
+            logged.micros = elapsed.as_micros() as u64;
+            logged.request_id = resp.headers().get(&X_REQUEST_ID).cloned();
+            logged.record = record;
+            if logged.record.client.ip.is_none() {
+                logged.record.client.ip = Some(self.conn.peer.ip());
+            }
+            match resp.body() {
+                Body::Full(bytes) => {
+                    logged.bytes_out = bytes.as_ref().map_or(0, |b| b.len() as u64);
+                    logged.write(false, &[]);
                 }
-                match resp.body() {
-                    Body::Full(bytes) => {
-                        logged.bytes_out = bytes.as_ref().map_or(0, |b| b.len() as u64);
-                        logged.write(false, &[]);
-                        resp
-                    }
-                    _ => resp.map(|body| {
-                        body.attach(|inner| {
-                            logged.inner = inner;
-                            logged
-                        })
-                    }),
+                _ => {
+                    let body = std::mem::replace(resp.body_mut(), Body::empty());
+                    *resp.body_mut() = body.attach(|inner| {
+                        logged.inner = inner;
+                        logged
+                    });
                 }
             }
-        };
+        }
         self.count(status, elapsed);
-        resp
     }
 
     fn count(&self, status: u16, elapsed: std::time::Duration) {

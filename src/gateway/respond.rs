@@ -358,7 +358,8 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
 /// one. `also`: how many fields the caller adds next, so the map grows at
 /// most once, to its final size.
 pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, also: usize) {
-    let (statuses, focus) = visible_statuses(verdict, None);
+    let mut statuses = Statuses::new();
+    let focus = visible_statuses_into(verdict, None, &mut statuses);
     let style = snapshot.config.gateway.rate_limit_headers;
     let warnings = verdict
         .limits
@@ -379,13 +380,28 @@ pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: 
 /// unless the refusing limit's is `"none"`: then it shows none, as the
 /// trio would have to describe another limit, with tokens left, on a
 /// refusal. Without `focus` (an admitted response) only `"all"` ones show.
-pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (SmallVec<[Status<'s>; 4]>, Option<usize>) {
+pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (Statuses<'s>, Option<usize>) {
     let mut statuses = SmallVec::new();
+    let focus_at = visible_statuses_into(verdict, focus, &mut statuses);
+    (statuses, focus_at)
+}
+
+/// What the client may see of each limit of the verdict.
+pub type Statuses<'s> = SmallVec<[Status<'s>; 4]>;
+
+/// [`visible_statuses`], into `statuses` (empty): where every response
+/// goes, so the list (~300 bytes) is written once in place, not returned
+/// and copied.
+pub fn visible_statuses_into<'s>(
+    verdict: &Verdict<'s>,
+    focus: Option<usize>,
+    statuses: &mut Statuses<'s>,
+) -> Option<usize> {
     let mut focus_at = None;
     let refusal = focus.is_some();
     if let Some(refuser) = focus.and_then(|i| verdict.limits.get(i)) {
         if refuser.limit.config.headers == LimitHeaders::None {
-            return (statuses, None);
+            return None;
         }
     }
     for (position, lv) in verdict.limits.iter().enumerate() {
@@ -406,7 +422,7 @@ pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (Sma
             limit: limit.policy.limit(lv.quota),
         });
     }
-    (statuses, focus_at)
+    focus_at
 }
 
 /// A `RateLimit-Warning` per soft-limited limit of the verdict.

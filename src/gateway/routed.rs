@@ -48,7 +48,28 @@ pub(super) struct Routed<'a> {
     pub(super) request_bytes: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
-impl Routed<'_> {
+impl<'a> Routed<'a> {
+    /// All of it, taken for good (into a wait's box): what stays is a
+    /// request, an identity and the rest emptied, which allocates nothing.
+    /// Handed down by reference until then: a `Routed` is most of a
+    /// kilobyte, and passed by value each call copied it.
+    pub(super) fn take(&mut self) -> Routed<'a> {
+        Routed {
+            snapshot: self.snapshot,
+            req: self.take_request(),
+            conn: self.conn,
+            route: self.route,
+            identity: self.identity.take(),
+            limits: std::mem::take(&mut self.limits),
+            request_id: std::mem::take(&mut self.request_id),
+            record: std::mem::take(&mut self.record),
+            costs: std::mem::take(&mut self.costs),
+            estimates: std::mem::take(&mut self.estimates),
+            hide_usage: self.hide_usage,
+            request_bytes: self.request_bytes.take(),
+        }
+    }
+
     /// The request, taken for good (into a wait's box, or apart to read
     /// its body): an empty one is left in its place, which allocates
     /// nothing.

@@ -41,12 +41,22 @@ impl Gateway {
     /// Not an `async fn`: one binds its arguments again in its body, so
     /// the request would be copied from the future into that binding
     /// before it is used; the block uses it where the future holds it.
+    ///
+    /// `wrap` makes the response's body what the connection sends (the
+    /// server's watch on the client taking it): applied here, where the
+    /// response is made, the response is not handed out of this future
+    /// and wrapped by another one around it, which copied it twice more
+    /// per request.
     #[allow(clippy::manual_async_fn)]
-    pub fn handle(
+    pub fn handle<B, W>(
         self: Arc<Self>,
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
-    ) -> impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send {
+        wrap: W,
+    ) -> impl std::future::Future<Output = Result<Response<B>, Infallible>> + Send
+    where
+        W: FnOnce(Body) -> B + Send,
+    {
         async move {
             let snapshot = self.runtime.snapshot();
             let started = std::time::Instant::now();
@@ -84,17 +94,22 @@ impl Gateway {
                         route
                     }
                     Err(e) => {
-                        let resp = self.finish(&snapshot, None, Err(e), request_id, None);
-                        return Ok(pending.done(Record::default(), resp));
+                        let mut resp = self.finish(&snapshot, None, Err(e), request_id, None);
+                        pending.done(Record::default(), &mut resp);
+                        return Ok(resp.map(wrap));
                     }
                 };
                 match self.serve(&snapshot, req, &conn, route, request_id, logging) {
-                    Served::Now(resp, record) => return Ok(pending.done(record, resp)),
+                    Served::Now(mut resp, record) => {
+                        pending.done(record, &mut resp);
+                        return Ok(resp.map(wrap));
+                    }
                     Served::Later(wait) => wait,
                 }
             };
-            let (resp, record) = wait.await;
-            Ok(pending.done(record, resp))
+            let (mut resp, record) = wait.await;
+            pending.done(record, &mut resp);
+            Ok(resp.map(wrap))
         }
     }
 
@@ -176,7 +191,7 @@ impl Gateway {
             request_bytes,
         };
         let Some(priced) = priced else {
-            return self.limited(routed);
+            return self.limited(&mut routed);
         };
         if priced.needs_body {
             // A reserve read from the JSON body: the body first, then the
@@ -198,7 +213,7 @@ impl Gateway {
                 return Served::Now(resp, routed.record);
             }
         }
-        self.limited(routed)
+        self.limited(&mut routed)
     }
 
     /// A routed request, identified and priced: decided by its limits,
@@ -208,24 +223,27 @@ impl Gateway {
     /// hundred bytes each, a kilobyte together): moved into a call after
     /// being borrowed here, each would be copied first. Only a wait (the
     /// store's, the line's) takes them, into its box.
-    pub(super) fn limited<'a>(&'a self, mut routed: Routed<'a>) -> Served<'a> {
+    pub(super) fn limited<'a>(&'a self, routed: &mut Routed<'a>) -> Served<'a> {
         // A route with limits of which none applies to the tier is still
         // decided (an empty verdict, logged as admitted).
         if routed.route.limits.is_empty() {
-            return self.respond_or_forward(&mut routed, None, Settlements::new());
+            return self.respond_or_forward(routed, None, Settlements::new());
         }
         let mut verdict = Verdict::default();
-        match self.decide_now(&routed, &mut verdict) {
+        match self.decide_now(routed, &mut verdict) {
             // [`Gateway::decided`], without moving either.
             Checked::Decided => match self.ticket(&verdict) {
-                Some(ticket) => self.queued(routed, verdict, ticket),
-                None => self.refused_or_served(&mut routed, &mut verdict),
+                Some(ticket) => self.queued(routed.take(), verdict, ticket),
+                None => self.refused_or_served(routed, &mut verdict),
             },
-            Checked::NeedsStore(pending) => Served::Later(Box::pin(async move {
-                let verdict = self.decide_later(&routed, verdict, pending).await;
-                match self.decided(routed, verdict, true) {
-                    Served::Now(resp, record) => (resp, record),
-                    Served::Later(wait) => wait.await,
+            Checked::NeedsStore(pending) => Served::Later(Box::pin({
+                let routed = routed.take();
+                async move {
+                    let verdict = self.decide_later(&routed, verdict, pending).await;
+                    match self.decided(routed, verdict, true) {
+                        Served::Now(resp, record) => (resp, record),
+                        Served::Later(wait) => wait.await,
+                    }
                 }
             })),
         }
@@ -321,8 +339,8 @@ impl Gateway {
         let mut record = std::mem::take(&mut r.record);
         let estimates = std::mem::take(&mut r.estimates);
         let request_bytes = r.request_bytes.take();
-        let watch = move |resp: Response<Body>, held, settlements| {
-            let resp = Watcher::watch(
+        let watch = move |resp: &mut Response<Body>, held, settlements| {
+            Watcher::watch(
                 resp,
                 held,
                 settlements,
@@ -335,9 +353,7 @@ impl Gateway {
             if hide_usage {
                 // After the watch: the meter reads the usage chunk the
                 // client does not receive.
-                cost::hide_usage(resp, snapshot.config.gateway.max_cost_body_bytes)
-            } else {
-                resp
+                cost::hide_usage(resp, snapshot.config.gateway.max_cost_body_bytes);
             }
         };
         match &route.action {
@@ -346,14 +362,15 @@ impl Gateway {
                     record.client.identified(r.identity.take());
                 }
                 let request_id = std::mem::take(&mut r.request_id);
-                let resp = self.finish(
+                let mut resp = self.finish(
                     snapshot,
                     Some(route),
                     Ok(respond(direct)),
                     request_id,
                     verdict.as_deref(),
                 );
-                Served::Now(watch(resp, held, settlements), record)
+                watch(&mut resp, held, settlements);
+                Served::Now(resp, record)
             }
             Action::Usage(which) => {
                 let req = r.take_request();
@@ -365,8 +382,9 @@ impl Gateway {
                     if record.logging {
                         record.client.identified(identity);
                     }
-                    let resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
-                    (watch(resp, held, settlements), record)
+                    let mut resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
+                    watch(&mut resp, held, settlements);
+                    (resp, record)
                 }))
             }
             Action::Forward(upstream) => {
@@ -412,7 +430,7 @@ impl Gateway {
                             cost::unsettled(&self.runtime.metrics, &s.limit.config.name, Unsettled::UpstreamError);
                         }
                     }
-                    let resp = self.finish(
+                    let mut resp = self.finish(
                         snapshot,
                         Some(route),
                         result.map_err(RequestError::from),
@@ -420,7 +438,8 @@ impl Gateway {
                         verdict.as_ref(),
                     );
                     let settlements = if failed { Settlements::new() } else { settlements };
-                    (watch(resp, held, settlements), record)
+                    watch(&mut resp, held, settlements);
+                    (resp, record)
                 }))
             }
         }
@@ -582,11 +601,11 @@ mod tests {
     fn a_requests_future_stays_small() {
         fn size_of_future<F, Fut>(_: F) -> usize
         where
-            F: FnOnce(Arc<Gateway>, Request<Incoming>, Arc<ConnInfo>) -> Fut,
+            F: FnOnce(Arc<Gateway>, Request<Incoming>, Arc<ConnInfo>, fn(Body) -> Body) -> Fut,
         {
             std::mem::size_of::<Fut>()
         }
-        let size = size_of_future(Gateway::handle);
+        let size = size_of_future(Gateway::handle::<Body, fn(Body) -> Body>);
         assert!(size <= 768, "a request's future is {size} bytes");
     }
 }

@@ -297,15 +297,13 @@ impl Connection {
         let active = activity.clone();
         let service = service_fn(move |req| {
             let busy = active.begin();
-            let (gateway, conn) = (gateway.clone(), conn.clone());
-            // The request's future is made inside this one, in place: made
-            // outside and moved in, it would be copied once more per request.
-            async move {
-                let resp = gateway.handle(req, conn).await?;
+            // The request's future is hyper's, with no future of ours
+            // around it: one around it would be moved into place and would
+            // copy the response out of it and on, per request.
+            gateway.clone().handle(req, conn.clone(), move |body| {
                 // Made inside an HTTP/2 stream's task: its stall clock.
-                let watch = super::streams::current();
-                Ok::<_, std::convert::Infallible>(resp.map(|body| connection_cap::Tracked::new(body, busy, watch)))
-            }
+                connection_cap::Tracked::new(body, busy, super::streams::current())
+            })
         });
         let served = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
