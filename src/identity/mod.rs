@@ -177,7 +177,9 @@ impl Resolver {
         for &tier in self.order() {
             match tier {
                 Tier::User => {
-                    if let (Some(verifier), Some(token)) = (&self.jwt, bearer_jwt(headers)) {
+                    // The header only when a token would be checked.
+                    let Some(verifier) = &self.jwt else { continue };
+                    if let Some(token) = bearer_jwt(headers) {
                         match verifier.verify(token, now_secs) {
                             Ok(claims) => {
                                 return Ok(Identity {
@@ -195,6 +197,11 @@ impl Resolver {
                     }
                 }
                 Tier::Key => {
+                    // No key to find and none to refuse: the headers are
+                    // not read (this runs for every request).
+                    if self.api_keys.is_empty() && !self.reject_invalid {
+                        continue;
+                    }
                     if let Some(presented) = api_key(headers) {
                         match self.find_key(presented) {
                             Some(k) => {

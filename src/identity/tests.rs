@@ -379,3 +379,31 @@ fn gathered_bytes_hash_as_they_would_at_once() {
         assert_eq!(gathered.digest(), want, "{sizes:?}");
     }
 }
+
+/// The waterfall skips reading the key headers when no key is configured
+/// and none would be refused: the answer is the one reading them gives.
+/// Under `reject_invalid`, a key is still read, and refused, with no keys
+/// configured at all.
+#[test]
+fn without_keys_a_presented_key_falls_through_unless_refused() {
+    let keyless = Resolver {
+        api_keys: Vec::<ApiKey>::new().into(),
+        jwt: None,
+        ..resolver()
+    };
+    let presented = headers(&[("x-api-key", "secret-1")]);
+    let id = keyless.resolve(&presented, conn("198.51.100.1"), 0).unwrap();
+    assert_eq!((id.tier, id.value.as_str()), (Tier::Subnet, "subnet:198.51.100.0/24"));
+    let strict = Resolver {
+        reject_invalid: true,
+        ..keyless
+    };
+    assert_eq!(
+        strict.resolve(&presented, conn("198.51.100.1"), 0),
+        Err(Rejection::UnknownApiKey)
+    );
+    assert_eq!(
+        strict.resolve(&headers(&[]), conn("198.51.100.1"), 0).unwrap().tier,
+        Tier::Subnet
+    );
+}

@@ -50,6 +50,11 @@ pub fn remove_hop_by_hop_keeping(headers: &mut HeaderMap, keep_upgrade: bool, ke
     let mut named: Vec<HeaderName> = Vec::new();
     if present & CONNECTION_BIT != 0 {
         for value in headers.get_all(header::CONNECTION) {
+            // What most HTTP/1.1 peers send (nginx on every response): a
+            // hop-by-hop name itself, so it names nothing more to strip.
+            if value.as_bytes().eq_ignore_ascii_case(b"keep-alive") {
+                continue;
+            }
             let Ok(value) = value.to_str() else { continue };
             for token in value.split(',').map(str::trim) {
                 if token.is_empty() || (keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
@@ -150,17 +155,53 @@ pub fn remove_internal(headers: &mut HeaderMap) {
 
 pub(super) fn append_forwarded_for(headers: &mut HeaderMap, conn: &ConnInfo) {
     let peer = &conn.peer_ip;
-    if !headers.contains_key(&X_FORWARDED_FOR) {
-        headers.insert(X_FORWARDED_FOR.clone(), peer.clone());
-        return;
-    }
+    // One lookup of the name (hashed once): most requests carry none.
+    let mut prior = match headers.entry(&X_FORWARDED_FOR) {
+        http::header::Entry::Vacant(v) => {
+            v.insert(peer.clone());
+            return;
+        }
+        http::header::Entry::Occupied(o) => o,
+    };
     let mut value = Vec::with_capacity(64);
-    for prior in headers.get_all(&X_FORWARDED_FOR) {
-        value.extend_from_slice(prior.as_bytes());
+    for v in prior.iter() {
+        value.extend_from_slice(v.as_bytes());
         value.extend_from_slice(b", ");
     }
     value.extend_from_slice(peer.as_bytes());
     if let Ok(v) = HeaderValue::from_bytes(&value) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+        prior.insert(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(fields: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in fields {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    /// `Connection: keep-alive` (any case) takes the short way, and strips
+    /// what the long way strips: itself and a `Keep-Alive` field.
+    #[test]
+    fn keep_alive_alone_is_stripped_with_its_field() {
+        for value in ["keep-alive", "Keep-Alive"] {
+            let mut h = map(&[("connection", value), ("keep-alive", "timeout=5"), ("x-kept", "1")]);
+            remove_hop_by_hop(&mut h, false);
+            assert_eq!(h.len(), 1, "{value}: {h:?}");
+            assert_eq!(h["x-kept"], "1");
+        }
+        // Beside another value, the fields that one names still go.
+        let mut h = map(&[("connection", "keep-alive"), ("connection", "x-hop"), ("x-hop", "1")]);
+        remove_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
     }
 }
