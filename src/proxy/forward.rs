@@ -91,14 +91,14 @@ impl<'a> Forward<'a> {
                     target: String::new(),
                     reason: "no targets".into(),
                 })?;
-        // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams need Host.
-        if !req.headers().contains_key(header::HOST) {
-            if let Some(value) = req
-                .uri()
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                req.headers_mut().insert(header::HOST, value);
+        // An HTTP/2 request names its host in :authority; HTTP/1.1 upstreams
+        // need Host. An origin-form request (HTTP/1.1's) has no authority to
+        // give: its `Host` is not looked up.
+        if let Some(authority) = req.uri().authority() {
+            if !req.headers().contains_key(header::HOST) {
+                if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
+                    req.headers_mut().insert(header::HOST, value);
+                }
             }
         }
         let h2 = upstream.protocol == Protocol::H2;
