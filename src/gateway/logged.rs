@@ -140,7 +140,8 @@ impl Logged {
             Action::Respond(_) | Action::Usage(_) => None,
         });
         let record = &self.record;
-        let client = &record.client;
+        let unknown = Client::default();
+        let client = record.client.as_deref().unwrap_or(&unknown);
         let mut key = [0u8; 16];
         let key = match record.limit.as_deref() {
             Some((_, hash)) => hex16(*hash, &mut key),
@@ -259,8 +260,9 @@ impl Pending<'_> {
             logged.micros = elapsed.as_micros() as u64;
             logged.request_id = resp.headers().get(&X_REQUEST_ID).cloned();
             logged.record = record;
-            if logged.record.client.ip.is_none() {
-                logged.record.client.ip = Some(self.conn.peer.ip());
+            let client = logged.record.client_mut();
+            if client.ip.is_none() {
+                client.ip = Some(self.conn.peer.ip());
             }
             match resp.body() {
                 Body::Full(bytes) => {
@@ -302,7 +304,7 @@ impl Drop for Pending<'_> {
             logged.route = self.route;
             logged.status = CLIENT_CLOSED;
             logged.micros = elapsed.as_micros() as u64;
-            logged.record.client.ip = Some(self.conn.peer.ip());
+            logged.record.client_mut().ip = Some(self.conn.peer.ip());
             logged.write(true, &[]);
         }
         self.count(CLIENT_CLOSED, elapsed);
@@ -318,8 +320,25 @@ pub(super) struct Record {
     /// its key's hash. Boxed: only a logged line of such a request has
     /// one, and a record is moved with every request.
     pub(super) limit: Option<Box<(Arc<LimitRuntime>, u64)>>,
-    /// The access log is on: the fields below are filled in.
-    pub(super) logging: bool,
-    /// The client, the bytes, the upstream and the costs.
-    pub(super) client: Client,
+    /// The client, the bytes, the upstream and the costs: there when the
+    /// access log is on, and filled in as the request goes. Boxed: a
+    /// record travels with every request, by value through its waits,
+    /// and without the log these 160 bytes were copied for nothing.
+    pub(super) client: Option<Box<Client>>,
+}
+
+impl Record {
+    /// A record of a request the log writes (`logging`) or not.
+    pub(super) fn new(logging: bool) -> Record {
+        Record {
+            client: logging.then(Box::default),
+            ..Record::default()
+        }
+    }
+
+    /// The client part, made if the record had none (a request that
+    /// ended before it was identified, logged all the same).
+    fn client_mut(&mut self) -> &mut Client {
+        self.client.get_or_insert_with(Box::default)
+    }
 }

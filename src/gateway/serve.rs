@@ -167,14 +167,13 @@ impl Gateway {
         };
         let mut record = Record {
             identity: Some(identity.tier.name()),
-            logging,
-            ..Record::default()
+            ..Record::new(logging)
         };
         let limits = snapshot.applying(route, identity.tier);
         let priced = cost::priced(&limits);
         let mut request_bytes = priced.as_ref().and_then(|p| p.request_bytes.clone());
-        if logging {
-            record.client.bytes_in = bytes_in(req.headers(), req.body(), &mut request_bytes);
+        if let Some(client) = record.client.as_deref_mut() {
+            client.bytes_in = bytes_in(req.headers(), req.body(), &mut request_bytes);
         }
         let mut req = req.map(|b| RequestBody::streamed(b, request_bytes.clone()));
         if priced.as_ref().is_some_and(|p| p.reads_json) {
@@ -312,13 +311,13 @@ impl Gateway {
         self.send_events(r.route, &r.identity, r.req.headers(), verdict);
         if let Some(mut refusal) = self.refusal(r.snapshot, r.route, verdict, &r.costs) {
             std::mem::take(&mut r.request_id).stamp(refusal.headers_mut());
-            if r.record.logging {
-                r.record.client.identified(r.identity.take());
+            if let Some(client) = r.record.client.as_deref_mut() {
+                client.identified(r.identity.take());
             }
             return Served::Now(refusal, std::mem::take(&mut r.record));
         }
-        if r.record.logging {
-            r.record.client.costs.clone_from(&r.costs);
+        if let Some(client) = r.record.client.as_deref_mut() {
+            client.costs.clone_from(&r.costs);
         }
         // Served (answered here or forwarded, whatever the upstream does):
         // the request's tokens are spent, and its reserves under limits
@@ -362,8 +361,8 @@ impl Gateway {
         };
         match &route.action {
             Action::Respond(direct) => {
-                if record.logging {
-                    record.client.identified(r.identity.take());
+                if let Some(client) = record.client.as_deref_mut() {
+                    client.identified(r.identity.take());
                 }
                 let request_id = std::mem::take(&mut r.request_id);
                 let mut resp = self.finish(
@@ -383,8 +382,8 @@ impl Gateway {
                 let verdict = verdict.map(std::mem::take);
                 Served::Later(Box::pin(async move {
                     let answer = self.usage(snapshot, route, &identity, req.headers(), which).await;
-                    if record.logging {
-                        record.client.identified(identity);
+                    if let Some(client) = record.client.as_deref_mut() {
+                        client.identified(identity);
                     }
                     let mut resp = self.finish(snapshot, Some(route), Ok(answer), request_id, verdict.as_ref());
                     watch(&mut resp, held, settlements);
@@ -406,15 +405,15 @@ impl Gateway {
                 );
                 // The log's part of the identity, taken now (nothing reads
                 // it before the line is written): the box holds no identity.
-                if record.logging {
-                    record.client.identified(r.identity.take());
+                if let Some(client) = record.client.as_deref_mut() {
+                    client.identified(r.identity.take());
                 }
                 let request_id = std::mem::take(&mut r.request_id);
                 let verdict = verdict.map(std::mem::take);
                 Served::Later(Box::pin(async move {
                     let result = match forward {
                         Ok(ref mut forward) => {
-                            let reached = record.logging.then_some(&mut record.client.reached);
+                            let reached = record.client.as_deref_mut().map(|c| &mut c.reached);
                             forward.send(&self.runtime.metrics, reached).await
                         }
                         Err(e) => Err(e),
@@ -426,7 +425,10 @@ impl Gateway {
                         for s in &settlements {
                             if cost::errors_are_free(&s.limit) {
                                 self.runtime.limiter.settle(s, 0);
-                                let charged = record.client.costs.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &s.limit));
+                                let charged = record
+                                    .client
+                                    .as_deref_mut()
+                                    .and_then(|c| c.costs.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &s.limit)));
                                 if let Some(c) = charged {
                                     c.1 = 0;
                                 }
