@@ -173,35 +173,3 @@ pub(super) fn append_forwarded_for(headers: &mut HeaderMap, conn: &ConnInfo) {
         prior.insert(v);
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in fields {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
-
-    /// `Connection: keep-alive` (any case) takes the short way, and strips
-    /// what the long way strips: itself and a `Keep-Alive` field.
-    #[test]
-    fn keep_alive_alone_is_stripped_with_its_field() {
-        for value in ["keep-alive", "Keep-Alive"] {
-            let mut h = map(&[("connection", value), ("keep-alive", "timeout=5"), ("x-kept", "1")]);
-            remove_hop_by_hop(&mut h, false);
-            assert_eq!(h.len(), 1, "{value}: {h:?}");
-            assert_eq!(h["x-kept"], "1");
-        }
-        // Beside another value, the fields that one names still go.
-        let mut h = map(&[("connection", "keep-alive"), ("connection", "x-hop"), ("x-hop", "1")]);
-        remove_hop_by_hop(&mut h, false);
-        assert!(h.is_empty(), "{h:?}");
-    }
-}
