@@ -412,7 +412,7 @@ fn explain(
         }
     };
     let probe = leasegate::explain::Probe { named, ..probe };
-    let now_secs = leasegate::runtime::identity_clock(probe.request.headers());
+    let now_secs = leasegate::runtime::identity_clock(&loaded.identity, probe.request.headers());
     let mut explained = leasegate::explain::explain(&loaded, &probe, now_secs);
     if let Some(admin) = &admin {
         let keys = explained.keys();

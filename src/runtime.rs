@@ -312,9 +312,10 @@ pub fn route_index_of<B>(routes: &RouteTable, req: &Request<B>) -> Option<usize>
 }
 
 /// The `now_secs` the identity waterfall gets: the wall clock matters only
-/// for cached JWTs, so a request without `Authorization` does not read it.
-pub fn identity_clock(headers: &HeaderMap) -> u64 {
-    if headers.contains_key(header::AUTHORIZATION) {
+/// for cached JWTs, so without JWTs configured, or for a request without
+/// `Authorization`, it is not read (nor the header looked up).
+pub fn identity_clock(identity: &crate::identity::Resolver, headers: &HeaderMap) -> u64 {
+    if identity.jwt.is_some() && headers.contains_key(header::AUTHORIZATION) {
         crate::clock::unix_ms() / 1000
     } else {
         0

@@ -13,7 +13,7 @@ use crate::proxy::body::Body;
 use crate::route::Route;
 use crate::runtime::{facts, Runtime, Snapshot};
 use crate::telemetry::metrics::{ReasonLabels, UpstreamErrorLabels};
-use respond::{add_warnings, visible_statuses, RequestError};
+use respond::{add_warnings, visible_statuses, RequestError, Statuses};
 
 mod budget;
 mod cost;
@@ -114,7 +114,8 @@ impl Gateway {
             Decision::Refuse { at } => {
                 let refused = verdict.limits.get(at)?;
                 let limit = refused.limit;
-                let (statuses, focus) = visible_statuses(verdict, Some(at));
+                let mut statuses = Statuses::new();
+                let focus = visible_statuses(verdict, Some(at), &mut statuses);
                 let mut resp = respond::too_many_requests(
                     &limit.config.name,
                     refused.retry_after_ms,

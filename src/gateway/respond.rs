@@ -359,7 +359,7 @@ pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> 
 /// most once, to its final size.
 pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: &Verdict, also: usize) {
     let mut statuses = Statuses::new();
-    let focus = visible_statuses_into(verdict, None, &mut statuses);
+    let focus = visible_statuses(verdict, None, &mut statuses);
     let style = snapshot.config.gateway.rate_limit_headers;
     let warnings = verdict
         .limits
@@ -380,23 +380,10 @@ pub fn add_limit_headers(headers: &mut HeaderMap, snapshot: &Snapshot, verdict: 
 /// unless the refusing limit's is `"none"`: then it shows none, as the
 /// trio would have to describe another limit, with tokens left, on a
 /// refusal. Without `focus` (an admitted response) only `"all"` ones show.
-pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (Statuses<'s>, Option<usize>) {
-    let mut statuses = SmallVec::new();
-    let focus_at = visible_statuses_into(verdict, focus, &mut statuses);
-    (statuses, focus_at)
-}
-
-/// What the client may see of each limit of the verdict.
-pub type Statuses<'s> = SmallVec<[Status<'s>; 4]>;
-
-/// [`visible_statuses`], into `statuses` (empty): where every response
-/// goes, so the list (~300 bytes) is written once in place, not returned
-/// and copied.
-pub fn visible_statuses_into<'s>(
-    verdict: &Verdict<'s>,
-    focus: Option<usize>,
-    statuses: &mut Statuses<'s>,
-) -> Option<usize> {
+///
+/// Into `statuses` (empty), in place: every response has them, and a
+/// list returned (~300 bytes) was copied out and again.
+pub fn visible_statuses<'s>(verdict: &Verdict<'s>, focus: Option<usize>, statuses: &mut Statuses<'s>) -> Option<usize> {
     let mut focus_at = None;
     let refusal = focus.is_some();
     if let Some(refuser) = focus.and_then(|i| verdict.limits.get(i)) {
@@ -424,6 +411,9 @@ pub fn visible_statuses_into<'s>(
     }
     focus_at
 }
+
+/// What the client may see of each limit of a verdict.
+pub type Statuses<'s> = SmallVec<[Status<'s>; 4]>;
 
 /// A `RateLimit-Warning` per soft-limited limit of the verdict.
 pub fn add_warnings(headers: &mut HeaderMap, verdict: &Verdict) {
@@ -559,6 +549,13 @@ mod tests {
         v
     }
 
+    /// The visible statuses, and the focus among them.
+    fn visible<'s>(verdict: &Verdict<'s>, focus: Option<usize>) -> (Statuses<'s>, Option<usize>) {
+        let mut statuses = Statuses::new();
+        let at = visible_statuses(verdict, focus, &mut statuses);
+        (statuses, at)
+    }
+
     fn names(statuses: &[Status<'_>]) -> Vec<String> {
         statuses.iter().map(|s| s.name.to_string()).collect()
     }
@@ -569,7 +566,7 @@ mod tests {
             let snapshot = two_limits(a, b);
             let mut h = HeaderMap::new();
             add_limit_headers(&mut h, &snapshot, &verdict_of(&snapshot, None), 1);
-            let (statuses, _) = visible_statuses(&verdict_of(&snapshot, None), None);
+            let (statuses, _) = visible(&verdict_of(&snapshot, None), None);
             (names(&statuses), h)
         };
         let (shown, h) = admitted("all", "all");
@@ -586,7 +583,7 @@ mod tests {
         // the refusing limit's...
         let refused = |a: &str, b: &str| {
             let snapshot = two_limits(a, b);
-            let (statuses, focus) = visible_statuses(&verdict_of(&snapshot, Some(0)), Some(0));
+            let (statuses, focus) = visible(&verdict_of(&snapshot, Some(0)), Some(0));
             (names(&statuses), focus)
         };
         assert_eq!(refused("refusals", "refusals"), (vec!["a".into(), "b".into()], Some(0)));
@@ -600,7 +597,7 @@ mod tests {
     #[test]
     fn a_limits_policy_item_is_the_one_made_at_load() {
         let snapshot = two_limits("all", "all");
-        let (statuses, _) = visible_statuses(&verdict_of(&snapshot, None), None);
+        let (statuses, _) = visible(&verdict_of(&snapshot, None), None);
         let made = snapshot.limits[0].policy.item(10, 60).unwrap();
         assert_eq!(
             statuses[0].policy.map(|v| v.as_bytes().as_ptr()),
@@ -609,7 +606,7 @@ mod tests {
         // A key with another quota than the limit's (a plan's) gets none.
         let mut v = verdict_of(&snapshot, None);
         v.limits[0].quota = 3;
-        let (statuses, _) = visible_statuses(&v, None);
+        let (statuses, _) = visible(&v, None);
         assert!(statuses[0].policy.is_none());
     }
 

@@ -152,11 +152,7 @@ impl Gateway {
             ja4,
             client_cert: conn.tls.as_ref().and_then(|t| t.client_cert.as_deref()),
         };
-        // The clock a token's times are read against: only tokens read it.
-        let now_secs = match snapshot.config.identity.jwt {
-            Some(_) => identity_clock(req.headers()),
-            None => 0,
-        };
+        let now_secs = identity_clock(&snapshot.config.identity, req.headers());
         let identity = match snapshot.config.identity.resolve(req.headers(), seen, now_secs) {
             Ok(id) => id,
             Err(rejection) => {
